@@ -1,0 +1,1 @@
+//! WASM router host (being written).
