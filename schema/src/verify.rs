@@ -1,0 +1,115 @@
+//! Bounded verification of frames received from the network.
+//!
+//! `flatbuffers`' default `VerifierOptions` allow 64 levels, a million tables
+//! and 2 GiB of apparent size: far more than a frame of a few kilobytes can
+//! legitimately hold. The bounds here are tied to the frame's own size so that
+//! a hostile frame (deep nesting, shared sub-objects blowing up the apparent
+//! size) costs at most a small multiple of reading its bytes once.
+
+use bytes::Bytes;
+use flatbuffers::{ForwardsUOffset, InvalidFlatbuffer, VerifierOptions};
+
+use crate::error::FrameError;
+use crate::fb::protocol::{MessageHeader, Request, Response};
+use crate::split::PREFIX_LEN;
+use crate::view::{RequestView, classify};
+
+/// Deepest nesting any message of this schema has is 5 (Response →
+/// ResourceData → Resource → KeyValue); 16 leaves room for extensions while
+/// still stopping deep-nesting attacks early.
+pub const MAX_DEPTH: usize = 16;
+
+/// Smallest size of one table on the wire (its 4-byte vtable offset), which
+/// bounds how many distinct tables a frame can hold.
+const MIN_TABLE_BYTES: usize = 4;
+
+/// Apparent size may exceed the frame's real size because vtables are shared
+/// between tables and re-counted at each visit; 4× covers the worst honest
+/// case (many small tables sharing one vtable) with margin.
+const APPARENT_SIZE_FACTOR: usize = 4;
+
+/// Verifier options for a buffer of `len` bytes.
+pub fn options_for(len: usize) -> VerifierOptions {
+    VerifierOptions {
+        max_depth: MAX_DEPTH,
+        max_tables: (len / MIN_TABLE_BYTES).max(1),
+        max_apparent_size: len.saturating_mul(APPARENT_SIZE_FACTOR).max(64),
+        ignore_missing_null_terminator: false,
+    }
+}
+
+/// A frame (length prefix included) that has passed verification as a
+/// `Request` and names a payload this broker understands.
+///
+/// Holding one is the proof that reading the frame through unchecked
+/// accessors is sound; it is `Send` and cheap to clone (a `Bytes`), so it can
+/// be handed to another shard without copying or verifying again.
+#[derive(Clone, Debug)]
+pub struct VerifiedRequest {
+    frame: Bytes,
+}
+
+impl VerifiedRequest {
+    /// Verifies `frame` (size prefix included) as a `Request`.
+    ///
+    /// On error, [`header_of_invalid`] may still recover the header so that
+    /// the error can be correlated.
+    pub fn verify(frame: Bytes) -> Result<Self, FrameError> {
+        let opts = options_for(frame.len());
+        let req = flatbuffers::size_prefixed_root_with_opts::<Request>(&opts, &frame)?;
+        classify(&req)?;
+        Ok(Self { frame })
+    }
+
+    /// The frame, length prefix included.
+    pub fn frame(&self) -> &Bytes {
+        &self.frame
+    }
+
+    /// The borrowed view of the request. Costs a few offset reads.
+    pub fn view(&self) -> RequestView<'_> {
+        // SAFETY: `self.frame` passed `size_prefixed_root_with_opts::<Request>`
+        // in `verify`, and `Bytes` is immutable, so the buffer still holds a
+        // verified Request.
+        let req = unsafe { flatbuffers::size_prefixed_root_unchecked::<Request>(&self.frame) };
+        match classify(&req) {
+            Ok((kind, key)) => RequestView::new(req, kind, key),
+            // `verify` ran the same classification on the same bytes.
+            Err(_) => unreachable!("a verified request classifies"),
+        }
+    }
+}
+
+/// Reads the header of a frame that failed verification, if the header
+/// itself (and the root table holding it) is sound, so that the error
+/// response can carry the request's correlation id.
+pub fn header_of_invalid(frame: &[u8]) -> Option<MessageHeader<'_>> {
+    let opts = options_for(frame.len());
+    let mut v = flatbuffers::Verifier::new(&opts, frame);
+    let root = root_table_pos(&mut v).ok()?;
+    let t = v.visit_table(root).ok()?;
+    t.visit_field::<ForwardsUOffset<MessageHeader>>("header", Request::VT_HEADER, true)
+        .ok()?;
+    // SAFETY: the root table and its header field, deeply, were verified just
+    // above; only the header is read.
+    let req = unsafe { flatbuffers::size_prefixed_root_unchecked::<Request>(frame) };
+    Some(req.header())
+}
+
+/// Verifies a size-prefixed `Response` frame (as a client reads one),
+/// including the hand-written `ToolResult.content` vector of unions.
+pub fn verify_response(frame: &[u8]) -> Result<Response<'_>, InvalidFlatbuffer> {
+    let opts = options_for(frame.len());
+    let resp = flatbuffers::size_prefixed_root_with_opts::<Response>(&opts, frame)?;
+    if let Some(tr) = resp.payload_as_tool_result() {
+        crate::content_vec::verify(&tr)?;
+    }
+    Ok(resp)
+}
+
+/// The position of the root table of a size-prefixed buffer: the root
+/// offset sits right after the 4-byte prefix and is relative to itself.
+fn root_table_pos(v: &mut flatbuffers::Verifier) -> Result<usize, InvalidFlatbuffer> {
+    let off = v.get_uoffset(PREFIX_LEN)? as usize;
+    Ok(PREFIX_LEN.saturating_add(off))
+}
