@@ -1,1 +1,65 @@
-//! WASM router host (being written).
+//! The WASM router host: runs MCP routers packaged as WebAssembly components
+//! (`wasix:mcp/router@25.6.18`) in per-shard pools of pooled wasmtime
+//! instances. The only module of the broker that knows wasmtime.
+//!
+//! Lifecycle: [`WasmHost::new`] once per process (engine, epoch ticker, WASI
+//! I/O runtime) → [`WasmHost::load`] once per router (compile, check imports
+//! and exports, read [`RouterMeta`]) → [`RouterPool::new`] once per shard per
+//! router → `call_tool` / `read_resource` / `get_prompt` / `complete` on the
+//! shard. See `docs/why-wasm-pooling.md` for the reasons.
+//!
+//! # Invariants
+//! - One engine per process; a component is compiled once, its
+//!   `InstancePre` shared by every shard.
+//! - A pool belongs to one shard thread (`!Send`) and takes no locks.
+//! - A guest never blocks a shard: running guest code yields at every epoch
+//!   tick, and WASI waits (timers, files) run on the host's tokio runtime and
+//!   wake the shard's task across threads (monoio needs its `sync` feature).
+//! - Every call has a deadline; a trap, deadline, out-of-memory or stack
+//!   overflow discards the instance and a fresh one replaces it.
+//! - A router gets no WASI capability its [`Grants`] do not name.
+
+mod bindings;
+mod error;
+mod host;
+mod pool;
+mod spec;
+
+use std::path::PathBuf;
+
+pub use bindings::ROUTER_INTERFACE;
+pub use bindings::types;
+pub use error::{CallError, HostError, LoadError};
+pub use host::{Router, RouterMeta, WasmHost};
+pub use pool::{PoolStats, RouterPool};
+pub use spec::{
+    DEFAULT_CALL_DEADLINE, DEFAULT_INSTANCES_PER_SHARD, DEFAULT_MAX_MEMORY_BYTES,
+    DEFAULT_MAX_TABLE_ELEMENTS, DEFAULT_QUEUE_DEPTH, DirGrant, Grants, HostConfig, RouterSpec,
+};
+
+/// Environment variable naming the directory of the bundled routers.
+pub const ROUTERS_DIR_ENV: &str = "MCP_BROKER_ROUTERS_DIR";
+
+/// Names of the bundled routers, as built by `scripts/build-routers`.
+pub const BUNDLED_ROUTERS: [&str; 4] = ["echo", "kv", "library", "chaos"];
+
+/// Where the bundled routers' `.wasm` files are found: `$MCP_BROKER_ROUTERS_DIR`
+/// if set; else `routers/` beside the running executable if it exists (an
+/// installed layout); else the build output of `scripts/build-routers` in
+/// this source tree.
+pub fn default_routers_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(ROUTERS_DIR_ENV) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|p| p.join("routers")))
+        .filter(|dir| dir.is_dir())
+    {
+        return dir;
+    }
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../routers/target/wasm32-wasip2/release"
+    ))
+}

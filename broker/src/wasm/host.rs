@@ -1,0 +1,627 @@
+//! The process-wide host: one wasmtime [`Engine`] (pooling allocator, CoW
+//! memory images, epoch interruption), the WASI linker, the epoch ticker
+//! thread and the small tokio runtime that WASI's timers and blocking file
+//! I/O run on; and [`Router`], a loaded component shared by all shards.
+//!
+//! # Invariants
+//! - One engine per process; components are compiled once and their
+//!   `InstancePre` is shared read-only (`Send + Sync`) by every shard.
+//! - Every store has limits, an epoch deadline with a yielding callback, and
+//!   a WASI context built from the router's grants only.
+//! - A guest call is only ever polled inside [`drive`], with the tokio
+//!   context entered: WASI sleeps and file reads register on the host's
+//!   tokio runtime and wake the shard's task across threads, never block it.
+
+use std::future::Future;
+use std::num::NonZeroUsize;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    StoreLimits, StoreLimitsBuilder, UpdateDeadline,
+};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::types::{McpResource, Prompt, ServerDescription, Tool};
+use super::bindings::{McpRouter, McpRouterPre, ROUTER_INTERFACE};
+use super::error::{CallError, HostError, LoadError};
+use super::spec::{HostConfig, RouterSpec};
+
+/// Core instances, tables and memories one router store may create: a Rust
+/// `wasm32-wasip2` component is one main module plus a few `wit-component`
+/// shims; anything far beyond that is not a router.
+const MAX_CORE_INSTANCES_PER_STORE: usize = 16;
+const MAX_TABLES_PER_STORE: usize = 16;
+const MAX_MEMORIES_PER_STORE: usize = 4;
+
+/// The process-wide WASM host. Cheap to share (`Arc`); dropping the last
+/// reference stops the ticker thread and the WASI runtime.
+pub struct WasmHost {
+    shared: Arc<Shared>,
+    ticker: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// What every router and pool of this host needs.
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    linker: Linker<StoreState>,
+    pub(crate) tokio: tokio::runtime::Runtime,
+    max_memory_bytes: usize,
+}
+
+impl std::fmt::Debug for WasmHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmHost").finish_non_exhaustive()
+    }
+}
+
+impl WasmHost {
+    /// Builds the engine, the WASI linker, the epoch ticker thread and the
+    /// WASI I/O runtime.
+    pub fn new(config: &HostConfig) -> Result<Self, HostError> {
+        let engine_err = |e: wasmtime::Error| HostError::Engine(format!("{e:#}"));
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(config.max_instances)
+            .total_core_instances(config.max_instances.saturating_mul(8))
+            .total_memories(config.max_instances)
+            .total_tables(config.max_instances.saturating_mul(4))
+            .total_stacks(config.max_instances)
+            .max_memory_size(config.max_memory_bytes);
+        let mut cfg = Config::new();
+        // Routers need no wasm GC; the workspace's `gc` feature compiles GC in
+        // without a collector, which an engine refuses unless it is off.
+        cfg.gc_support(false).wasm_exceptions(false);
+        cfg.wasm_component_model(true)
+            .epoch_interruption(true)
+            .max_wasm_stack(config.max_wasm_stack)
+            .memory_init_cow(true)
+            .wasm_backtrace_max_frames(if config.trap_backtraces {
+                NonZeroUsize::new(20)
+            } else {
+                None
+            })
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&cfg).map_err(engine_err)?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_err)?;
+
+        // One worker: WASI timers and the blocking pool's completions only
+        // wake shard tasks; no guest code ever runs on this runtime.
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("wasm-wasi-io")
+            .enable_time()
+            .build()?;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let engine = engine.weak();
+            let stop = stop.clone();
+            let tick = config.epoch_tick;
+            std::thread::Builder::new()
+                .name("wasm-epoch".into())
+                .spawn(move || {
+                    // A dedicated thread, not a shard: sleeping is its job.
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(tick);
+                        match engine.upgrade() {
+                            Some(engine) => engine.increment_epoch(),
+                            None => break,
+                        }
+                    }
+                })?
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                engine,
+                linker,
+                tokio,
+                max_memory_bytes: config.max_memory_bytes,
+            }),
+            ticker: Some(ticker),
+            stop,
+        })
+    }
+
+    /// The engine (for benchmarks and diagnostics).
+    pub fn engine(&self) -> &Engine {
+        &self.shared.engine
+    }
+
+    /// Compiles and checks a router component, reads its metadata once, and
+    /// returns it ready to be pooled by every shard. Blocks the calling
+    /// thread (compilation); call it at startup or off the shards.
+    pub fn load(&self, spec: &RouterSpec) -> Result<Arc<Router>, LoadError> {
+        let router = spec.name.clone();
+        let spec_err = |message: String| LoadError::Spec {
+            router: router.clone(),
+            message,
+        };
+        if spec.instances_per_shard == 0 {
+            return Err(spec_err("instances_per_shard must be at least 1".into()));
+        }
+        if spec.max_memory_bytes > self.shared.max_memory_bytes {
+            return Err(spec_err(format!(
+                "max_memory_bytes {} exceeds the host's pooled slot of {} bytes",
+                spec.max_memory_bytes, self.shared.max_memory_bytes
+            )));
+        }
+        if spec.call_deadline.is_zero() {
+            return Err(spec_err("call_deadline must be positive".into()));
+        }
+        let bytes = std::fs::read(&spec.wasm).map_err(|source| LoadError::Read {
+            router: router.clone(),
+            path: spec.wasm.clone(),
+            source,
+        })?;
+        let component =
+            Component::new(&self.shared.engine, &bytes).map_err(|e| LoadError::Compile {
+                router: router.clone(),
+                path: spec.wasm.clone(),
+                message: format!("{e:#}"),
+            })?;
+        let pre = self.check(spec, &component)?;
+        let env: Vec<(String, String)> = spec
+            .grants
+            .env
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
+            .collect();
+        for dir in &spec.grants.read_only_dirs {
+            if !dir.host.is_dir() {
+                return Err(LoadError::Grant {
+                    router,
+                    message: format!("{} is not a directory", dir.host.display()),
+                });
+            }
+        }
+        let mut router = Router {
+            shared: self.shared.clone(),
+            pre,
+            spec: spec.clone(),
+            env,
+            meta: Arc::new(RouterMeta::default()),
+        };
+        router.meta =
+            Arc::new(
+                block_on(router.read_meta()).map_err(|source| LoadError::Metadata {
+                    router: spec.name.clone(),
+                    source,
+                })?,
+            );
+        Ok(Arc::new(router))
+    }
+
+    /// Refuses a component that does not export the router interface or
+    /// imports what the host does not provide, listing every problem.
+    fn check(
+        &self,
+        spec: &RouterSpec,
+        component: &Component,
+    ) -> Result<McpRouterPre<StoreState>, LoadError> {
+        let engine = &self.shared.engine;
+        let ty = component.component_type();
+        let mut problems = Vec::new();
+        let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
+        if !exports.contains(&ROUTER_INTERFACE) {
+            problems.push(format!(
+                "does not export `{ROUTER_INTERFACE}` (exports: [{}])",
+                exports.join(", ")
+            ));
+        }
+        let refused = |problems: Vec<String>| LoadError::Incompatible {
+            router: spec.name.clone(),
+            path: spec.wasm.clone(),
+            problems,
+        };
+        // The linker names the first import it cannot resolve (e.g.
+        // "component imports instance `acme:vault/secrets@1.0.0`, but a
+        // matching implementation was not found in the linker").
+        let instance_pre = match self.shared.linker.instantiate_pre(component) {
+            Ok(pre) => Some(pre),
+            Err(e) => {
+                problems.push(format!("imports what this host does not provide: {e:#}"));
+                None
+            }
+        };
+        let Some(instance_pre) = instance_pre.filter(|_| problems.is_empty()) else {
+            return Err(refused(problems));
+        };
+        McpRouterPre::new(instance_pre).map_err(|e| refused(vec![format!("{e:#}")]))
+    }
+}
+
+impl Drop for WasmHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            // The ticker exits within one tick; a panic there is already logged.
+            let _ = t.join();
+        }
+    }
+}
+
+/// What a router says about itself, read once at load (it cannot change
+/// without a new component) and shared by all shards.
+#[derive(Debug, Clone, Default)]
+pub struct RouterMeta {
+    /// `name()`.
+    pub name: String,
+    /// `title()`.
+    pub title: Option<String>,
+    /// `instructions()`.
+    pub instructions: String,
+    /// `describe-server()`.
+    pub server: Option<ServerDescription>,
+    /// `list-tools()`.
+    pub tools: Vec<Tool>,
+    /// `list-resources()` of a fresh instance (a stateful router's live list
+    /// may differ: see [`super::RouterPool::list_resources`]).
+    pub resources: Vec<McpResource>,
+    /// `list-prompts()`.
+    pub prompts: Vec<Prompt>,
+}
+
+/// A loaded router component: compiled once, shared by all shards.
+pub struct Router {
+    pub(crate) shared: Arc<Shared>,
+    pre: McpRouterPre<StoreState>,
+    pub(crate) spec: RouterSpec,
+    env: Vec<(String, String)>,
+    meta: Arc<RouterMeta>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One live instance: its store and its typed exports.
+pub(crate) struct Instance {
+    pub(crate) store: Store<StoreState>,
+    pub(crate) bindings: McpRouter,
+    /// Reused buffer for `call-tool` arguments (see `RouterPool::call_tool`).
+    pub(crate) scratch: String,
+}
+
+impl Router {
+    /// The spec it was loaded with.
+    pub fn spec(&self) -> &RouterSpec {
+        &self.spec
+    }
+
+    /// Metadata read at load.
+    pub fn meta(&self) -> &Arc<RouterMeta> {
+        &self.meta
+    }
+
+    /// A fresh store with this router's limits, grants and deadline policy.
+    fn new_store(&self) -> Result<Store<StoreState>, CallError> {
+        let spec = &self.spec;
+        let mut wasi = WasiCtx::builder();
+        wasi.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        if spec.grants.stdio_to_stderr {
+            wasi.stdout(std::io::stderr()).stderr(std::io::stderr());
+        }
+        wasi.envs(&self.env);
+        for dir in &spec.grants.read_only_dirs {
+            wasi.preopened_dir(&dir.host, &dir.guest, FsPerms::ReadOnly)
+                .map_err(|e| {
+                    CallError::Instantiate(format!("preopen {}: {e:#}", dir.host.display()))
+                })?;
+        }
+        let limits = Limits {
+            inner: StoreLimitsBuilder::new()
+                .memory_size(spec.max_memory_bytes)
+                .table_elements(spec.max_table_elements)
+                .instances(MAX_CORE_INSTANCES_PER_STORE)
+                .tables(MAX_TABLES_PER_STORE)
+                .memories(MAX_MEMORIES_PER_STORE)
+                .build(),
+            refused: false,
+        };
+        let mut store = Store::new(
+            &self.shared.engine,
+            StoreState {
+                wasi: wasi.build(),
+                table: ResourceTable::new(),
+                limits,
+                deadline: Instant::now(),
+            },
+        );
+        store.limiter(|s| &mut s.limits);
+        let tokio = self.shared.tokio.handle().clone();
+        store.epoch_deadline_callback(move |ctx| {
+            if Instant::now() >= ctx.data().deadline {
+                Err(wasmtime::Error::new(DeadlinePassed))
+            } else {
+                // Let the shard run its other tasks, then continue. Not
+                // `UpdateDeadline::Yield`: that wakes the task from inside its
+                // own poll, and monoio runs a task woken that way again at
+                // once (front of its queue), starving every other task.
+                Ok(UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(YieldElsewhere::new(tokio.clone())),
+                ))
+            }
+        });
+        Ok(store)
+    }
+
+    /// A fresh instance from the shared `InstancePre` (pooled slot, CoW
+    /// memory image: microseconds).
+    pub(crate) async fn instantiate(&self) -> Result<Instance, CallError> {
+        let mut store = self.new_store()?;
+        store.data_mut().deadline = Instant::now() + self.spec.call_deadline;
+        store.set_epoch_deadline(1);
+        let deadline = store.data().deadline;
+        let bindings = drive(
+            &self.shared.tokio,
+            deadline,
+            self.pre.instantiate_async(&mut store),
+        )
+        .await
+        .map_err(|_| CallError::Instantiate("start function exceeded the deadline".into()))?
+        .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+        Ok(Instance {
+            store,
+            bindings,
+            scratch: String::new(),
+        })
+    }
+
+    async fn read_meta(&self) -> Result<RouterMeta, CallError> {
+        let mut inst = self.instantiate().await?;
+        let deadline = Instant::now() + self.spec.call_deadline;
+        inst.begin(deadline);
+        let Instance {
+            store, bindings, ..
+        } = &mut inst;
+        let r = bindings.wasix_mcp_router();
+        let tokio = &self.shared.tokio;
+        let d = self.spec.call_deadline;
+        // Each call's result is taken before the next borrows the store.
+        macro_rules! call {
+            ($method:ident) => {{
+                let r = drive(tokio, deadline, r.$method(&mut *store)).await;
+                settle(d, store, r)?
+            }};
+        }
+        let name = call!(call_name);
+        let title = call!(call_title);
+        let instructions = call!(call_instructions);
+        let server = call!(call_describe_server);
+        let tools = call!(call_list_tools);
+        let resources = call!(call_list_resources);
+        let prompts = call!(call_list_prompts);
+        Ok(RouterMeta {
+            name,
+            title,
+            instructions,
+            server: Some(server),
+            tools,
+            resources,
+            prompts,
+        })
+    }
+}
+
+impl Instance {
+    /// Arms the store for one call.
+    pub(crate) fn begin(&mut self, deadline: Instant) {
+        let data = self.store.data_mut();
+        data.deadline = deadline;
+        data.limits.refused = false;
+        // Fire the callback at the next tick: it yields or fails the call.
+        self.store.set_epoch_deadline(1);
+    }
+}
+
+/// Pending once; the wake comes from the WASI runtime's thread after the
+/// poll has returned, so any executor queues the task behind the others.
+struct YieldElsewhere {
+    tokio: Option<tokio::runtime::Handle>,
+}
+
+impl YieldElsewhere {
+    fn new(tokio: tokio::runtime::Handle) -> Self {
+        Self { tokio: Some(tokio) }
+    }
+}
+
+impl Future for YieldElsewhere {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.tokio.take() {
+            Some(tokio) => {
+                let waker = cx.waker().clone();
+                drop(tokio.spawn(async move { waker.wake() }));
+                Poll::Pending
+            }
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+/// Marker error of the epoch callback: the call's deadline passed.
+#[derive(Debug)]
+struct DeadlinePassed;
+
+impl std::fmt::Display for DeadlinePassed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("call deadline passed")
+    }
+}
+
+impl std::error::Error for DeadlinePassed {}
+
+/// The host timer fired while the guest was blocked in a host call.
+#[derive(Debug)]
+pub(crate) struct Elapsed;
+
+/// Turns the outcome of one guest call into the call's result. An `Err`
+/// here (other than [`CallError::Instantiate`]) means the instance faulted
+/// and must be discarded.
+pub(crate) fn settle<T>(
+    deadline: Duration,
+    store: &Store<StoreState>,
+    r: Result<wasmtime::Result<T>, Elapsed>,
+) -> Result<T, CallError> {
+    let e = match r {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => e,
+        Err(Elapsed) => return Err(CallError::DeadlineExceeded(deadline)),
+    };
+    if e.downcast_ref::<DeadlinePassed>().is_some() {
+        return Err(CallError::DeadlineExceeded(deadline));
+    }
+    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        return Err(match trap {
+            wasmtime::Trap::StackOverflow => CallError::StackOverflow,
+            wasmtime::Trap::Interrupt => CallError::DeadlineExceeded(deadline),
+            _ if store.data().limits.refused => CallError::OutOfMemory,
+            other => CallError::Trap(other.to_string()),
+        });
+    }
+    if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return Err(CallError::Trap(format!(
+            "guest exited with status {}",
+            exit.0
+        )));
+    }
+    Err(CallError::Fault(format!("{e:#}")))
+}
+
+/// Polls a guest call with the WASI tokio runtime entered, and fails it with
+/// [`Elapsed`] once `deadline` passes while it waits on a host future (the
+/// epoch callback only runs while guest code runs).
+///
+/// The timer is created only after the first `Pending`, so a call that
+/// completes in its first poll (the common case) registers no timer.
+pub(crate) async fn drive<F: Future>(
+    tokio: &tokio::runtime::Runtime,
+    deadline: Instant,
+    fut: F,
+) -> Result<F::Output, Elapsed> {
+    let handle = tokio.handle();
+    let mut fut = pin!(fut);
+    let mut timer = pin!(None::<tokio::time::Sleep>);
+    std::future::poll_fn(move |cx| {
+        let _entered = handle.enter();
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        if timer.is_none() {
+            timer.set(Some(tokio::time::sleep_until(
+                tokio::time::Instant::from_std(deadline),
+            )));
+        }
+        if let Some(t) = timer.as_mut().as_pin_mut()
+            && t.poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(Elapsed));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Runs a future to completion on the calling thread (used at load, off the
+/// shards). Parks between polls; wakers unpark.
+pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// Per-store state: WASI context, resource table, limits and the current
+/// call's deadline.
+pub(crate) struct StoreState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: Limits,
+    deadline: Instant,
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// [`StoreLimits`] that remembers a refusal, so that the trap that follows
+/// (Rust aborts on allocation failure) is reported as out-of-memory.
+struct Limits {
+    inner: StoreLimits,
+    refused: bool,
+}
+
+impl ResourceLimiter for Limits {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let ok = self.inner.memory_growing(current, desired, maximum)?;
+        self.refused |= !ok;
+        Ok(ok)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.refused = true;
+        self.inner.memory_grow_failed(error)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let ok = self.inner.table_growing(current, desired, maximum)?;
+        self.refused |= !ok;
+        Ok(ok)
+    }
+
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.inner.memories()
+    }
+}

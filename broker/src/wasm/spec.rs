@@ -1,0 +1,135 @@
+//! Inputs of the WASM host: the process-wide [`HostConfig`] and one
+//! [`RouterSpec`] per router (built by the broker's config module).
+//!
+//! # Invariants
+//! - Defaults grant nothing: no preopens, no environment, no arguments, no
+//!   network, stdio discarded.
+//! - A router's memory limit never exceeds the host's pooled memory slot.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default instances per router per shard: enough to overlap a few slow
+/// calls without reserving much memory (each instance is a CoW memory slot).
+pub const DEFAULT_INSTANCES_PER_SHARD: u32 = 4;
+/// Default callers allowed to wait for an instance; beyond this a caller is
+/// refused at once, so a stuck router cannot grow an unbounded backlog.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 64;
+/// Default per-call deadline: MCP tools are interactive; a call still running
+/// after this is a stuck router, not a slow one.
+pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(5);
+/// Default linear-memory cap per instance: ample for JSON routers, small
+/// enough that a runaway allocation is refused quickly.
+pub const DEFAULT_MAX_MEMORY_BYTES: usize = 64 << 20;
+/// Default table-element cap per instance (function tables of Rust guests
+/// hold a few hundred entries).
+pub const DEFAULT_MAX_TABLE_ELEMENTS: usize = 20_000;
+
+/// WASI capabilities granted to one router. [`Default`] grants nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Send the guest's stdout and stderr to the broker's stderr (the log
+    /// stream; the broker's stdout carries the ready line). Otherwise both
+    /// are discarded.
+    pub stdio_to_stderr: bool,
+    /// Environment variables passed through by name, with the value the
+    /// broker's process has at load time (unset names are skipped). Secrets
+    /// stay in the operator's environment, not in the config file.
+    pub env: Vec<String>,
+    /// Host directories opened read-only for the guest.
+    pub read_only_dirs: Vec<DirGrant>,
+}
+
+/// One read-only directory preopened for a guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirGrant {
+    /// Directory on the host.
+    pub host: PathBuf,
+    /// Path under which the guest sees it (e.g. `/data`).
+    pub guest: String,
+}
+
+/// One router to load: what the broker's config says about it.
+#[derive(Debug, Clone)]
+pub struct RouterSpec {
+    /// Name used in routes, metrics and errors.
+    pub name: String,
+    /// The component file (`.wasm`).
+    pub wasm: PathBuf,
+    /// Instances per shard; each serves one call at a time. More overlap slow
+    /// calls; each costs one pooled memory slot per shard. At least 1.
+    pub instances_per_shard: u32,
+    /// Callers allowed to wait per shard when every instance is busy (0: no
+    /// waiting, refuse at once). Deeper queues absorb bursts but add latency.
+    pub queue_depth: u32,
+    /// Default per-call deadline (a call may pass its own).
+    pub call_deadline: Duration,
+    /// Linear memory cap per instance, in bytes.
+    pub max_memory_bytes: usize,
+    /// Table elements cap per instance.
+    pub max_table_elements: usize,
+    /// Check that every `json` field of an answer is JSON (costs a parse of
+    /// structured content per call; keeps a broken router from sending
+    /// broken JSON to clients).
+    pub validate_json: bool,
+    /// WASI capabilities.
+    pub grants: Grants,
+}
+
+impl RouterSpec {
+    /// A spec with the documented defaults and nothing granted.
+    pub fn new(name: impl Into<String>, wasm: impl Into<PathBuf>) -> Self {
+        Self {
+            name: name.into(),
+            wasm: wasm.into(),
+            instances_per_shard: DEFAULT_INSTANCES_PER_SHARD,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            call_deadline: DEFAULT_CALL_DEADLINE,
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
+            max_table_elements: DEFAULT_MAX_TABLE_ELEMENTS,
+            validate_json: true,
+            grants: Grants::default(),
+        }
+    }
+
+    /// The spec of a bundled router (`echo`, `kv`, `library`, `chaos`) in
+    /// [`super::default_routers_dir`].
+    pub fn bundled(name: &str) -> Self {
+        Self::new(
+            name,
+            super::default_routers_dir().join(format!("{name}.wasm")),
+        )
+    }
+}
+
+/// Process-wide host settings (one engine per process).
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Component instances the pooling allocator reserves, across all shards
+    /// and routers (plus one transient instance per router load). Each is
+    /// virtual address space, not resident memory.
+    pub max_instances: u32,
+    /// Largest linear memory any router may be given, in bytes (the pooled
+    /// slot size; [`RouterSpec::max_memory_bytes`] must not exceed it).
+    pub max_memory_bytes: usize,
+    /// Wasm stack bound: deeper recursion traps as a stack overflow.
+    pub max_wasm_stack: usize,
+    /// Epoch tick: how often a running guest yields to its shard's loop and
+    /// has its deadline checked. Shorter is fairer and costs more wakeups.
+    pub epoch_tick: Duration,
+    /// Capture wasm backtraces in trap messages: useful to debug a router,
+    /// but costs microseconds on every trap.
+    pub trap_backtraces: bool,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        Self {
+            max_instances: 1000,
+            max_memory_bytes: 256 << 20,
+            max_wasm_stack: 512 << 10,
+            epoch_tick: Duration::from_millis(1),
+            trap_backtraces: false,
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Loading: components that do not fit the host are refused with a message
+//! naming the problem; WASI capabilities exist only when granted.
+
+#[path = "fixtures/support.rs"]
+mod support;
+
+use std::path::PathBuf;
+
+use mcp_broker::wasm::types::ToolError;
+use mcp_broker::wasm::{
+    BUNDLED_ROUTERS, CallError, DirGrant, LoadError, ROUTER_INTERFACE, RouterPool, RouterSpec,
+    default_routers_dir,
+};
+use support::{bundled, first_text, fixture, host, load, on_shard};
+
+#[test]
+fn component_exporting_another_world_is_refused_naming_the_missing_export() {
+    let spec = RouterSpec::new("wrong", fixture("wrong_world.wat"));
+    let e = host().load(&spec).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, LoadError::Incompatible { .. }), "{e:?}");
+    assert!(msg.contains(ROUTER_INTERFACE), "{msg}");
+    assert!(
+        msg.contains("acme:other/api@1.0.0"),
+        "lists what it does export: {msg}"
+    );
+    assert!(msg.contains("router `wrong`"), "{msg}");
+}
+
+#[test]
+fn component_importing_an_unknown_interface_is_refused_naming_it() {
+    let spec = RouterSpec::new("rogue", fixture("unknown_import.wat"));
+    let e = host().load(&spec).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, LoadError::Incompatible { .. }), "{e:?}");
+    assert!(msg.contains("acme:vault/secrets@1.0.0"), "{msg}");
+    assert!(msg.contains("does not provide"), "{msg}");
+}
+
+#[test]
+fn missing_component_file_tells_to_build_the_routers() {
+    let spec = RouterSpec::new("ghost", "/nonexistent/ghost.wasm");
+    let e = host().load(&spec).unwrap_err();
+    assert!(matches!(e, LoadError::Read { .. }), "{e:?}");
+    assert!(e.to_string().contains("scripts/build-routers"), "{e}");
+}
+
+#[test]
+fn bytes_that_are_not_a_component_are_refused() {
+    let spec = RouterSpec::new("junk", fixture("support.rs"));
+    let e = host().load(&spec).unwrap_err();
+    assert!(matches!(e, LoadError::Compile { .. }), "{e:?}");
+}
+
+#[test]
+fn invalid_specs_are_refused() {
+    let mut spec = bundled("echo");
+    spec.instances_per_shard = 0;
+    assert!(matches!(host().load(&spec), Err(LoadError::Spec { .. })));
+    let mut spec = bundled("echo");
+    spec.max_memory_bytes = usize::MAX;
+    assert!(matches!(host().load(&spec), Err(LoadError::Spec { .. })));
+    let mut spec = bundled("echo");
+    spec.grants.read_only_dirs.push(DirGrant {
+        host: "/nonexistent/dir".into(),
+        guest: "/d".into(),
+    });
+    assert!(matches!(host().load(&spec), Err(LoadError::Grant { .. })));
+}
+
+#[test]
+fn default_routers_dir_holds_every_bundled_router() {
+    let dir = default_routers_dir();
+    for name in BUNDLED_ROUTERS {
+        let path = dir.join(format!("{name}.wasm"));
+        assert!(
+            path.is_file(),
+            "{} missing: run scripts/build-routers",
+            path.display()
+        );
+    }
+}
+
+/// A directory with one file, unique to this test process.
+fn data_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mcp-broker-wasm-grant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("hello.txt"), "hello from the host").unwrap();
+    dir
+}
+
+#[test]
+fn router_without_a_directory_grant_cannot_read_files() {
+    let dir = data_dir();
+    let pool = RouterPool::new(load(&bundled("chaos")));
+    on_shard(async {
+        for path in [
+            "/data/hello.txt",
+            dir.join("hello.txt").to_str().unwrap(),
+            "/etc/hostname",
+        ] {
+            let args = serde_json::json!({ "path": path }).to_string();
+            let e = pool.call_tool("read_file", &args).await.unwrap_err();
+            assert!(
+                matches!(e, CallError::Tool(ToolError::ExecutionError(_))),
+                "{path}: {e:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn router_with_a_read_only_directory_grant_reads_it_and_nothing_else() {
+    let dir = data_dir();
+    let mut spec = bundled("chaos");
+    spec.grants.read_only_dirs.push(DirGrant {
+        host: dir,
+        guest: "/data".into(),
+    });
+    let pool = RouterPool::new(load(&spec));
+    on_shard(async {
+        let r = pool
+            .call_tool("read_file", r#"{"path":"/data/hello.txt"}"#)
+            .await
+            .unwrap();
+        assert_eq!(first_text(&r), "hello from the host");
+        let e = pool
+            .call_tool("read_file", r#"{"path":"/data/../etc/hostname"}"#)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, CallError::Tool(_)),
+            "no escape from the preopen: {e:?}"
+        );
+    });
+}
+
+#[test]
+fn environment_variables_exist_only_when_granted_by_name() {
+    let path = std::env::var("PATH").expect("the test runs with PATH set");
+    let plain = RouterPool::new(load(&bundled("chaos")));
+    let e = on_shard(plain.call_tool("env", r#"{"name":"PATH"}"#)).unwrap_err();
+    assert!(
+        matches!(e, CallError::Tool(ToolError::ExecutionError(_))),
+        "{e:?}"
+    );
+
+    let mut spec = bundled("chaos");
+    spec.grants.env.push("PATH".into());
+    let granted = RouterPool::new(load(&spec));
+    let r = on_shard(granted.call_tool("env", r#"{"name":"PATH"}"#)).unwrap();
+    assert_eq!(first_text(&r), path);
+    let e = on_shard(granted.call_tool("env", r#"{"name":"HOME"}"#)).unwrap_err();
+    assert!(
+        matches!(e, CallError::Tool(_)),
+        "only named variables pass: {e:?}"
+    );
+}
+
+#[test]
+fn stdio_is_discarded_by_default_without_failing_the_guest() {
+    let pool = RouterPool::new(load(&bundled("chaos")));
+    let r = on_shard(pool.call_tool("print", r#"{"text":"into the void"}"#)).unwrap();
+    assert_eq!(first_text(&r), "printed");
+    let mut spec = bundled("chaos");
+    spec.grants.stdio_to_stderr = true;
+    let pool = RouterPool::new(load(&spec));
+    let r =
+        on_shard(pool.call_tool("print", r#"{"text":"chaos router says hi on stderr"}"#)).unwrap();
+    assert_eq!(first_text(&r), "printed");
+}
