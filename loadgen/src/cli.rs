@@ -1,0 +1,312 @@
+//! The command line, and its validation into a [`RunConfig`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Parser;
+
+use crate::engine::RunConfig;
+use crate::target::Target;
+use crate::workload::Workload;
+
+/// Largest response frame accepted (body bytes): the broker's default
+/// request limit, so any legal echo of a legal request fits.
+const DEFAULT_MAX_FRAME: u32 = mcp_schema::DEFAULT_MAX_FRAME_LEN;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    crate::duration::parse(s)
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mcp-loadgen",
+    version,
+    about = "Load generator for mcp-broker: closed or open loop, coordinated-omission-free latency",
+    after_help = "Open loop (--rate) is the honest measurement: latency is taken from each \
+                  request's intended send time, so a stalled server cannot hide behind a \
+                  generator that waited for it. See docs/loadgen.md."
+)]
+pub struct Args {
+    /// frames://HOST:PORT (the frame edge) or grpc://HOST:PORT.
+    #[arg(long)]
+    pub target: String,
+
+    /// Tool to call (with --args); conflicts with --workload.
+    #[arg(long, conflicts_with = "workload")]
+    pub tool: Option<String>,
+
+    /// Tool arguments as a JSON object; each member becomes one argument
+    /// whose value is that member's JSON text.
+    #[arg(long, default_value = "{}", conflicts_with = "workload")]
+    pub args: String,
+
+    /// TOML workload file mixing tool calls, resource reads, prompt gets and
+    /// list requests with weights and argument templates.
+    #[arg(long)]
+    pub workload: Option<PathBuf>,
+
+    /// TCP connections, spread over the worker threads.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+
+    /// Closed loop: total requests in flight (split over connections). With
+    /// --rate: a cap on requests in flight.
+    #[arg(long)]
+    pub concurrency: Option<u64>,
+
+    /// Open loop: requests per second over all connections, sent on
+    /// schedule whatever the server does.
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Grow the rate linearly from 0 to --rate over this long.
+    #[arg(long, value_parser = duration, requires = "rate")]
+    pub ramp: Option<Duration>,
+
+    /// Length of the measured phase (after the warmup), e.g. 10s, 1m.
+    /// Default 10s unless --requests is given.
+    #[arg(long, value_parser = duration)]
+    pub duration: Option<Duration>,
+
+    /// Stop after sending this many requests (warmup included).
+    #[arg(long)]
+    pub requests: Option<u64>,
+
+    /// Run this long before measuring; those requests are not reported.
+    #[arg(long, value_parser = duration, default_value = "0s")]
+    pub warmup: Duration,
+
+    /// Worker threads (one monoio runtime each). Default 1, or one per
+    /// CPU given to --cpus.
+    #[arg(long)]
+    pub threads: Option<usize>,
+
+    /// Pin worker threads to these CPUs, e.g. `2,3` or `2-3`, to keep the
+    /// generator off the server's cores.
+    #[arg(long)]
+    pub cpus: Option<String>,
+
+    /// A request without a final response after this long counts as a
+    /// timeout error (and frees its window slot).
+    #[arg(long, value_parser = duration, default_value = "30s")]
+    pub timeout: Duration,
+
+    /// After the last send, wait at most this long for outstanding
+    /// responses; the rest count as timeouts.
+    #[arg(long, value_parser = duration, default_value = "5s")]
+    pub drain: Duration,
+
+    /// Write the JSON report here (also when the run fails).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// Write an HdrHistogram interval log (one histogram per second) here.
+    #[arg(long)]
+    pub hlog: Option<PathBuf>,
+
+    /// Open loop: yield-spin this long (plus the timer's 2 ms slack) before
+    /// each scheduled send instead of trusting the millisecond timer: costs
+    /// CPU, buys send times within microseconds. 0 = timer only (sends up
+    /// to ~2 ms late).
+    #[arg(long, value_parser = duration, default_value = "200us")]
+    pub spin: Duration,
+
+    /// Largest response frame body accepted, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
+    pub max_frame: u32,
+
+    /// Seed for workload choices and argument templates.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+
+    /// No progress lines.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// `2,3` / `0-3` / `0-1,6` → CPU numbers.
+pub fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || format!("--cpus `{s}`: `{part}` is not a CPU number or range");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("--cpus `{s}` names no CPU"));
+    }
+    Ok(out)
+}
+
+impl Args {
+    /// Checks everything and reports every problem at once.
+    pub fn validate(&self) -> anyhow::Result<RunConfig> {
+        let mut problems = Vec::new();
+        let target = Target::parse(&self.target)
+            .map_err(|e| problems.push(e))
+            .ok();
+        let cpus = match self.cpus.as_deref().map(parse_cpus) {
+            Some(Err(e)) => {
+                problems.push(e);
+                None
+            }
+            Some(Ok(c)) => Some(c),
+            None => None,
+        };
+        let threads = self
+            .threads
+            .unwrap_or_else(|| cpus.as_ref().map_or(1, Vec::len));
+        if threads == 0 {
+            problems.push("--threads must be at least 1".into());
+        }
+        if self.connections == 0 {
+            problems.push("--connections must be at least 1".into());
+        } else if threads > self.connections {
+            problems.push(format!(
+                "--threads {threads} is more than --connections {}: each thread needs a connection",
+                self.connections
+            ));
+        }
+        if let Some(c) = self.concurrency
+            && c < self.connections as u64
+        {
+            problems.push(format!(
+                "--concurrency {c} is less than --connections {}: a connection would carry nothing",
+                self.connections
+            ));
+        }
+        if let Some(r) = self.rate
+            && !(r.is_finite() && r > 0.0)
+        {
+            problems.push(format!(
+                "--rate must be a positive number of requests/s, not {r}"
+            ));
+        }
+        if self.requests == Some(0) {
+            problems.push("--requests must be at least 1".into());
+        }
+        if self.duration.is_some_and(|d| d.is_zero()) {
+            problems.push("--duration must be longer than 0".into());
+        }
+        if self.timeout.is_zero() {
+            problems.push("--timeout must be longer than 0".into());
+        }
+        let workload = match (&self.tool, &self.workload) {
+            (Some(tool), None) => Workload::tool(tool, &self.args)
+                .map_err(|e| problems.push(format!("{e:#}")))
+                .ok(),
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(text) => Workload::from_toml(&text)
+                    .map_err(|e| problems.push(format!("workload {}: {e:#}", path.display())))
+                    .ok(),
+                Err(e) => {
+                    problems.push(format!("cannot read workload {}: {e}", path.display()));
+                    None
+                }
+            },
+            _ => {
+                problems
+                    .push("say what to send: --tool NAME [--args JSON] or --workload FILE".into());
+                None
+            }
+        };
+        let (Some(target), Some(workload), true) = (target, workload, problems.is_empty()) else {
+            bail!("{}", problems.join("\n"));
+        };
+        let concurrency = match (self.concurrency, self.rate) {
+            (None, None) => Some(self.connections as u64),
+            (c, _) => c,
+        };
+        let duration = match (self.duration, self.requests) {
+            (None, None) => Some(Duration::from_secs(10)),
+            (d, _) => d,
+        };
+        Ok(RunConfig {
+            target,
+            workload: Arc::new(workload),
+            threads,
+            cpus,
+            connections: self.connections,
+            concurrency,
+            rate: self.rate,
+            ramp: self.ramp.unwrap_or_default(),
+            duration,
+            requests: self.requests,
+            warmup: self.warmup,
+            timeout: self.timeout,
+            drain: self.drain,
+            spin: self.spin,
+            max_frame: self.max_frame,
+            seed: self.seed,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["mcp-loadgen", "--target", "frames://127.0.0.1:7400"];
+        v.extend_from_slice(extra);
+        Args::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn cpu_lists_and_ranges() {
+        assert_eq!(parse_cpus("2,3"), Ok(vec![2, 3]));
+        assert_eq!(parse_cpus("0-2,6"), Ok(vec![0, 1, 2, 6]));
+        assert!(parse_cpus("3-1").is_err());
+        assert!(parse_cpus("x").is_err());
+        assert!(parse_cpus("").is_err());
+    }
+
+    #[test]
+    fn defaults_are_closed_loop_for_ten_seconds() {
+        let c = args(&["--tool", "echo"]).validate().unwrap();
+        assert_eq!(c.mode(), crate::engine::Mode::Closed);
+        assert_eq!(c.concurrency, Some(1));
+        assert_eq!(c.duration, Some(Duration::from_secs(10)));
+        assert_eq!(c.threads, 1);
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let e = Args::try_parse_from([
+            "mcp-loadgen",
+            "--target",
+            "tcp://x",
+            "--connections",
+            "2",
+            "--concurrency",
+            "1",
+            "--rate=-5",
+        ])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+        for needle in ["unknown scheme", "--concurrency 1", "--rate", "--tool NAME"] {
+            assert!(e.contains(needle), "missing {needle:?} in {e}");
+        }
+    }
+
+    #[test]
+    fn cpus_set_the_thread_count() {
+        let c = args(&["--tool", "echo", "--connections", "4", "--cpus", "0-1"])
+            .validate()
+            .unwrap();
+        assert_eq!(c.threads, 2);
+    }
+}

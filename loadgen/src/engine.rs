@@ -1,0 +1,634 @@
+//! The run: worker threads, each a monoio runtime owning its connections,
+//! the shared start line, the stop rules, and the per-second intervals sent
+//! to the main thread.
+//!
+//! Phases of one run, as every worker sees them:
+//!
+//! ```text
+//! connect all ─▶ barrier (start line) ─▶ warmup ─▶ measured ─▶ send end ─▶ drain ─▶ report
+//!                                         (not recorded)          (no new requests; wait for
+//!                                                                  outstanding, up to --drain)
+//! ```
+//!
+//! # Invariants
+//! - Connection and measurement state never leaves its worker thread (`Rc`,
+//!   `RefCell`, `Cell`); threads share only the abort flag, the first failure
+//!   message and the interval channel, none of them on the per-request path.
+//! - A request is measured iff its intended send time lies at or after the
+//!   end of the warmup; everything about it (latency, outcome) is then
+//!   recorded, whenever the response comes.
+//! - Each request ends exactly once: success, an error response, a kind
+//!   mismatch, a timeout, or its connection failing.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use hdrhistogram::Histogram;
+use mcp_schema::fb::protocol::ResponsePayload;
+
+use crate::notify::{Notify, Signal};
+use crate::schedule::Schedule;
+use crate::stats::{self, Counts, ErrorKind, ThreadStats};
+use crate::target::Target;
+use crate::workload::Workload;
+
+/// How often workers report an interval (progress line, `--hlog`).
+pub const INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often a worker checks for abort, timeouts and the end of its drain:
+/// bounds how late a stop is noticed without waking threads needlessly.
+const TICK: Duration = Duration::from_millis(20);
+
+/// A connection that does not complete its handshake in this time counts as
+/// refused: a load test against an unreachable host should fail fast.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `--concurrency N`: N requests in flight, each sent when one ends;
+    /// latency from the actual send.
+    Closed,
+    /// `--rate R`: requests sent on a schedule whatever the responses do;
+    /// latency from the intended send time.
+    Open,
+    /// `--rate R --concurrency N`: the schedule, with at most N in flight;
+    /// a request held back by the window is still measured from its
+    /// intended time (wrk2's model).
+    RateLimited,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Closed => "closed",
+            Mode::Open => "open",
+            Mode::RateLimited => "rate_limited_closed",
+        }
+    }
+}
+
+/// Everything a run needs, validated.
+#[derive(Debug)]
+pub struct RunConfig {
+    pub target: Target,
+    pub workload: Arc<Workload>,
+    pub threads: usize,
+    pub cpus: Option<Vec<usize>>,
+    pub connections: usize,
+    /// Total in flight (closed / rate-limited), split over connections.
+    pub concurrency: Option<u64>,
+    /// Requests per second over all connections.
+    pub rate: Option<f64>,
+    pub ramp: Duration,
+    /// Length of the measured phase (after the warmup). `None` with
+    /// `requests` set: until that many are sent.
+    pub duration: Option<Duration>,
+    /// Total requests to send (warmup included), split over connections.
+    pub requests: Option<u64>,
+    pub warmup: Duration,
+    pub timeout: Duration,
+    pub drain: Duration,
+    /// How long before a scheduled send the writer stops trusting the
+    /// millisecond timer and yields until the exact time.
+    pub spin: Duration,
+    pub max_frame: u32,
+    pub seed: u64,
+}
+
+impl RunConfig {
+    pub fn mode(&self) -> Mode {
+        match (self.rate, self.concurrency) {
+            (Some(_), Some(_)) => Mode::RateLimited,
+            (Some(_), None) => Mode::Open,
+            (None, _) => Mode::Closed,
+        }
+    }
+
+    /// The per-connection plan of connection `i`.
+    fn plan(&self, i: usize) -> ConnPlan {
+        let c = self.connections as u64;
+        let share = |total: u64| total / c + u64::from((i as u64) < total % c);
+        ConnPlan {
+            window: self.concurrency.map_or(u64::MAX, share),
+            rate: self.rate.map(|r| r / self.connections as f64),
+            phase: i as f64 / self.connections as f64,
+            quota: self.requests.map_or(u64::MAX, share),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ConnPlan {
+    /// Most requests in flight at once (`u64::MAX`: no limit).
+    pub window: u64,
+    /// Requests per second of this connection (`None`: closed loop).
+    pub rate: Option<f64>,
+    pub phase: f64,
+    /// Most requests this connection sends.
+    pub quota: u64,
+}
+
+/// What threads share: the stop flag and the first failure.
+#[derive(Debug, Default)]
+pub struct Shared {
+    abort: AtomicBool,
+    failure: Mutex<Option<String>>,
+    start: OnceLock<(Instant, SystemTime)>,
+}
+
+impl Shared {
+    /// Records `msg` if it is the first failure, and stops every thread.
+    pub fn fail(&self, msg: String) {
+        if let Ok(mut f) = self.failure.lock() {
+            f.get_or_insert(msg);
+        }
+        self.abort.store(true, Ordering::Release);
+    }
+
+    pub fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
+    }
+
+    pub fn start_time(&self) -> Option<SystemTime> {
+        self.start.get().map(|s| s.1)
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+}
+
+/// Sent to the main thread once per interval and when a worker ends.
+#[derive(Debug)]
+pub enum Msg {
+    Interval(Box<IntervalReport>),
+    /// The worker ended: it sends no more intervals.
+    Done {
+        thread: usize,
+    },
+}
+
+#[derive(Debug)]
+pub struct IntervalReport {
+    pub thread: usize,
+    pub index: u64,
+    /// Measured responses of the interval.
+    pub latency: Histogram<u64>,
+    pub counts: Counts,
+    /// Successful responses during the warmup (not measured).
+    pub warmup_ok: u64,
+}
+
+/// Hashes the per-connection sequence numbers used as map keys: they are
+/// already distinct, so a multiply spreads them with no hashing cost.
+#[derive(Default)]
+pub struct SeqHasher(u64);
+
+impl Hasher for SeqHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A request waiting for its final response.
+#[derive(Clone, Copy, Debug)]
+pub struct Pending {
+    /// Intended send time (open loop) or actual send time (closed loop).
+    pub start: Instant,
+    pub measured: bool,
+    pub expect: ResponsePayload,
+}
+
+/// The state of one connection, shared by its writer and reader tasks.
+pub struct ConnCtx {
+    pub index: usize,
+    pub plan: ConnPlan,
+    pub outstanding: RefCell<HashMap<u64, Pending, BuildHasherDefault<SeqHasher>>>,
+    /// The writer will send nothing more.
+    pub sending_done: Cell<bool>,
+    /// Wakes the writer: a slot in its window freed up, or it must stop.
+    pub writer_wake: Notify,
+    /// Tells the reader to stop reading now.
+    pub reader_stop: Signal,
+    pub finished: Cell<bool>,
+}
+
+/// The state of one worker thread.
+pub struct ThreadCtx {
+    pub cfg: Arc<RunConfig>,
+    pub shared: Arc<Shared>,
+    pub start: Instant,
+    pub measure_start: Instant,
+    pub send_end: Option<Instant>,
+    /// Everything stops now (abort, or the drain ran out).
+    pub stop: Cell<bool>,
+    totals: RefCell<ThreadStats>,
+    interval: RefCell<(Histogram<u64>, Counts, u64)>,
+}
+
+impl ThreadCtx {
+    pub fn measured(&self, t: Instant) -> bool {
+        t >= self.measure_start
+    }
+
+    /// A request was written. `intended` is its scheduled time.
+    pub fn on_sent(&self, intended: Instant, now: Instant, scheduled: bool) {
+        if self.measured(intended) {
+            let mut i = self.interval.borrow_mut();
+            i.1.sent += 1;
+            i.1.intended += 1;
+            if scheduled {
+                let lag = now.saturating_duration_since(intended).as_micros() as u64;
+                stats::record(&mut self.totals.borrow_mut().send_lag, lag);
+            }
+        }
+        let mut t = self.totals.borrow_mut();
+        t.last_send = t.last_send.max(now.saturating_duration_since(self.start));
+    }
+
+    /// Requests the schedule asked for but that were never sent.
+    pub fn on_unsent(&self, n: u64) {
+        self.interval.borrow_mut().1.intended += n;
+    }
+
+    /// A request ended.
+    pub fn on_end(&self, p: &Pending, now: Instant, outcome: Result<(), (ErrorKind, Option<i32>)>) {
+        {
+            let mut t = self.totals.borrow_mut();
+            if outcome.is_ok() || matches!(outcome, Err((ErrorKind::ErrorResponse, _))) {
+                t.last_response = t
+                    .last_response
+                    .max(now.saturating_duration_since(self.start));
+            }
+        }
+        let mut i = self.interval.borrow_mut();
+        if !p.measured {
+            i.2 += u64::from(outcome.is_ok());
+            return;
+        }
+        match outcome {
+            Ok(()) => {
+                let us = now.saturating_duration_since(p.start).as_micros() as u64;
+                stats::record(&mut i.0, us);
+                i.1.ok += 1;
+            }
+            Err((kind, code)) => {
+                i.1.error(kind);
+                if let Some(code) = code {
+                    *i.1.error_codes.entry(code).or_default() += 1;
+                }
+            }
+        }
+    }
+
+    /// A frame that belongs to no request.
+    pub fn on_stray(&self, kind: ErrorKind, now: Instant) {
+        if self.measured(now) {
+            self.interval.borrow_mut().1.error(kind);
+        }
+    }
+
+    pub fn on_progress(&self) {
+        self.interval.borrow_mut().1.progress_frames += 1;
+    }
+
+    /// The connection failed: its outstanding requests end as lost and the
+    /// whole run stops (its results would no longer mean what they say).
+    pub fn conn_failed(&self, conn: &ConnCtx, msg: String) {
+        let now = Instant::now();
+        let lost: Vec<Pending> = conn
+            .outstanding
+            .borrow_mut()
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        let msg = if lost.is_empty() {
+            msg
+        } else {
+            format!("{msg} ({} requests outstanding)", lost.len())
+        };
+        for p in &lost {
+            self.on_end(p, now, Err((ErrorKind::ConnectionLost, None)));
+        }
+        self.shared.fail(msg);
+    }
+
+    /// Takes the interval so far, folding it into the totals.
+    fn take_interval(&self, thread: usize, index: u64) -> IntervalReport {
+        let mut i = self.interval.borrow_mut();
+        let latency = std::mem::replace(&mut i.0, stats::new_histogram());
+        let counts = std::mem::take(&mut i.1);
+        let warmup_ok = std::mem::take(&mut i.2);
+        let mut t = self.totals.borrow_mut();
+        let _ = t.latency.add(&latency);
+        t.counts.merge(&counts);
+        IntervalReport {
+            thread,
+            index,
+            latency,
+            counts,
+            warmup_ok,
+        }
+    }
+}
+
+/// A target protocol: how to open a connection and drive it. The engine
+/// owns threads, the schedule, the stop rules and the measurement; a driver
+/// owns the wire.
+pub trait Driver: Clone + 'static {
+    type Conn: 'static;
+    /// Opens one connection (before the start line).
+    async fn connect(&self, addr: SocketAddr) -> std::io::Result<Self::Conn>;
+    /// Sends and receives on `conn` by its plan until it is done, the run
+    /// stops or the connection fails (reported with
+    /// [`ThreadCtx::conn_failed`]). Sets `cc.finished` when it returns.
+    async fn drive(&self, conn: Self::Conn, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>);
+}
+
+/// What the run produced, whatever happened.
+#[derive(Debug)]
+pub struct Outcome {
+    pub stats: ThreadStats,
+    pub failure: Option<String>,
+    pub started: Option<SystemTime>,
+    /// Whether the io_uring driver was used (else epoll).
+    pub io_uring: bool,
+}
+
+/// Runs the whole load on `cfg.threads` worker threads.
+pub fn run<D: Driver + Send>(
+    cfg: Arc<RunConfig>,
+    driver: D,
+    tx: Sender<Msg>,
+    shared: Arc<Shared>,
+) -> Outcome {
+    let barrier = Arc::new(Barrier::new(cfg.threads));
+    let mut handles = Vec::new();
+    for t in 0..cfg.threads {
+        let (cfg, driver, wtx, wshared, barrier) = (
+            Arc::clone(&cfg),
+            driver.clone(),
+            tx.clone(),
+            Arc::clone(&shared),
+            Arc::clone(&barrier),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("loadgen-{t}"))
+            .spawn(move || {
+                let stats = worker(t, &cfg, driver, &wtx, &wshared, &barrier);
+                let _ = wtx.send(Msg::Done { thread: t });
+                stats
+            });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                // The barrier would never fill: nothing can run.
+                shared.fail(format!("cannot start worker thread: {e}"));
+                return Outcome {
+                    stats: ThreadStats::default(),
+                    failure: shared.failure(),
+                    started: None,
+                    io_uring: false,
+                };
+            }
+        }
+    }
+    drop(tx);
+    let mut total = ThreadStats::default();
+    for h in handles {
+        match h.join() {
+            Ok(s) => total.merge(&s),
+            Err(_) => shared.fail("a worker thread panicked".into()),
+        }
+    }
+    Outcome {
+        stats: total,
+        failure: shared.failure(),
+        started: shared.start.get().map(|s| s.1),
+        io_uring: monoio::utils::detect_uring(),
+    }
+}
+
+/// One worker thread: pins itself, builds its runtime, runs its share.
+fn worker<D: Driver>(
+    t: usize,
+    cfg: &Arc<RunConfig>,
+    driver: D,
+    tx: &Sender<Msg>,
+    shared: &Arc<Shared>,
+    barrier: &Barrier,
+) -> ThreadStats {
+    if let Some(cpus) = &cfg.cpus {
+        let cpu = cpus[t % cpus.len()];
+        if let Err(e) = monoio::utils::bind_to_cpu_set([cpu]) {
+            shared.fail(format!("cannot pin worker {t} to CPU {cpu}: {e}"));
+        }
+    }
+    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .enable_timer()
+        .build();
+    let mut rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            shared.fail(format!("cannot build the I/O runtime: {e}"));
+            barrier.wait();
+            return ThreadStats::default();
+        }
+    };
+    rt.block_on(worker_main(t, cfg, driver, tx, shared, barrier))
+}
+
+async fn worker_main<D: Driver>(
+    t: usize,
+    cfg: &Arc<RunConfig>,
+    driver: D,
+    tx: &Sender<Msg>,
+    shared: &Arc<Shared>,
+    barrier: &Barrier,
+) -> ThreadStats {
+    // Connect everything first, so the start line is not smeared by
+    // handshakes.
+    let mut conns = Vec::new();
+    for i in (t..cfg.connections).step_by(cfg.threads) {
+        if shared.aborted() {
+            break;
+        }
+        match monoio::time::timeout(CONNECT_TIMEOUT, driver.connect(cfg.target.addr)).await {
+            Ok(Ok(c)) => conns.push((i, c)),
+            Ok(Err(e)) => shared.fail(format!("cannot connect to {}: {e}", cfg.target)),
+            Err(_) => shared.fail(format!(
+                "cannot connect to {}: no answer within {CONNECT_TIMEOUT:?}",
+                cfg.target
+            )),
+        }
+    }
+    // Every worker reaches the barrier, failed or not, or the others would
+    // wait forever. Blocking here is fine: no task runs on this runtime yet.
+    barrier.wait();
+    if shared.aborted() {
+        return ThreadStats::default();
+    }
+    let (start, _) = *shared
+        .start
+        .get_or_init(|| (Instant::now(), SystemTime::now()));
+    let measure_start = start + cfg.warmup;
+    let ctx = Rc::new(ThreadCtx {
+        cfg: Arc::clone(cfg),
+        shared: Arc::clone(shared),
+        start,
+        measure_start,
+        send_end: cfg.duration.map(|d| measure_start + d),
+        stop: Cell::new(false),
+        totals: RefCell::new(ThreadStats::default()),
+        interval: RefCell::new((stats::new_histogram(), Counts::default(), 0)),
+    });
+    let mut ccs = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, c) in conns {
+        let cc = Rc::new(ConnCtx {
+            index: i,
+            plan: cfg.plan(i),
+            outstanding: RefCell::new(HashMap::default()),
+            sending_done: Cell::new(false),
+            writer_wake: Notify::default(),
+            reader_stop: Signal::default(),
+            finished: Cell::new(false),
+        });
+        ccs.push(Rc::clone(&cc));
+        let (d, ctx) = (driver.clone(), Rc::clone(&ctx));
+        tasks.push(monoio::spawn(async move { d.drive(c, ctx, cc).await }));
+    }
+
+    let mut index = 0u64;
+    let mut next_report = start + INTERVAL;
+    let mut drain_until: Option<Instant> = None;
+    loop {
+        monoio::time::sleep(TICK.min(next_report.saturating_duration_since(Instant::now()))).await;
+        let now = Instant::now();
+        let all_sent = ccs.iter().all(|c| c.sending_done.get());
+        if ctx.send_end.is_some_and(|e| now >= e) && !all_sent {
+            // Writers blocked on a full window must notice the end.
+            for c in &ccs {
+                c.writer_wake.notify();
+            }
+        }
+        if all_sent && drain_until.is_none() {
+            drain_until = Some(now + cfg.drain);
+        }
+        let stop_kind = if shared.aborted() {
+            Some(ErrorKind::ConnectionLost)
+        } else if drain_until.is_some_and(|d| now >= d) {
+            Some(ErrorKind::Timeout)
+        } else {
+            None
+        };
+        if let Some(kind) = stop_kind
+            && !ctx.stop.get()
+        {
+            ctx.stop.set(true);
+            for c in &ccs {
+                let left: Vec<Pending> =
+                    c.outstanding.borrow_mut().drain().map(|(_, p)| p).collect();
+                for p in &left {
+                    ctx.on_end(p, now, Err((kind, None)));
+                }
+                c.writer_wake.notify();
+                c.reader_stop.raise();
+            }
+        }
+        sweep_timeouts(&ctx, &ccs, now);
+        if now >= next_report {
+            let _ = tx.send(Msg::Interval(Box::new(ctx.take_interval(t, index))));
+            index += 1;
+            next_report += INTERVAL;
+        }
+        if ccs.iter().all(|c| c.finished.get()) {
+            break;
+        }
+    }
+    for task in tasks {
+        task.await;
+    }
+    // The last, partial interval: only worth a report if something happened.
+    let last = ctx.take_interval(t, index);
+    let c = &last.counts;
+    if c.sent + c.ok + c.total_errors() + last.warmup_ok > 0 {
+        let _ = tx.send(Msg::Interval(Box::new(last)));
+    }
+    ctx.totals.borrow().clone()
+}
+
+/// Ends requests older than `--timeout`, freeing their window slots.
+fn sweep_timeouts(ctx: &ThreadCtx, ccs: &[Rc<ConnCtx>], now: Instant) {
+    let Some(oldest_ok) = now.checked_sub(ctx.cfg.timeout) else {
+        return;
+    };
+    for c in ccs {
+        let mut expired = Vec::new();
+        c.outstanding.borrow_mut().retain(|_, p| {
+            let keep = p.start >= oldest_ok;
+            if !keep {
+                expired.push(*p);
+            }
+            keep
+        });
+        if !expired.is_empty() {
+            for p in &expired {
+                ctx.on_end(p, now, Err((ErrorKind::Timeout, None)));
+            }
+            c.writer_wake.notify();
+        }
+    }
+}
+
+/// monoio's timer wheel has millisecond ticks and rounds deadlines up: a
+/// timer may fire up to this much after the time asked (measured: up to
+/// 1.7 ms). Timers are therefore set this much early.
+const TIMER_SLACK: Duration = Duration::from_millis(2);
+
+/// Waits until `until`: the millisecond timer for the bulk, then yields
+/// (letting other tasks and the I/O driver run) for the last `spin` plus
+/// the timer's slack, so scheduled sends leave within microseconds of their
+/// time. With `spin` zero the timer alone decides, and sends may be up to
+/// ~2 ms late (visible as send lag and as latency). Returns early when
+/// `wake` fires.
+pub async fn wait_until(until: Instant, spin: Duration, wake: &Notify) {
+    let early = if spin.is_zero() {
+        Duration::ZERO
+    } else {
+        spin + TIMER_SLACK
+    };
+    let now = Instant::now();
+    if until > now + early {
+        let timer = monoio::time::sleep_until(monoio::time::Instant::from_std(until - early));
+        monoio::select! {
+            _ = timer => {},
+            _ = wake.notified() => return,
+        }
+    }
+    while Instant::now() < until {
+        crate::notify::yield_now().await;
+    }
+}
+
+/// Builds a run's schedule for connection `cc` (open loop), if it has one.
+pub fn schedule_of(ctx: &ThreadCtx, cc: &ConnCtx) -> Option<Schedule> {
+    cc.plan
+        .rate
+        .map(|r| Schedule::new(ctx.start, r, ctx.cfg.ramp, cc.plan.phase))
+}

@@ -1,0 +1,348 @@
+//! The `frames://` driver: size-prefixed FlatBuffers frames over TCP.
+//!
+//! Each connection has one writer task and one reader task. The writer
+//! encodes every request that may go now (window room, schedule due) into
+//! one buffer and writes it with a single `write_all`: under load that is
+//! one syscall (one io_uring submission) for many requests. The reader reads
+//! into one growing buffer and handles every complete frame in place.
+//!
+//! # Invariants
+//! - A request is registered as outstanding before its bytes are written,
+//!   so its response can never arrive first.
+//! - Correlation ids are `l<connection>.<sequence>`: unique per run, and a
+//!   response carrying another connection's id is an unknown correlation.
+//! - A read is only cancelled when the connection will never be read again
+//!   (cancelling loses whatever the kernel already put in the buffer).
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::{Buf, BytesMut};
+use mcp_schema::FrameSplitter;
+use mcp_schema::client::{RequestHeader, ResponseView};
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
+};
+use monoio::net::TcpStream;
+
+use crate::engine::{ConnCtx, Driver, Pending, ThreadCtx, schedule_of, wait_until};
+use crate::stats::ErrorKind;
+use crate::workload::Generator;
+
+/// Most requests encoded into one write: bounds the write buffer and lets
+/// the reader run between large bursts.
+const MAX_BATCH: u64 = 512;
+
+/// Read buffer growth step.
+const READ_CHUNK: usize = 64 * 1024;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FramesDriver;
+
+impl Driver for FramesDriver {
+    type Conn = TcpStream;
+
+    async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+        let s = TcpStream::connect_addr(addr).await?;
+        // Requests are latency-measured one by one: never let Nagle hold
+        // one back waiting for more.
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+
+    async fn drive(&self, conn: TcpStream, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
+        let (r, mut w) = conn.into_split();
+        let reader = {
+            let (ctx, cc) = (Rc::clone(&ctx), Rc::clone(&cc));
+            monoio::spawn(async move {
+                let mut r = r;
+                if let Err(msg) = read_loop(&ctx, &cc, &mut r).await {
+                    ctx.conn_failed(&cc, msg);
+                }
+            })
+        };
+        let result = write_loop(&ctx, &cc, &mut w).await;
+        cc.sending_done.set(true);
+        match result {
+            Err(e) => ctx.conn_failed(
+                &cc,
+                format!("connection to {} failed while sending: {e}", ctx.cfg.target),
+            ),
+            Ok(()) if cc.outstanding.borrow().is_empty() => cc.reader_stop.raise(),
+            Ok(()) => {}
+        }
+        reader.await;
+        // Closing the write side tells the server we are done.
+        let _ = w.shutdown().await;
+        cc.finished.set(true);
+    }
+}
+
+/// The text of correlation ids of one connection: a fixed prefix and a
+/// decimal sequence number, formatted without allocating.
+struct CorrIds {
+    buf: [u8; 48],
+    prefix_len: usize,
+}
+
+impl CorrIds {
+    fn new(conn: usize) -> Self {
+        let mut buf = [0u8; 48];
+        let prefix = format!("l{conn}.");
+        buf[..prefix.len()].copy_from_slice(prefix.as_bytes());
+        Self {
+            buf,
+            prefix_len: prefix.len(),
+        }
+    }
+
+    fn format(&mut self, seq: u64) -> &str {
+        let mut digits = [0u8; 20];
+        let mut n = seq;
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let d = &digits[i..];
+        let end = self.prefix_len + d.len();
+        self.buf[self.prefix_len..end].copy_from_slice(d);
+        // ASCII only: the prefix is `l<digits>.` and the rest digits.
+        std::str::from_utf8(&self.buf[..end]).unwrap_or_default()
+    }
+
+    fn parse(&self, s: &str) -> Option<u64> {
+        let rest = s.as_bytes().strip_prefix(&self.buf[..self.prefix_len])?;
+        if rest.is_empty() || rest.len() > 20 || !rest.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(rest).ok()?.parse().ok()
+    }
+}
+
+/// A message id unique within the run: connection and sequence, with the
+/// RFC 9562 version 8 ("custom") and variant bits set.
+fn message_id(conn: usize, seq: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..6].copy_from_slice(&(conn as u64).to_be_bytes()[2..]);
+    b[6] = 0x80;
+    b[8..16].copy_from_slice(&seq.to_be_bytes());
+    b[8] = 0x80 | (b[8] & 0x3f);
+    b
+}
+
+async fn write_loop(
+    ctx: &ThreadCtx,
+    cc: &ConnCtx,
+    w: &mut OwnedWriteHalf<TcpStream>,
+) -> io::Result<()> {
+    let cfg = &ctx.cfg;
+    let seed = cfg.seed ^ (cc.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut generator = Generator::new(std::sync::Arc::clone(&cfg.workload), seed);
+    let mut ids = CorrIds::new(cc.index);
+    let schedule = schedule_of(ctx, cc);
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut seq: u64 = 0;
+    // Schedule index of the next request (open loop).
+    let mut k: u64 = 0;
+    loop {
+        if ctx.stop.get() {
+            break;
+        }
+        let now = Instant::now();
+        if ctx.send_end.is_some_and(|e| now >= e) || seq >= cc.plan.quota {
+            break;
+        }
+        let room = cc
+            .plan
+            .window
+            .saturating_sub(cc.outstanding.borrow().len() as u64)
+            .min(cc.plan.quota - seq)
+            .min(MAX_BATCH);
+        if let Some(s) = &schedule {
+            let due = s.at(k);
+            if due > now {
+                let until = ctx.send_end.map_or(due, |e| e.min(due));
+                wait_until(until, cfg.spin, &cc.writer_wake).await;
+                continue;
+            }
+        }
+        if room == 0 {
+            cc.writer_wake.notified().await;
+            continue;
+        }
+        let unix_nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        {
+            let mut outstanding = cc.outstanding.borrow_mut();
+            for _ in 0..room {
+                let intended = match &schedule {
+                    None => now,
+                    Some(s) => {
+                        let t = s.at(k);
+                        if t > now || ctx.send_end.is_some_and(|e| t >= e) {
+                            break;
+                        }
+                        k += 1;
+                        t
+                    }
+                };
+                let h = RequestHeader {
+                    message_id: message_id(cc.index, seq),
+                    correlation_id: Some(ids.format(seq)),
+                    session_id: None,
+                    timeout_ms: 0,
+                    unix_nanos,
+                };
+                let expect = generator.encode(&h, &mut buf);
+                outstanding.insert(
+                    seq,
+                    Pending {
+                        start: intended,
+                        measured: ctx.measured(intended),
+                        expect,
+                    },
+                );
+                ctx.on_sent(intended, now, schedule.is_some());
+                seq += 1;
+            }
+        }
+        let (res, b) = w.write_all(buf).await;
+        buf = b;
+        buf.clear();
+        res?;
+    }
+    // Requests the schedule called for in the measured phase but that were
+    // never sent (the generator or the window was behind) still count as
+    // offered.
+    if let (Some(s), Some(end)) = (&schedule, ctx.send_end) {
+        let due = s.count_before(end).min(cc.plan.quota);
+        let first_measured = s.count_before(ctx.measure_start);
+        let unsent = due.saturating_sub(k.max(first_measured));
+        ctx.on_unsent(unsent);
+    }
+    Ok(())
+}
+
+async fn read_loop(
+    ctx: &ThreadCtx,
+    cc: &ConnCtx,
+    r: &mut OwnedReadHalf<TcpStream>,
+) -> Result<(), String> {
+    let splitter = FrameSplitter::new(ctx.cfg.max_frame);
+    let ids = CorrIds::new(cc.index);
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        if cc.reader_stop.is_raised()
+            || (cc.sending_done.get() && cc.outstanding.borrow().is_empty())
+        {
+            return Ok(());
+        }
+        let missing = splitter
+            .missing(&buf)
+            .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?;
+        if buf.capacity() - buf.len() < missing.max(READ_CHUNK / 4) {
+            buf.reserve(missing.max(READ_CHUNK));
+        }
+        let (res, b) = monoio::select! {
+            x = r.read(buf) => x,
+            _ = cc.reader_stop.wait() => return Ok(()),
+        };
+        buf = b;
+        match res {
+            Ok(0) => {
+                return Err(format!(
+                    "connection to {} closed by the server",
+                    ctx.cfg.target
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("connection to {} failed: {e}", ctx.cfg.target)),
+        }
+        let now = Instant::now();
+        while let Some(len) = splitter
+            .peek_len(&buf)
+            .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?
+        {
+            let total = mcp_schema::split::PREFIX_LEN + len as usize;
+            if buf.len() < total {
+                break;
+            }
+            handle_frame(ctx, cc, &ids, &buf[..total], now);
+            buf.advance(total);
+        }
+    }
+}
+
+fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now: Instant) {
+    let v = match ResponseView::parse(frame) {
+        Ok(v) => v,
+        Err(_) => return ctx.on_stray(ErrorKind::InvalidFrame, now),
+    };
+    let Some(seq) = ids.parse(v.correlation_id()) else {
+        return ctx.on_stray(ErrorKind::UnknownCorrelation, now);
+    };
+    if !v.is_final() {
+        if cc.outstanding.borrow().contains_key(&seq) {
+            ctx.on_progress();
+        } else {
+            ctx.on_stray(ErrorKind::UnknownCorrelation, now);
+        }
+        return;
+    }
+    let (p, was_full) = {
+        let mut o = cc.outstanding.borrow_mut();
+        let was_full = o.len() as u64 >= cc.plan.window;
+        match o.remove(&seq) {
+            Some(p) => (p, was_full),
+            None => return ctx.on_stray(ErrorKind::UnknownCorrelation, now),
+        }
+    };
+    let outcome = if let Some((code, _)) = v.error() {
+        Err((ErrorKind::ErrorResponse, Some(code)))
+    } else if v.payload_type() != p.expect {
+        Err((ErrorKind::KindMismatch, None))
+    } else {
+        Ok(())
+    };
+    ctx.on_end(&p, now, outcome);
+    if was_full {
+        cc.writer_wake.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn correlation_ids_round_trip_and_reject_other_connections() {
+        let mut a = CorrIds::new(3);
+        assert_eq!(a.format(0), "l3.0");
+        assert_eq!(a.format(1234567890123), "l3.1234567890123");
+        assert_eq!(a.parse("l3.1234567890123"), Some(1234567890123));
+        assert_eq!(a.format(u64::MAX), format!("l3.{}", u64::MAX));
+        assert_eq!(a.parse("l31.5"), None, "connection 31 is not 3");
+        assert_eq!(a.parse("l3."), None);
+        assert_eq!(a.parse("l3.+5"), None);
+        assert_eq!(a.parse("l3.5x"), None);
+        assert_eq!(a.parse(""), None);
+    }
+
+    #[test]
+    fn message_ids_are_distinct_and_v8_shaped() {
+        let a = message_id(1, 7);
+        let b = message_id(2, 7);
+        let c = message_id(1, 8);
+        assert!(a != b && a != c && b != c);
+        assert_eq!(a[6] >> 4, 8);
+        assert_eq!(a[8] >> 6, 0b10);
+    }
+}

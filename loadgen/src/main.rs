@@ -1,0 +1,127 @@
+//! `mcp-loadgen`: drives an MCP broker's frame edge (or, later, its gRPC
+//! edge) with closed- or open-loop load and reports latency percentiles
+//! that can be trusted. See `docs/loadgen.md`.
+//!
+//! Threads: the main thread parses, starts the engine, prints progress and
+//! writes the reports; worker threads (one monoio runtime each) own all
+//! connections and measurements and only send the main thread one interval
+//! report per second.
+//!
+//! Exit status: 0 when the run completed (response errors are reported,
+//! not fatal), 1 when it could not run or stopped early (bad arguments,
+//! refused or lost connection); the JSON report is written either way.
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+mod cli;
+mod duration;
+mod engine;
+mod frames;
+mod notify;
+mod progress;
+mod report;
+mod rng;
+mod schedule;
+mod stats;
+mod target;
+mod workload;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::engine::{Outcome, Shared};
+use crate::report::Report;
+use crate::target::Scheme;
+
+fn main() -> ExitCode {
+    let args = cli::Args::parse();
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mcp-loadgen: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
+    let cfg = match args.validate() {
+        Ok(cfg) => cfg,
+        Err(e) => return fail_before_start(args, e),
+    };
+    if cfg.target.scheme == Scheme::Grpc {
+        return fail_before_start(
+            args,
+            anyhow::anyhow!(
+                "{}: gRPC target not built yet (the turbomcp.mcp.v1 proto crate does not \
+                 exist yet); use a frames:// target",
+                cfg.target
+            ),
+        );
+    }
+    let cfg = Arc::new(cfg);
+    let shared = Arc::new(Shared::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let engine = {
+        let (cfg, shared) = (Arc::clone(&cfg), Arc::clone(&shared));
+        std::thread::Builder::new()
+            .name("loadgen-engine".into())
+            .spawn(move || engine::run(cfg, frames::FramesDriver, tx, shared))
+            .context("cannot start the engine thread")?
+    };
+    let mut progress = progress::Progress::new(cfg.threads, cfg.warmup, args.quiet);
+    let hlog_result = progress.consume(rx, args.hlog.as_deref(), &shared);
+    progress.finish();
+    let outcome = engine.join().unwrap_or_else(|_| Outcome {
+        stats: Default::default(),
+        failure: Some("the engine thread panicked".into()),
+        started: None,
+        io_uring: false,
+    });
+    let report = Report::new(Some(&cfg), &cfg.target.to_string(), &outcome);
+    print!("{}", report.human());
+    let _ = std::io::stdout().flush();
+    for w in report.warnings() {
+        eprintln!("{w}");
+    }
+    let json_result = write_json(args, &report);
+    if let Err(e) = hlog_result {
+        eprintln!("mcp-loadgen: error: cannot write the interval log: {e:#}");
+        return Ok(ExitCode::FAILURE);
+    }
+    json_result?;
+    if let Some(f) = &report.failure {
+        eprintln!("mcp-loadgen: error: {f}; results above are partial");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The run could not start: still leave a JSON report saying why.
+fn fail_before_start(args: &cli::Args, e: anyhow::Error) -> anyhow::Result<ExitCode> {
+    let outcome = Outcome {
+        stats: Default::default(),
+        failure: Some(format!("{e:#}")),
+        started: None,
+        io_uring: false,
+    };
+    let report = Report::new(None, &args.target, &outcome);
+    if let Err(je) = write_json(args, &report) {
+        eprintln!("mcp-loadgen: error: {je:#}");
+    }
+    Err(e)
+}
+
+fn write_json(args: &cli::Args, report: &Report) -> anyhow::Result<()> {
+    let Some(path) = &args.json else {
+        return Ok(());
+    };
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::write(path, text + "\n")
+        .with_context(|| format!("cannot write the JSON report to {}", path.display()))
+}

@@ -1,0 +1,307 @@
+//! The results: the JSON report (`--json`), the human summary, and the
+//! "could not keep up" verdict.
+//!
+//! # Invariants
+//! - The JSON always carries the brief's fields (`requests`, `errors`,
+//!   `offered_rps`, `achieved_rps`, `latency_us.{p50,p90,p99,p999,p9999,max}`),
+//!   also for a failed run, so a script never has to special-case failure.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::engine::{Mode, Outcome, RunConfig};
+
+/// Achieved below this share of the offered rate (open loop) is reported
+/// as "could not keep up".
+const KEEP_UP_RATIO: f64 = 0.95;
+
+/// Writes more than this late (p99 of send lag) mean the generator itself,
+/// or the in-flight window, could not follow the schedule.
+const KEEP_UP_SEND_LAG_US: u64 = 5_000;
+
+#[derive(Serialize, Debug, Default)]
+pub struct Latency {
+    pub min: u64,
+    pub mean: f64,
+    pub stdev: f64,
+    pub p50: u64,
+    pub p75: u64,
+    pub p90: u64,
+    pub p95: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub p9999: u64,
+    pub max: u64,
+}
+
+impl Latency {
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let q = |q: f64| h.value_at_quantile(q);
+        Self {
+            min: h.min(),
+            mean: h.mean(),
+            stdev: h.stdev(),
+            p50: q(0.50),
+            p75: q(0.75),
+            p90: q(0.90),
+            p95: q(0.95),
+            p99: q(0.99),
+            p999: q(0.999),
+            p9999: q(0.9999),
+            max: h.max(),
+        }
+    }
+}
+
+#[derive(Serialize, Debug)]
+pub struct SendLag {
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub target: String,
+    pub mode: &'static str,
+    pub workload: String,
+    pub driver: &'static str,
+    pub threads: usize,
+    pub connections: usize,
+    pub concurrency: Option<u64>,
+    pub rate: Option<f64>,
+    pub warmup_s: f64,
+    /// Length of the measured phase: from the end of the warmup to the
+    /// later of the last send and the last response.
+    pub duration_s: f64,
+    /// Measured requests that reached an outcome (success or a
+    /// request-ending error).
+    pub requests: u64,
+    pub ok: u64,
+    /// All error events (request-ending ones, plus stray frames).
+    pub errors: u64,
+    pub errors_by_kind: BTreeMap<String, u64>,
+    pub sent: u64,
+    /// Requests due by the schedule in the measured phase (closed loop:
+    /// equal to `sent`); `scheduled - sent` were never sent.
+    pub scheduled: u64,
+    /// Requests the schedule called for in the measured phase, per second
+    /// (closed loop: what was sent).
+    pub offered_rps: f64,
+    /// Final responses (success or error response) per second.
+    pub achieved_rps: f64,
+    pub latency_us: Latency,
+    /// Open loop: how late requests were written after their intended time.
+    pub send_lag_us: Option<SendLag>,
+    pub progress_frames: u64,
+    pub kept_up: bool,
+    /// Why the run stopped early, if it did; the numbers are then partial.
+    pub failure: Option<String>,
+    pub started_unix_ms: Option<u64>,
+}
+
+impl Report {
+    pub fn new(cfg: Option<&RunConfig>, target: &str, outcome: &Outcome) -> Self {
+        let s = &outcome.stats;
+        let c = &s.counts;
+        let warmup = cfg.map_or(Duration::ZERO, |c| c.warmup);
+        let send_window = s.last_send.saturating_sub(warmup);
+        let send_window = match cfg.and_then(|c| c.duration) {
+            // A fixed measured phase ended on time unless the run failed.
+            Some(d) if outcome.failure.is_none() => d,
+            _ => send_window,
+        };
+        let run_window = send_window.max(s.last_response.saturating_sub(warmup));
+        let per_s = |n: u64, w: Duration| {
+            if w.is_zero() {
+                0.0
+            } else {
+                n as f64 / w.as_secs_f64()
+            }
+        };
+        let responses = c.ok + c.errors[crate::stats::ErrorKind::ErrorResponse as usize];
+        let offered_rps = per_s(c.intended, send_window);
+        let achieved_rps = per_s(responses, run_window);
+        let mode = cfg.map(RunConfig::mode);
+        let scheduled = matches!(mode, Some(Mode::Open | Mode::RateLimited));
+        let send_lag = (scheduled && !s.send_lag.is_empty()).then(|| SendLag {
+            p50: s.send_lag.value_at_quantile(0.5),
+            p99: s.send_lag.value_at_quantile(0.99),
+            max: s.send_lag.max(),
+        });
+        let kept_up = !scheduled
+            || (achieved_rps >= KEEP_UP_RATIO * offered_rps
+                && c.sent >= c.intended
+                && send_lag
+                    .as_ref()
+                    .is_none_or(|l| l.p99 <= KEEP_UP_SEND_LAG_US));
+        Self {
+            target: target.to_owned(),
+            mode: mode.map_or("none", Mode::as_str),
+            workload: cfg.map_or_else(String::new, |c| c.workload.describe()),
+            driver: if outcome.io_uring {
+                "io_uring"
+            } else {
+                "epoll"
+            },
+            threads: cfg.map_or(0, |c| c.threads),
+            connections: cfg.map_or(0, |c| c.connections),
+            concurrency: cfg.and_then(|c| c.concurrency),
+            rate: cfg.and_then(|c| c.rate),
+            warmup_s: warmup.as_secs_f64(),
+            duration_s: run_window.as_secs_f64(),
+            requests: c.completed(),
+            ok: c.ok,
+            errors: c.total_errors(),
+            errors_by_kind: c.by_kind(),
+            sent: c.sent,
+            scheduled: c.intended,
+            offered_rps,
+            achieved_rps,
+            latency_us: Latency::of(&s.latency),
+            send_lag_us: send_lag,
+            progress_frames: c.progress_frames,
+            kept_up,
+            failure: outcome.failure.clone(),
+            started_unix_ms: outcome.started.and_then(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_millis() as u64)
+            }),
+        }
+    }
+
+    /// The human summary, for stdout.
+    pub fn human(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "{} {} | {} | {} thread(s), {} connection(s), {} | driver {}",
+            self.mode,
+            self.target,
+            self.workload,
+            self.threads,
+            self.connections,
+            match (self.rate, self.concurrency) {
+                (Some(r), Some(c)) => format!("rate {r} req/s, at most {c} in flight"),
+                (Some(r), None) => format!("rate {r} req/s"),
+                (None, Some(c)) => format!("concurrency {c}"),
+                (None, None) => String::new(),
+            },
+            self.driver
+        );
+        let _ = writeln!(
+            o,
+            "  requests {}  ok {}  errors {}  in {:.2}s  (warmup {:.2}s excluded)",
+            self.requests, self.ok, self.errors, self.duration_s, self.warmup_s
+        );
+        let _ = writeln!(
+            o,
+            "  offered {:.1} req/s  achieved {:.1} req/s",
+            self.offered_rps, self.achieved_rps
+        );
+        let l = &self.latency_us;
+        let _ = writeln!(o, "  latency (successful responses only):");
+        for (name, v) in [
+            ("p50", l.p50),
+            ("p75", l.p75),
+            ("p90", l.p90),
+            ("p99", l.p99),
+            ("p99.9", l.p999),
+            ("p99.99", l.p9999),
+            ("max", l.max),
+        ] {
+            let _ = writeln!(o, "    {name:>7}  {}", fmt_us(v));
+        }
+        let _ = writeln!(o, "    {:>7}  {}", "mean", fmt_us(l.mean as u64));
+        if let Some(lag) = &self.send_lag_us {
+            let _ = writeln!(
+                o,
+                "  send lag behind schedule: p50 {}  p99 {}  max {}",
+                fmt_us(lag.p50),
+                fmt_us(lag.p99),
+                fmt_us(lag.max)
+            );
+        }
+        if !self.errors_by_kind.is_empty() {
+            let _ = writeln!(o, "  errors by kind:");
+            for (k, n) in &self.errors_by_kind {
+                let _ = writeln!(o, "    {k}: {n}");
+            }
+        }
+        o
+    }
+
+    /// Loud warnings for stderr, if any.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if !self.kept_up {
+            let lag = self.send_lag_us.as_ref().map_or(String::new(), |l| {
+                format!(", sends ran up to {} late", fmt_us(l.max))
+            });
+            w.push(format!(
+                "WARNING: COULD NOT KEEP UP: offered {:.1} req/s, achieved {:.1} req/s, \
+                 {} of {} scheduled requests sent{lag}. The server (or this generator: \
+                 see --threads, --cpus, --concurrency) is saturated; the latencies include \
+                 that queueing.",
+                self.offered_rps, self.achieved_rps, self.sent, self.scheduled,
+            ));
+        }
+        if self.mode == Mode::Closed.as_str() {
+            w.push(
+                "note: closed loop: each request waited for a free slot, so stalls delay \
+                 sending instead of showing as latency (coordinated omission). Use --rate for \
+                 the latency users see."
+                    .into(),
+            );
+        }
+        w
+    }
+}
+
+/// `1234` µs → `1.23ms`.
+pub fn fmt_us(us: u64) -> String {
+    match us {
+        0..1_000 => format!("{us}µs"),
+        1_000..1_000_000 => format!("{:.2}ms", us as f64 / 1e3),
+        _ => format!("{:.3}s", us as f64 / 1e6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn microseconds_print_readably() {
+        assert_eq!(fmt_us(12), "12µs");
+        assert_eq!(fmt_us(2_345), "2.35ms");
+        assert_eq!(fmt_us(1_500_000), "1.500s");
+    }
+
+    #[test]
+    fn a_failed_run_still_has_every_brief_field() {
+        let outcome = Outcome {
+            stats: Default::default(),
+            failure: Some("cannot connect".into()),
+            started: None,
+            io_uring: false,
+        };
+        let r = Report::new(None, "frames://x:1", &outcome);
+        let v = serde_json::to_value(&r).unwrap();
+        for k in ["requests", "errors", "offered_rps", "achieved_rps"] {
+            assert!(v.get(k).is_some(), "{k}");
+        }
+        for k in ["p50", "p90", "p99", "p999", "p9999", "max"] {
+            assert!(v["latency_us"].get(k).is_some(), "{k}");
+        }
+        assert_eq!(v["failure"], "cannot connect");
+    }
+}

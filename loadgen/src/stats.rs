@@ -1,0 +1,221 @@
+//! What a worker thread measures, and how threads' measurements merge.
+//!
+//! # Invariants
+//! - Only successful, correlated, final responses of the measured phase are
+//!   recorded in the latency histogram; errors are counted by kind, never
+//!   folded into latency.
+//! - Histograms span 1 µs to 60 s with 3 significant digits everywhere, so
+//!   any two of them merge exactly (same bucket layout).
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+
+/// Lowest trackable latency, in µs.
+pub const HIST_LOW_US: u64 = 1;
+/// Highest trackable latency: 60 s, in µs. Longer values are clamped to it
+/// (and still counted), so one pathological response cannot fail a run.
+pub const HIST_HIGH_US: u64 = 60_000_000;
+pub const HIST_SIGFIG: u8 = 3;
+
+pub fn new_histogram() -> Histogram<u64> {
+    // The bounds are constants that satisfy the constructor's rules
+    // (low >= 1, high >= 2 * low, sigfig <= 5).
+    Histogram::new_with_bounds(HIST_LOW_US, HIST_HIGH_US, HIST_SIGFIG)
+        .unwrap_or_else(|_| unreachable!("constant histogram bounds are valid"))
+}
+
+/// Records `us`, clamped into the histogram's range.
+pub fn record(h: &mut Histogram<u64>, us: u64) {
+    // In range by the clamp, so it cannot fail.
+    let _ = h.record(us.clamp(HIST_LOW_US, HIST_HIGH_US));
+}
+
+/// Kinds of failure, counted separately. The names are part of the JSON
+/// report (`errors_by_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// A final `ErrorResponse`; also counted by code in `error_codes`.
+    ErrorResponse,
+    /// A final response of another payload type than the request asks for.
+    KindMismatch,
+    /// A response whose correlation id is no outstanding request of this
+    /// connection (a wrong id, a duplicate final response, or a progress
+    /// frame for a finished request).
+    UnknownCorrelation,
+    /// A frame that failed verification as a `Response`.
+    InvalidFrame,
+    /// No final response within `--timeout`, or before the drain ended.
+    Timeout,
+    /// Outstanding when its connection failed.
+    ConnectionLost,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::ErrorResponse,
+        ErrorKind::KindMismatch,
+        ErrorKind::UnknownCorrelation,
+        ErrorKind::InvalidFrame,
+        ErrorKind::Timeout,
+        ErrorKind::ConnectionLost,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::ErrorResponse => "error_response",
+            ErrorKind::KindMismatch => "kind_mismatch",
+            ErrorKind::UnknownCorrelation => "unknown_correlation",
+            ErrorKind::InvalidFrame => "invalid_frame",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::ConnectionLost => "connection_lost",
+        }
+    }
+
+    /// Whether this error ends a request (as opposed to a stray frame that
+    /// belongs to no request).
+    pub const fn ends_request(self) -> bool {
+        !matches!(
+            self,
+            ErrorKind::UnknownCorrelation | ErrorKind::InvalidFrame
+        )
+    }
+}
+
+/// Counters of one phase (the measured one, or one progress interval).
+#[derive(Clone, Debug, Default)]
+pub struct Counts {
+    /// Requests written.
+    pub sent: u64,
+    /// Requests that were due by the schedule (open loop; equals `sent` in
+    /// closed loop). `intended - sent` were never sent: the generator or the
+    /// window was behind.
+    pub intended: u64,
+    /// Successful, correlated final responses.
+    pub ok: u64,
+    pub errors: [u64; ErrorKind::ALL.len()],
+    /// `ErrorResponse` codes.
+    pub error_codes: BTreeMap<i32, u64>,
+    /// Progress/log frames seen for outstanding requests.
+    pub progress_frames: u64,
+}
+
+impl Counts {
+    pub fn error(&mut self, kind: ErrorKind) {
+        self.errors[kind as usize] += 1;
+    }
+
+    pub fn total_errors(&self) -> u64 {
+        self.errors.iter().sum()
+    }
+
+    /// Requests that reached an outcome: success or a request-ending error.
+    pub fn completed(&self) -> u64 {
+        self.ok
+            + ErrorKind::ALL
+                .iter()
+                .filter(|k| k.ends_request())
+                .map(|k| self.errors[*k as usize])
+                .sum::<u64>()
+    }
+
+    pub fn merge(&mut self, o: &Counts) {
+        self.sent += o.sent;
+        self.intended += o.intended;
+        self.ok += o.ok;
+        for (a, b) in self.errors.iter_mut().zip(o.errors) {
+            *a += b;
+        }
+        for (c, n) in &o.error_codes {
+            *self.error_codes.entry(*c).or_default() += n;
+        }
+        self.progress_frames += o.progress_frames;
+    }
+
+    /// `errors_by_kind` for the report: the kinds that occurred, with
+    /// error responses split by code name.
+    pub fn by_kind(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for k in ErrorKind::ALL {
+            let n = self.errors[k as usize];
+            if n > 0 && k != ErrorKind::ErrorResponse {
+                m.insert(k.as_str().to_owned(), n);
+            }
+        }
+        for (code, n) in &self.error_codes {
+            let name = mcp_schema::ErrorCode::from_code(*code)
+                .map(|c| c.as_str().to_owned())
+                .unwrap_or_else(|| format!("code_{code}"));
+            *m.entry(format!("error_response.{name}")).or_default() += n;
+        }
+        m
+    }
+}
+
+/// Everything one worker thread measured, handed back when it ends.
+#[derive(Clone, Debug)]
+pub struct ThreadStats {
+    pub counts: Counts,
+    pub latency: Histogram<u64>,
+    /// Open loop: how late each request was written after its intended
+    /// time (generator or window lag), in µs.
+    pub send_lag: Histogram<u64>,
+    /// When the last request was written / the last final response came,
+    /// relative to the run start.
+    pub last_send: std::time::Duration,
+    pub last_response: std::time::Duration,
+}
+
+impl Default for ThreadStats {
+    fn default() -> Self {
+        Self {
+            counts: Counts::default(),
+            latency: new_histogram(),
+            send_lag: new_histogram(),
+            last_send: Default::default(),
+            last_response: Default::default(),
+        }
+    }
+}
+
+impl ThreadStats {
+    pub fn merge(&mut self, o: &ThreadStats) {
+        self.counts.merge(&o.counts);
+        // Same bounds on both sides: cannot fail.
+        let _ = self.latency.add(&o.latency);
+        let _ = self.send_lag.add(&o.send_lag);
+        self.last_send = self.last_send.max(o.last_send);
+        self.last_response = self.last_response.max(o.last_response);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_reported_by_kind_and_code() {
+        let mut c = Counts::default();
+        c.error(ErrorKind::UnknownCorrelation);
+        c.error(ErrorKind::ErrorResponse);
+        *c.error_codes.entry(-32601).or_default() += 1;
+        c.error(ErrorKind::ErrorResponse);
+        *c.error_codes.entry(-1).or_default() += 1;
+        c.ok = 5;
+        let k = c.by_kind();
+        assert_eq!(k["unknown_correlation"], 1);
+        assert_eq!(k["error_response.not_found"], 1);
+        assert_eq!(k["error_response.code_-1"], 1);
+        assert_eq!(c.total_errors(), 3);
+        assert_eq!(c.completed(), 7, "a stray frame ends no request");
+    }
+
+    #[test]
+    fn out_of_range_latencies_are_clamped_not_lost() {
+        let mut h = new_histogram();
+        record(&mut h, 0);
+        record(&mut h, 3_600_000_000);
+        assert_eq!(h.len(), 2);
+        assert!(h.max() >= HIST_HIGH_US);
+    }
+}

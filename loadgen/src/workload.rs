@@ -1,0 +1,606 @@
+//! What each request is: one tool call (`--tool`/`--args`) or a weighted mix
+//! read from a TOML workload file, with argument templates.
+//!
+//! A workload file:
+//!
+//! ```toml
+//! [[op]]
+//! kind = "tool"              # tool | resource | prompt | list | ping
+//! name = "echo"
+//! weight = 8                 # relative; default 1
+//! # Each argument is literal JSON (any TOML value) or a template table
+//! # with a `random` key:
+//! #   { random = "string", len = [16, 256] }   a string of random length
+//! #   { random = "key", prefix = "k-", count = 1000 }   "k-0" .. "k-999"
+//! #   { random = "int", range = [0, 100] }
+//! args = { text = { random = "string", len = [16, 256] }, mode = "fast" }
+//!
+//! [[op]]
+//! kind = "resource"
+//! uri = "kv://item/{key}"     # `{key}` is filled from `key` below
+//! key = { prefix = "k-", count = 1000 }
+//!
+//! [[op]]
+//! kind = "prompt"
+//! name = "summarise"
+//! args = { topic = "\"rust\"" }
+//!
+//! [[op]]
+//! kind = "list"
+//! list = "tools"             # tools | resources | resource_templates | prompts
+//! ```
+//!
+//! # Invariants
+//! - Everything that can be decided once is decided at load time: literal
+//!   arguments are JSON text already, templates only pick lengths and
+//!   numbers per request, into buffers reused across requests.
+//! - A literal table whose keys include `random` is a template; say so in
+//!   the error when the template is malformed.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, bail};
+use mcp_schema::client::{Listing, RequestEncoder, RequestHeader};
+use mcp_schema::fb::protocol::ResponsePayload;
+use serde::Deserialize;
+
+use crate::rng::Rng;
+
+/// Characters random strings are drawn from: JSON-safe without escaping.
+const ALPHABET: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_";
+
+/// Upper bound on a random string's length: far above any realistic
+/// argument, below the broker's default 4 MiB frame limit.
+const MAX_RANDOM_LEN: u64 = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub enum ArgValue {
+    /// JSON text, sent as is.
+    Literal(String),
+    RandomString {
+        min: u64,
+        max: u64,
+    },
+    RandomKey {
+        prefix: String,
+        count: u64,
+    },
+    RandomInt {
+        min: i64,
+        max: i64,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Arg {
+    pub key: String,
+    pub value: ArgValue,
+}
+
+#[derive(Clone, Debug)]
+pub struct KeySpec {
+    pub prefix: String,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Tool { name: String, args: Vec<Arg> },
+    Resource { uri: String, key: Option<KeySpec> },
+    Prompt { name: String, args: Vec<Arg> },
+    List(Listing),
+    Ping,
+}
+
+impl Op {
+    /// The final response payload a successful answer must have.
+    pub fn expected(&self) -> ResponsePayload {
+        match self {
+            Op::Tool { .. } => ResponsePayload::ToolResult,
+            Op::Resource { .. } => ResponsePayload::ResourceData,
+            Op::Prompt { .. } => ResponsePayload::AppliedPrompt,
+            Op::List(Listing::Tools) => ResponsePayload::ListToolsResult,
+            Op::List(Listing::Resources) => ResponsePayload::ListResourcesResult,
+            Op::List(Listing::ResourceTemplates) => ResponsePayload::ListResourceTemplatesResult,
+            Op::List(Listing::Prompts) => ResponsePayload::ListPromptsResult,
+            Op::Ping => ResponsePayload::PingResponse,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Op::Tool { name, .. } => format!("tool {name}"),
+            Op::Resource { uri, .. } => format!("resource {uri}"),
+            Op::Prompt { name, .. } => format!("prompt {name}"),
+            Op::List(l) => format!("list {l:?}"),
+            Op::Ping => "ping".into(),
+        }
+    }
+}
+
+/// A weighted set of operations; immutable once built and shared by all
+/// worker threads.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    ops: Vec<Op>,
+    /// Cumulative weights, same order as `ops`.
+    cumulative: Vec<u64>,
+}
+
+impl Workload {
+    pub fn single(op: Op) -> Self {
+        Self {
+            ops: vec![op],
+            cumulative: vec![1],
+        }
+    }
+
+    /// `--tool NAME --args JSON`: each top-level member of the object
+    /// becomes one argument whose value is that member's JSON text.
+    pub fn tool(name: &str, args_json: &str) -> anyhow::Result<Self> {
+        let v: serde_json::Value = serde_json::from_str(args_json)
+            .with_context(|| format!("--args is not valid JSON: {args_json}"))?;
+        let serde_json::Value::Object(map) = v else {
+            bail!("--args must be a JSON object, like '{{\"text\":\"hello\"}}'");
+        };
+        let args = map
+            .into_iter()
+            .map(|(key, value)| Arg {
+                key,
+                value: ArgValue::Literal(value.to_string()),
+            })
+            .collect();
+        Ok(Self::single(Op::Tool {
+            name: name.to_owned(),
+            args,
+        }))
+    }
+
+    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+        let file: File = toml::from_str(text)?;
+        if file.op.is_empty() {
+            bail!("the workload has no [[op]] entries");
+        }
+        let mut ops = Vec::new();
+        let mut cumulative = Vec::new();
+        let mut total = 0u64;
+        let mut problems = Vec::new();
+        for (i, f) in file.op.into_iter().enumerate() {
+            let weight = f.weight.unwrap_or(1);
+            match f.into_op() {
+                Ok(op) if weight > 0 => {
+                    total += weight;
+                    ops.push(op);
+                    cumulative.push(total);
+                }
+                Ok(_) => {}
+                Err(e) => problems.push(format!("op[{i}]: {e}")),
+            }
+        }
+        if !problems.is_empty() {
+            bail!("{}", problems.join("\n"));
+        }
+        if ops.is_empty() {
+            bail!("every op has weight 0");
+        }
+        Ok(Self { ops, cumulative })
+    }
+
+    pub fn describe(&self) -> String {
+        self.ops
+            .iter()
+            .map(Op::describe)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn pick(&self, rng: &mut Rng) -> &Op {
+        if self.ops.len() == 1 {
+            return &self.ops[0];
+        }
+        let total = *self.cumulative.last().unwrap_or(&1);
+        let x = rng.below(total);
+        let i = self.cumulative.partition_point(|&c| c <= x);
+        &self.ops[i.min(self.ops.len() - 1)]
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    op: Vec<FileOp>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileOp {
+    kind: String,
+    name: Option<String>,
+    uri: Option<String>,
+    list: Option<String>,
+    weight: Option<u64>,
+    args: Option<BTreeMap<String, toml::Value>>,
+    key: Option<FileKey>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileKey {
+    #[serde(default)]
+    prefix: String,
+    count: u64,
+}
+
+impl FileOp {
+    fn into_op(self) -> Result<Op, String> {
+        let need = |v: Option<String>, what: &str| {
+            v.filter(|s| !s.is_empty())
+                .ok_or_else(|| format!("kind = \"{}\" needs `{what}`", self.kind))
+        };
+        let args = || -> Result<Vec<Arg>, String> {
+            self.args
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, v)| {
+                    let value = arg_value(&v).map_err(|e| format!("args.{key}: {e}"))?;
+                    Ok(Arg { key, value })
+                })
+                .collect()
+        };
+        Ok(match self.kind.as_str() {
+            "tool" => Op::Tool {
+                name: need(self.name.clone(), "name")?,
+                args: args()?,
+            },
+            "prompt" => Op::Prompt {
+                name: need(self.name.clone(), "name")?,
+                args: args()?,
+            },
+            "resource" => {
+                let uri = need(self.uri.clone(), "uri")?;
+                let key = match &self.key {
+                    Some(k) if k.count == 0 => return Err("key.count must be > 0".into()),
+                    Some(k) => Some(KeySpec {
+                        prefix: k.prefix.clone(),
+                        count: k.count,
+                    }),
+                    None => None,
+                };
+                if key.is_some() != uri.contains("{key}") {
+                    return Err("`key` and a `{key}` placeholder in `uri` go together".into());
+                }
+                Op::Resource { uri, key }
+            }
+            "list" => Op::List(match self.list.as_deref() {
+                Some("tools") => Listing::Tools,
+                Some("resources") => Listing::Resources,
+                Some("resource_templates") => Listing::ResourceTemplates,
+                Some("prompts") => Listing::Prompts,
+                other => {
+                    return Err(format!(
+                        "list = {other:?}: expected tools, resources, resource_templates or prompts"
+                    ));
+                }
+            }),
+            "ping" => Op::Ping,
+            other => {
+                return Err(format!(
+                    "unknown kind `{other}` (expected tool, resource, prompt, list or ping)"
+                ));
+            }
+        })
+    }
+}
+
+fn pair(v: Option<&toml::Value>, what: &str) -> Result<(i64, i64), String> {
+    let Some(toml::Value::Array(a)) = v else {
+        return Err(format!("needs `{what} = [MIN, MAX]`"));
+    };
+    match a.as_slice() {
+        [toml::Value::Integer(lo), toml::Value::Integer(hi)] if lo <= hi => Ok((*lo, *hi)),
+        _ => Err(format!(
+            "`{what}` must be [MIN, MAX] integers with MIN <= MAX"
+        )),
+    }
+}
+
+fn arg_value(v: &toml::Value) -> Result<ArgValue, String> {
+    let toml::Value::Table(t) = v else {
+        return serde_json::to_string(v)
+            .map(ArgValue::Literal)
+            .map_err(|e| e.to_string());
+    };
+    let Some(kind) = t.get("random") else {
+        return serde_json::to_string(v)
+            .map(ArgValue::Literal)
+            .map_err(|e| e.to_string());
+    };
+    match kind.as_str() {
+        Some("string") => {
+            let (min, max) = pair(t.get("len"), "len")?;
+            if min < 0 || max as u64 > MAX_RANDOM_LEN {
+                return Err(format!("len must lie within 0..={MAX_RANDOM_LEN}"));
+            }
+            Ok(ArgValue::RandomString {
+                min: min as u64,
+                max: max as u64,
+            })
+        }
+        Some("key") => {
+            let count = t
+                .get("count")
+                .and_then(toml::Value::as_integer)
+                .filter(|c| *c > 0)
+                .ok_or("a random key needs `count` > 0")?;
+            let prefix = t
+                .get("prefix")
+                .and_then(toml::Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            if prefix.contains(['"', '\\']) || prefix.chars().any(char::is_control) {
+                return Err("the key prefix must not need JSON escaping".into());
+            }
+            Ok(ArgValue::RandomKey {
+                prefix,
+                count: count as u64,
+            })
+        }
+        Some("int") => {
+            let (min, max) = pair(t.get("range"), "range")?;
+            Ok(ArgValue::RandomInt { min, max })
+        }
+        _ => Err("`random` must be \"string\", \"key\" or \"int\" (a template table)".into()),
+    }
+}
+
+/// Per-connection request builder: picks an op, fills its templates and
+/// encodes the frame. Owns every buffer it uses, so that steady-state
+/// generation allocates nothing.
+pub struct Generator {
+    wl: std::sync::Arc<Workload>,
+    rng: Rng,
+    enc: RequestEncoder,
+    /// One JSON text per argument of the op being built.
+    values: Vec<String>,
+    /// The allocation of the `(key, value)` slice handed to the encoder,
+    /// recycled between requests (see [`recycle`]).
+    pairs: Vec<(&'static str, &'static str)>,
+    uri: String,
+    /// A block of random characters; random strings are slices of it.
+    noise: Vec<u8>,
+}
+
+/// Reuses a vector's allocation for borrows of a different lifetime. The
+/// vector is emptied first, so no element is converted; `collect` on a
+/// `vec::IntoIter` of a same-layout type reuses the buffer in place.
+fn recycle<'a, 'b>(mut v: Vec<(&'a str, &'a str)>) -> Vec<(&'b str, &'b str)> {
+    v.clear();
+    v.into_iter().map(|_| ("", "")).collect()
+}
+
+impl Generator {
+    pub fn new(wl: std::sync::Arc<Workload>, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let longest = wl
+            .ops
+            .iter()
+            .flat_map(|op| match op {
+                Op::Tool { args, .. } | Op::Prompt { args, .. } => args.as_slice(),
+                _ => &[],
+            })
+            .map(|a| match a.value {
+                ArgValue::RandomString { max, .. } => max,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        // Twice the longest string, so a random offset still leaves room.
+        let noise = (0..longest * 2)
+            .map(|_| ALPHABET[rng.below(64) as usize])
+            .collect();
+        Self {
+            wl,
+            rng,
+            enc: RequestEncoder::new(),
+            values: Vec::new(),
+            pairs: Vec::new(),
+            uri: String::new(),
+            noise,
+        }
+    }
+
+    /// Encodes the next request with header `h` onto the end of `out` and
+    /// returns the response payload expected for it.
+    pub fn encode(&mut self, h: &RequestHeader<'_>, out: &mut Vec<u8>) -> ResponsePayload {
+        let wl = std::sync::Arc::clone(&self.wl);
+        let op = wl.pick(&mut self.rng);
+        match op {
+            Op::Tool { name, args } | Op::Prompt { name, args } => {
+                self.fill(args);
+                let mut pairs = recycle(std::mem::take(&mut self.pairs));
+                pairs.extend(
+                    args.iter()
+                        .zip(&self.values)
+                        .map(|(a, v)| (a.key.as_str(), v.as_str())),
+                );
+                let frame = if matches!(op, Op::Tool { .. }) {
+                    self.enc.tool_call(h, h.message_id, name, &pairs)
+                } else {
+                    self.enc.get_prompt(h, name, &pairs)
+                };
+                out.extend_from_slice(frame);
+                self.pairs = recycle(pairs);
+            }
+            Op::Resource { uri, key } => {
+                let uri = match key {
+                    None => uri.as_str(),
+                    Some(k) => {
+                        use std::fmt::Write;
+                        self.uri.clear();
+                        let n = self.rng.below(k.count);
+                        let (head, tail) = uri.split_once("{key}").unwrap_or((uri, ""));
+                        let _ = write!(self.uri, "{head}{}{n}{tail}", k.prefix);
+                        self.uri.as_str()
+                    }
+                };
+                out.extend_from_slice(self.enc.read_resource(h, uri));
+            }
+            Op::List(what) => out.extend_from_slice(self.enc.list(h, *what, None)),
+            Op::Ping => out.extend_from_slice(self.enc.ping(h)),
+        }
+        op.expected()
+    }
+
+    /// Writes the JSON text of each argument into `self.values`.
+    fn fill(&mut self, args: &[Arg]) {
+        use std::fmt::Write;
+        if self.values.len() < args.len() {
+            self.values.resize_with(args.len(), String::new);
+        }
+        for (a, v) in args.iter().zip(self.values.iter_mut()) {
+            v.clear();
+            match &a.value {
+                ArgValue::Literal(s) => v.push_str(s),
+                ArgValue::RandomString { min, max } => {
+                    let len = self.rng.range(*min, *max) as usize;
+                    let start = self.rng.below((self.noise.len() - len + 1) as u64) as usize;
+                    v.push('"');
+                    // The noise is ASCII from ALPHABET.
+                    v.push_str(std::str::from_utf8(&self.noise[start..start + len]).unwrap_or(""));
+                    v.push('"');
+                }
+                ArgValue::RandomKey { prefix, count } => {
+                    let _ = write!(v, "\"{prefix}{}\"", self.rng.below(*count));
+                }
+                ArgValue::RandomInt { min, max } => {
+                    let span = max.abs_diff(*min);
+                    let n = min.wrapping_add(self.rng.range(0, span) as i64);
+                    let _ = write!(v, "{n}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcp_schema::fb::protocol::{Request, RequestPayload};
+    use mcp_schema::flatbuffers;
+
+    fn decode(frame: &[u8]) -> Request<'_> {
+        flatbuffers::size_prefixed_root::<Request>(frame).unwrap()
+    }
+
+    #[test]
+    fn args_json_members_become_key_values_of_json_text() {
+        let wl = std::sync::Arc::new(
+            Workload::tool("echo", r#"{"text":"hello","n":3,"o":{"a":[1]}}"#).unwrap(),
+        );
+        let mut g = Generator::new(wl, 1);
+        let mut out = Vec::new();
+        let h = RequestHeader {
+            correlation_id: Some("c1"),
+            ..Default::default()
+        };
+        assert_eq!(g.encode(&h, &mut out), ResponsePayload::ToolResult);
+        let tc = decode(&out).payload_as_tool_call().unwrap();
+        assert_eq!(tc.tool_name(), "echo");
+        let kv: Vec<_> = tc
+            .arguments()
+            .iter()
+            .map(|kv| (kv.key().to_owned(), kv.value().unwrap().to_owned()))
+            .collect();
+        assert_eq!(
+            kv,
+            [
+                ("n".into(), "3".into()),
+                ("o".into(), r#"{"a":[1]}"#.into()),
+                ("text".into(), r#""hello""#.into())
+            ]
+        );
+    }
+
+    #[test]
+    fn args_must_be_an_object() {
+        assert!(Workload::tool("echo", "[1]").is_err());
+        assert!(Workload::tool("echo", "{").is_err());
+    }
+
+    #[test]
+    fn workload_file_mixes_ops_by_weight_and_fills_templates() {
+        let wl = Workload::from_toml(
+            r#"
+            [[op]]
+            kind = "tool"
+            name = "echo"
+            weight = 3
+            args = { text = { random = "string", len = [4, 8] }, k = { random = "key", prefix = "u", count = 5 }, n = { random = "int", range = [-2, 2] }, lit = { a = 1 } }
+            [[op]]
+            kind = "resource"
+            uri = "kv://item/{key}"
+            key = { prefix = "k", count = 10 }
+            [[op]]
+            kind = "list"
+            list = "prompts"
+            weight = 0
+            "#,
+        )
+        .unwrap();
+        let mut g = Generator::new(std::sync::Arc::new(wl), 3);
+        let (mut tools, mut resources) = (0, 0);
+        for _ in 0..400 {
+            let mut out = Vec::new();
+            g.encode(&RequestHeader::default(), &mut out);
+            let r = decode(&out);
+            match r.payload_type() {
+                RequestPayload::ToolCall => {
+                    tools += 1;
+                    let tc = r.payload_as_tool_call().unwrap();
+                    let args: BTreeMap<_, _> = tc
+                        .arguments()
+                        .iter()
+                        .map(|kv| (kv.key().to_owned(), kv.value().unwrap().to_owned()))
+                        .collect();
+                    let text: String = serde_json::from_str(&args["text"]).unwrap();
+                    assert!((4..=8).contains(&text.len()));
+                    let k: String = serde_json::from_str(&args["k"]).unwrap();
+                    assert!(k.starts_with('u'));
+                    let n: i64 = args["n"].parse().unwrap();
+                    assert!((-2..=2).contains(&n));
+                    assert_eq!(args["lit"], r#"{"a":1}"#);
+                }
+                RequestPayload::ResourceRequest => {
+                    resources += 1;
+                    let uri = r.payload_as_resource_request().unwrap().uri();
+                    assert!(uri.starts_with("kv://item/k"), "{uri}");
+                }
+                t => panic!("unexpected {t:?}"),
+            }
+        }
+        assert!(tools > 240 && resources > 60, "{tools} {resources}");
+    }
+
+    #[test]
+    fn workload_errors_are_all_reported() {
+        let e = Workload::from_toml(
+            r#"
+            [[op]]
+            kind = "tool"
+            [[op]]
+            kind = "teleport"
+            [[op]]
+            kind = "tool"
+            name = "x"
+            args = { t = { random = "string" } }
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("op[0]") && e.contains("needs `name`"), "{e}");
+        assert!(e.contains("op[1]") && e.contains("unknown kind"), "{e}");
+        assert!(e.contains("op[2]") && e.contains("args.t"), "{e}");
+    }
+}
