@@ -1,5 +1,19 @@
 //! `mcp-broker`: the thread-per-core MCP broker.
 //!
-//! See `ARCHITECTURE.md` at the repository root for the bird's-eye view.
+//! See `ARCHITECTURE.md` at the repository root for the bird's-eye view and
+//! the request path. Module map: [`shard`] (threads, listeners, connections),
+//! [`dispatch`] (one request → its responses), [`route`] (the immutable route
+//! table), [`adapt`] (WIT results → wire frames), [`wasm`] (the only module
+//! that knows wasmtime), [`config`], [`metrics`], [`server`] (start-up and
+//! shutdown).
 
+pub mod adapt;
+pub mod config;
+pub mod dispatch;
+mod local;
+pub mod metrics;
+pub mod route;
+pub mod server;
+pub mod shard;
+pub mod shared;
 pub mod wasm;

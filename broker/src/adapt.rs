@@ -1,0 +1,835 @@
+//! WIT results → Response frames.
+//!
+//! The only place that knows both the router world's types and the wire
+//! schema. Each function appends complete size-prefixed frames to `out` (a
+//! connection's write buffer), so a tool result with progress becomes its
+//! progress frames followed by its final frame, in order. Losses (what the
+//! FlatBuffers form cannot carry) are listed in `schema/README.md`.
+
+use flatbuffers::{FlatBufferBuilder, ForwardsUOffset, UnionWIPOffset, Vector, WIPOffset};
+use mcp_schema::content_vec::{ToolResultParts, create_tool_result};
+use mcp_schema::encode::ReplyTo;
+use mcp_schema::fb::protocol as p;
+use mcp_schema::fb::{self, KeyValue, KeyValueArgs, UUID};
+use mcp_schema::{ErrorCode, ResponseEncoder};
+
+use crate::route::Listed;
+use crate::wasm::CallError;
+use crate::wasm::types as w;
+
+type Fbb = FlatBufferBuilder<'static>;
+type KeyValues = WIPOffset<Vector<'static, ForwardsUOffset<KeyValue<'static>>>>;
+
+fn opt_str(fbb: &mut Fbb, s: &Option<String>) -> Option<WIPOffset<&'static str>> {
+    s.as_deref().map(|s| fbb.create_string(s))
+}
+
+fn annotations(
+    fbb: &mut Fbb,
+    a: &Option<w::Annotations>,
+) -> Option<WIPOffset<p::Annotations<'static>>> {
+    let a = a.as_ref()?;
+    let audience = a.audience.as_ref().map(|roles| {
+        let roles: Vec<p::Role> = roles
+            .iter()
+            .map(|r| match r {
+                w::Role::User => p::Role::User,
+                w::Role::Assistant => p::Role::Assistant,
+            })
+            .collect();
+        fbb.create_vector(&roles)
+    });
+    let timestamp = opt_str(fbb, &a.timestamp);
+    Some(p::Annotations::create(
+        fbb,
+        &p::AnnotationsArgs {
+            audience,
+            priority: a.priority,
+            timestamp,
+        },
+    ))
+}
+
+fn meta(fbb: &mut Fbb, m: &Option<Vec<w::MetaEntry>>) -> Option<KeyValues> {
+    let m = m.as_ref().filter(|m| !m.is_empty())?;
+    let kvs: Vec<_> = m
+        .iter()
+        .map(|e| {
+            let key = fbb.create_string(&e.key);
+            let value = fbb.create_string(&e.value);
+            KeyValue::create(
+                fbb,
+                &KeyValueArgs {
+                    key: Some(key),
+                    value: Some(value),
+                },
+            )
+        })
+        .collect();
+    Some(fbb.create_vector(&kvs))
+}
+
+fn text(
+    fbb: &mut Fbb,
+    t: &str,
+    a: &Option<w::Annotations>,
+) -> (p::Content, WIPOffset<UnionWIPOffset>) {
+    let annotations = annotations(fbb, a);
+    let text = fbb.create_string(t);
+    let c = p::TextContent::create(
+        fbb,
+        &p::TextContentArgs {
+            text: Some(text),
+            annotations,
+        },
+    );
+    (p::Content::TextContent, c.as_union_value())
+}
+
+fn image(fbb: &mut Fbb, i: &w::ImageContent) -> (p::Content, WIPOffset<UnionWIPOffset>) {
+    let annotations = annotations(fbb, &i.annotations);
+    let data = fbb.create_string(&i.data);
+    let mime_type = fbb.create_string(&i.mime_type);
+    let c = p::ImageContent::create(
+        fbb,
+        &p::ImageContentArgs {
+            data: Some(data),
+            mime_type: Some(mime_type),
+            annotations,
+        },
+    );
+    (p::Content::ImageContent, c.as_union_value())
+}
+
+fn embedded(fbb: &mut Fbb, e: &w::EmbeddedResource) -> (p::Content, WIPOffset<UnionWIPOffset>) {
+    let annotations = annotations(fbb, &e.annotations);
+    let uri = fbb.create_string(&e.uri);
+    let mime_type = opt_str(fbb, &e.mime_type);
+    let title = opt_str(fbb, &e.title);
+    let description = opt_str(fbb, &e.description);
+    // WIT carries one `data` string; text unless the MIME type says binary.
+    let is_text = e
+        .mime_type
+        .as_deref()
+        .is_none_or(|m| m.starts_with("text/") || m.contains("json") || m.contains("xml"));
+    let data = fbb.create_string(&e.data);
+    let (text, blob) = if is_text {
+        (Some(data), None)
+    } else {
+        (None, Some(data))
+    };
+    let c = p::ResourceContent::create(
+        fbb,
+        &p::ResourceContentArgs {
+            uri: Some(uri),
+            mime_type,
+            text,
+            blob,
+            title,
+            description,
+            annotations,
+        },
+    );
+    (p::Content::ResourceContent, c.as_union_value())
+}
+
+/// One WIT content block as a `Content` union member.
+pub fn content_block(
+    fbb: &mut Fbb,
+    b: &w::ContentBlock,
+) -> (p::Content, WIPOffset<UnionWIPOffset>) {
+    match b {
+        w::ContentBlock::Text(t) => text(fbb, &t.text, &t.annotations),
+        w::ContentBlock::Image(i) => image(fbb, i),
+        w::ContentBlock::Audio(a) => {
+            let annotations = annotations(fbb, &a.annotations);
+            let data = fbb.create_string(&a.data);
+            let mime_type = fbb.create_string(&a.mime_type);
+            let c = p::AudioContent::create(
+                fbb,
+                &p::AudioContentArgs {
+                    data: Some(data),
+                    mime_type: Some(mime_type),
+                    annotations,
+                },
+            );
+            (p::Content::AudioContent, c.as_union_value())
+        }
+        w::ContentBlock::ResourceLink(l) => {
+            let annotations = annotations(fbb, &l.annotations);
+            let uri = fbb.create_string(&l.uri);
+            let title = opt_str(fbb, &l.title);
+            let description = opt_str(fbb, &l.description);
+            let mime_type = opt_str(fbb, &l.mime_type);
+            let c = p::ResourceLinkContent::create(
+                fbb,
+                &p::ResourceLinkContentArgs {
+                    uri: Some(uri),
+                    title,
+                    description,
+                    mime_type,
+                    annotations,
+                },
+            );
+            (p::Content::ResourceLinkContent, c.as_union_value())
+        }
+        w::ContentBlock::EmbeddedResource(e) => embedded(fbb, e),
+    }
+}
+
+/// The answer to a `call-tool`: progress frames, then the final ToolResult
+/// or ElicitationRequest.
+pub fn tool_response(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    tool_call_id: &UUID,
+    r: &w::Response,
+) {
+    match r {
+        w::Response::Completed(tr) => {
+            let steps = tr.progress.as_ref().map_or(0, |p| p.len());
+            for (i, pr) in tr.progress.iter().flatten().enumerate() {
+                let fbb = enc.begin();
+                let message = opt_str(fbb, &pr.message);
+                let n = p::ProgressNotification::create(
+                    fbb,
+                    &p::ProgressNotificationArgs {
+                        operation_id: Some(tool_call_id),
+                        progress: pr.progress.unwrap_or((i + 1) as f32 / steps as f32),
+                        message,
+                        current_step: i as u32 + 1,
+                        total_steps: steps as u32,
+                    },
+                );
+                out.extend_from_slice(enc.finish(
+                    to,
+                    p::ResponsePayload::ProgressNotification,
+                    n.as_union_value(),
+                    true,
+                ));
+            }
+            let fbb = enc.begin();
+            let blocks: Vec<_> = tr.content.iter().map(|b| content_block(fbb, b)).collect();
+            let structured_content = opt_str(fbb, &tr.structured_content);
+            let metadata = meta(fbb, &tr.meta);
+            let is_error = tr.is_error.unwrap_or(false);
+            let res = create_tool_result(
+                fbb,
+                &ToolResultParts {
+                    tool_call_id: *tool_call_id,
+                    success: !is_error,
+                    content: &blocks,
+                    metadata,
+                    structured_content,
+                    is_error,
+                    ..Default::default()
+                },
+            );
+            out.extend_from_slice(enc.finish(
+                to,
+                p::ResponsePayload::ToolResult,
+                res.as_union_value(),
+                !is_error,
+            ));
+        }
+        w::Response::Elicit(e) => {
+            let fbb = enc.begin();
+            let title = opt_str(fbb, &e.title);
+            let message = fbb.create_string(&e.message);
+            let schema = fbb.create_string(&e.schema);
+            let annotations = annotations(fbb, &e.annotations);
+            let m = meta(fbb, &e.meta);
+            let el = p::ElicitationRequest::create(
+                fbb,
+                &p::ElicitationRequestArgs {
+                    tool_call_id: Some(tool_call_id),
+                    title,
+                    message: Some(message),
+                    schema: Some(schema),
+                    annotations,
+                    meta: m,
+                },
+            );
+            out.extend_from_slice(enc.finish(
+                to,
+                p::ResponsePayload::ElicitationRequest,
+                el.as_union_value(),
+                true,
+            ));
+        }
+    }
+}
+
+fn resource_contents(
+    fbb: &mut Fbb,
+    c: &w::ResourceContents,
+) -> WIPOffset<p::ResourceContent<'static>> {
+    let (uri, mime, text, blob) = match c {
+        w::ResourceContents::Text(t) => (&t.uri, &t.mime_type, Some(&t.text), None),
+        w::ResourceContents::Blob(b) => (&b.uri, &b.mime_type, None, Some(&b.blob)),
+    };
+    let uri = fbb.create_string(uri);
+    let mime_type = opt_str(fbb, mime);
+    let text = text.map(|t| fbb.create_string(t));
+    let blob = blob.map(|b| fbb.create_string(b));
+    p::ResourceContent::create(
+        fbb,
+        &p::ResourceContentArgs {
+            uri: Some(uri),
+            mime_type,
+            text,
+            blob,
+            ..Default::default()
+        },
+    )
+}
+
+/// The answer to a `read-resource`: the first contents in `content`, the
+/// rest in `extra_contents`.
+pub fn resource_response(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    uri: &str,
+    r: &w::ReadResourceResult,
+    listed: Option<&w::McpResource>,
+) {
+    let fbb = enc.begin();
+    let mut all: Vec<_> = r
+        .contents
+        .iter()
+        .map(|c| resource_contents(fbb, c))
+        .collect();
+    if all.is_empty() {
+        // `content` is required: an empty read is one empty text content.
+        let u = fbb.create_string(uri);
+        let t = fbb.create_string("");
+        all.push(p::ResourceContent::create(
+            fbb,
+            &p::ResourceContentArgs {
+                uri: Some(u),
+                text: Some(t),
+                ..Default::default()
+            },
+        ));
+    }
+    let first = all[0];
+    let extra_contents = (all.len() > 1).then(|| fbb.create_vector(&all[1..]));
+    let resource = resource_table(fbb, uri, listed);
+    let d = p::ResourceData::create(
+        fbb,
+        &p::ResourceDataArgs {
+            resource: Some(resource),
+            content_type: p::Content::ResourceContent,
+            content: Some(first.as_union_value()),
+            last_modified: None,
+            etag: None,
+            extra_contents,
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        to,
+        p::ResponsePayload::ResourceData,
+        d.as_union_value(),
+        true,
+    ));
+}
+
+fn resource_table(
+    fbb: &mut Fbb,
+    uri: &str,
+    r: Option<&w::McpResource>,
+) -> WIPOffset<p::Resource<'static>> {
+    let u = fbb.create_string(uri);
+    let name = fbb.create_string(r.map_or(uri, |r| r.name.as_str()));
+    let (title, description, mime_type, ann) = match r {
+        Some(r) => (
+            opt_str(fbb, &r.title),
+            opt_str(fbb, &r.description),
+            Some(fbb.create_string(&r.mime_type)),
+            annotations(fbb, &r.annotations),
+        ),
+        None => (None, None, None, None),
+    };
+    p::Resource::create(
+        fbb,
+        &p::ResourceArgs {
+            uri: Some(u),
+            name: Some(name),
+            description,
+            mime_type,
+            size_bytes: 0,
+            metadata: None,
+            title,
+            annotations: ann,
+        },
+    )
+}
+
+/// Fills `{{name}}` placeholders with prompt arguments (JSON text: a JSON
+/// string is unquoted, anything else is inserted as written). The WIT
+/// `get-prompt` takes no arguments, so the broker applies them.
+pub fn fill_placeholders(template: &str, args: &[(&str, &str)]) -> String {
+    let mut s = template.to_string();
+    for (k, v) in args {
+        let value = serde_json::from_str::<String>(v).unwrap_or_else(|_| v.to_string());
+        s = s.replace(&format!("{{{{{k}}}}}"), &value);
+    }
+    s
+}
+
+/// The answer to a `get-prompt`, arguments applied.
+pub fn prompt_response(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    name: &str,
+    r: &w::GetPromptResult,
+    args: &[(&str, &str)],
+) {
+    let fbb = enc.begin();
+    let mut first: Option<(p::Content, WIPOffset<UnionWIPOffset>)> = None;
+    let messages: Vec<_> = r
+        .messages
+        .iter()
+        .map(|m| {
+            let role = fbb.create_string(match m.role {
+                w::PromptMessageRole::User => "user",
+                w::PromptMessageRole::Assistant => "assistant",
+            });
+            let (t, c) = match &m.content {
+                w::PromptMessageContent::Text(t) => {
+                    text(fbb, &fill_placeholders(&t.text, args), &t.annotations)
+                }
+                w::PromptMessageContent::Image(i) => image(fbb, i),
+                w::PromptMessageContent::McpResource(e) => embedded(fbb, e),
+            };
+            first.get_or_insert((t, c));
+            p::PromptMessage::create(
+                fbb,
+                &p::PromptMessageArgs {
+                    role: Some(role),
+                    content_type: t,
+                    content: Some(c),
+                },
+            )
+        })
+        .collect();
+    let (ft, fc) = match first {
+        Some(f) => f,
+        None => text(fbb, "", &None),
+    };
+    let prompt_name = fbb.create_string(name);
+    let description = opt_str(fbb, &r.description);
+    let messages = fbb.create_vector(&messages);
+    let kvs: Vec<_> = args
+        .iter()
+        .map(|(k, v)| {
+            let key = fbb.create_string(k);
+            let value = fbb.create_string(v);
+            KeyValue::create(
+                fbb,
+                &KeyValueArgs {
+                    key: Some(key),
+                    value: Some(value),
+                },
+            )
+        })
+        .collect();
+    let argument_values = (!kvs.is_empty()).then(|| fbb.create_vector(&kvs));
+    let a = p::AppliedPrompt::create(
+        fbb,
+        &p::AppliedPromptArgs {
+            prompt_name: Some(prompt_name),
+            filled_content_type: ft,
+            filled_content: Some(fc),
+            argument_values,
+            description,
+            messages: Some(messages),
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        to,
+        p::ResponsePayload::AppliedPrompt,
+        a.as_union_value(),
+        true,
+    ));
+}
+
+/// The answer to a `complete`: the text blocks as values.
+pub fn complete_response(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    r: &w::CompletionResponse,
+) {
+    if r.is_error == Some(true) {
+        let msg: Vec<&str> = r.content.iter().filter_map(text_of).collect();
+        out.extend_from_slice(enc.error(to, ErrorCode::ExecutionError, &msg.join("\n"), None));
+        return;
+    }
+    let fbb = enc.begin();
+    let values: Vec<_> = r
+        .content
+        .iter()
+        .filter_map(text_of)
+        .map(|t| fbb.create_string(t))
+        .collect();
+    let total = values.len() as u32;
+    let values = fbb.create_vector(&values);
+    let c = p::CompleteResult::create(
+        fbb,
+        &p::CompleteResultArgs {
+            values: Some(values),
+            total: Some(total),
+            has_more: false,
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        to,
+        p::ResponsePayload::CompleteResult,
+        c.as_union_value(),
+        true,
+    ));
+}
+
+fn text_of(b: &w::ContentBlock) -> Option<&str> {
+    match b {
+        w::ContentBlock::Text(t) => Some(&t.text),
+        _ => None,
+    }
+}
+
+/// The wire error for a call that did not produce the router's value.
+/// A tool's `execution-error` is not a protocol error: MCP reports it as a
+/// ToolResult with `is_error`, so the model sees the message.
+pub fn call_error(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    tool_call_id: Option<&UUID>,
+    e: &CallError,
+) -> ErrorCode {
+    let (code, message): (ErrorCode, String) = match e {
+        CallError::Overloaded => (ErrorCode::Overloaded, e.to_string()),
+        CallError::DeadlineExceeded(_) => (ErrorCode::DeadlineExceeded, e.to_string()),
+        CallError::Tool(t) => match t {
+            w::ToolError::InvalidParameters(m) | w::ToolError::SchemaError(m) => {
+                (ErrorCode::InvalidParams, m.clone())
+            }
+            w::ToolError::NotFound(m) => (ErrorCode::NotFound, m.clone()),
+            w::ToolError::ExecutionError(m) => {
+                if let Some(id) = tool_call_id {
+                    let fbb = enc.begin();
+                    let block = text(fbb, m, &None);
+                    let msg = fbb.create_string(m);
+                    let err = fb::Error::create(
+                        fbb,
+                        &fb::ErrorArgs {
+                            code: ErrorCode::ExecutionError.code(),
+                            message: Some(msg),
+                            data: None,
+                        },
+                    );
+                    let res = create_tool_result(
+                        fbb,
+                        &ToolResultParts {
+                            tool_call_id: *id,
+                            success: false,
+                            content: &[block],
+                            error: Some(err),
+                            is_error: true,
+                            ..Default::default()
+                        },
+                    );
+                    out.extend_from_slice(enc.finish(
+                        to,
+                        p::ResponsePayload::ToolResult,
+                        res.as_union_value(),
+                        false,
+                    ));
+                    return ErrorCode::ExecutionError;
+                }
+                (ErrorCode::ExecutionError, m.clone())
+            }
+        },
+        CallError::Resource(r) => match r {
+            w::ResourceError::NotFound(m) => (ErrorCode::NotFound, m.clone()),
+            w::ResourceError::ExecutionError(m) => (ErrorCode::ExecutionError, m.clone()),
+        },
+        CallError::Prompt(r) => match r {
+            w::PromptError::InvalidParameters(m) => (ErrorCode::InvalidParams, m.clone()),
+            w::PromptError::NotFound(m) => (ErrorCode::NotFound, m.clone()),
+            w::PromptError::InternalError(m) => (ErrorCode::ExecutionError, m.clone()),
+        },
+        CallError::Completion(r) => match r {
+            w::CompletionError::InvalidParameters(m) | w::CompletionError::SchemaError(m) => {
+                (ErrorCode::InvalidParams, m.clone())
+            }
+            w::CompletionError::NotFound(m) => (ErrorCode::NotFound, m.clone()),
+            w::CompletionError::ExecutionError(m) => (ErrorCode::ExecutionError, m.clone()),
+        },
+        // Traps, resource exhaustion, malformed output, instantiation
+        // failures: the router is at fault.
+        _ => (ErrorCode::RouterFault, e.to_string()),
+    };
+    out.extend_from_slice(enc.error(to, code, &message, None));
+    code
+}
+
+/// Page size of listings: MCP clients page; a page bounds one frame.
+pub const LIST_PAGE: usize = 100;
+
+/// Parses an opaque listing cursor (`"o<offset>"`); `None` for a bad one.
+pub fn parse_cursor(c: Option<&str>) -> Option<usize> {
+    match c.filter(|c| !c.is_empty()) {
+        None => Some(0),
+        Some(c) => c.strip_prefix('o')?.parse().ok(),
+    }
+}
+
+fn page<T>(items: &[T], start: usize) -> (&[T], Option<String>) {
+    let end = (start + LIST_PAGE).min(items.len());
+    let next = (end < items.len()).then(|| format!("o{end}"));
+    (&items[start.min(end)..end], next)
+}
+
+pub fn list_tools(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    all: &[Listed<w::Tool>],
+    start: usize,
+) {
+    let (items, next) = page(all, start);
+    let fbb = enc.begin();
+    let tools: Vec<_> = items
+        .iter()
+        .map(|l| {
+            let t = &l.item;
+            let name = fbb.create_string(&l.exposed);
+            let description = fbb.create_string(&t.description);
+            let input_schema = fbb.create_string(&t.input_schema);
+            let title = opt_str(fbb, &t.title);
+            let output_schema = opt_str(fbb, &t.output_schema);
+            let metadata = meta(fbb, &t.meta);
+            let annotations = t.annotations.as_ref().map(|a| {
+                p::ToolAnnotations::create(
+                    fbb,
+                    &p::ToolAnnotationsArgs {
+                        read_only: a.read_only,
+                        destructive: a.destructive,
+                        streaming: a.streaming,
+                        experimental: a.experimental,
+                    },
+                )
+            });
+            p::Tool::create(
+                fbb,
+                &p::ToolArgs {
+                    name: Some(name),
+                    description: Some(description),
+                    parameters: None,
+                    input_schema: Some(input_schema),
+                    metadata,
+                    title,
+                    output_schema,
+                    annotations,
+                },
+            )
+        })
+        .collect();
+    let tools = fbb.create_vector(&tools);
+    let next_cursor = opt_str(fbb, &next);
+    let r = p::ListToolsResult::create(
+        fbb,
+        &p::ListToolsResultArgs {
+            tools: Some(tools),
+            next_cursor,
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        to,
+        p::ResponsePayload::ListToolsResult,
+        r.as_union_value(),
+        true,
+    ));
+}
+
+pub fn list_resources(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    all: &[Listed<w::McpResource>],
+    start: usize,
+) {
+    let (items, next) = page(all, start);
+    let fbb = enc.begin();
+    let v: Vec<_> = items
+        .iter()
+        .map(|l| resource_table(fbb, &l.exposed, Some(&l.item)))
+        .collect();
+    let resources = fbb.create_vector(&v);
+    let next_cursor = opt_str(fbb, &next);
+    let r = p::ListResourcesResult::create(
+        fbb,
+        &p::ListResourcesResultArgs {
+            resources: Some(resources),
+            next_cursor,
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        to,
+        p::ResponsePayload::ListResourcesResult,
+        r.as_union_value(),
+        true,
+    ));
+}
+
+pub fn list_templates(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    all: &[Listed<w::McpResource>],
+    start: usize,
+) {
+    let (items, next) = page(all, start);
+    let fbb = enc.begin();
+    let v: Vec<_> = items
+        .iter()
+        .map(|l| {
+            let r = &l.item;
+            let uri_template = fbb.create_string(&l.exposed);
+            let name = fbb.create_string(&r.name);
+            let title = opt_str(fbb, &r.title);
+            let description = opt_str(fbb, &r.description);
+            let mime_type = Some(fbb.create_string(&r.mime_type));
+            let annotations = annotations(fbb, &r.annotations);
+            p::ResourceTemplate::create(
+                fbb,
+                &p::ResourceTemplateArgs {
+                    uri_template: Some(uri_template),
+                    name: Some(name),
+                    title,
+                    description,
+                    mime_type,
+                    annotations,
+                },
+            )
+        })
+        .collect();
+    let resource_templates = fbb.create_vector(&v);
+    let next_cursor = opt_str(fbb, &next);
+    let r = p::ListResourceTemplatesResult::create(
+        fbb,
+        &p::ListResourceTemplatesResultArgs {
+            resource_templates: Some(resource_templates),
+            next_cursor,
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        to,
+        p::ResponsePayload::ListResourceTemplatesResult,
+        r.as_union_value(),
+        true,
+    ));
+}
+
+pub fn list_prompts(
+    enc: &mut ResponseEncoder,
+    out: &mut Vec<u8>,
+    to: &ReplyTo<'_>,
+    all: &[Listed<w::Prompt>],
+    start: usize,
+) {
+    let (items, next) = page(all, start);
+    let fbb = enc.begin();
+    let v: Vec<_> = items
+        .iter()
+        .map(|l| {
+            let pr = &l.item;
+            let name = fbb.create_string(&l.exposed);
+            let description = opt_str(fbb, &pr.description);
+            // The seed requires `content`; a listed WIT prompt has none, so
+            // it carries the description (see schema/README.md, losses).
+            let (ct, c) = text(fbb, pr.description.as_deref().unwrap_or(""), &None);
+            let arguments = pr.arguments.as_ref().map(|args| {
+                let a: Vec<_> = args
+                    .iter()
+                    .map(|a| {
+                        let name = fbb.create_string(&a.name);
+                        let description = opt_str(fbb, &a.description);
+                        p::PromptArgument::create(
+                            fbb,
+                            &p::PromptArgumentArgs {
+                                name: Some(name),
+                                description,
+                                required: a.required.unwrap_or(false),
+                                default_value: None,
+                            },
+                        )
+                    })
+                    .collect();
+                fbb.create_vector(&a)
+            });
+            p::Prompt::create(
+                fbb,
+                &p::PromptArgs {
+                    name: Some(name),
+                    description,
+                    content_type: ct,
+                    content: Some(c),
+                    arguments,
+                    messages: None,
+                    metadata: None,
+                },
+            )
+        })
+        .collect();
+    let prompts = fbb.create_vector(&v);
+    let next_cursor = opt_str(fbb, &next);
+    let r = p::ListPromptsResult::create(
+        fbb,
+        &p::ListPromptsResultArgs {
+            prompts: Some(prompts),
+            next_cursor,
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        to,
+        p::ResponsePayload::ListPromptsResult,
+        r.as_union_value(),
+        true,
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_take_json_strings_unquoted_and_other_json_as_written() {
+        assert_eq!(
+            fill_placeholders(
+                "Hi {{name}}, you are {{age}}; {{missing}}",
+                &[("name", "\"Ada\""), ("age", "36")]
+            ),
+            "Hi Ada, you are 36; {{missing}}"
+        );
+    }
+
+    #[test]
+    fn cursors_are_opaque_offsets_and_bad_ones_are_refused() {
+        assert_eq!(parse_cursor(None), Some(0));
+        assert_eq!(parse_cursor(Some("")), Some(0));
+        assert_eq!(parse_cursor(Some("o100")), Some(100));
+        assert_eq!(parse_cursor(Some("100")), None);
+        let items: Vec<u32> = (0..250).collect();
+        let (p1, n1) = page(&items, 0);
+        assert_eq!((p1.len(), n1.as_deref()), (100, Some("o100")));
+        let (p3, n3) = page(&items, 200);
+        assert_eq!((p3.len(), n3), (50, None));
+        assert!(page(&items, 999).0.is_empty());
+    }
+}

@@ -1,0 +1,525 @@
+//! Configuration: TOML file (or the embedded default) plus command-line
+//! overrides, validated as a whole.
+//!
+//! Each section is its own serde struct with `deny_unknown_fields`; the file
+//! is read section by section so that every section's first error is
+//! reported, then the semantic checks add theirs: an operator fixing a file
+//! sees all of its problems at once, each with its key path.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The embedded default: exactly `broker/broker.example.toml`.
+pub const DEFAULT_TOML: &str = include_str!("../broker.example.toml");
+
+/// Upper bound of `frames.max_frame_bytes`: the codec's length prefix is a
+/// u32, and a single frame larger than this is a misconfiguration.
+pub const MAX_FRAME_BYTES_LIMIT: u32 = 1 << 30;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerSection {
+    /// Shard threads; 0 = one per available core.
+    pub shards: usize,
+    /// CPUs to pin shards to, in order.
+    pub cpus: Vec<usize>,
+    /// Directory of router .wasm files; empty = the default search.
+    pub routers_dir: PathBuf,
+    /// Time in-flight requests get to finish on SIGTERM/SIGINT.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for BrokerSection {
+    fn default() -> Self {
+        Self {
+            shards: 0,
+            cpus: Vec::new(),
+            routers_dir: PathBuf::new(),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FramesSection {
+    pub listen: SocketAddr,
+    pub max_frame_bytes: u32,
+    pub max_connections_per_shard: usize,
+    pub max_in_flight_per_connection: usize,
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub partial_frame_timeout: Duration,
+}
+
+impl Default for FramesSection {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            max_frame_bytes: mcp_schema::DEFAULT_MAX_FRAME_LEN,
+            max_connections_per_shard: 4096,
+            max_in_flight_per_connection: 256,
+            idle_timeout: Duration::from_secs(300),
+            partial_frame_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcSection {
+    pub listen: SocketAddr,
+    /// Worker threads of the edge's own tokio runtime (protobuf <-> frames);
+    /// the shards do the routing work, so few are needed.
+    pub threads: usize,
+    /// Largest request or response message, in bytes (decoded).
+    pub max_message_bytes: usize,
+    /// Unary calls in flight across the edge; beyond it a call is refused
+    /// with RESOURCE_EXHAUSTED instead of queued.
+    pub max_concurrent_requests: usize,
+    /// Open Subscribe streams across the edge; beyond it RESOURCE_EXHAUSTED.
+    pub max_subscribers: usize,
+    /// What `ListRoots` answers.
+    pub roots: Vec<RootConfig>,
+}
+
+/// One operator-configured root (`[[grpc.roots]]`), answered by ListRoots.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RootConfig {
+    pub uri: String,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl Default for GrpcSection {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7401)),
+            threads: 1,
+            max_message_bytes: 4 << 20,
+            max_concurrent_requests: 1024,
+            max_subscribers: 1024,
+            roots: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7402)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NamingSection {
+    pub separator: String,
+}
+
+impl Default for NamingSection {
+    fn default() -> Self {
+        Self {
+            separator: "__".into(),
+        }
+    }
+}
+
+/// Whether a router's requests may run on any instance.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Affinity {
+    /// Any shard's pool serves any request (stateless routers).
+    #[default]
+    None,
+    /// All requests of one `session_id` go to one instance of one shard.
+    Session,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DirGrantConfig {
+    /// Host directory, opened read-only.
+    pub host: PathBuf,
+    /// Where the guest sees it.
+    pub guest: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrantsConfig {
+    /// Guest stdout/stderr go to the broker's stderr (else discarded).
+    pub stdio: bool,
+    /// Names of environment variables passed through.
+    pub env: Vec<String>,
+    /// Read-only directories.
+    pub dirs: Vec<DirGrantConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouterConfig {
+    pub name: String,
+    pub wasm: PathBuf,
+    /// Name prefix used when a tool or prompt name collides.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub affinity: Affinity,
+    #[serde(default = "default_instances")]
+    pub instances_per_shard: u32,
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: u32,
+    #[serde(default = "default_deadline", with = "humantime_serde")]
+    pub call_deadline: Duration,
+    #[serde(default)]
+    pub grants: GrantsConfig,
+}
+
+fn default_instances() -> u32 {
+    crate::wasm::DEFAULT_INSTANCES_PER_SHARD
+}
+fn default_queue_depth() -> u32 {
+    crate::wasm::DEFAULT_QUEUE_DEPTH
+}
+fn default_deadline() -> Duration {
+    crate::wasm::DEFAULT_CALL_DEADLINE
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Config {
+    pub broker: BrokerSection,
+    pub frames: FramesSection,
+    pub grpc: GrpcSection,
+    pub metrics: MetricsSection,
+    pub naming: NamingSection,
+    pub routers: Vec<RouterConfig>,
+}
+
+/// Command-line overrides (the brief's flags).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub grpc_listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub shards: Option<usize>,
+}
+
+/// Every problem found in a configuration, one per line, each with its key
+/// path.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl Config {
+    /// The embedded default.
+    pub fn embedded_default() -> Self {
+        // The embedded default is tested to parse; failing here is a build
+        // defect, not an operator error.
+        Self::parse(DEFAULT_TOML).unwrap_or_else(|e| panic!("embedded default config: {e}"))
+    }
+
+    /// Parses and validates a TOML document.
+    pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
+        let mut errors = Vec::new();
+        let table: toml::Table = match text.parse() {
+            Ok(t) => t,
+            Err(e) => return Err(ConfigErrors(vec![format!("TOML syntax: {e}")])),
+        };
+        let mut config = Config::default();
+        for (key, value) in table {
+            let value = value.clone();
+            match key.as_str() {
+                "broker" => section(&key, value, &mut config.broker, &mut errors),
+                "frames" => section(&key, value, &mut config.frames, &mut errors),
+                "grpc" => section(&key, value, &mut config.grpc, &mut errors),
+                "metrics" => section(&key, value, &mut config.metrics, &mut errors),
+                "naming" => section(&key, value, &mut config.naming, &mut errors),
+                "routers" => match value {
+                    toml::Value::Array(items) => {
+                        for (i, item) in items.into_iter().enumerate() {
+                            match RouterConfig::deserialize(item) {
+                                Ok(r) => config.routers.push(r),
+                                Err(e) => errors.push(format!("routers[{i}]: {}", e.message())),
+                            }
+                        }
+                    }
+                    _ => errors.push("routers: must be an array of tables ([[routers]])".into()),
+                },
+                other => errors.push(format!(
+                    "{other}: unknown section (expected broker, frames, grpc, metrics, naming, routers)"
+                )),
+            }
+        }
+        config.validate(&mut errors);
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    /// Reads `path`, or the embedded default when `None`, then applies the
+    /// overrides and validates again.
+    pub fn load(path: Option<&std::path::Path>, o: &Overrides) -> Result<Self, ConfigErrors> {
+        let mut config = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| ConfigErrors(vec![format!("--config {}: {e}", p.display())]))?;
+                Self::parse(&text).map_err(|ConfigErrors(errs)| {
+                    ConfigErrors(
+                        errs.into_iter()
+                            .map(|e| format!("{}: {e}", p.display()))
+                            .collect(),
+                    )
+                })?
+            }
+            None => Self::embedded_default(),
+        };
+        if let Some(a) = o.listen {
+            config.frames.listen = a;
+        }
+        if let Some(a) = o.grpc_listen {
+            config.grpc.listen = a;
+        }
+        if let Some(a) = o.metrics_listen {
+            config.metrics.listen = a;
+        }
+        if let Some(n) = o.shards {
+            config.broker.shards = n;
+        }
+        let mut errors = Vec::new();
+        config.validate(&mut errors);
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    fn validate(&self, errors: &mut Vec<String>) {
+        let f = &self.frames;
+        if f.max_frame_bytes < 64 || f.max_frame_bytes > MAX_FRAME_BYTES_LIMIT {
+            errors.push(format!(
+                "frames.max_frame_bytes: {} is outside 64..={MAX_FRAME_BYTES_LIMIT}",
+                f.max_frame_bytes
+            ));
+        }
+        if f.max_connections_per_shard == 0 {
+            errors.push("frames.max_connections_per_shard: must be at least 1".into());
+        }
+        if f.max_in_flight_per_connection == 0 {
+            errors.push("frames.max_in_flight_per_connection: must be at least 1".into());
+        }
+        for (name, d) in [
+            ("frames.idle_timeout", f.idle_timeout),
+            ("frames.partial_frame_timeout", f.partial_frame_timeout),
+        ] {
+            if d.is_zero() {
+                errors.push(format!("{name}: must be greater than zero"));
+            }
+        }
+        let g = &self.grpc;
+        if g.threads == 0 || g.threads > 256 {
+            errors.push(format!("grpc.threads: {} is outside 1..=256", g.threads));
+        }
+        if g.max_message_bytes < 1024 || g.max_message_bytes > MAX_FRAME_BYTES_LIMIT as usize {
+            errors.push(format!(
+                "grpc.max_message_bytes: {} is outside 1024..={MAX_FRAME_BYTES_LIMIT}",
+                g.max_message_bytes
+            ));
+        }
+        for (name, n) in [
+            ("grpc.max_concurrent_requests", g.max_concurrent_requests),
+            ("grpc.max_subscribers", g.max_subscribers),
+        ] {
+            if n == 0 {
+                errors.push(format!("{name}: must be at least 1"));
+            }
+        }
+        for (i, r) in g.roots.iter().enumerate() {
+            if r.uri.is_empty() {
+                errors.push(format!("grpc.roots[{i}].uri: must not be empty"));
+            }
+        }
+        if self.broker.shards > 1024 {
+            errors.push(format!(
+                "broker.shards: {} is more than 1024",
+                self.broker.shards
+            ));
+        }
+        if self.naming.separator.is_empty() {
+            errors.push("naming.separator: must not be empty".into());
+        }
+        if self.routers.is_empty() {
+            errors.push("routers: at least one [[routers]] entry is needed".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, r) in self.routers.iter().enumerate() {
+            let at = format!("routers[{i}] ({})", r.name);
+            if r.name.is_empty()
+                || !r
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                errors.push(format!("{at}.name: use letters, digits, '-' and '_' only"));
+            }
+            if !seen.insert(r.name.as_str()) {
+                errors.push(format!("{at}.name: another router has this name"));
+            }
+            if r.instances_per_shard == 0 {
+                errors.push(format!("{at}.instances_per_shard: must be at least 1"));
+            }
+            if r.call_deadline.is_zero() {
+                errors.push(format!("{at}.call_deadline: must be greater than zero"));
+            }
+            if r.prefix.as_deref() == Some("") {
+                errors.push(format!("{at}.prefix: must not be empty when set"));
+            }
+        }
+    }
+
+    /// The routers directory in effect.
+    pub fn routers_dir(&self) -> PathBuf {
+        if self.broker.routers_dir.as_os_str().is_empty() {
+            crate::wasm::default_routers_dir()
+        } else {
+            self.broker.routers_dir.clone()
+        }
+    }
+
+    /// Number of shards in effect (0 resolved to the available cores).
+    pub fn shard_count(&self) -> usize {
+        match self.broker.shards {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+
+    /// The host-side spec of router `r`.
+    pub fn router_spec(&self, r: &RouterConfig) -> crate::wasm::RouterSpec {
+        let wasm = if r.wasm.is_absolute() {
+            r.wasm.clone()
+        } else {
+            self.routers_dir().join(&r.wasm)
+        };
+        let mut spec = crate::wasm::RouterSpec::new(r.name.clone(), wasm);
+        spec.instances_per_shard = r.instances_per_shard;
+        spec.queue_depth = r.queue_depth;
+        spec.call_deadline = r.call_deadline;
+        spec.grants = crate::wasm::Grants {
+            stdio_to_stderr: r.grants.stdio,
+            env: r.grants.env.clone(),
+            read_only_dirs: r
+                .grants
+                .dirs
+                .iter()
+                .map(|d| crate::wasm::DirGrant {
+                    host: d.host.clone(),
+                    guest: d.guest.clone(),
+                })
+                .collect(),
+        };
+        spec
+    }
+}
+
+fn section<T: for<'de> Deserialize<'de>>(
+    key: &str,
+    value: toml::Value,
+    into: &mut T,
+    errors: &mut Vec<String>,
+) {
+    match T::deserialize(value) {
+        Ok(v) => *into = v,
+        Err(e) => errors.push(format!("{key}: {}", e.message())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_is_the_example_file_and_parses() {
+        let on_disk =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/broker.example.toml"))
+                .unwrap();
+        assert_eq!(on_disk, DEFAULT_TOML);
+        let c = Config::parse(DEFAULT_TOML).unwrap();
+        assert_eq!(c.frames.listen.to_string(), "127.0.0.1:7400");
+        assert_eq!(c.grpc.listen.to_string(), "127.0.0.1:7401");
+        assert_eq!(c.metrics.listen.to_string(), "127.0.0.1:7402");
+        let names: Vec<_> = c.routers.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["echo", "kv", "library", "chaos"]);
+        // The file states the same defaults the structs have.
+        assert_eq!(c.frames, FramesSection::default());
+        assert_eq!(c.broker, BrokerSection::default());
+    }
+
+    #[test]
+    fn all_errors_are_reported_at_once_with_key_paths() {
+        let text = r#"
+            [frames]
+            max_frame_bytes = 1
+            bogus = 3
+            [broker]
+            shards = "many"
+            [naming]
+            separator = ""
+            [[routers]]
+            name = "a b"
+            wasm = "x.wasm"
+            instances_per_shard = 0
+            [[routers]]
+            wasm = "y.wasm"
+            [extra]
+        "#;
+        let err = Config::parse(text).unwrap_err();
+        let all = err.0.join("\n");
+        for needle in [
+            "frames: unknown field `bogus`",
+            "broker: invalid type",
+            "naming.separator",
+            "routers[0] (a b).name",
+            "routers[0] (a b).instances_per_shard",
+            "routers[1]: missing field `name`",
+            "extra: unknown section",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn overrides_apply_and_are_validated() {
+        let o = Overrides {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            shards: Some(2000),
+            ..Default::default()
+        };
+        let err = Config::load(None, &o).unwrap_err();
+        assert!(err.0.iter().any(|e| e.contains("broker.shards")));
+        let o = Overrides {
+            shards: Some(2),
+            ..o
+        };
+        let c = Config::load(None, &o).unwrap();
+        assert_eq!(c.frames.listen.port(), 0);
+        assert_eq!(c.shard_count(), 2);
+    }
+}

@@ -1,0 +1,428 @@
+//! One request in, its responses out: the broker's request handling,
+//! shared by the frame edge, cross-shard hand-offs and the gRPC edge.
+//!
+//! # Invariants
+//! - Every call of [`handle`] appends exactly one final response frame to
+//!   `out` (preceded, for a tool with progress, by its progress frames).
+//! - Payloads are never decoded here: the route key and arguments are read
+//!   through the verified view; arguments become the router's JSON object by
+//!   concatenation.
+//! - The shard's `ResponseEncoder` is borrowed only between awaits.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_schema::encode::ReplyTo;
+use mcp_schema::fb::protocol as p;
+use mcp_schema::verify::VerifiedRequest;
+use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_arguments_json};
+
+use crate::adapt;
+use crate::config::Affinity;
+use crate::route::RouteTable;
+use crate::shared::Shared;
+use crate::wasm::{RouterPool, types as w};
+
+/// Protocol versions this broker speaks, oldest first.
+pub const SUPPORTED_VERSIONS: [p::ProtocolVersion; 3] = [
+    p::ProtocolVersion::V2024_11_05,
+    p::ProtocolVersion::V2025_01_01,
+    p::ProtocolVersion::V2025_06_18,
+];
+
+/// MCP version negotiation: the client's version when supported, else the
+/// latest we support.
+pub fn negotiate(client: p::ProtocolVersion) -> p::ProtocolVersion {
+    if SUPPORTED_VERSIONS.contains(&client) {
+        client
+    } else {
+        SUPPORTED_VERSIONS[SUPPORTED_VERSIONS.len() - 1]
+    }
+}
+
+/// A shard's request-handling state.
+pub struct ShardCtx {
+    pub index: usize,
+    pub shared: Arc<Shared>,
+    pub pools: Vec<RouterPool>,
+    pub enc: RefCell<ResponseEncoder>,
+}
+
+impl ShardCtx {
+    fn table(&self) -> &RouteTable {
+        &self.shared.table
+    }
+
+    /// Where a router's request of `session` must run: `None` = here.
+    fn owner_shard(&self, router: usize, session: Option<&str>) -> Option<usize> {
+        if self.shared.affinity[router] != Affinity::Session {
+            return None;
+        }
+        let session = session?;
+        let owner = self.shared.owner_of(session);
+        (owner != self.index).then_some(owner)
+    }
+}
+
+fn not_found(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, what: &str, name: &str) {
+    let msg = format!("unknown {what} `{name}`");
+    out.extend_from_slice(
+        ctx.enc
+            .borrow_mut()
+            .error(to, ErrorCode::NotFound, &msg, None),
+    );
+}
+
+/// Handles one verified request, appending its response frames to `out`.
+/// `args` is a reused buffer for the tool arguments' JSON.
+pub async fn handle(
+    ctx: &Rc<ShardCtx>,
+    req: &VerifiedRequest,
+    args: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) {
+    let view = req.view();
+    let to = view.reply_to();
+    if ctx.shared.is_draining() {
+        let mut enc = ctx.enc.borrow_mut();
+        out.extend_from_slice(enc.error(
+            &to,
+            ErrorCode::ShuttingDown,
+            "the broker is shutting down",
+            None,
+        ));
+        return;
+    }
+    let table = ctx.table();
+    match (view.kind(), view.route_key()) {
+        (RequestKind::Ping, _) => out.extend_from_slice(ctx.enc.borrow_mut().pong(&to)),
+        (RequestKind::Initialize, _) => initialize(ctx, &view, out),
+        (RequestKind::SetLogLevel, _) => out.extend_from_slice(ctx.enc.borrow_mut().empty(&to)),
+        (
+            kind @ (RequestKind::ListTools
+            | RequestKind::ListResources
+            | RequestKind::ListResourceTemplates
+            | RequestKind::ListPrompts),
+            _,
+        ) => {
+            let r = view.request();
+            let cursor = match kind {
+                RequestKind::ListTools => {
+                    r.payload_as_list_tools_request().and_then(|x| x.cursor())
+                }
+                RequestKind::ListResources => r
+                    .payload_as_list_resources_request()
+                    .and_then(|x| x.cursor()),
+                RequestKind::ListResourceTemplates => r
+                    .payload_as_list_resource_templates_request()
+                    .and_then(|x| x.cursor()),
+                _ => r.payload_as_list_prompts_request().and_then(|x| x.cursor()),
+            };
+            let mut enc = ctx.enc.borrow_mut();
+            let Some(start) = adapt::parse_cursor(cursor) else {
+                out.extend_from_slice(enc.error(
+                    &to,
+                    ErrorCode::InvalidParams,
+                    "invalid cursor",
+                    None,
+                ));
+                return;
+            };
+            match kind {
+                RequestKind::ListTools => {
+                    adapt::list_tools(&mut enc, out, &to, &table.tool_list, start)
+                }
+                RequestKind::ListResources => {
+                    adapt::list_resources(&mut enc, out, &to, &table.resource_list, start)
+                }
+                RequestKind::ListResourceTemplates => {
+                    adapt::list_templates(&mut enc, out, &to, &table.template_list, start)
+                }
+                _ => adapt::list_prompts(&mut enc, out, &to, &table.prompt_list, start),
+            }
+        }
+        (RequestKind::Subscribe | RequestKind::Unsubscribe, RouteKey::Resource(uri)) => {
+            if table.resource(uri).is_none() {
+                return not_found(ctx, out, &to, "resource", uri);
+            }
+            out.extend_from_slice(ctx.enc.borrow_mut().empty(&to));
+        }
+        (RequestKind::CallTool, RouteKey::Tool(name)) => {
+            let Some(target) = table.tool(name) else {
+                return not_found(ctx, out, &to, "tool", name);
+            };
+            let router = target.router as usize;
+            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
+                return forward(ctx, owner, req, out).await;
+            }
+            let tc = view.tool_call().expect("classified as a tool call");
+            write_arguments_json(Some(tc.arguments()), args);
+            // Keys are escaped and values are verified UTF-8 strings, so the
+            // object is UTF-8; checked anyway, it is cheap and never unsafe.
+            let Ok(json) = std::str::from_utf8(args) else {
+                let mut enc = ctx.enc.borrow_mut();
+                out.extend_from_slice(enc.error(
+                    &to,
+                    ErrorCode::InvalidParams,
+                    "arguments are not UTF-8",
+                    None,
+                ));
+                return;
+            };
+            let pool = &ctx.pools[router];
+            let deadline = call_deadline(pool, view.timeout_ms());
+            let result = pool.call_tool_within(&target.name, json, deadline).await;
+            let mut enc = ctx.enc.borrow_mut();
+            match result {
+                Ok(r) => adapt::tool_response(&mut enc, out, &to, tc.id(), &r),
+                Err(e) => {
+                    adapt::call_error(&mut enc, out, &to, Some(tc.id()), &e);
+                }
+            }
+        }
+        (RequestKind::ReadResource, RouteKey::Resource(uri)) => {
+            let Some(router) = table.resource(uri) else {
+                return not_found(ctx, out, &to, "resource", uri);
+            };
+            let router = router as usize;
+            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
+                return forward(ctx, owner, req, out).await;
+            }
+            let result = ctx.pools[router].read_resource(uri).await;
+            let listed = table
+                .resource_list
+                .iter()
+                .find(|l| &*l.exposed == uri)
+                .map(|l| &l.item);
+            let mut enc = ctx.enc.borrow_mut();
+            match result {
+                Ok(r) => adapt::resource_response(&mut enc, out, &to, uri, &r, listed),
+                Err(e) => {
+                    adapt::call_error(&mut enc, out, &to, None, &e);
+                }
+            }
+        }
+        (RequestKind::GetPrompt, RouteKey::Prompt(name)) => {
+            let Some(target) = table.prompt(name) else {
+                return not_found(ctx, out, &to, "prompt", name);
+            };
+            let router = target.router as usize;
+            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
+                return forward(ctx, owner, req, out).await;
+            }
+            let pr = view
+                .request()
+                .payload_as_prompt_request()
+                .expect("classified as a prompt request");
+            let prompt_args: Vec<(&str, &str)> = pr
+                .arguments()
+                .iter()
+                .flatten()
+                .map(|kv| (kv.key(), kv.value().unwrap_or("null")))
+                .collect();
+            let result = ctx.pools[router].get_prompt(&target.name).await;
+            let mut enc = ctx.enc.borrow_mut();
+            match result {
+                Ok(r) => adapt::prompt_response(&mut enc, out, &to, name, &r, &prompt_args),
+                Err(e) => {
+                    adapt::call_error(&mut enc, out, &to, None, &e);
+                }
+            }
+        }
+        (RequestKind::Complete, RouteKey::Completion { kind, name }) => {
+            let (router, ref_type, routed_name) = if kind == p::CompletionRefKind::Resource {
+                (
+                    table.resource(name).map(|r| r as usize),
+                    "ref/resource",
+                    name.to_string(),
+                )
+            } else {
+                match table.prompt(name) {
+                    Some(t) => (Some(t.router as usize), "ref/prompt", t.name.to_string()),
+                    None => (None, "ref/prompt", name.to_string()),
+                }
+            };
+            let Some(router) = router else {
+                return not_found(
+                    ctx,
+                    out,
+                    &to,
+                    if ref_type == "ref/prompt" {
+                        "prompt"
+                    } else {
+                        "resource"
+                    },
+                    name,
+                );
+            };
+            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
+                return forward(ctx, owner, req, out).await;
+            }
+            let c = view
+                .request()
+                .payload_as_complete_request()
+                .expect("classified as a completion");
+            let input = completion_input(ref_type, &routed_name, c);
+            let request = w::CompletionRequest {
+                input,
+                streaming: None,
+                meta: None,
+            };
+            let result = ctx.pools[router].complete(&request).await;
+            let mut enc = ctx.enc.borrow_mut();
+            match result {
+                Ok(r) => adapt::complete_response(&mut enc, out, &to, &r),
+                Err(e) => {
+                    adapt::call_error(&mut enc, out, &to, None, &e);
+                }
+            }
+        }
+        // `classify` pairs each kind with its key; no other pair exists.
+        (kind, key) => {
+            let msg = format!(
+                "request kind {} with route key {key:?} is not served",
+                kind.as_str()
+            );
+            out.extend_from_slice(
+                ctx.enc
+                    .borrow_mut()
+                    .error(&to, ErrorCode::Internal, &msg, None),
+            );
+        }
+    }
+}
+
+fn call_deadline(pool: &RouterPool, client_ms: Option<u32>) -> Duration {
+    let router = pool.router().spec().call_deadline;
+    match client_ms {
+        Some(ms) => router.min(Duration::from_millis(ms.into())),
+        None => router,
+    }
+}
+
+/// The JSON the WIT `complete` receives (MCP `completion/complete` params).
+fn completion_input(ref_type: &str, name: &str, c: p::CompleteRequest<'_>) -> String {
+    use mcp_schema::args::write_json_string;
+    let mut s = Vec::with_capacity(128);
+    s.extend_from_slice(b"{\"ref\":{\"type\":");
+    write_json_string(ref_type, &mut s);
+    s.extend_from_slice(if ref_type == "ref/prompt" {
+        b",\"name\":"
+    } else {
+        b",\"uri\":"
+    });
+    write_json_string(name, &mut s);
+    s.extend_from_slice(b"},\"argument\":{\"name\":");
+    write_json_string(c.argument_name(), &mut s);
+    s.extend_from_slice(b",\"value\":");
+    write_json_string(c.argument_value().unwrap_or(""), &mut s);
+    s.extend_from_slice(b"}");
+    if let Some(ctx) = c.context() {
+        s.extend_from_slice(b",\"context\":{\"arguments\":");
+        let mut obj = Vec::new();
+        write_arguments_json(Some(ctx), &mut obj);
+        s.extend_from_slice(&obj);
+        s.extend_from_slice(b"}");
+    }
+    s.push(b'}');
+    String::from_utf8(s).unwrap_or_default()
+}
+
+fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<u8>) {
+    let to = view.reply_to();
+    let init = view
+        .request()
+        .payload_as_initialize_request()
+        .expect("classified as initialize");
+    let version = negotiate(init.client_capabilities().protocol_version());
+    let shared = &ctx.shared;
+    let mut enc = ctx.enc.borrow_mut();
+    let fbb = enc.begin();
+    let name = fbb.create_string("mcp-broker");
+    let ver = fbb.create_string(env!("CARGO_PKG_VERSION"));
+    let caps = p::ServerCapabilities::create(
+        fbb,
+        &p::ServerCapabilitiesArgs {
+            supports_tools: !shared.table.tool_list.is_empty(),
+            supports_resources: !shared.table.resource_list.is_empty()
+                || !shared.table.template_list.is_empty(),
+            supports_prompts: !shared.table.prompt_list.is_empty(),
+            supports_sampling: false,
+            supports_logging: true,
+            protocol_version: version,
+            server_name: Some(name),
+            server_version: Some(ver),
+            supports_completions: shared.capabilities.completions,
+            supports_resource_subscribe: shared.capabilities.subscribe,
+            tools_list_changed: false,
+            resources_list_changed: false,
+            prompts_list_changed: false,
+        },
+    );
+    let instructions = fbb.create_string(&shared.instructions);
+    let r = p::InitializeResponse::create(
+        fbb,
+        &p::InitializeResponseArgs {
+            server_capabilities: Some(caps),
+            server_info: None,
+            instructions: Some(instructions),
+        },
+    );
+    out.extend_from_slice(enc.finish(
+        &to,
+        p::ResponsePayload::InitializeResponse,
+        r.as_union_value(),
+        true,
+    ));
+}
+
+/// Runs `req` on shard `owner` (session affinity) and appends its answer.
+/// The frame crosses as the same `Bytes`, not a copy.
+async fn forward(ctx: &Rc<ShardCtx>, owner: usize, req: &VerifiedRequest, out: &mut Vec<u8>) {
+    match ctx.shared.submit(owner, req.clone()) {
+        Ok(rx) => match rx.await {
+            Ok(frames) => out.extend_from_slice(&frames),
+            Err(_) => {
+                let to = req.view().reply_to();
+                out.extend_from_slice(ctx.enc.borrow_mut().error(
+                    &to,
+                    ErrorCode::ShuttingDown,
+                    "owner shard stopped",
+                    None,
+                ));
+            }
+        },
+        Err(_) => {
+            let to = req.view().reply_to();
+            out.extend_from_slice(ctx.enc.borrow_mut().error(
+                &to,
+                ErrorCode::ShuttingDown,
+                "owner shard stopped",
+                None,
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation_answers_the_clients_version_when_supported_else_the_latest() {
+        assert_eq!(
+            negotiate(p::ProtocolVersion::V2024_11_05),
+            p::ProtocolVersion::V2024_11_05
+        );
+        assert_eq!(
+            negotiate(p::ProtocolVersion::Unspecified),
+            p::ProtocolVersion::V2025_06_18
+        );
+        assert_eq!(
+            negotiate(p::ProtocolVersion(20990101)),
+            p::ProtocolVersion::V2025_06_18
+        );
+    }
+}

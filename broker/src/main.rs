@@ -1,0 +1,96 @@
+//! `mcp-broker`: see `mcp-broker --help` and README.md.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use mcp_broker::config::{Config, Overrides};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// A zero-copy, thread-per-core broker for the Model Context Protocol.
+///
+/// With no arguments it runs the bundled routers on the embedded default
+/// configuration (frames 127.0.0.1:7400, gRPC :7401, metrics :7402).
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// TOML configuration file (see broker/broker.example.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Frame edge address (overrides frames.listen); port 0 = any.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// gRPC edge address (overrides grpc.listen).
+    #[arg(long)]
+    grpc_listen: Option<SocketAddr>,
+    /// Metrics/admin HTTP address (overrides metrics.listen).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Shards (overrides broker.shards; 0 = one per core).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Print the embedded default configuration and exit.
+    #[arg(long)]
+    print_default_config: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.print_default_config {
+        print!("{}", mcp_broker::config::DEFAULT_TOML);
+        return ExitCode::SUCCESS;
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let overrides = Overrides {
+        listen: cli.listen,
+        grpc_listen: cli.grpc_listen,
+        metrics_listen: cli.metrics_listen,
+        shards: cli.shards,
+    };
+    let config = match Config::load(cli.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mcp-broker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Install the signal handler before anything runs, so a SIGTERM during
+    // start-up is not lost.
+    let mut signals = match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("mcp-broker: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let running = match mcp_broker::server::start(config) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mcp-broker: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", running.ready_line());
+        let _ = out.flush();
+    }
+    if let Some(sig) = signals.forever().next() {
+        tracing::info!(signal = sig, "shutting down");
+    }
+    running.drain();
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,378 @@
+//! The route table: which router serves a tool, resource or prompt.
+//!
+//! Built once from the routers' cached metadata and then immutable: shards
+//! share it read-only through an `Arc`, and a change of routers means a new
+//! table swapped in whole, never an edit in place, so lookups take no lock.
+//!
+//! # Naming
+//! A tool or prompt name offered by one router is served as it is. A name
+//! offered by several routers is served by each of them as
+//! `<prefix><separator><name>` (prefix: the router's configured `prefix`,
+//! else its name; separator: `naming.separator`, default `__`), and the bare
+//! name is not served. A qualified name that still collides (with another
+//! qualified name or with a bare one) is a start-up error naming both
+//! routers.
+//!
+//! # Resources
+//! A URI is routed by, in order: an exact match with a listed resource; the
+//! longest literal prefix of a listed URI template (a listed URI holding
+//! `{`, RFC 6570); its scheme, when exactly one router lists URIs of that
+//! scheme; finally a scheme equal to a router's name (`kv://x` → router
+//! `kv`), so a stateful router that lists nothing at start-up still serves
+//! the URIs it creates later.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::wasm::RouterMeta;
+use crate::wasm::types::{McpResource, Prompt, Tool};
+
+/// Index of a router in the broker's router list.
+pub type RouterId = u16;
+
+/// Where a name goes: the router and the name the router knows it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub router: RouterId,
+    pub name: Box<str>,
+}
+
+/// One router as the table sees it.
+#[derive(Debug, Clone)]
+pub struct RouterEntry {
+    pub name: String,
+    pub prefix: Option<String>,
+    pub meta: Arc<RouterMeta>,
+}
+
+/// A listed item with the name it is served under.
+#[derive(Debug, Clone)]
+pub struct Listed<T> {
+    pub router: RouterId,
+    pub exposed: Box<str>,
+    pub item: T,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RouteError {
+    #[error(
+        "{kind} name `{name}` is served by both router `{a}` and router `{b}` even after qualification; give one of them a distinct `prefix`"
+    )]
+    Collision {
+        kind: &'static str,
+        name: String,
+        a: String,
+        b: String,
+    },
+    #[error("too many routers ({0}); at most {max}", max = RouterId::MAX)]
+    TooManyRouters(usize),
+}
+
+/// The immutable routing state.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    routers: Vec<String>,
+    tools: HashMap<Box<str>, Target>,
+    prompts: HashMap<Box<str>, Target>,
+    resources: HashMap<Box<str>, RouterId>,
+    /// (literal prefix, router), longest prefix first.
+    templates: Vec<(Box<str>, RouterId)>,
+    /// scheme → router, for schemes exactly one router lists.
+    schemes: HashMap<Box<str>, RouterId>,
+    pub tool_list: Vec<Listed<Tool>>,
+    pub prompt_list: Vec<Listed<Prompt>>,
+    pub resource_list: Vec<Listed<McpResource>>,
+    pub template_list: Vec<Listed<McpResource>>,
+}
+
+fn scheme(uri: &str) -> Option<&str> {
+    uri.split_once("://")
+        .map(|(s, _)| s)
+        .filter(|s| !s.is_empty())
+}
+
+/// A listed resource URI holding an RFC 6570 expression is a template.
+pub fn is_template(uri: &str) -> bool {
+    uri.contains('{')
+}
+
+impl RouteTable {
+    pub fn build(entries: &[RouterEntry], separator: &str) -> Result<Self, RouteError> {
+        if entries.len() > RouterId::MAX as usize {
+            return Err(RouteError::TooManyRouters(entries.len()));
+        }
+        let mut t = RouteTable {
+            routers: entries.iter().map(|e| e.name.clone()).collect(),
+            ..Default::default()
+        };
+        let prefix = |i: usize| {
+            entries[i]
+                .prefix
+                .clone()
+                .unwrap_or_else(|| entries[i].name.clone())
+        };
+
+        // Tools and prompts: the same qualification rule.
+        let tools: Vec<(usize, &Tool, &str)> = entries
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| e.meta.tools.iter().map(move |x| (i, x, x.name.as_str())))
+            .collect();
+        let (map, list) = qualify("tool", &tools, &t.routers, &prefix, separator)?;
+        t.tools = map;
+        t.tool_list = list;
+        let prompts: Vec<(usize, &Prompt, &str)> = entries
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| e.meta.prompts.iter().map(move |x| (i, x, x.name.as_str())))
+            .collect();
+        let (map, list) = qualify("prompt", &prompts, &t.routers, &prefix, separator)?;
+        t.prompts = map;
+        t.prompt_list = list;
+
+        // Resources: URIs are global names; the same URI from two routers is
+        // ambiguous and refused.
+        let mut scheme_owner: HashMap<&str, Option<RouterId>> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let id = i as RouterId;
+            for r in &e.meta.resources {
+                if let Some(s) = scheme(&r.uri) {
+                    let owner = scheme_owner.entry(s).or_insert(Some(id));
+                    if *owner != Some(id) {
+                        *owner = None;
+                    }
+                }
+                let listed = Listed {
+                    router: id,
+                    exposed: r.uri.clone().into(),
+                    item: r.clone(),
+                };
+                if is_template(&r.uri) {
+                    let literal = &r.uri[..r.uri.find('{').unwrap_or(r.uri.len())];
+                    t.templates.push((literal.into(), id));
+                    t.template_list.push(listed);
+                } else {
+                    if let Some(&other) = t.resources.get(r.uri.as_str()) {
+                        if other != id {
+                            return Err(RouteError::Collision {
+                                kind: "resource",
+                                name: r.uri.clone(),
+                                a: t.routers[other as usize].clone(),
+                                b: e.name.clone(),
+                            });
+                        }
+                    }
+                    t.resources.insert(r.uri.clone().into(), id);
+                    t.resource_list.push(listed);
+                }
+            }
+        }
+        t.templates.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        t.schemes = scheme_owner
+            .into_iter()
+            .filter_map(|(s, o)| o.map(|o| (Box::<str>::from(s), o)))
+            .collect();
+        Ok(t)
+    }
+
+    pub fn router_names(&self) -> &[String] {
+        &self.routers
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&Target> {
+        self.tools.get(name)
+    }
+
+    pub fn prompt(&self, name: &str) -> Option<&Target> {
+        self.prompts.get(name)
+    }
+
+    pub fn resource(&self, uri: &str) -> Option<RouterId> {
+        if let Some(&r) = self.resources.get(uri) {
+            return Some(r);
+        }
+        if let Some((_, r)) = self
+            .templates
+            .iter()
+            .find(|(p, _)| !p.is_empty() && uri.starts_with(&**p))
+        {
+            return Some(*r);
+        }
+        let s = scheme(uri)?;
+        self.schemes.get(s).copied().or_else(|| {
+            self.routers
+                .iter()
+                .position(|r| r == s)
+                .map(|i| i as RouterId)
+        })
+    }
+}
+
+type Qualified<T> = (HashMap<Box<str>, Target>, Vec<Listed<T>>);
+
+fn qualify<T: Clone>(
+    kind: &'static str,
+    items: &[(usize, &T, &str)],
+    routers: &[String],
+    prefix: &dyn Fn(usize) -> String,
+    separator: &str,
+) -> Result<Qualified<T>, RouteError> {
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for (_, _, name) in items {
+        *count.entry(name).or_default() += 1;
+    }
+    let mut map: HashMap<Box<str>, Target> = HashMap::new();
+    let mut list = Vec::with_capacity(items.len());
+    for &(i, item, name) in items {
+        let exposed: Box<str> = if count[name] > 1 {
+            format!("{}{separator}{name}", prefix(i)).into()
+        } else {
+            name.into()
+        };
+        let target = Target {
+            router: i as RouterId,
+            name: name.into(),
+        };
+        if let Some(prev) = map.get(&exposed) {
+            return Err(RouteError::Collision {
+                kind,
+                name: exposed.to_string(),
+                a: routers[prev.router as usize].clone(),
+                b: routers[i].clone(),
+            });
+        }
+        map.insert(exposed.clone(), target);
+        list.push(Listed {
+            router: i as RouterId,
+            exposed,
+            item: item.clone(),
+        });
+    }
+    Ok((map, list))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> Tool {
+        Tool {
+            name: name.into(),
+            title: None,
+            description: String::new(),
+            input_schema: "{}".into(),
+            output_schema: None,
+            annotations: None,
+            meta: None,
+        }
+    }
+
+    fn resource(uri: &str) -> McpResource {
+        McpResource {
+            uri: uri.into(),
+            name: uri.into(),
+            title: None,
+            description: None,
+            mime_type: "text/plain".into(),
+            annotations: None,
+        }
+    }
+
+    fn entry(name: &str, prefix: Option<&str>, tools: &[&str], resources: &[&str]) -> RouterEntry {
+        RouterEntry {
+            name: name.into(),
+            prefix: prefix.map(Into::into),
+            meta: Arc::new(RouterMeta {
+                name: name.into(),
+                tools: tools.iter().map(|t| tool(t)).collect(),
+                resources: resources.iter().map(|r| resource(r)).collect(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn unique_names_are_served_bare_and_collisions_are_qualified() {
+        let t = RouteTable::build(
+            &[
+                entry("a", None, &["echo", "only_a"], &[]),
+                entry("b", Some("bee"), &["echo"], &[]),
+            ],
+            "__",
+        )
+        .unwrap();
+        assert_eq!(
+            t.tool("only_a"),
+            Some(&Target {
+                router: 0,
+                name: "only_a".into()
+            })
+        );
+        assert_eq!(t.tool("echo"), None, "a colliding bare name is not served");
+        assert_eq!(
+            t.tool("a__echo"),
+            Some(&Target {
+                router: 0,
+                name: "echo".into()
+            })
+        );
+        assert_eq!(
+            t.tool("bee__echo"),
+            Some(&Target {
+                router: 1,
+                name: "echo".into()
+            })
+        );
+        let names: Vec<_> = t.tool_list.iter().map(|l| &*l.exposed).collect();
+        assert_eq!(names, ["a__echo", "only_a", "bee__echo"]);
+    }
+
+    #[test]
+    fn unresolvable_collision_names_both_routers() {
+        let err = RouteTable::build(
+            &[
+                entry("a", Some("p"), &["x"], &[]),
+                entry("b", Some("p"), &["x"], &[]),
+            ],
+            "__",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            RouteError::Collision {
+                kind: "tool",
+                name: "p__x".into(),
+                a: "a".into(),
+                b: "b".into()
+            }
+        );
+    }
+
+    #[test]
+    fn resources_route_by_exact_uri_then_template_then_scheme() {
+        let t = RouteTable::build(
+            &[
+                entry("lib", None, &[], &["lib://docs/readme", "lib://books/{id}"]),
+                entry("kv", None, &[], &["kv://seed"]),
+                entry("other", None, &[], &["lib://x"]),
+            ],
+            "__",
+        )
+        .unwrap();
+        assert_eq!(t.resource("lib://docs/readme"), Some(0));
+        assert_eq!(t.resource("lib://books/42"), Some(0));
+        assert_eq!(t.resource("kv://created-later"), Some(1));
+        assert_eq!(
+            t.resource("lib://unknown"),
+            None,
+            "scheme shared by two routers"
+        );
+        assert_eq!(t.resource("nope"), None);
+        assert_eq!(
+            t.resource("other://anything"),
+            Some(2),
+            "scheme named after a router"
+        );
+        assert_eq!(t.template_list.len(), 1);
+    }
+}

@@ -1,0 +1,207 @@
+//! Start-up and shutdown: configuration → WASM host → routers → route table
+//! → listeners → shards → admin endpoint → the ready line; then signals →
+//! drain → exit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::config::Config;
+use crate::route::{RouteTable, RouterEntry};
+use crate::shard::{self, ShardStart};
+use crate::shared::{Capabilities, Shared};
+use crate::wasm::{HostConfig, WasmHost};
+
+/// A listener bound with `SO_REUSEPORT`, so each shard can have its own on
+/// the same address and the kernel spreads connections across them.
+pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// The running broker: what `main` waits on.
+pub struct Running {
+    pub shared: Arc<Shared>,
+    pub frames: SocketAddr,
+    pub metrics: SocketAddr,
+    pub grpc: SocketAddr,
+    pub routers: Vec<String>,
+    /// Bound at start-up so port 0 resolves; served by the gRPC edge.
+    pub grpc_listener: Option<std::net::TcpListener>,
+    /// The gRPC edge serving `grpc_listener` (which it has taken).
+    grpc_edge: Option<crate::grpc::EdgeHandle>,
+    shards: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// The ready line of the brief, exactly.
+    pub fn ready_line(&self) -> String {
+        format!(
+            "mcp-broker ready frames={} grpc={} metrics={} shards={} routers={}",
+            self.frames,
+            self.grpc,
+            self.metrics,
+            self.shards.len(),
+            self.routers.join(",")
+        )
+    }
+
+    /// Drains: stop accepting, let in-flight calls finish within the drain
+    /// timeout, answer the rest with shutting-down errors, stop the shards.
+    pub fn drain(mut self) {
+        let timeout = self.shared.config.broker.drain_timeout;
+        tracing::info!(?timeout, in_flight = self.shared.in_flight(), "draining");
+        // gRPC: NOT_SERVING, new calls UNAVAILABLE, Subscribe streams end;
+        // calls already in shards are answered by the shard drain below.
+        if let Some(edge) = &self.grpc_edge {
+            edge.begin_drain();
+        }
+        self.shared.start_drain();
+        let until = Instant::now() + timeout;
+        while self.shared.in_flight() > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.shared.expire_drain();
+        for h in self.shards {
+            let _ = h.join();
+        }
+        if let Some(edge) = self.grpc_edge.take() {
+            edge.shutdown();
+        }
+        tracing::info!("drained");
+    }
+}
+
+/// Starts everything and returns once every shard accepts.
+pub fn start(config: Config) -> Result<Running> {
+    let host = WasmHost::new(&HostConfig::default()).context("starting the WASM host")?;
+    let mut routers = Vec::new();
+    let mut entries = Vec::new();
+    let mut caps = Capabilities::default();
+    let mut instructions = Vec::new();
+    for r in &config.routers {
+        let spec = config.router_spec(r);
+        let router = host
+            .load(&spec)
+            .with_context(|| format!("loading router `{}` from {}", r.name, spec.wasm.display()))?;
+        let meta = router.meta().clone();
+        if let Some(server) = &meta.server {
+            caps.completions |= server
+                .capabilities
+                .completions
+                .as_ref()
+                .is_some_and(|c| c.enabled);
+            caps.subscribe |= server
+                .capabilities
+                .resources
+                .as_ref()
+                .and_then(|r| r.subscribe)
+                .unwrap_or(false);
+        }
+        if !meta.instructions.is_empty() {
+            instructions.push(format!("{}: {}", r.name, meta.instructions));
+        }
+        entries.push(RouterEntry {
+            name: r.name.clone(),
+            prefix: r.prefix.clone(),
+            meta,
+        });
+        routers.push(router);
+    }
+    let table = RouteTable::build(&entries, &config.naming.separator)
+        .context("building the route table")?;
+    let shards = config.shard_count();
+    let affinity = config.routers.iter().map(|r| r.affinity).collect();
+    let names: Vec<String> = config.routers.iter().map(|r| r.name.clone()).collect();
+
+    // Bind everything before reporting ready, so port 0 resolves and a busy
+    // port fails start-up with its address in the message.
+    let first = bind_reuseport(config.frames.listen)
+        .with_context(|| format!("binding the frame edge on {}", config.frames.listen))?;
+    let frames = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..shards {
+        listeners.push(
+            bind_reuseport(frames)
+                .with_context(|| format!("binding shard listener on {frames}"))?,
+        );
+    }
+    let metrics_listener = std::net::TcpListener::bind(config.metrics.listen)
+        .with_context(|| format!("binding the metrics endpoint on {}", config.metrics.listen))?;
+    let metrics = metrics_listener.local_addr()?;
+    let grpc_listener = std::net::TcpListener::bind(config.grpc.listen)
+        .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
+    let grpc = grpc_listener.local_addr()?;
+
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = config.broker.cpus.clone();
+    let shared = Arc::new(Shared::new(
+        config,
+        table,
+        affinity,
+        caps,
+        instructions.join("\n"),
+        shards,
+    ));
+
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let mut handles = Vec::new();
+    for (index, listener) in listeners.into_iter().enumerate() {
+        let cpu = cpus
+            .get(index)
+            .copied()
+            .or((shards <= cores).then_some(index));
+        let start = ShardStart {
+            index,
+            shared: shared.clone(),
+            routers: routers.clone(),
+            listener,
+            cpu,
+        };
+        let tx = ready_tx.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("shard-{index}"))
+                .spawn(move || shard::run(start, tx))
+                .context("spawning a shard thread")?,
+        );
+    }
+    drop(ready_tx);
+    for _ in 0..shards {
+        match ready_rx.recv() {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => bail!(e),
+            Err(_) => bail!("a shard exited during start-up"),
+        }
+    }
+    if !monoio::utils::detect_uring() {
+        tracing::warn!("io_uring is unavailable: shards run on the epoll driver");
+    }
+    {
+        let shared = shared.clone();
+        let names = names.clone();
+        std::thread::Builder::new()
+            .name("admin".into())
+            .spawn(move || crate::metrics::serve(metrics_listener, shared, names))
+            .context("spawning the admin thread")?;
+    }
+    let grpc_edge = crate::grpc::start(grpc_listener, shared.clone()).context("starting the gRPC edge")?;
+    Ok(Running {
+        shared,
+        frames,
+        metrics,
+        grpc,
+        grpc_listener: None,
+        grpc_edge: Some(grpc_edge),
+        routers: names,
+        shards: handles,
+    })
+}

@@ -1,0 +1,482 @@
+//! Shards: one thread, one monoio runtime, one `SO_REUSEPORT` listener and
+//! one set of router pools each.
+//!
+//! # Invariants
+//! - A connection lives on the shard that accepted it, for its whole life.
+//! - Shard state (`Rc`, `RefCell`, pools, encoders) never leaves its thread;
+//!   other threads reach a shard only through its inbox.
+//! - Per connection: one reader, one writer, and up to
+//!   `max_in_flight_per_connection` workers that are spawned once and then
+//!   reused, so steady-state request handling spawns (allocates) nothing.
+//! - Responses are appended to the connection's write buffer and flushed by
+//!   the writer in batches: one `write` per batch, not one per frame.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use mcp_schema::encode::ReplyTo;
+use mcp_schema::verify::{VerifiedRequest, header_of_invalid};
+use mcp_schema::view::reply_to_header;
+use mcp_schema::{FrameSplitter, ResponseEncoder};
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::net::{TcpListener, TcpStream};
+
+use crate::dispatch::{ShardCtx, handle};
+use crate::local::{Latch, Notify};
+use crate::shared::{ShardMsg, ShardStats, Shared};
+use crate::wasm::{Router, RouterPool};
+
+/// Everything a shard thread needs to start.
+pub struct ShardStart {
+    pub index: usize,
+    pub shared: Arc<Shared>,
+    pub routers: Vec<Arc<Router>>,
+    pub listener: std::net::TcpListener,
+    pub cpu: Option<usize>,
+}
+
+/// Runs shard `s` on the current thread until it has drained.
+pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>) {
+    if let Some(cpu) = s.cpu {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+            tracing::warn!(shard = s.index, cpu, "could not pin shard to its CPU");
+        }
+    }
+    let mut rt = match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .enable_timer()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready.send(Err(format!("shard {}: cannot build runtime: {e}", s.index)));
+            return;
+        }
+    };
+    rt.block_on(shard_main(s, ready));
+}
+
+/// Shard-wide state of the running loop.
+struct Shard {
+    ctx: Rc<ShardCtx>,
+    draining: Latch,
+    drain_expired: Latch,
+    connections: Cell<usize>,
+}
+
+impl Shard {
+    fn stats(&self) -> &ShardStats {
+        &self.ctx.shared.stats[self.ctx.index]
+    }
+}
+
+async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>) {
+    let index = s.index;
+    let pools: Vec<RouterPool> = s
+        .routers
+        .iter()
+        .map(|r| RouterPool::new(r.clone()))
+        .collect();
+    // Instantiate every pool now, so the first requests do not pay for it
+    // and a broken router fails start-up rather than a request.
+    for pool in &pools {
+        if let Err(e) = pool.warm().await {
+            let _ = ready.send(Err(format!(
+                "shard {index}: router `{}`: {e}",
+                pool.router().spec().name
+            )));
+            return;
+        }
+    }
+    let listener = match TcpListener::from_std(s.listener) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(format!("shard {index}: listener: {e}")));
+            return;
+        }
+    };
+    let shard = Rc::new(Shard {
+        ctx: Rc::new(ShardCtx {
+            index,
+            shared: s.shared.clone(),
+            pools,
+            enc: RefCell::new(ResponseEncoder::new(index as u64)),
+        }),
+        draining: Latch::default(),
+        drain_expired: Latch::default(),
+        connections: Cell::new(0),
+    });
+    monoio::spawn(inbox_loop(shard.clone()));
+    shard
+        .stats()
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = ready.send(Ok(index));
+    drop(ready);
+
+    accept_loop(&shard, &listener).await;
+    drop(listener);
+    // Drained: wait until every in-flight request here is answered (or the
+    // deadline expired and they were answered with shutting-down errors).
+    poll_until(&shard.drain_expired, || {
+        shard
+            .stats()
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+    })
+    .await;
+    tracing::debug!(shard = index, "shard drained");
+}
+
+/// Waits until `done()` holds, re-checking every 5 ms, or until `latch` is
+/// set. Used only at shutdown.
+async fn poll_until(latch: &Latch, done: impl Fn() -> bool) {
+    while !done() && !latch.is_set() {
+        monoio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
+    let max = shard.ctx.shared.config.frames.max_connections_per_shard;
+    loop {
+        let accepted = monoio::select! {
+            r = listener.accept() => Some(r),
+            _ = shard.draining.wait() => None,
+        };
+        let Some(accepted) = accepted else { return };
+        match accepted {
+            Ok((stream, peer)) => {
+                let stats = shard.stats();
+                if shard.connections.get() >= max {
+                    ShardStats::add(&stats.connections_refused, 1);
+                    tracing::warn!(shard = shard.ctx.index, %peer, max, "connection refused: max_connections_per_shard reached");
+                    drop(stream);
+                    continue;
+                }
+                ShardStats::add(&stats.connections_accepted, 1);
+                let _ = stream.set_nodelay(true);
+                monoio::spawn(connection(shard.clone(), stream, peer));
+            }
+            Err(e) => {
+                // EMFILE and friends: log and back off briefly rather than spin.
+                tracing::warn!(shard = shard.ctx.index, error = %e, "accept failed");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Empties the shard's inbox: hand-offs from other shards and the gRPC edge,
+/// and drain control.
+async fn inbox_loop(shard: Rc<Shard>) {
+    let ctx = &shard.ctx;
+    let inbox = &ctx.shared.inboxes[ctx.index];
+    loop {
+        let msg = poll_fn(|cx| {
+            if let Ok(m) = inbox.rx.try_recv() {
+                return Poll::Ready(m);
+            }
+            inbox.waker.register(cx.waker());
+            // A message sent between the first check and the registration
+            // would otherwise be missed.
+            match inbox.rx.try_recv() {
+                Ok(m) => Poll::Ready(m),
+                Err(_) => Poll::Pending,
+            }
+        })
+        .await;
+        match msg {
+            ShardMsg::Job(job) => {
+                let shard = shard.clone();
+                // A hand-off is the cross-thread path (session affinity,
+                // gRPC): one task per job, its allocation accepted there.
+                monoio::spawn(async move {
+                    let stats = shard.stats();
+                    ShardStats::add(&stats.in_flight, 1);
+                    let mut args = Vec::new();
+                    let mut out = Vec::new();
+                    run_or_expire(&shard, &job.req, &mut args, &mut out).await;
+                    ShardStats::sub(&stats.in_flight, 1);
+                    let _ = job.reply.send(out);
+                });
+            }
+            ShardMsg::Drain => shard.draining.set(),
+            ShardMsg::DrainExpired => {
+                shard.draining.set();
+                shard.drain_expired.set();
+            }
+        }
+    }
+}
+
+/// Handles a request unless the drain deadline passes first, in which case
+/// it is answered with a shutting-down error (exactly one answer either way).
+async fn run_or_expire(
+    shard: &Rc<Shard>,
+    req: &VerifiedRequest,
+    args: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) {
+    let start = out.len();
+    let finished = monoio::select! {
+        _ = handle(&shard.ctx, req, args, out) => true,
+        _ = shard.drain_expired.wait() => false,
+    };
+    if !finished {
+        out.truncate(start);
+        let to = req.view().reply_to();
+        let frame = shard
+            .ctx
+            .enc
+            .borrow_mut()
+            .error(
+                &to,
+                mcp_schema::ErrorCode::ShuttingDown,
+                "drain deadline passed before the call finished",
+                None,
+            )
+            .to_vec();
+        out.extend_from_slice(&frame);
+    }
+}
+
+/// One connection's shared state.
+struct Conn {
+    /// Frames waiting for a worker.
+    queue: RefCell<VecDeque<VerifiedRequest>>,
+    /// Workers parked for want of work.
+    idle: RefCell<Vec<Waker>>,
+    workers: Cell<usize>,
+    /// Requests read and not yet answered.
+    pending: Cell<usize>,
+    /// Encoded responses waiting for the writer.
+    out: RefCell<Vec<u8>>,
+    out_ready: Notify,
+    capacity: Notify,
+    closed: Cell<bool>,
+}
+
+impl Conn {
+    fn push_out(&self, bytes: &[u8]) {
+        self.out.borrow_mut().extend_from_slice(bytes);
+        self.out_ready.notify();
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.out_ready.notify();
+        self.capacity.notify();
+        for w in self.idle.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+}
+
+async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
+    let stats = shard.stats();
+    shard.connections.set(shard.connections.get() + 1);
+    ShardStats::add(&stats.connections_open, 1);
+    let conn = Rc::new(Conn {
+        queue: RefCell::new(VecDeque::new()),
+        idle: RefCell::new(Vec::new()),
+        workers: Cell::new(0),
+        pending: Cell::new(0),
+        out: RefCell::new(Vec::with_capacity(16 * 1024)),
+        out_ready: Notify::default(),
+        capacity: Notify::default(),
+        closed: Cell::new(false),
+    });
+    let (rd, wr) = stream.into_split();
+    let writer = monoio::spawn(write_loop(shard.clone(), conn.clone(), wr));
+    if let Err(reason) = read_loop(&shard, &conn, rd).await {
+        tracing::info!(shard = shard.ctx.index, %peer, "closing connection: {reason}");
+    }
+    // Let in-flight requests finish and their answers be written, unless the
+    // peer is gone (the writer then fails and closes).
+    poll_until(&shard.drain_expired, || {
+        conn.pending.get() == 0 || conn.closed.get()
+    })
+    .await;
+    conn.close();
+    let _ = writer.await;
+    shard.connections.set(shard.connections.get() - 1);
+    ShardStats::sub(&stats.connections_open, 1);
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Reads frames until the peer closes or a limit closes the connection.
+/// Returns the reason for closing.
+async fn read_loop(
+    shard: &Rc<Shard>,
+    conn: &Rc<Conn>,
+    mut rd: impl AsyncReadRent,
+) -> Result<(), String> {
+    let cfg = &shard.ctx.shared.config.frames;
+    let splitter = FrameSplitter::new(cfg.max_frame_bytes);
+    let stats = shard.stats();
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut partial_since: Option<Instant> = None;
+    loop {
+        // Backpressure: stop reading while the connection has its fill.
+        while conn.pending.get() >= cfg.max_in_flight_per_connection && !conn.closed.get() {
+            conn.capacity.wait().await;
+        }
+        if conn.closed.get() {
+            return Ok(());
+        }
+        let wait = match partial_since {
+            Some(t) => cfg.partial_frame_timeout.saturating_sub(t.elapsed()),
+            None => cfg.idle_timeout,
+        };
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(READ_CHUNK);
+        }
+        // monoio reads into a buffer from its start; the slice makes the read
+        // append after the bytes already held (a partial frame).
+        let held = buf.len();
+        let (res, b) = match monoio::time::timeout(wait, rd.read(buf.slice_mut(held..))).await {
+            Ok(r) => r,
+            Err(_) => {
+                if partial_since.is_some() {
+                    return Err(format!(
+                        "partial frame not completed within {:?}",
+                        cfg.partial_frame_timeout
+                    ));
+                }
+                if conn.pending.get() > 0 {
+                    // Not idle: answers are still due. The buffer went with the
+                    // cancelled read; it held no partial frame.
+                    buf = BytesMut::with_capacity(READ_CHUNK);
+                    continue;
+                }
+                return Err(format!("idle for {:?}", cfg.idle_timeout));
+            }
+        };
+        buf = b.into_inner();
+        match res {
+            Ok(0) => return Ok(()),
+            Ok(n) => ShardStats::add(&stats.bytes_in, n as u64),
+            Err(e) => return Err(format!("read error: {e}")),
+        }
+        loop {
+            match splitter.next_frame(&mut buf) {
+                Ok(Some(frame)) => accept_frame(shard, conn, frame),
+                Ok(None) => break,
+                Err(e) => {
+                    ShardStats::add(&stats.frames_rejected, 1);
+                    // The stream cannot be resynchronised; nothing of the
+                    // announced size was allocated.
+                    return Err(e.to_string());
+                }
+            }
+        }
+        partial_since = if buf.is_empty() {
+            None
+        } else {
+            partial_since.or(Some(Instant::now()))
+        };
+    }
+}
+
+/// Verifies one frame and queues it for a worker, or answers it at once
+/// with its error.
+fn accept_frame(shard: &Rc<Shard>, conn: &Rc<Conn>, frame: bytes::Bytes) {
+    let stats = shard.stats();
+    ShardStats::add(&stats.requests, 1);
+    match VerifiedRequest::verify(frame.clone()) {
+        Ok(req) => {
+            conn.pending.set(conn.pending.get() + 1);
+            ShardStats::add(&stats.in_flight, 1);
+            conn.queue.borrow_mut().push_back(req);
+            let idle = conn.idle.borrow_mut().pop();
+            match idle {
+                Some(w) => w.wake(),
+                None => {
+                    if conn.workers.get()
+                        < shard.ctx.shared.config.frames.max_in_flight_per_connection
+                    {
+                        conn.workers.set(conn.workers.get() + 1);
+                        monoio::spawn(worker(shard.clone(), conn.clone()));
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            ShardStats::add(&stats.frames_rejected, 1);
+            ShardStats::add(&stats.error_responses, 1);
+            let to = header_of_invalid(&frame)
+                .map(|h| reply_to_header(&h))
+                .unwrap_or(ReplyTo::UNKNOWN);
+            tracing::debug!(shard = shard.ctx.index, error = %e, "rejected frame");
+            let mut enc = shard.ctx.enc.borrow_mut();
+            conn.push_out(enc.error(&to, e.code(), &e.to_string(), None));
+        }
+    }
+}
+
+/// Takes requests off the connection's queue and answers them, parking when
+/// there are none, until the connection closes.
+async fn worker(shard: Rc<Shard>, conn: Rc<Conn>) {
+    let mut args = Vec::with_capacity(1024);
+    let mut out = Vec::with_capacity(1024);
+    let stats = shard.stats();
+    loop {
+        let job = poll_fn(|cx| {
+            if let Some(j) = conn.queue.borrow_mut().pop_front() {
+                return Poll::Ready(Some(j));
+            }
+            if conn.closed.get() {
+                return Poll::Ready(None);
+            }
+            conn.idle.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let Some(req) = job else { break };
+        out.clear();
+        run_or_expire(&shard, &req, &mut args, &mut out).await;
+        drop(req);
+        conn.push_out(&out);
+        conn.pending.set(conn.pending.get() - 1);
+        ShardStats::sub(&stats.in_flight, 1);
+        conn.capacity.notify();
+    }
+    conn.workers.set(conn.workers.get() - 1);
+}
+
+/// Writes whatever responses have accumulated, one write per batch.
+async fn write_loop(shard: Rc<Shard>, conn: Rc<Conn>, mut wr: impl monoio::io::AsyncWriteRent) {
+    let stats = shard.stats();
+    let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
+    loop {
+        if conn.out.borrow().is_empty() {
+            if conn.closed.get() {
+                break;
+            }
+            conn.out_ready.wait().await;
+            continue;
+        }
+        std::mem::swap(&mut *conn.out.borrow_mut(), &mut spare);
+        let n = spare.len();
+        let (res, b) = wr.write_all(spare).await;
+        spare = b;
+        spare.clear();
+        if let Err(e) = res {
+            tracing::debug!(shard = shard.ctx.index, error = %e, "write failed; closing");
+            conn.close();
+            conn.out.borrow_mut().clear();
+            break;
+        }
+        ShardStats::add(&stats.bytes_out, n as u64);
+    }
+    let _ = wr.shutdown().await;
+}

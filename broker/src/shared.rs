@@ -1,0 +1,198 @@
+//! What all shards share: read-only after start-up, plus the cross-thread
+//! hand-off queues.
+//!
+//! # Invariants
+//! - Nothing here is written on the request path except a shard's own inbox
+//!   queue (crossbeam, lock-free) and its own statistics (single writer).
+//! - A frame handed to another shard is the same `Bytes` (a reference
+//!   count), never a copy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use atomic_waker::AtomicWaker;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use futures_channel::oneshot;
+use mcp_schema::verify::VerifiedRequest;
+
+use crate::config::{Affinity, Config};
+use crate::route::RouteTable;
+
+/// A request handed to a shard from another thread, and where its response
+/// frames go.
+pub struct Job {
+    pub req: VerifiedRequest,
+    pub reply: oneshot::Sender<Vec<u8>>,
+}
+
+/// Messages a shard receives from other threads.
+pub enum ShardMsg {
+    Job(Job),
+    /// Stop accepting; answer new requests with shutting-down errors.
+    Drain,
+    /// The drain deadline passed: answer what is still running with
+    /// shutting-down errors.
+    DrainExpired,
+}
+
+/// One shard's inbox: a bounded lock-free queue plus the waker of the task
+/// that empties it (monoio wakes it across threads with its `sync` feature).
+pub struct Inbox {
+    pub tx: Sender<ShardMsg>,
+    pub rx: Receiver<ShardMsg>,
+    pub waker: AtomicWaker,
+}
+
+/// Bound of an inbox: beyond it hand-offs are refused as overload rather
+/// than queued without limit.
+pub const INBOX_CAPACITY: usize = 65_536;
+
+/// Per-shard counters, each written only by its own shard (relaxed stores,
+/// no contention) and read by the metrics endpoint.
+#[derive(Default, Debug)]
+pub struct ShardStats {
+    pub connections_open: AtomicU64,
+    pub connections_accepted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub frames_rejected: AtomicU64,
+    pub requests: AtomicU64,
+    pub error_responses: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub ready: AtomicBool,
+}
+
+impl ShardStats {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+    pub fn sub(c: &AtomicU64, n: u64) {
+        c.store(
+            c.load(Ordering::Relaxed).saturating_sub(n),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Capabilities the routers advertise, unioned.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Capabilities {
+    pub completions: bool,
+    pub subscribe: bool,
+}
+
+pub struct Shared {
+    pub config: Config,
+    pub table: Arc<RouteTable>,
+    pub affinity: Vec<Affinity>,
+    pub capabilities: Capabilities,
+    pub instructions: String,
+    pub inboxes: Vec<Inbox>,
+    pub stats: Vec<ShardStats>,
+    draining: AtomicBool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("shard {0}'s inbox is full")]
+    Full(usize),
+    #[error("shard {0} has stopped")]
+    Stopped(usize),
+}
+
+impl Shared {
+    pub fn new(
+        config: Config,
+        table: RouteTable,
+        affinity: Vec<Affinity>,
+        capabilities: Capabilities,
+        instructions: String,
+        shards: usize,
+    ) -> Self {
+        let inboxes = (0..shards)
+            .map(|_| {
+                let (tx, rx) = crossbeam_channel::bounded(INBOX_CAPACITY);
+                Inbox {
+                    tx,
+                    rx,
+                    waker: AtomicWaker::new(),
+                }
+            })
+            .collect();
+        Self {
+            config,
+            table: Arc::new(table),
+            affinity,
+            capabilities,
+            instructions,
+            inboxes,
+            stats: (0..shards).map(|_| ShardStats::default()).collect(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    pub fn shards(&self) -> usize {
+        self.inboxes.len()
+    }
+
+    /// The shard that owns a session: FNV-1a of the id, so every edge and
+    /// every shard agree without coordination.
+    pub fn owner_of(&self, session: &str) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in session.as_bytes() {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % self.shards() as u64) as usize
+    }
+
+    /// Hands `req` to shard `shard`; the receiver yields its response
+    /// frames.
+    pub fn submit(
+        &self,
+        shard: usize,
+        req: VerifiedRequest,
+    ) -> Result<oneshot::Receiver<Vec<u8>>, SubmitError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(shard, ShardMsg::Job(Job { req, reply }))?;
+        Ok(rx)
+    }
+
+    pub fn send(&self, shard: usize, msg: ShardMsg) -> Result<(), SubmitError> {
+        let inbox = &self.inboxes[shard];
+        match inbox.tx.try_send(msg) {
+            Ok(()) => {
+                inbox.waker.wake();
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(SubmitError::Full(shard)),
+            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped(shard)),
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Starts draining: every shard stops accepting.
+    pub fn start_drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+        for i in 0..self.shards() {
+            let _ = self.send(i, ShardMsg::Drain);
+        }
+    }
+
+    pub fn expire_drain(&self) {
+        for i in 0..self.shards() {
+            let _ = self.send(i, ShardMsg::DrainExpired);
+        }
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.stats
+            .iter()
+            .map(|s| s.in_flight.load(Ordering::Relaxed))
+            .sum()
+    }
+}

@@ -1,0 +1,237 @@
+//! Test harness: the real `mcp-broker` binary on loopback port 0, and a
+//! blocking frame client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
+
+pub struct Broker {
+    pub child: Child,
+    pub frames: SocketAddr,
+    pub grpc: SocketAddr,
+    pub metrics: SocketAddr,
+    pub shards: usize,
+    pub routers: Vec<String>,
+    pub ready_line: String,
+    _config: Option<tempfile_path::TempPath>,
+}
+
+mod tempfile_path {
+    /// A file removed on drop.
+    pub struct TempPath(pub std::path::PathBuf);
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+fn routers_built() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../routers/target/wasm32-wasip2/release");
+    for r in ["echo", "kv", "library", "chaos"] {
+        let p = std::path::Path::new(dir).join(format!("{r}.wasm"));
+        assert!(p.exists(), "{} is missing: run scripts/build-routers first", p.display());
+    }
+}
+
+impl Broker {
+    /// Starts the broker on port 0 everywhere with `args` added.
+    pub fn start(args: &[&str]) -> Broker {
+        Self::start_inner(None, args)
+    }
+
+    /// Starts the broker with a config file holding `toml`.
+    pub fn start_with_config(toml: &str, args: &[&str]) -> Broker {
+        Self::start_inner(Some(toml), args)
+    }
+
+    fn start_inner(toml: Option<&str>, args: &[&str]) -> Broker {
+        routers_built();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
+        cmd.args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]);
+        let config = toml.map(|t| {
+            let path = std::env::temp_dir().join(format!(
+                "mcp-broker-test-{}-{}.toml",
+                std::process::id(),
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+            ));
+            std::fs::write(&path, t).unwrap();
+            cmd.arg("--config").arg(&path);
+            tempfile_path::TempPath(path)
+        });
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn mcp-broker");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            // Keep draining so the broker never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("mcp-broker printed no ready line within 120 s");
+            }
+        };
+        let field = |k: &str| -> String {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("no {k}= in ready line {line:?}"))
+                .to_string()
+        };
+        assert!(line.starts_with("mcp-broker ready "), "{line}");
+        Broker {
+            frames: field("frames").parse().unwrap(),
+            grpc: field("grpc").parse().unwrap(),
+            metrics: field("metrics").parse().unwrap(),
+            shards: field("shards").parse().unwrap(),
+            routers: field("routers").split(',').map(String::from).collect(),
+            ready_line: line,
+            child,
+            _config: config,
+        }
+    }
+
+    pub fn connect(&self) -> Client {
+        Client::connect(self.frames)
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "broker did not exit within {within:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(self.metrics).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let status = body.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (status, body.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking frame client.
+pub struct Client {
+    pub stream: TcpStream,
+    pub enc: RequestEncoder,
+    next: u64,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        Client { stream, enc: RequestEncoder::new(), next: 0 }
+    }
+
+    /// A header with a fresh correlation id `c<n>`.
+    pub fn header(&mut self) -> (String, [u8; 16]) {
+        self.next += 1;
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&self.next.to_be_bytes());
+        (format!("c{}", self.next), id)
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// Reads one frame; `None` on EOF or reset.
+    pub fn read_frame(&mut self) -> Option<Vec<u8>> {
+        let mut len = [0u8; 4];
+        if self.stream.read_exact(&mut len).is_err() {
+            return None;
+        }
+        let n = u32::from_le_bytes(len) as usize;
+        let mut f = vec![0u8; 4 + n];
+        f[..4].copy_from_slice(&len);
+        self.stream.read_exact(&mut f[4..]).ok()?;
+        Some(f)
+    }
+
+    /// Reads frames until a final one (progress/log frames skipped).
+    pub fn read_final(&mut self) -> Vec<u8> {
+        loop {
+            let f = self.read_frame().expect("connection closed before a response");
+            if ResponseView::parse(&f).expect("response verifies").is_final() {
+                return f;
+            }
+        }
+    }
+
+    /// Calls a tool and returns the final response frame.
+    pub fn call(&mut self, tool: &str, args: &[(&str, &str)], session: Option<&'static str>) -> Vec<u8> {
+        let (corr, id) = self.header();
+        let h = RequestHeader { message_id: id, correlation_id: Some(&corr), session_id: session, timeout_ms: 0, unix_nanos: 0 };
+        let f = self.enc.tool_call(&h, id, tool, args).to_vec();
+        self.send_raw(&f);
+        let resp = self.read_final();
+        assert_eq!(ResponseView::parse(&resp).unwrap().correlation_id(), corr);
+        resp
+    }
+
+    /// Sends a request built by `build` with a fresh header and returns the
+    /// final response.
+    pub fn request(&mut self, session: Option<&'static str>, build: impl FnOnce(&mut RequestEncoder, &RequestHeader) -> Vec<u8>) -> Vec<u8> {
+        let (corr, id) = self.header();
+        let h = RequestHeader { message_id: id, correlation_id: Some(&corr), session_id: session, timeout_ms: 0, unix_nanos: 0 };
+        let f = build(&mut self.enc, &h);
+        self.send_raw(&f);
+        let resp = self.read_final();
+        assert_eq!(ResponseView::parse(&resp).unwrap().correlation_id(), corr);
+        resp
+    }
+}
+
+/// The first text block of a ToolResult response.
+pub fn tool_text(frame: &[u8]) -> String {
+    let r = ResponseView::parse(frame).unwrap();
+    if let Some((code, msg)) = r.error() {
+        panic!("error response {code}: {msg}");
+    }
+    let tr = r.response.payload_as_tool_result().expect("a ToolResult");
+    let c = mcp_schema::content_vec::content(&tr).unwrap();
+    match c.get(0) {
+        mcp_schema::content_vec::ContentRef::Text(t) => t.text().to_string(),
+        other => panic!("first block is not text: {other:?}"),
+    }
+}
+
+/// The error code of an ErrorResponse, if it is one.
+pub fn error_code(frame: &[u8]) -> Option<i32> {
+    ResponseView::parse(frame).unwrap().error().map(|e| e.0)
+}

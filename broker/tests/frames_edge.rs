@@ -1,0 +1,299 @@
+//! The frame edge, end to end: the real binary on loopback port 0, real
+//! sockets, the bundled routers.
+
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use common::{Broker, Client, error_code, tool_text};
+use mcp_schema::client::{Listing, RequestHeader, ResponseView};
+use mcp_schema::fb::protocol::{CompletionRefKind, ProtocolVersion, ResponsePayload};
+
+#[test]
+fn ready_line_names_bound_addresses_shards_and_routers() {
+    let b = Broker::start(&["--shards", "2"]);
+    assert_eq!(b.shards, 2);
+    assert_eq!(b.routers, ["echo", "kv", "library", "chaos"]);
+    assert_ne!(b.frames.port(), 0);
+    assert_ne!(b.metrics.port(), 0);
+    assert_eq!(b.http_get("/healthz").0, 200);
+    assert_eq!(b.http_get("/readyz").0, 200);
+    let (status, metrics) = b.http_get("/metrics");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("mcp_shards 2"), "{metrics}");
+}
+
+#[test]
+fn every_payload_kind_is_answered_by_the_bundled_routers() {
+    let b = Broker::start(&["--shards", "1"]);
+    let mut c = b.connect();
+
+    // Tool call through echo: the arguments object comes back verbatim.
+    let r = c.call("echo", &[("text", "\"hi\"")], None);
+    assert_eq!(tool_text(&r), r#"{"text":"hi"}"#);
+    let tr = ResponseView::parse(&r).unwrap().response.payload_as_tool_result().unwrap();
+    assert_eq!(tr.structured_content(), Some(r#"{"text":"hi"}"#));
+    assert!(tr.success());
+
+    // Stateful router.
+    let r = c.call("put", &[("key", "\"a\""), ("value", "42")], Some("s1"));
+    assert_eq!(tool_text(&r), "stored a");
+    assert_eq!(tool_text(&c.call("get", &[("key", "\"a\"")], Some("s1"))), "42");
+
+    // Resources, templates, prompts, completion.
+    let r = c.request(None, |e, h| e.read_resource(h, "library://readme").to_vec());
+    let rd = ResponseView::parse(&r).unwrap().response.payload_as_resource_data().expect("ResourceData");
+    assert!(rd.content_as_resource_content().unwrap().text().unwrap().len() > 10);
+    let r = c.request(None, |e, h| e.read_resource(h, "library://books/dune").to_vec());
+    assert!(error_code(&r).is_none() || error_code(&r) == Some(-32601), "template read answered");
+    let r = c.request(None, |e, h| e.read_resource(h, "kv://a").to_vec());
+    assert_eq!(ResponseView::parse(&r).unwrap().payload_type(), ResponsePayload::ResourceData, "kv:// routes by router name");
+
+    let r = c.request(None, |e, h| e.get_prompt(h, "summarize_book", &[("book_id", "\"dune\""), ("style", "\"short\"")]).to_vec());
+    let ap = ResponseView::parse(&r).unwrap().response.payload_as_applied_prompt().expect("AppliedPrompt");
+    let first = ap.messages().unwrap().get(0).content_as_text_content().unwrap().text().to_string();
+    assert!(first.contains("library://books/dune") && first.contains("short"), "{first}");
+
+    let r = c.request(None, |e, h| e.complete(h, CompletionRefKind::Prompt, "summarize_book", "style", "").to_vec());
+    let cr = ResponseView::parse(&r).unwrap().response.payload_as_complete_result().expect("CompleteResult");
+    assert!(cr.values().unwrap().len() > 0);
+
+    // Listings.
+    let r = c.request(None, |e, h| e.list(h, Listing::Tools, None).to_vec());
+    let tools = ResponseView::parse(&r).unwrap().response.payload_as_list_tools_result().unwrap();
+    let names: Vec<&str> = tools.tools().unwrap().iter().map(|t| t.name()).collect();
+    for n in ["echo", "put", "get", "search", "loop"] {
+        assert!(names.contains(&n), "{n} missing from {names:?}");
+    }
+    let r = c.request(None, |e, h| e.list(h, Listing::ResourceTemplates, None).to_vec());
+    let t = ResponseView::parse(&r).unwrap().response.payload_as_list_resource_templates_result().unwrap();
+    assert!(t.resource_templates().unwrap().iter().any(|t| t.uri_template() == "library://books/{id}"));
+    let r = c.request(None, |e, h| e.list(h, Listing::Prompts, None).to_vec());
+    assert!(ResponseView::parse(&r).unwrap().response.payload_as_list_prompts_result().unwrap().prompts().unwrap().len() >= 2);
+    let r = c.request(None, |e, h| e.list(h, Listing::Resources, Some("garbage")).to_vec());
+    assert_eq!(error_code(&r), Some(-32602), "a bad cursor is invalid params");
+
+    // Broker-level requests.
+    let r = c.request(None, |e, h| e.initialize(h, ProtocolVersion::V2024_11_05, "test", "1").to_vec());
+    let ir = ResponseView::parse(&r).unwrap().response.payload_as_initialize_response().unwrap();
+    assert_eq!(ir.server_capabilities().protocol_version(), ProtocolVersion::V2024_11_05);
+    assert!(ir.server_capabilities().supports_tools());
+    let r = c.request(None, |e, h| e.ping(h).to_vec());
+    assert_eq!(ResponseView::parse(&r).unwrap().payload_type(), ResponsePayload::PingResponse);
+
+    // Unknown names are -32601 naming what was asked for.
+    let r = c.call("no_such_tool", &[], None);
+    let (code, msg) = ResponseView::parse(&r).unwrap().error().unwrap();
+    assert_eq!(code, -32601);
+    assert!(msg.contains("no_such_tool"), "{msg}");
+}
+
+#[test]
+fn correlation_falls_back_to_the_message_id() {
+    let b = Broker::start(&["--shards", "1"]);
+    let mut c = b.connect();
+    let id = *b"\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x23\x45\x67\x89\xab\xcd\xef";
+    let h = RequestHeader { message_id: id, correlation_id: None, session_id: None, timeout_ms: 0, unix_nanos: 0 };
+    let f = c.enc.ping(&h).to_vec();
+    c.send_raw(&f);
+    let r = c.read_final();
+    assert_eq!(ResponseView::parse(&r).unwrap().correlation_id(), "01234567-89ab-cdef-0123-456789abcdef");
+}
+
+/// Sends `n` requests on one connection without waiting, then reads `n`
+/// answers: each correlation id exactly once.
+fn pipeline(c: &mut Client, n: usize, tag: &str) {
+    let mut batch = Vec::with_capacity(n * 128);
+    for i in 0..n {
+        let corr = format!("{tag}-{i}");
+        let h = RequestHeader { message_id: [1; 16], correlation_id: Some(&corr), session_id: None, timeout_ms: 0, unix_nanos: 0 };
+        batch.extend_from_slice(c.enc.tool_call(&h, [2; 16], "echo", &[("i", &i.to_string())]));
+    }
+    let writer = {
+        let mut s = c.stream.try_clone().unwrap();
+        std::thread::spawn(move || s.write_all(&batch).unwrap())
+    };
+    let mut seen = vec![false; n];
+    for _ in 0..n {
+        let f = c.read_final();
+        let r = ResponseView::parse(&f).unwrap();
+        assert!(r.error().is_none(), "{:?}", r.error());
+        let i: usize = r.correlation_id().strip_prefix(&format!("{tag}-")).unwrap().parse().unwrap();
+        assert!(!seen[i], "answer {i} twice");
+        seen[i] = true;
+    }
+    writer.join().unwrap();
+}
+
+#[test]
+fn ten_thousand_pipelined_requests_on_one_connection_each_answered_once() {
+    let b = Broker::start(&["--shards", "2"]);
+    let mut c = b.connect();
+    pipeline(&mut c, 10_000, "p");
+}
+
+#[test]
+fn ten_thousand_requests_over_64_connections_each_answered_once() {
+    let b = Broker::start(&["--shards", "2"]);
+    let threads: Vec<_> = (0..64)
+        .map(|t| {
+            let addr = b.frames;
+            std::thread::spawn(move || pipeline(&mut Client::connect(addr), 157, &format!("t{t}")))
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn bad_frames_get_their_error_and_other_connections_carry_on() {
+    let b = Broker::start(&["--shards", "1"]);
+    let mut good = b.connect();
+    assert_eq!(tool_text(&good.call("echo", &[], None)), "{}");
+
+    // Garbage with a plausible length: -32700, connection stays usable.
+    let mut bad = b.connect();
+    bad.send_raw(&[8, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    let r = bad.read_frame().expect("an error response");
+    assert_eq!(error_code(&r), Some(-32700));
+    assert_eq!(ResponseView::parse(&r).unwrap().correlation_id(), "");
+    assert_eq!(tool_text(&bad.call("echo", &[], None)), "{}");
+
+    // A Response (wrong root) whose layout conflicts: -32700.
+    let mut enc = mcp_schema::ResponseEncoder::new(9);
+    let to = mcp_schema::encode::ReplyTo { correlation: mcp_schema::encode::Correlation::Text("x"), session_id: None };
+    let wrong = enc.tool_text(&to, &mcp_schema::fb::UUID::new(&[0; 16]), "t", None, false).to_vec();
+    bad.send_raw(&wrong);
+    assert_eq!(error_code(&bad.read_frame().unwrap()), Some(-32700));
+
+    // Truncated then closed: the broker just closes its side.
+    let mut trunc = b.connect();
+    trunc.send_raw(&[100, 0, 0, 0, 1, 2, 3]);
+    trunc.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(trunc.read_frame().is_none());
+
+    // Oversized prefix: closed without an answer, before any allocation.
+    let mut big = b.connect();
+    big.send_raw(&u32::MAX.to_le_bytes());
+    assert!(big.read_frame().is_none(), "connection closed");
+
+    assert_eq!(tool_text(&good.call("echo", &[("still", "true")], None)), r#"{"still":true}"#);
+}
+
+#[test]
+fn a_guest_looping_forever_does_not_stall_its_shard() {
+    let b = Broker::start(&["--shards", "1"]);
+    let mut stuck = b.connect();
+    let h = RequestHeader { message_id: [3; 16], correlation_id: Some("loop"), session_id: None, timeout_ms: 0, unix_nanos: 0 };
+    let f = stuck.enc.tool_call(&h, [3; 16], "loop", &[]).to_vec();
+    stuck.send_raw(&f);
+    let mut other = b.connect();
+    let t = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(tool_text(&other.call("echo", &[], None)), "{}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(1), "echo calls stalled for {:?}", t.elapsed());
+    // The loop ends at chaos's 2 s deadline with -32001.
+    assert_eq!(error_code(&stuck.read_final()), Some(-32001));
+}
+
+#[test]
+fn overload_beyond_the_queue_is_refused_with_overload_errors() {
+    let cfg = format!(
+        "{}\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ninstances_per_shard = 1\nqueue_depth = 2\ncall_deadline = \"5s\"\n",
+        "[broker]\nshards = 1\n"
+    );
+    let b = Broker::start_with_config(&cfg, &[]);
+    let mut c = b.connect();
+    for i in 0..20 {
+        let corr = format!("s{i}");
+        let h = RequestHeader { message_id: [4; 16], correlation_id: Some(&corr), session_id: None, timeout_ms: 0, unix_nanos: 0 };
+        let f = c.enc.tool_call(&h, [4; 16], "sleep", &[("ms", "300")]).to_vec();
+        c.send_raw(&f);
+    }
+    let mut overloaded = 0;
+    let mut ok = 0;
+    for _ in 0..20 {
+        match error_code(&c.read_final()) {
+            Some(-32000) => overloaded += 1,
+            None => ok += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(ok, 3, "one running plus a queue of two");
+    assert_eq!(overloaded, 17);
+}
+
+#[test]
+fn sigterm_during_load_answers_every_request_sent_before_it_and_exits_zero() {
+    let mut b = Broker::start(&["--shards", "2"]);
+    let mut c = b.connect();
+    let n = 200;
+    for i in 0..n {
+        let corr = format!("d{i}");
+        let h = RequestHeader { message_id: [5; 16], correlation_id: Some(&corr), session_id: None, timeout_ms: 0, unix_nanos: 0 };
+        let (tool, args): (&str, &[(&str, &str)]) = if i % 20 == 0 { ("sleep", &[("ms", "200")]) } else { ("echo", &[]) };
+        let f = c.enc.tool_call(&h, [5; 16], tool, args).to_vec();
+        c.send_raw(&f);
+    }
+    let status = {
+        let reader = std::thread::spawn(move || {
+            let mut seen = std::collections::HashSet::new();
+            while seen.len() < n {
+                let Some(f) = c.read_frame() else { break };
+                let r = ResponseView::parse(&f).unwrap();
+                if r.is_final() {
+                    assert!(seen.insert(r.correlation_id().to_string()), "twice: {}", r.correlation_id());
+                    if let Some((code, _)) = r.error() {
+                        assert_eq!(code, -32004, "only shutting-down errors are acceptable");
+                    }
+                }
+            }
+            seen.len()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let status = b.terminate(Duration::from_secs(30));
+        assert_eq!(reader.join().unwrap(), n, "every request answered exactly once");
+        status
+    };
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn slowloris_and_idle_connections_are_closed_on_time() {
+    let cfg = "[frames]\nidle_timeout = \"500ms\"\npartial_frame_timeout = \"300ms\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+    let b = Broker::start_with_config(cfg, &["--shards", "1"]);
+    let mut slow = b.connect();
+    slow.send_raw(&[50, 0, 0, 0, 1]);
+    let t = Instant::now();
+    assert!(slow.read_frame().is_none());
+    let e = t.elapsed();
+    assert!(e >= Duration::from_millis(250) && e < Duration::from_secs(5), "closed after {e:?}");
+
+    let mut idle = b.connect();
+    assert_eq!(tool_text(&idle.call("echo", &[], None)), "{}");
+    let t = Instant::now();
+    assert!(idle.read_frame().is_none());
+    let e = t.elapsed();
+    assert!(e >= Duration::from_millis(400) && e < Duration::from_secs(5), "closed after {e:?}");
+}
+
+#[test]
+fn session_affinity_sends_one_sessions_requests_to_one_instance_across_connections() {
+    // One instance per shard and two shards: without affinity, a key put
+    // through one connection is absent on the other shard half the time.
+    let cfg = "[broker]\nshards = 2\n\n[[routers]]\nname = \"kv\"\nwasm = \"kv.wasm\"\naffinity = \"session\"\ninstances_per_shard = 1\n";
+    let b = Broker::start_with_config(cfg, &[]);
+    for s in ["alpha", "beta", "gamma", "delta"] {
+        let session: &'static str = Box::leak(s.to_string().into_boxed_str());
+        let mut w = b.connect();
+        assert_eq!(tool_text(&w.call("put", &[("key", "\"k\""), ("value", &format!("\"{s}\""))], Some(session))), "stored k");
+        // Fresh connections land on either shard (SO_REUSEPORT spreads them).
+        for _ in 0..8 {
+            let mut r = b.connect();
+            assert_eq!(tool_text(&r.call("get", &[("key", "\"k\"")], Some(session))), format!("\"{s}\""));
+        }
+    }
+}
