@@ -17,6 +17,7 @@ use bytes::BytesMut;
 use mcp_schema::encode::ReplyTo;
 use mcp_schema::verify::VerifiedRequest;
 use mcp_schema::{FrameSplitter, ResponseEncoder, write_arguments_json};
+use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{ListenerOpts, TcpListener, TcpStream};
 
@@ -77,24 +78,29 @@ async fn serve(mut s: TcpStream, seed: u64) {
         if rbuf.capacity() - rbuf.len() < 16 * 1024 {
             rbuf.reserve(64 * 1024);
         }
-        let (res, b) = s.read(rbuf).await;
-        rbuf = b;
-        if !matches!(res, Ok(n) if n > 0) {
-            return;
+        // Into the spare capacity: monoio reads at the start of the buffer
+        // otherwise, overwriting a partial frame.
+        let len = rbuf.len();
+        let (res, b) = s.read(rbuf.slice_mut(len..)).await;
+        rbuf = b.into_inner();
+        match res {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) => return eprintln!("echo-server: read failed: {e}"),
         }
         loop {
             match splitter.next_frame(&mut rbuf) {
                 Ok(Some(frame)) => answer(frame, &mut enc, &mut json, &mut wbuf),
                 Ok(None) => break,
-                Err(_) => return,
+                Err(e) => return eprintln!("echo-server: bad stream: {e}"),
             }
         }
         if !wbuf.is_empty() {
             let (res, b) = s.write_all(wbuf).await;
             wbuf = b;
             wbuf.clear();
-            if res.is_err() {
-                return;
+            if let Err(e) = res {
+                return eprintln!("echo-server: write failed: {e}");
             }
         }
     }

@@ -592,6 +592,11 @@ fn sweep_timeouts(ctx: &ThreadCtx, ccs: &[Rc<ConnCtx>], now: Instant) {
                 ctx.on_end(p, now, Err((ErrorKind::Timeout, None)));
             }
             c.writer_wake.notify();
+            // Nothing left to wait for: a reader blocked in `read` would
+            // otherwise sit there until the drain deadline.
+            if c.sending_done.get() && c.outstanding.borrow().is_empty() {
+                c.reader_stop.raise();
+            }
         }
     }
 }

@@ -13,6 +13,8 @@
 //!   response carrying another connection's id is an unknown correlation.
 //! - A read is only cancelled when the connection will never be read again
 //!   (cancelling loses whatever the kernel already put in the buffer).
+//! - Reads go into the buffer's spare capacity (`slice_mut(len..)`): a
+//!   partial frame at the front is kept until the rest arrives.
 
 use std::io;
 use std::net::SocketAddr;
@@ -22,6 +24,7 @@ use std::time::Instant;
 use bytes::{Buf, BytesMut};
 use mcp_schema::FrameSplitter;
 use mcp_schema::client::{RequestHeader, ResponseView};
+use monoio::buf::IoBufMut;
 use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
 };
@@ -251,11 +254,15 @@ async fn read_loop(
         if buf.capacity() - buf.len() < missing.max(READ_CHUNK / 4) {
             buf.reserve(missing.max(READ_CHUNK));
         }
+        // monoio reads into the start of an `IoBufMut`, not after its
+        // initialised bytes: read into the spare capacity explicitly, or a
+        // partial frame kept from the last read would be overwritten.
+        let len = buf.len();
         let (res, b) = monoio::select! {
-            x = r.read(buf) => x,
+            x = r.read(buf.slice_mut(len..)) => x,
             _ = cc.reader_stop.wait() => return Ok(()),
         };
-        buf = b;
+        buf = b.into_inner();
         match res {
             Ok(0) => {
                 return Err(format!(

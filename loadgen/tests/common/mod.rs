@@ -43,6 +43,9 @@ pub enum Behaviour {
     WrongCorrelation,
     /// Answer at once with a PingResponse (not a ToolResult).
     WrongKind,
+    /// Answer at once, writing each response in two pieces split at an odd
+    /// byte, so the client sees frames cut across reads.
+    Fragmented,
     /// Answer at once; `after` the first connection, close every
     /// connection (a server killed mid-run).
     DieAfter(Duration),
@@ -77,7 +80,8 @@ pub fn spawn(b: Behaviour) -> Server {
             };
             let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
             let w = s.try_clone().unwrap();
-            std::thread::spawn(move || writer(w, rx));
+            let fragment = matches!(b, Behaviour::Fragmented);
+            std::thread::spawn(move || writer(w, rx, fragment));
             std::thread::spawn(move || reader(s, tx, b, epoch, died_at));
         }
     });
@@ -137,6 +141,10 @@ fn reader(
                 enc.tool_text(&wrong, tc.id(), "ok", None, false).to_vec(),
             ),
             Behaviour::WrongKind => (arrival, enc.pong(&to).to_vec()),
+            Behaviour::Fragmented => (
+                arrival,
+                enc.tool_text(&to, tc.id(), "ok", None, false).to_vec(),
+            ),
             Behaviour::DieAfter(_) => (
                 arrival,
                 enc.tool_text(&to, tc.id(), "ok", None, false).to_vec(),
@@ -148,13 +156,21 @@ fn reader(
     }
 }
 
-fn writer(mut s: TcpStream, rx: mpsc::Receiver<(Instant, Vec<u8>)>) {
+fn writer(mut s: TcpStream, rx: mpsc::Receiver<(Instant, Vec<u8>)>, fragment: bool) {
     for (due, bytes) in rx {
         let now = Instant::now();
         if due > now {
             std::thread::sleep(due - now);
         }
-        if s.write_all(&bytes).is_err() {
+        // With TCP_NODELAY each write leaves as its own segment, so the
+        // client's reads end mid-frame (in the prefix or in the body).
+        let cut = if fragment {
+            3 + bytes.len() % 5 * 7
+        } else {
+            bytes.len()
+        };
+        let (a, b) = bytes.split_at(cut.min(bytes.len()));
+        if s.write_all(a).is_err() || s.write_all(b).is_err() {
             return;
         }
     }
