@@ -1,1 +1,3 @@
 //! Shared helpers for the benchmarks and baseline servers.
+
+pub mod alloc_counter;
