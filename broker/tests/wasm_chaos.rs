@@ -335,3 +335,51 @@ fn cancelled_call_discards_its_instance() {
     );
     assert!(on_shard(pool.call_tool("elicit", "{}")).is_ok());
 }
+
+#[test]
+fn waiting_callers_are_served_in_arrival_order() {
+    let mut spec = bundled("chaos");
+    spec.instances_per_shard = 1;
+    spec.queue_depth = 3;
+    let pool = RouterPool::new(load(&spec));
+    on_shard(async move {
+        pool.warm().await.expect("warm");
+        let order = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let busy = {
+            let pool = pool.clone();
+            monoio::spawn(async move { pool.call_tool("sleep", r#"{"ms":50}"#).await })
+        };
+        yield_until("the instance is busy", || pool.stats().busy == 1).await;
+        let mut waiters = Vec::new();
+        for id in 1..=3 {
+            let (caller, order) = (pool.clone(), order.clone());
+            waiters.push(monoio::spawn(async move {
+                let r = caller.call_tool("elicit", "{}").await;
+                order.borrow_mut().push(id);
+                r
+            }));
+            yield_until("the caller queues", || pool.stats().queued == id).await;
+        }
+        assert!(busy.await.is_ok());
+        for w in waiters {
+            assert!(w.await.is_ok());
+        }
+        assert_eq!(*order.borrow(), [1, 2, 3]);
+        let s = pool.stats();
+        assert_eq!((s.idle, s.busy, s.queued, s.overloaded), (1, 0, 0, 0));
+    });
+}
+
+#[test]
+fn warmed_pool_keeps_every_instance_and_serves_at_once() {
+    let mut spec = bundled("chaos");
+    spec.instances_per_shard = 3;
+    let pool = RouterPool::new(load(&spec));
+    on_shard(async {
+        pool.warm().await.expect("warm");
+        pool.warm().await.expect("warming twice is harmless");
+        let s = pool.stats();
+        assert_eq!((s.instances, s.idle, s.busy, s.calls), (3, 3, 0, 0));
+        assert!(pool.call_tool("elicit", "{}").await.is_ok());
+    });
+}

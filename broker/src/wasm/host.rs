@@ -39,6 +39,9 @@ use super::spec::{HostConfig, RouterSpec};
 const MAX_CORE_INSTANCES_PER_STORE: usize = 16;
 const MAX_TABLES_PER_STORE: usize = 16;
 const MAX_MEMORIES_PER_STORE: usize = 4;
+/// Bytes of a pooled memory, table or fiber stack kept mapped and reset with
+/// memset when its instance is dropped (the rest is decommitted).
+const KEEP_RESIDENT_BYTES: usize = 128 << 10;
 
 /// The process-wide WASM host. Cheap to share (`Arc`); dropping the last
 /// reference stops the ticker thread and the WASI runtime.
@@ -73,7 +76,13 @@ impl WasmHost {
             .total_memories(config.max_instances)
             .total_tables(config.max_instances.saturating_mul(4))
             .total_stacks(config.max_instances)
-            .max_memory_size(config.max_memory_bytes);
+            .max_memory_size(config.max_memory_bytes)
+            // Reset a released slot's first pages with memset instead of
+            // `madvise`: a router touches little memory per call, and a
+            // replaced instance then starts without page faults.
+            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+            .table_keep_resident(KEEP_RESIDENT_BYTES)
+            .async_stack_keep_resident(KEEP_RESIDENT_BYTES);
         let mut cfg = Config::new();
         // Routers need no wasm GC; the workspace's `gc` feature compiles GC in
         // without a collector, which an engine refuses unless it is off.

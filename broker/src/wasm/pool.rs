@@ -140,27 +140,19 @@ impl RouterPool {
     /// Instantiates every idle slot that has no instance yet, so that the
     /// first calls do not pay for instantiation.
     pub async fn warm(&self) -> Result<(), CallError> {
-        let empty: Vec<Slot> = {
-            let mut idle = self.inner.idle.borrow_mut();
-            let (empty, ready): (Vec<Slot>, Vec<Slot>) =
-                idle.drain(..).partition(|s| s.0.is_none());
-            *idle = ready;
-            empty
-        };
-        self.inner
-            .busy
-            .set(self.inner.busy.get() + empty.len() as u32);
-        let mut result = Ok(());
-        for mut slot in empty {
-            if result.is_ok() {
-                match self.inner.router.instantiate().await {
-                    Ok(inst) => slot.0 = Some(Box::new(inst)),
-                    Err(e) => result = Err(e),
-                }
-            }
-            self.inner.release(slot);
+        // One slot at a time, held by a lease: cancelling `warm` returns the
+        // slot to the pool. Bounded: each round fills one of `size` slots.
+        for _ in 0..self.inner.size {
+            let slot = {
+                let mut idle = self.inner.idle.borrow_mut();
+                let empty = idle.iter().position(|s| s.0.is_none());
+                empty.map(|i| idle.swap_remove(i))
+            };
+            let Some(slot) = slot else { break };
+            self.inner.busy.set(self.inner.busy.get() + 1);
+            Lease::new(self.inner.clone(), slot).fill().await?;
         }
-        result
+        Ok(())
     }
 
     /// The router this pool runs.
@@ -398,18 +390,27 @@ impl Lease {
         }
     }
 
-    /// The instance, instantiated first if the slot is empty; armed.
-    async fn ready(&mut self) -> Result<&mut Instance, CallError> {
+    /// The instance, instantiated first if the slot is empty.
+    async fn fill(&mut self) -> Result<&mut Instance, CallError> {
         let Some(slot) = self.slot.as_mut() else {
             return Err(CallError::Fault("lease without a slot".into()));
         };
         if slot.0.is_none() {
             slot.0 = Some(Box::new(self.pool.router.instantiate().await?));
         }
-        self.armed = true;
         slot.0
             .as_deref_mut()
             .ok_or_else(|| CallError::Fault("lease without an instance".into()))
+    }
+
+    /// The instance, instantiated first if needed, armed for a call.
+    async fn ready(&mut self) -> Result<&mut Instance, CallError> {
+        self.fill().await?;
+        self.armed = true;
+        match self.slot.as_mut().and_then(|s| s.0.as_deref_mut()) {
+            Some(inst) => Ok(inst),
+            None => Err(CallError::Fault("lease without an instance".into())),
+        }
     }
 
     /// Ends the call: on a fault the instance is discarded and replaced.
