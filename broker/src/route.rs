@@ -152,22 +152,23 @@ impl RouteTable {
                     t.templates.push((literal.into(), id));
                     t.template_list.push(listed);
                 } else {
-                    if let Some(&other) = t.resources.get(r.uri.as_str()) {
-                        if other != id {
-                            return Err(RouteError::Collision {
-                                kind: "resource",
-                                name: r.uri.clone(),
-                                a: t.routers[other as usize].clone(),
-                                b: e.name.clone(),
-                            });
-                        }
+                    if let Some(&other) = t.resources.get(r.uri.as_str())
+                        && other != id
+                    {
+                        return Err(RouteError::Collision {
+                            kind: "resource",
+                            name: r.uri.clone(),
+                            a: t.routers[other as usize].clone(),
+                            b: e.name.clone(),
+                        });
                     }
                     t.resources.insert(r.uri.clone().into(), id);
                     t.resource_list.push(listed);
                 }
             }
         }
-        t.templates.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        t.templates
+            .sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
         t.schemes = scheme_owner
             .into_iter()
             .filter_map(|(s, o)| o.map(|o| (Box::<str>::from(s), o)))

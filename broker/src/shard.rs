@@ -45,10 +45,10 @@ pub struct ShardStart {
 
 /// Runs shard `s` on the current thread until it has drained.
 pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>) {
-    if let Some(cpu) = s.cpu {
-        if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
-            tracing::warn!(shard = s.index, cpu, "could not pin shard to its CPU");
-        }
+    if let Some(cpu) = s.cpu
+        && !core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
+    {
+        tracing::warn!(shard = s.index, cpu, "could not pin shard to its CPU");
     }
     let mut rt = match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
         .enable_timer()

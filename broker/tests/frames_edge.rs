@@ -32,55 +32,154 @@ fn every_payload_kind_is_answered_by_the_bundled_routers() {
     // Tool call through echo: the arguments object comes back verbatim.
     let r = c.call("echo", &[("text", "\"hi\"")], None);
     assert_eq!(tool_text(&r), r#"{"text":"hi"}"#);
-    let tr = ResponseView::parse(&r).unwrap().response.payload_as_tool_result().unwrap();
+    let tr = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_tool_result()
+        .unwrap();
     assert_eq!(tr.structured_content(), Some(r#"{"text":"hi"}"#));
     assert!(tr.success());
 
     // Stateful router.
     let r = c.call("put", &[("key", "\"a\""), ("value", "42")], Some("s1"));
     assert_eq!(tool_text(&r), "stored a");
-    assert_eq!(tool_text(&c.call("get", &[("key", "\"a\"")], Some("s1"))), "42");
+    assert_eq!(
+        tool_text(&c.call("get", &[("key", "\"a\"")], Some("s1"))),
+        "42"
+    );
 
     // Resources, templates, prompts, completion.
     let r = c.request(None, |e, h| e.read_resource(h, "library://readme").to_vec());
-    let rd = ResponseView::parse(&r).unwrap().response.payload_as_resource_data().expect("ResourceData");
-    assert!(rd.content_as_resource_content().unwrap().text().unwrap().len() > 10);
-    let r = c.request(None, |e, h| e.read_resource(h, "library://books/dune").to_vec());
-    assert!(error_code(&r).is_none() || error_code(&r) == Some(-32601), "template read answered");
+    let rd = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_resource_data()
+        .expect("ResourceData");
+    assert!(
+        rd.content_as_resource_content()
+            .unwrap()
+            .text()
+            .unwrap()
+            .len()
+            > 10
+    );
+    let r = c.request(None, |e, h| {
+        e.read_resource(h, "library://books/dune").to_vec()
+    });
+    assert!(
+        error_code(&r).is_none() || error_code(&r) == Some(-32601),
+        "template read answered"
+    );
     let r = c.request(None, |e, h| e.read_resource(h, "kv://a").to_vec());
-    assert_eq!(ResponseView::parse(&r).unwrap().payload_type(), ResponsePayload::ResourceData, "kv:// routes by router name");
+    assert_eq!(
+        ResponseView::parse(&r).unwrap().payload_type(),
+        ResponsePayload::ResourceData,
+        "kv:// routes by router name"
+    );
 
-    let r = c.request(None, |e, h| e.get_prompt(h, "summarize_book", &[("book_id", "\"dune\""), ("style", "\"short\"")]).to_vec());
-    let ap = ResponseView::parse(&r).unwrap().response.payload_as_applied_prompt().expect("AppliedPrompt");
-    let first = ap.messages().unwrap().get(0).content_as_text_content().unwrap().text().to_string();
-    assert!(first.contains("library://books/dune") && first.contains("short"), "{first}");
+    let r = c.request(None, |e, h| {
+        e.get_prompt(
+            h,
+            "summarize_book",
+            &[("book_id", "\"dune\""), ("style", "\"short\"")],
+        )
+        .to_vec()
+    });
+    let ap = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_applied_prompt()
+        .expect("AppliedPrompt");
+    let first = ap
+        .messages()
+        .unwrap()
+        .get(0)
+        .content_as_text_content()
+        .unwrap()
+        .text()
+        .to_string();
+    assert!(
+        first.contains("library://books/dune") && first.contains("short"),
+        "{first}"
+    );
 
-    let r = c.request(None, |e, h| e.complete(h, CompletionRefKind::Prompt, "summarize_book", "style", "").to_vec());
-    let cr = ResponseView::parse(&r).unwrap().response.payload_as_complete_result().expect("CompleteResult");
-    assert!(cr.values().unwrap().len() > 0);
+    let r = c.request(None, |e, h| {
+        e.complete(h, CompletionRefKind::Prompt, "summarize_book", "style", "")
+            .to_vec()
+    });
+    let cr = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_complete_result()
+        .expect("CompleteResult");
+    assert!(!cr.values().unwrap().is_empty());
 
     // Listings.
     let r = c.request(None, |e, h| e.list(h, Listing::Tools, None).to_vec());
-    let tools = ResponseView::parse(&r).unwrap().response.payload_as_list_tools_result().unwrap();
+    let tools = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_list_tools_result()
+        .unwrap();
     let names: Vec<&str> = tools.tools().unwrap().iter().map(|t| t.name()).collect();
     for n in ["echo", "put", "get", "search", "loop"] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
-    let r = c.request(None, |e, h| e.list(h, Listing::ResourceTemplates, None).to_vec());
-    let t = ResponseView::parse(&r).unwrap().response.payload_as_list_resource_templates_result().unwrap();
-    assert!(t.resource_templates().unwrap().iter().any(|t| t.uri_template() == "library://books/{id}"));
+    let r = c.request(None, |e, h| {
+        e.list(h, Listing::ResourceTemplates, None).to_vec()
+    });
+    let t = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_list_resource_templates_result()
+        .unwrap();
+    assert!(
+        t.resource_templates()
+            .unwrap()
+            .iter()
+            .any(|t| t.uri_template() == "library://books/{id}")
+    );
     let r = c.request(None, |e, h| e.list(h, Listing::Prompts, None).to_vec());
-    assert!(ResponseView::parse(&r).unwrap().response.payload_as_list_prompts_result().unwrap().prompts().unwrap().len() >= 2);
-    let r = c.request(None, |e, h| e.list(h, Listing::Resources, Some("garbage")).to_vec());
-    assert_eq!(error_code(&r), Some(-32602), "a bad cursor is invalid params");
+    assert!(
+        ResponseView::parse(&r)
+            .unwrap()
+            .response
+            .payload_as_list_prompts_result()
+            .unwrap()
+            .prompts()
+            .unwrap()
+            .len()
+            >= 2
+    );
+    let r = c.request(None, |e, h| {
+        e.list(h, Listing::Resources, Some("garbage")).to_vec()
+    });
+    assert_eq!(
+        error_code(&r),
+        Some(-32602),
+        "a bad cursor is invalid params"
+    );
 
     // Broker-level requests.
-    let r = c.request(None, |e, h| e.initialize(h, ProtocolVersion::V2024_11_05, "test", "1").to_vec());
-    let ir = ResponseView::parse(&r).unwrap().response.payload_as_initialize_response().unwrap();
-    assert_eq!(ir.server_capabilities().protocol_version(), ProtocolVersion::V2024_11_05);
+    let r = c.request(None, |e, h| {
+        e.initialize(h, ProtocolVersion::V2024_11_05, "test", "1")
+            .to_vec()
+    });
+    let ir = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_initialize_response()
+        .unwrap();
+    assert_eq!(
+        ir.server_capabilities().protocol_version(),
+        ProtocolVersion::V2024_11_05
+    );
     assert!(ir.server_capabilities().supports_tools());
     let r = c.request(None, |e, h| e.ping(h).to_vec());
-    assert_eq!(ResponseView::parse(&r).unwrap().payload_type(), ResponsePayload::PingResponse);
+    assert_eq!(
+        ResponseView::parse(&r).unwrap().payload_type(),
+        ResponsePayload::PingResponse
+    );
 
     // Unknown names are -32601 naming what was asked for.
     let r = c.call("no_such_tool", &[], None);
@@ -94,11 +193,20 @@ fn correlation_falls_back_to_the_message_id() {
     let b = Broker::start(&["--shards", "1"]);
     let mut c = b.connect();
     let id = *b"\x01\x23\x45\x67\x89\xab\xcd\xef\x01\x23\x45\x67\x89\xab\xcd\xef";
-    let h = RequestHeader { message_id: id, correlation_id: None, session_id: None, timeout_ms: 0, unix_nanos: 0 };
+    let h = RequestHeader {
+        message_id: id,
+        correlation_id: None,
+        session_id: None,
+        timeout_ms: 0,
+        unix_nanos: 0,
+    };
     let f = c.enc.ping(&h).to_vec();
     c.send_raw(&f);
     let r = c.read_final();
-    assert_eq!(ResponseView::parse(&r).unwrap().correlation_id(), "01234567-89ab-cdef-0123-456789abcdef");
+    assert_eq!(
+        ResponseView::parse(&r).unwrap().correlation_id(),
+        "01234567-89ab-cdef-0123-456789abcdef"
+    );
 }
 
 /// Sends `n` requests on one connection without waiting, then reads `n`
@@ -107,8 +215,17 @@ fn pipeline(c: &mut Client, n: usize, tag: &str) {
     let mut batch = Vec::with_capacity(n * 128);
     for i in 0..n {
         let corr = format!("{tag}-{i}");
-        let h = RequestHeader { message_id: [1; 16], correlation_id: Some(&corr), session_id: None, timeout_ms: 0, unix_nanos: 0 };
-        batch.extend_from_slice(c.enc.tool_call(&h, [2; 16], "echo", &[("i", &i.to_string())]));
+        let h = RequestHeader {
+            message_id: [1; 16],
+            correlation_id: Some(&corr),
+            session_id: None,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        batch.extend_from_slice(
+            c.enc
+                .tool_call(&h, [2; 16], "echo", &[("i", &i.to_string())]),
+        );
     }
     let writer = {
         let mut s = c.stream.try_clone().unwrap();
@@ -119,7 +236,12 @@ fn pipeline(c: &mut Client, n: usize, tag: &str) {
         let f = c.read_final();
         let r = ResponseView::parse(&f).unwrap();
         assert!(r.error().is_none(), "{:?}", r.error());
-        let i: usize = r.correlation_id().strip_prefix(&format!("{tag}-")).unwrap().parse().unwrap();
+        let i: usize = r
+            .correlation_id()
+            .strip_prefix(&format!("{tag}-"))
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(!seen[i], "answer {i} twice");
         seen[i] = true;
     }
@@ -163,8 +285,13 @@ fn bad_frames_get_their_error_and_other_connections_carry_on() {
 
     // A Response (wrong root) whose layout conflicts: -32700.
     let mut enc = mcp_schema::ResponseEncoder::new(9);
-    let to = mcp_schema::encode::ReplyTo { correlation: mcp_schema::encode::Correlation::Text("x"), session_id: None };
-    let wrong = enc.tool_text(&to, &mcp_schema::fb::UUID::new(&[0; 16]), "t", None, false).to_vec();
+    let to = mcp_schema::encode::ReplyTo {
+        correlation: mcp_schema::encode::Correlation::Text("x"),
+        session_id: None,
+    };
+    let wrong = enc
+        .tool_text(&to, &mcp_schema::fb::UUID::new(&[0; 16]), "t", None, false)
+        .to_vec();
     bad.send_raw(&wrong);
     assert_eq!(error_code(&bad.read_frame().unwrap()), Some(-32700));
 
@@ -179,14 +306,23 @@ fn bad_frames_get_their_error_and_other_connections_carry_on() {
     big.send_raw(&u32::MAX.to_le_bytes());
     assert!(big.read_frame().is_none(), "connection closed");
 
-    assert_eq!(tool_text(&good.call("echo", &[("still", "true")], None)), r#"{"still":true}"#);
+    assert_eq!(
+        tool_text(&good.call("echo", &[("still", "true")], None)),
+        r#"{"still":true}"#
+    );
 }
 
 #[test]
 fn a_guest_looping_forever_does_not_stall_its_shard() {
     let b = Broker::start(&["--shards", "1"]);
     let mut stuck = b.connect();
-    let h = RequestHeader { message_id: [3; 16], correlation_id: Some("loop"), session_id: None, timeout_ms: 0, unix_nanos: 0 };
+    let h = RequestHeader {
+        message_id: [3; 16],
+        correlation_id: Some("loop"),
+        session_id: None,
+        timeout_ms: 0,
+        unix_nanos: 0,
+    };
     let f = stuck.enc.tool_call(&h, [3; 16], "loop", &[]).to_vec();
     stuck.send_raw(&f);
     let mut other = b.connect();
@@ -194,7 +330,11 @@ fn a_guest_looping_forever_does_not_stall_its_shard() {
     for _ in 0..50 {
         assert_eq!(tool_text(&other.call("echo", &[], None)), "{}");
     }
-    assert!(t.elapsed() < Duration::from_secs(1), "echo calls stalled for {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "echo calls stalled for {:?}",
+        t.elapsed()
+    );
     // The loop ends at chaos's 2 s deadline with -32001.
     assert_eq!(error_code(&stuck.read_final()), Some(-32001));
 }
@@ -209,8 +349,17 @@ fn overload_beyond_the_queue_is_refused_with_overload_errors() {
     let mut c = b.connect();
     for i in 0..20 {
         let corr = format!("s{i}");
-        let h = RequestHeader { message_id: [4; 16], correlation_id: Some(&corr), session_id: None, timeout_ms: 0, unix_nanos: 0 };
-        let f = c.enc.tool_call(&h, [4; 16], "sleep", &[("ms", "300")]).to_vec();
+        let h = RequestHeader {
+            message_id: [4; 16],
+            correlation_id: Some(&corr),
+            session_id: None,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        let f = c
+            .enc
+            .tool_call(&h, [4; 16], "sleep", &[("ms", "300")])
+            .to_vec();
         c.send_raw(&f);
     }
     let mut overloaded = 0;
@@ -233,8 +382,18 @@ fn sigterm_during_load_answers_every_request_sent_before_it_and_exits_zero() {
     let n = 200;
     for i in 0..n {
         let corr = format!("d{i}");
-        let h = RequestHeader { message_id: [5; 16], correlation_id: Some(&corr), session_id: None, timeout_ms: 0, unix_nanos: 0 };
-        let (tool, args): (&str, &[(&str, &str)]) = if i % 20 == 0 { ("sleep", &[("ms", "200")]) } else { ("echo", &[]) };
+        let h = RequestHeader {
+            message_id: [5; 16],
+            correlation_id: Some(&corr),
+            session_id: None,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        let (tool, args): (&str, &[(&str, &str)]) = if i % 20 == 0 {
+            ("sleep", &[("ms", "200")])
+        } else {
+            ("echo", &[])
+        };
         let f = c.enc.tool_call(&h, [5; 16], tool, args).to_vec();
         c.send_raw(&f);
     }
@@ -245,7 +404,11 @@ fn sigterm_during_load_answers_every_request_sent_before_it_and_exits_zero() {
                 let Some(f) = c.read_frame() else { break };
                 let r = ResponseView::parse(&f).unwrap();
                 if r.is_final() {
-                    assert!(seen.insert(r.correlation_id().to_string()), "twice: {}", r.correlation_id());
+                    assert!(
+                        seen.insert(r.correlation_id().to_string()),
+                        "twice: {}",
+                        r.correlation_id()
+                    );
                     if let Some((code, _)) = r.error() {
                         assert_eq!(code, -32004, "only shutting-down errors are acceptable");
                     }
@@ -255,7 +418,11 @@ fn sigterm_during_load_answers_every_request_sent_before_it_and_exits_zero() {
         });
         std::thread::sleep(Duration::from_millis(50));
         let status = b.terminate(Duration::from_secs(30));
-        assert_eq!(reader.join().unwrap(), n, "every request answered exactly once");
+        assert_eq!(
+            reader.join().unwrap(),
+            n,
+            "every request answered exactly once"
+        );
         status
     };
     assert!(status.success(), "exit status {status:?}");
@@ -270,14 +437,20 @@ fn slowloris_and_idle_connections_are_closed_on_time() {
     let t = Instant::now();
     assert!(slow.read_frame().is_none());
     let e = t.elapsed();
-    assert!(e >= Duration::from_millis(250) && e < Duration::from_secs(5), "closed after {e:?}");
+    assert!(
+        e >= Duration::from_millis(250) && e < Duration::from_secs(5),
+        "closed after {e:?}"
+    );
 
     let mut idle = b.connect();
     assert_eq!(tool_text(&idle.call("echo", &[], None)), "{}");
     let t = Instant::now();
     assert!(idle.read_frame().is_none());
     let e = t.elapsed();
-    assert!(e >= Duration::from_millis(400) && e < Duration::from_secs(5), "closed after {e:?}");
+    assert!(
+        e >= Duration::from_millis(400) && e < Duration::from_secs(5),
+        "closed after {e:?}"
+    );
 }
 
 #[test]
@@ -289,11 +462,21 @@ fn session_affinity_sends_one_sessions_requests_to_one_instance_across_connectio
     for s in ["alpha", "beta", "gamma", "delta"] {
         let session: &'static str = Box::leak(s.to_string().into_boxed_str());
         let mut w = b.connect();
-        assert_eq!(tool_text(&w.call("put", &[("key", "\"k\""), ("value", &format!("\"{s}\""))], Some(session))), "stored k");
+        assert_eq!(
+            tool_text(&w.call(
+                "put",
+                &[("key", "\"k\""), ("value", &format!("\"{s}\""))],
+                Some(session)
+            )),
+            "stored k"
+        );
         // Fresh connections land on either shard (SO_REUSEPORT spreads them).
         for _ in 0..8 {
             let mut r = b.connect();
-            assert_eq!(tool_text(&r.call("get", &[("key", "\"k\"")], Some(session))), format!("\"{s}\""));
+            assert_eq!(
+                tool_text(&r.call("get", &[("key", "\"k\"")], Some(session))),
+                format!("\"{s}\"")
+            );
         }
     }
 }
