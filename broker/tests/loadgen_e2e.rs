@@ -11,7 +11,11 @@ use common::Broker;
 /// `mcp-loadgen` is built beside `mcp-broker` by `cargo test --workspace`.
 fn loadgen() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_BIN_EXE_mcp-broker")).with_file_name("mcp-loadgen");
-    assert!(p.exists(), "{} is missing: run the tests with `cargo test --workspace` (scripts/test)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` (scripts/test)",
+        p.display()
+    );
     p
 }
 
@@ -22,14 +26,26 @@ fn one_hundred_thousand_requests_with_zero_errors_and_matching_correlation_ids()
     let out = Command::new(loadgen())
         .args(["--target", &format!("frames://{}", b.frames)])
         .args(["--tool", "echo", "--args", r#"{"text":"hello","n":1}"#])
-        .args(["--connections", "8", "--concurrency", "256", "--requests", "100000"])
+        .args([
+            "--connections",
+            "8",
+            "--concurrency",
+            "256",
+            "--requests",
+            "100000",
+        ])
         .args(["--duration", "120s", "-q", "--json"])
         .arg(&json)
         .output()
         .expect("run mcp-loadgen");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("JSON report written")).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("JSON report written")).unwrap();
     let _ = std::fs::remove_file(&json);
-    assert!(out.status.success(), "mcp-loadgen failed: {}\n{report}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mcp-loadgen failed: {}\n{report}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Every response was verified and matched to its request by correlation
     // id: a mismatch, unknown id or wrong kind would be counted in `errors`.
     assert_eq!(report["errors"], 0, "{report}");

@@ -32,10 +32,17 @@ mod tempfile_path {
 }
 
 fn routers_built() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../routers/target/wasm32-wasip2/release");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../routers/target/wasm32-wasip2/release"
+    );
     for r in ["echo", "kv", "library", "chaos"] {
         let p = std::path::Path::new(dir).join(format!("{r}.wasm"));
-        assert!(p.exists(), "{} is missing: run scripts/build-routers first", p.display());
+        assert!(
+            p.exists(),
+            "{} is missing: run scripts/build-routers first",
+            p.display()
+        );
     }
 }
 
@@ -53,18 +60,30 @@ impl Broker {
     fn start_inner(toml: Option<&str>, args: &[&str]) -> Broker {
         routers_built();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
-        cmd.args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]);
+        cmd.args([
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]);
         let config = toml.map(|t| {
             let path = std::env::temp_dir().join(format!(
                 "mcp-broker-test-{}-{}.toml",
                 std::process::id(),
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos()
             ));
             std::fs::write(&path, t).unwrap();
             cmd.arg("--config").arg(&path);
             tempfile_path::TempPath(path)
         });
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut child = cmd.spawn().expect("spawn mcp-broker");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -115,7 +134,10 @@ impl Broker {
             if let Some(s) = self.child.try_wait().unwrap() {
                 return s;
             }
-            assert!(std::time::Instant::now() < deadline, "broker did not exit within {within:?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "broker did not exit within {within:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -127,7 +149,10 @@ impl Broker {
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         let status = body.split_whitespace().nth(1).unwrap().parse().unwrap();
-        (status, body.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+        (
+            status,
+            body.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+        )
     }
 }
 
@@ -154,8 +179,14 @@ impl Client {
     pub fn connect(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).unwrap();
         stream.set_nodelay(true).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        Client { stream, enc: RequestEncoder::new(), next: 0 }
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Client {
+            stream,
+            enc: RequestEncoder::new(),
+            next: 0,
+        }
     }
 
     /// A header with a fresh correlation id `c<n>`.
@@ -186,17 +217,33 @@ impl Client {
     /// Reads frames until a final one (progress/log frames skipped).
     pub fn read_final(&mut self) -> Vec<u8> {
         loop {
-            let f = self.read_frame().expect("connection closed before a response");
-            if ResponseView::parse(&f).expect("response verifies").is_final() {
+            let f = self
+                .read_frame()
+                .expect("connection closed before a response");
+            if ResponseView::parse(&f)
+                .expect("response verifies")
+                .is_final()
+            {
                 return f;
             }
         }
     }
 
     /// Calls a tool and returns the final response frame.
-    pub fn call(&mut self, tool: &str, args: &[(&str, &str)], session: Option<&'static str>) -> Vec<u8> {
+    pub fn call(
+        &mut self,
+        tool: &str,
+        args: &[(&str, &str)],
+        session: Option<&'static str>,
+    ) -> Vec<u8> {
         let (corr, id) = self.header();
-        let h = RequestHeader { message_id: id, correlation_id: Some(&corr), session_id: session, timeout_ms: 0, unix_nanos: 0 };
+        let h = RequestHeader {
+            message_id: id,
+            correlation_id: Some(&corr),
+            session_id: session,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
         let f = self.enc.tool_call(&h, id, tool, args).to_vec();
         self.send_raw(&f);
         let resp = self.read_final();
@@ -206,9 +253,19 @@ impl Client {
 
     /// Sends a request built by `build` with a fresh header and returns the
     /// final response.
-    pub fn request(&mut self, session: Option<&'static str>, build: impl FnOnce(&mut RequestEncoder, &RequestHeader) -> Vec<u8>) -> Vec<u8> {
+    pub fn request(
+        &mut self,
+        session: Option<&'static str>,
+        build: impl FnOnce(&mut RequestEncoder, &RequestHeader) -> Vec<u8>,
+    ) -> Vec<u8> {
         let (corr, id) = self.header();
-        let h = RequestHeader { message_id: id, correlation_id: Some(&corr), session_id: session, timeout_ms: 0, unix_nanos: 0 };
+        let h = RequestHeader {
+            message_id: id,
+            correlation_id: Some(&corr),
+            session_id: session,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
         let f = build(&mut self.enc, &h);
         self.send_raw(&f);
         let resp = self.read_final();
