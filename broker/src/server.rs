@@ -37,6 +37,9 @@ pub struct Running {
     /// Bound at start-up so port 0 resolves; served by the gRPC edge.
     pub grpc_listener: Option<std::net::TcpListener>,
     shards: Vec<std::thread::JoinHandle<()>>,
+    /// Owns the engine's epoch ticker: dropping it would stop every guest
+    /// deadline and yield, so it lives as long as the shards.
+    _host: WasmHost,
 }
 
 impl Running {
@@ -191,5 +194,6 @@ pub fn start(config: Config) -> Result<Running> {
         grpc_listener: Some(grpc_listener),
         routers: names,
         shards: handles,
+        _host: host,
     })
 }
