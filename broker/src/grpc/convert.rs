@@ -1,0 +1,547 @@
+//! Verified FlatBuffers response payloads → proto messages, and the few
+//! proto inputs that need parsing (JSON arguments, protocol versions).
+//!
+//! Every field the proto cannot carry is named in proto/README.md
+//! ("Losses"); the functions here drop exactly those.
+
+use base64::Engine;
+use mcp_proto::v1 as pb;
+use mcp_schema::content_vec::ContentRef;
+use mcp_schema::fb::protocol as p;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// Splits a JSON object into its top-level members as (key, JSON text of
+/// the value), in order, without re-serialising the values (so numbers and
+/// strings reach the router exactly as sent). `None`/empty is `{}`.
+pub fn split_object(json: Option<&[u8]>) -> Result<Vec<(String, &RawValue)>, String> {
+    let Some(json) = json.filter(|j| !j.iter().all(u8::is_ascii_whitespace)) else {
+        return Ok(Vec::new());
+    };
+    struct Members;
+    impl<'de> Visitor<'de> for Members {
+        type Value = Vec<(String, &'de RawValue)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(m.size_hint().unwrap_or(4));
+            while let Some((k, v)) = m.next_entry::<String, &'de RawValue>()? {
+                out.push((k, v));
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let members = de
+        .deserialize_map(Members)
+        .map_err(|e| format!("arguments must be a JSON object: {e}"))?;
+    de.end()
+        .map_err(|e| format!("arguments must be a JSON object: {e}"))?;
+    Ok(members)
+}
+
+/// MCP protocol version string → the wire enum (unknown → Unspecified,
+/// which negotiation answers with the latest supported version).
+pub fn version_from_str(v: &str) -> p::ProtocolVersion {
+    match v {
+        "2024-11-05" => p::ProtocolVersion::V2024_11_05,
+        "2025-01-01" => p::ProtocolVersion::V2025_01_01,
+        "2025-06-18" => p::ProtocolVersion::V2025_06_18,
+        _ => p::ProtocolVersion::Unspecified,
+    }
+}
+
+pub fn version_to_str(v: p::ProtocolVersion) -> String {
+    match v {
+        p::ProtocolVersion::V2024_11_05 => "2024-11-05".into(),
+        p::ProtocolVersion::V2025_01_01 => "2025-01-01".into(),
+        p::ProtocolVersion::V2025_06_18 => "2025-06-18".into(),
+        other => format!("{}", other.0),
+    }
+}
+
+/// Proto log level → the wire's coarser one (used for the frame; the edge
+/// keeps the exact level for filtering).
+pub fn log_level_to_wire(l: pb::LogLevel) -> p::LogLevel {
+    use pb::LogLevel as L;
+    match l {
+        L::Unspecified | L::Debug => p::LogLevel::Debug,
+        L::Info => p::LogLevel::Info,
+        L::Notice | L::Warning => p::LogLevel::Warning,
+        L::Error => p::LogLevel::Error,
+        L::Critical | L::Alert | L::Emergency => p::LogLevel::Critical,
+    }
+}
+
+pub fn log_level_from_wire(l: p::LogLevel) -> pb::LogLevel {
+    match l {
+        p::LogLevel::Debug => pb::LogLevel::Debug,
+        p::LogLevel::Info => pb::LogLevel::Info,
+        p::LogLevel::Warning => pb::LogLevel::Warning,
+        p::LogLevel::Error => pb::LogLevel::Error,
+        _ => pb::LogLevel::Critical,
+    }
+}
+
+fn annotations(a: Option<p::Annotations<'_>>) -> Option<pb::Annotations> {
+    let a = a?;
+    Some(pb::Annotations {
+        audience: a
+            .audience()
+            .iter()
+            .flatten()
+            .filter_map(|r| match r {
+                p::Role::User => Some("user".to_string()),
+                p::Role::Assistant => Some("assistant".to_string()),
+                _ => None,
+            })
+            .collect(),
+        priority: a.priority().map_or(0.0, f64::from),
+    })
+}
+
+fn opt(s: Option<&str>) -> Option<String> {
+    s.map(str::to_string)
+}
+
+/// A wire resource content → proto. A blob is base64 on the wire and raw
+/// bytes in the proto; undecodable base64 is passed on as text rather than
+/// dropped.
+pub fn resource_content(r: p::ResourceContent<'_>) -> pb::ResourceContent {
+    use pb::resource_content::Content as C;
+    let content = match (r.text(), r.blob()) {
+        (Some(t), _) => Some(C::Text(t.to_string())),
+        (None, Some(b)) => Some(match base64::engine::general_purpose::STANDARD.decode(b) {
+            Ok(bytes) => C::Blob(bytes),
+            Err(_) => C::Text(b.to_string()),
+        }),
+        (None, None) => None,
+    };
+    pb::ResourceContent {
+        uri: r.uri().to_string(),
+        mime_type: opt(r.mime_type()),
+        content,
+    }
+}
+
+/// One content block → proto (`None` for a member added by a newer schema).
+pub fn content(c: ContentRef<'_>) -> Option<pb::Content> {
+    use pb::content::Content as C;
+    let (content, ann) = match c {
+        ContentRef::Text(t) => (
+            C::Text(pb::TextContent {
+                text: t.text().to_string(),
+            }),
+            t.annotations(),
+        ),
+        ContentRef::Image(i) => (
+            C::Image(pb::ImageContent {
+                data: i.data().to_string(),
+                mime_type: i.mime_type().to_string(),
+            }),
+            i.annotations(),
+        ),
+        ContentRef::Audio(a) => (
+            C::Audio(pb::AudioContent {
+                data: a.data().to_string(),
+                mime_type: a.mime_type().to_string(),
+            }),
+            a.annotations(),
+        ),
+        ContentRef::Resource(r) => (C::Resource(resource_content(r)), r.annotations()),
+        // The proto has no resource link: a resource with no contents is
+        // the closest (title and description are lost).
+        ContentRef::ResourceLink(l) => (
+            C::Resource(pb::ResourceContent {
+                uri: l.uri().to_string(),
+                mime_type: opt(l.mime_type()),
+                content: None,
+            }),
+            l.annotations(),
+        ),
+        ContentRef::Unknown(_) => return None,
+    };
+    Some(pb::Content {
+        content: Some(content),
+        annotations: annotations(ann),
+    })
+}
+
+fn text_block(text: String) -> pb::Content {
+    pb::Content {
+        content: Some(pb::content::Content::Text(pb::TextContent { text })),
+        annotations: None,
+    }
+}
+
+macro_rules! union_content {
+    ($x:expr, $t:ident, $i:ident, $r:ident, $a:ident, $l:ident) => {{
+        let x = $x;
+        if let Some(c) = x.$t() {
+            ContentRef::Text(c)
+        } else if let Some(c) = x.$i() {
+            ContentRef::Image(c)
+        } else if let Some(c) = x.$r() {
+            ContentRef::Resource(c)
+        } else if let Some(c) = x.$a() {
+            ContentRef::Audio(c)
+        } else if let Some(c) = x.$l() {
+            ContentRef::ResourceLink(c)
+        } else {
+            ContentRef::Unknown(0)
+        }
+    }};
+}
+
+/// ToolResult → CallToolResult: content blocks in order, structured content
+/// appended as a text block (as MCP advises) unless a text block already
+/// holds exactly it, the error message as a text block when there is no
+/// content, `is_error` preserved.
+pub fn tool_result(tr: p::ToolResult<'_>) -> Result<pb::CallToolResult, String> {
+    let blocks = mcp_schema::content_vec::content(&tr)
+        .map_err(|e| format!("invalid tool result content: {e}"))?;
+    let mut content: Vec<pb::Content> = blocks.iter().filter_map(content).collect();
+    if let Some(s) = tr.structured_content() {
+        let already = content
+            .iter()
+            .any(|c| matches!(&c.content, Some(pb::content::Content::Text(t)) if t.text == s));
+        if !already {
+            content.push(text_block(s.to_string()));
+        }
+    }
+    if content.is_empty()
+        && let Some(e) = tr.error()
+    {
+        content.push(text_block(e.message().to_string()));
+    }
+    Ok(pb::CallToolResult {
+        content,
+        is_error: Some(tr.is_error() || tr.error().is_some()),
+    })
+}
+
+/// A router's elicitation request as the final answer of a CallTool: the
+/// proto has no way to ask the caller back inside a unary call, so it
+/// becomes an error result carrying the question and the schema.
+pub fn elicitation(e: p::ElicitationRequest<'_>) -> pb::CallToolResult {
+    let mut content = vec![text_block(format!(
+        "the tool needs more input (MCP elicitation), which this gRPC edge cannot relay: {}",
+        e.message()
+    ))];
+    content.push(text_block(e.schema().to_string()));
+    pb::CallToolResult {
+        content,
+        is_error: Some(true),
+    }
+}
+
+pub fn tools(r: p::ListToolsResult<'_>) -> pb::ListToolsResult {
+    pb::ListToolsResult {
+        tools: r
+            .tools()
+            .iter()
+            .flatten()
+            .map(|t| pb::Tool {
+                name: t.name().to_string(),
+                description: Some(t.description().to_string()).filter(|d| !d.is_empty()),
+                input_schema: t
+                    .input_schema()
+                    .unwrap_or("{\"type\":\"object\"}")
+                    .as_bytes()
+                    .to_vec(),
+                annotations: None,
+                icons: Vec::new(),
+                title: opt(t.title()),
+            })
+            .collect(),
+        next_cursor: opt(r.next_cursor()),
+    }
+}
+
+pub fn resources(r: p::ListResourcesResult<'_>) -> pb::ListResourcesResult {
+    pb::ListResourcesResult {
+        resources: r
+            .resources()
+            .iter()
+            .flatten()
+            .map(|x| pb::Resource {
+                uri: x.uri().to_string(),
+                name: x.name().to_string(),
+                description: opt(x.description()),
+                mime_type: opt(x.mime_type()),
+                annotations: annotations(x.annotations()),
+                icons: Vec::new(),
+                title: opt(x.title()),
+                // 0 is the wire's "absent" (no presence bit for scalars).
+                size: Some(x.size_bytes()).filter(|&s| s > 0),
+            })
+            .collect(),
+        next_cursor: opt(r.next_cursor()),
+    }
+}
+
+pub fn templates(r: p::ListResourceTemplatesResult<'_>) -> pb::ListResourceTemplatesResult {
+    pb::ListResourceTemplatesResult {
+        resource_templates: r
+            .resource_templates()
+            .iter()
+            .flatten()
+            .map(|x| pb::ResourceTemplate {
+                uri_template: x.uri_template().to_string(),
+                name: x.name().to_string(),
+                description: opt(x.description()),
+                mime_type: opt(x.mime_type()),
+                annotations: annotations(x.annotations()),
+                icons: Vec::new(),
+                title: opt(x.title()),
+            })
+            .collect(),
+        next_cursor: opt(r.next_cursor()),
+    }
+}
+
+pub fn prompts(r: p::ListPromptsResult<'_>) -> pb::ListPromptsResult {
+    pb::ListPromptsResult {
+        prompts: r
+            .prompts()
+            .iter()
+            .flatten()
+            .map(|x| pb::Prompt {
+                name: x.name().to_string(),
+                description: opt(x.description()),
+                arguments: x
+                    .arguments()
+                    .iter()
+                    .flatten()
+                    .map(|a| pb::PromptArgument {
+                        name: a.name().to_string(),
+                        description: opt(a.description()),
+                        required: Some(a.required()),
+                    })
+                    .collect(),
+                icons: Vec::new(),
+                title: None,
+            })
+            .collect(),
+        next_cursor: opt(r.next_cursor()),
+    }
+}
+
+/// ResourceData → ReadResourceResult: `content` first, then
+/// `extra_contents`. A non-resource first block (a bare text, say) is given
+/// the resource's URI and MIME type.
+pub fn resource_data(d: p::ResourceData<'_>) -> pb::ReadResourceResult {
+    let res = d.resource();
+    let first = match union_content!(
+        d,
+        content_as_text_content,
+        content_as_image_content,
+        content_as_resource_content,
+        content_as_audio_content,
+        content_as_resource_link_content
+    ) {
+        ContentRef::Resource(r) => Some(resource_content(r)),
+        ContentRef::Text(t) => Some(pb::ResourceContent {
+            uri: res.uri().to_string(),
+            mime_type: opt(res.mime_type()),
+            content: Some(pb::resource_content::Content::Text(t.text().to_string())),
+        }),
+        ContentRef::Image(i) => Some(blob_of(res.uri(), i.mime_type(), i.data())),
+        ContentRef::Audio(a) => Some(blob_of(res.uri(), a.mime_type(), a.data())),
+        ContentRef::ResourceLink(l) => Some(pb::ResourceContent {
+            uri: l.uri().to_string(),
+            mime_type: opt(l.mime_type()),
+            content: None,
+        }),
+        ContentRef::Unknown(_) => None,
+    };
+    let contents = first
+        .into_iter()
+        .chain(d.extra_contents().iter().flatten().map(resource_content))
+        .collect();
+    pb::ReadResourceResult { contents }
+}
+
+fn blob_of(uri: &str, mime: &str, data: &str) -> pb::ResourceContent {
+    let content = match base64::engine::general_purpose::STANDARD.decode(data) {
+        Ok(b) => pb::resource_content::Content::Blob(b),
+        Err(_) => pb::resource_content::Content::Text(data.to_string()),
+    };
+    pb::ResourceContent {
+        uri: uri.to_string(),
+        mime_type: Some(mime.to_string()),
+        content: Some(content),
+    }
+}
+
+fn role(r: &str) -> pb::Role {
+    match r {
+        "user" => pb::Role::User,
+        "assistant" => pb::Role::Assistant,
+        // The proto's Role has no "system".
+        _ => pb::Role::Unspecified,
+    }
+}
+
+/// AppliedPrompt → GetPromptResult. Seed routers that send only
+/// `filled_content` get it as one user message.
+pub fn applied_prompt(a: p::AppliedPrompt<'_>) -> pb::GetPromptResult {
+    let mut messages: Vec<pb::PromptMessage> = a
+        .messages()
+        .iter()
+        .flatten()
+        .map(|m| pb::PromptMessage {
+            role: role(m.role()) as i32,
+            content: content(union_content!(
+                m,
+                content_as_text_content,
+                content_as_image_content,
+                content_as_resource_content,
+                content_as_audio_content,
+                content_as_resource_link_content
+            )),
+        })
+        .collect();
+    if messages.is_empty() {
+        messages.push(pb::PromptMessage {
+            role: pb::Role::User as i32,
+            content: content(union_content!(
+                a,
+                filled_content_as_text_content,
+                filled_content_as_image_content,
+                filled_content_as_resource_content,
+                filled_content_as_audio_content,
+                filled_content_as_resource_link_content
+            )),
+        });
+    }
+    pb::GetPromptResult {
+        description: opt(a.description()),
+        messages,
+    }
+}
+
+pub fn completion(c: p::CompleteResult<'_>) -> pb::CompleteResult {
+    pb::CompleteResult {
+        completion: Some(pb::Completion {
+            values: c.values().iter().flatten().map(str::to_string).collect(),
+            total: c.total().map(i64::from),
+            has_more: Some(c.has_more()),
+        }),
+    }
+}
+
+pub fn initialize(r: p::InitializeResponse<'_>) -> pb::InitializeResult {
+    let c = r.server_capabilities();
+    pb::InitializeResult {
+        protocol_version: version_to_str(c.protocol_version()),
+        capabilities: Some(pb::ServerCapabilities {
+            prompts: c.supports_prompts().then_some(pb::PromptsCapability {
+                list_changed: c.prompts_list_changed(),
+            }),
+            resources: c.supports_resources().then_some(pb::ResourcesCapability {
+                subscribe: c.supports_resource_subscribe(),
+                list_changed: c.resources_list_changed(),
+            }),
+            tools: c.supports_tools().then_some(pb::ToolsCapability {
+                list_changed: c.tools_list_changed(),
+            }),
+            logging: c.supports_logging().then_some(pb::LoggingCapability {}),
+            experimental: None,
+            completions: c
+                .supports_completions()
+                .then_some(pb::CompletionCapability {}),
+            tasks: None,
+            extensions: None,
+        }),
+        server_info: Some(pb::Implementation {
+            name: c.server_name().unwrap_or("mcp-broker").to_string(),
+            version: c.server_version().unwrap_or_default().to_string(),
+            title: None,
+            description: None,
+            icons: Vec::new(),
+            website_url: None,
+        }),
+        instructions: r
+            .instructions()
+            .filter(|i| !i.is_empty())
+            .map(str::to_string),
+    }
+}
+
+/// A non-final frame (progress, log, resource update) as a notification.
+pub fn notification(resp: p::Response<'_>) -> Option<pb::notification::Notification> {
+    use pb::notification::Notification as N;
+    if let Some(n) = resp.payload_as_progress_notification() {
+        let mut id = [0u8; mcp_schema::uuid::HYPHENATED_LEN];
+        let token = mcp_schema::uuid::hyphenated(&n.operation_id().0, &mut id).to_string();
+        return Some(N::Progress(pb::ProgressNotification {
+            progress_token: token,
+            progress: f64::from(n.progress()),
+            total: Some(1.0),
+            message: opt(n.message()),
+        }));
+    }
+    if let Some(l) = resp.payload_as_log_message() {
+        return Some(N::Log(pb::LogNotification {
+            level: log_level_from_wire(l.level()) as i32,
+            logger: l.source().unwrap_or("router").to_string(),
+            message: l.message().to_string(),
+            data: None,
+        }));
+    }
+    if let Some(u) = resp.payload_as_resource_updated_notification() {
+        return Some(N::ResourceUpdated(pb::ResourceUpdatedNotification {
+            uri: u.uri().to_string(),
+        }));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_split_into_members_with_their_json_text_untouched() {
+        let m = split_object(Some(
+            br#" {"a": 1.50, "b": {"c": [1, "x"]}, "big": 123456789012345678901234567890} "#,
+        ))
+        .unwrap();
+        let got: Vec<_> = m.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
+        assert_eq!(
+            got,
+            [
+                ("a", "1.50"),
+                ("b", r#"{"c": [1, "x"]}"#),
+                ("big", "123456789012345678901234567890")
+            ]
+        );
+        assert!(split_object(None).unwrap().is_empty());
+        assert!(split_object(Some(b"  ")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn arguments_that_are_not_one_json_object_are_refused() {
+        for bad in [&b"[1,2]"[..], b"{\"a\":", b"not json", b"{} {}", b"\"s\""] {
+            let e = split_object(Some(bad)).unwrap_err();
+            assert!(e.contains("JSON object"), "{e}");
+        }
+    }
+
+    #[test]
+    fn versions_round_trip_and_unknown_ones_negotiate_to_the_latest() {
+        for v in ["2024-11-05", "2025-06-18"] {
+            assert_eq!(version_to_str(version_from_str(v)), v);
+        }
+        assert_eq!(
+            version_from_str("2025-11-25"),
+            p::ProtocolVersion::Unspecified
+        );
+        assert_eq!(
+            crate::dispatch::negotiate(version_from_str("2025-11-25")),
+            p::ProtocolVersion::V2025_06_18
+        );
+    }
+}

@@ -1,0 +1,411 @@
+//! Subscribe: one bounded stream per subscriber, filtered by its topics and
+//! its session, and the per-session log level.
+//!
+//! # What is delivered
+//! A notification belongs to one session (the `mcp-session-id` of the call
+//! that produced it) or to none (a broadcast). A subscriber receives the
+//! notifications of its own session that match its topics, plus matching
+//! broadcasts; a subscriber without a session receives broadcasts only.
+//! Sources today: progress frames of CallTool, log/resource-updated frames a
+//! router's answer carries, and the edge's own log notifications for calls
+//! that fail with a fault, deadline or overload. The route table never
+//! changes while running, so no `*_list_changed` is ever sent.
+//!
+//! # Invariants
+//! - Publishing never blocks: a subscriber whose buffer is full loses that
+//!   notification (counted), it never slows a call down.
+//! - A stream removes its subscriber when it is dropped (client gone), and
+//!   [`Hub::close`] drops every sender, which ends every stream cleanly.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use futures_channel::mpsc;
+use mcp_proto::v1::notification::Notification as N;
+use mcp_proto::v1::{LogLevel, Notification};
+use tonic::Status;
+use tonic::codegen::tokio_stream::Stream;
+
+/// Notifications buffered per subscriber before new ones are dropped.
+pub const SUBSCRIBER_BUFFER: usize = 256;
+
+/// Sessions whose log level is remembered; beyond it SetLoggingLevel is
+/// refused (RESOURCE_EXHAUSTED) instead of growing without bound.
+pub const MAX_SESSIONS_WITH_LEVEL: usize = 100_000;
+
+/// Kinds of notification, as a bit set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kinds(u16);
+
+impl Kinds {
+    pub const ALL: Kinds = Kinds(0xff);
+    const NAMES: [(&'static str, &'static str, u16); 8] = [
+        ("progress", "notifications/progress", 1),
+        ("log", "notifications/message", 1 << 1),
+        (
+            "resource_updated",
+            "notifications/resources/updated",
+            1 << 2,
+        ),
+        (
+            "resource_list_changed",
+            "notifications/resources/list_changed",
+            1 << 3,
+        ),
+        (
+            "tool_list_changed",
+            "notifications/tools/list_changed",
+            1 << 4,
+        ),
+        (
+            "prompt_list_changed",
+            "notifications/prompts/list_changed",
+            1 << 5,
+        ),
+        (
+            "roots_list_changed",
+            "notifications/roots/list_changed",
+            1 << 6,
+        ),
+        ("cancelled", "notifications/cancelled", 1 << 7),
+    ];
+
+    fn of(n: &N) -> u16 {
+        match n {
+            N::Progress(_) => 1,
+            N::Log(_) => 1 << 1,
+            N::ResourceUpdated(_) => 1 << 2,
+            N::ResourceListChanged(_) => 1 << 3,
+            N::ToolListChanged(_) => 1 << 4,
+            N::PromptListChanged(_) => 1 << 5,
+            N::RootsListChanged(_) => 1 << 6,
+            N::Cancelled(_) => 1 << 7,
+        }
+    }
+
+    /// The topic names a client may use.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        Self::NAMES.iter().map(|(n, _, _)| *n)
+    }
+}
+
+/// What one subscriber asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topics {
+    kinds: Kinds,
+    /// Resource URIs whose `resource_updated` is wanted (beyond `kinds`).
+    uris: Vec<String>,
+}
+
+/// A topic that is a resource URI (it has a scheme): the client wants that
+/// resource's updates.
+pub fn is_resource_topic(t: &str) -> bool {
+    t.contains("://")
+}
+
+impl Topics {
+    /// Parses the topics of a SubscribeRequest: a kind name (`progress`,
+    /// `log`, …; the MCP method names are accepted too) or a resource URI.
+    /// Empty means every kind.
+    pub fn parse(topics: &[String]) -> Result<Self, String> {
+        if topics.is_empty() {
+            return Ok(Topics {
+                kinds: Kinds::ALL,
+                uris: Vec::new(),
+            });
+        }
+        let mut kinds = 0u16;
+        let mut uris = Vec::new();
+        for t in topics {
+            if is_resource_topic(t) {
+                uris.push(t.clone());
+                continue;
+            }
+            match Kinds::NAMES
+                .iter()
+                .find(|(a, b, _)| a == t || b == t || (t == "message" && *a == "log"))
+            {
+                Some((_, _, bit)) => kinds |= bit,
+                None => {
+                    let known: Vec<_> = Kinds::names().collect();
+                    return Err(format!(
+                        "unknown topic `{t}`: use one of {} (or their MCP method names), or a resource URI",
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(Topics {
+            kinds: Kinds(kinds),
+            uris,
+        })
+    }
+
+    fn wants(&self, n: &N) -> bool {
+        if self.kinds.0 & Kinds::of(n) != 0 {
+            return true;
+        }
+        matches!(n, N::ResourceUpdated(r) if self.uris.contains(&r.uri))
+    }
+}
+
+struct Sub {
+    id: u64,
+    session: Option<String>,
+    topics: Topics,
+    tx: mpsc::Sender<Result<Notification, Status>>,
+}
+
+/// All subscribers of the edge, and the sessions' log levels.
+#[derive(Default)]
+pub struct Hub {
+    // The edge's control plane, not the request path: a std mutex held for
+    // a scan of the subscribers, never across an await.
+    subs: Mutex<Vec<Sub>>,
+    levels: Mutex<HashMap<String, LogLevel>>,
+    next_id: AtomicU64,
+    closed: AtomicBool,
+    /// Notifications dropped because a subscriber's buffer was full.
+    pub dropped: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave the vector or map
+    // half-updated in a way that matters here; keep serving.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubscribeError {
+    Closed,
+    TooMany,
+}
+
+impl Hub {
+    pub fn subscribe(
+        self: &Arc<Self>,
+        session: Option<String>,
+        topics: Topics,
+        max: usize,
+    ) -> Result<SubscriptionStream, SubscribeError> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut subs = lock(&self.subs);
+            // Checked under the lock, so `close` cannot miss this one.
+            if self.closed.load(Ordering::Acquire) {
+                return Err(SubscribeError::Closed);
+            }
+            if subs.len() >= max {
+                return Err(SubscribeError::TooMany);
+            }
+            subs.push(Sub {
+                id,
+                session,
+                topics,
+                tx,
+            });
+        }
+        Ok(SubscriptionStream {
+            rx,
+            hub: self.clone(),
+            id,
+        })
+    }
+
+    /// Delivers `n` to the subscribers of `session` (or, for `None`, to
+    /// every subscriber: a broadcast) that asked for it. Log notifications
+    /// below the session's level are not delivered.
+    pub fn publish(&self, session: Option<&str>, n: N) {
+        if let (N::Log(log), Some(s)) = (&n, session)
+            && let Some(min) = lock(&self.levels).get(s)
+            && log.level < *min as i32
+        {
+            return;
+        }
+        let mut subs = lock(&self.subs);
+        for sub in subs.iter_mut() {
+            let mine = session.is_none_or(|s| sub.session.as_deref() == Some(s));
+            if mine && sub.topics.wants(&n) {
+                let msg = Notification {
+                    notification: Some(n.clone()),
+                };
+                if sub.tx.try_send(Ok(msg)).is_err() {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Records `session`'s log level; `false` when too many sessions have
+    /// one already.
+    pub fn set_level(&self, session: &str, level: LogLevel) -> bool {
+        let mut levels = lock(&self.levels);
+        if levels.len() >= MAX_SESSIONS_WITH_LEVEL && !levels.contains_key(session) {
+            return false;
+        }
+        levels.insert(session.to_string(), level);
+        true
+    }
+
+    #[cfg(test)]
+    pub fn subscribers(&self) -> usize {
+        lock(&self.subs).len()
+    }
+
+    /// Ends every stream (drain) and refuses new subscriptions.
+    pub fn close(&self) {
+        let mut subs = lock(&self.subs);
+        self.closed.store(true, Ordering::Release);
+        subs.clear();
+    }
+
+    fn remove(&self, id: u64) {
+        lock(&self.subs).retain(|s| s.id != id);
+    }
+}
+
+/// The stream a Subscribe call returns; dropping it (the client went away,
+/// or the call ended) unsubscribes.
+pub struct SubscriptionStream {
+    rx: mpsc::Receiver<Result<Notification, Status>>,
+    hub: Arc<Hub>,
+    id: u64,
+}
+
+impl Stream for SubscriptionStream {
+    type Item = Result<Notification, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.rx).poll_next(cx)
+    }
+}
+
+impl Drop for SubscriptionStream {
+    fn drop(&mut self) {
+        self.hub.remove(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcp_proto::v1::{LogNotification, ProgressNotification, ResourceUpdatedNotification};
+
+    fn log(level: LogLevel, m: &str) -> N {
+        N::Log(LogNotification {
+            level: level as i32,
+            logger: "t".into(),
+            message: m.into(),
+            data: None,
+        })
+    }
+
+    fn drain_now(s: &mut SubscriptionStream) -> Vec<Notification> {
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut out = Vec::new();
+        while let Poll::Ready(Some(Ok(n))) = Pin::new(&mut *s).poll_next(&mut cx) {
+            out.push(n);
+        }
+        out
+    }
+
+    #[test]
+    fn notifications_reach_only_their_sessions_subscribers_with_matching_topics() {
+        let hub = Arc::new(Hub::default());
+        let all = Topics::parse(&[]).unwrap();
+        let logs = Topics::parse(&["log".into()]).unwrap();
+        let mut a = hub.subscribe(Some("a".into()), all.clone(), 10).unwrap();
+        let mut a_logs = hub.subscribe(Some("a".into()), logs, 10).unwrap();
+        let mut b = hub.subscribe(Some("b".into()), all.clone(), 10).unwrap();
+        let mut anon = hub.subscribe(None, all, 10).unwrap();
+        let progress = N::Progress(ProgressNotification {
+            progress_token: "t".into(),
+            progress: 0.5,
+            total: None,
+            message: None,
+        });
+        hub.publish(Some("a"), progress);
+        hub.publish(Some("a"), log(LogLevel::Error, "x"));
+        assert_eq!(drain_now(&mut a).len(), 2);
+        assert_eq!(drain_now(&mut a_logs).len(), 1);
+        assert!(drain_now(&mut b).is_empty());
+        assert!(drain_now(&mut anon).is_empty());
+        // A broadcast reaches everyone who asked for its kind.
+        hub.publish(None, log(LogLevel::Info, "all"));
+        assert_eq!(drain_now(&mut b).len(), 1);
+        assert_eq!(drain_now(&mut anon).len(), 1);
+    }
+
+    #[test]
+    fn resource_topics_select_one_uri_and_log_level_filters_per_session() {
+        let hub = Arc::new(Hub::default());
+        let mut s = hub
+            .subscribe(
+                Some("a".into()),
+                Topics::parse(&["kv://k1".into(), "log".into()]).unwrap(),
+                10,
+            )
+            .unwrap();
+        hub.publish(
+            Some("a"),
+            N::ResourceUpdated(ResourceUpdatedNotification {
+                uri: "kv://k2".into(),
+            }),
+        );
+        hub.publish(
+            Some("a"),
+            N::ResourceUpdated(ResourceUpdatedNotification {
+                uri: "kv://k1".into(),
+            }),
+        );
+        assert!(hub.set_level("a", LogLevel::Error));
+        hub.publish(Some("a"), log(LogLevel::Warning, "quiet"));
+        hub.publish(Some("a"), log(LogLevel::Critical, "loud"));
+        let got = drain_now(&mut s);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(matches!(&got[0].notification, Some(N::ResourceUpdated(r)) if r.uri == "kv://k1"));
+        assert!(matches!(&got[1].notification, Some(N::Log(l)) if l.message == "loud"));
+    }
+
+    #[test]
+    fn dropping_a_stream_unsubscribes_and_close_ends_streams_and_refuses_new_ones() {
+        let hub = Arc::new(Hub::default());
+        let s = hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).unwrap();
+        assert_eq!(
+            hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).err(),
+            Some(SubscribeError::TooMany)
+        );
+        drop(s);
+        assert_eq!(hub.subscribers(), 0);
+        let mut s = hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).unwrap();
+        hub.close();
+        let waker = std::task::Waker::noop();
+        assert!(matches!(
+            Pin::new(&mut s).poll_next(&mut Context::from_waker(waker)),
+            Poll::Ready(None)
+        ));
+        assert_eq!(
+            hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).err(),
+            Some(SubscribeError::Closed)
+        );
+    }
+
+    #[test]
+    fn unknown_topics_are_refused_with_the_known_ones() {
+        let e = Topics::parse(&["bogus".into()]).unwrap_err();
+        assert!(
+            e.contains("progress") && e.contains("resource_updated"),
+            "{e}"
+        );
+        assert_eq!(
+            Topics::parse(&["notifications/message".into()]).unwrap(),
+            Topics::parse(&["log".into()]).unwrap()
+        );
+    }
+}

@@ -1,0 +1,823 @@
+//! The `McpService` implementation: each RPC → one Request frame → a shard
+//! → its response frames → the proto answer.
+//!
+//! # Invariants
+//! - A call is refused before any work when the edge is draining
+//!   (UNAVAILABLE) or `grpc.max_concurrent_requests` calls are in flight
+//!   (RESOURCE_EXHAUSTED); the in-flight count is released on every path,
+//!   including the client going away (the guard is dropped with the future).
+//! - The client's `grpc-timeout` becomes the frame's `timeout_ms`, a little
+//!   shorter than the deadline so that the broker's DEADLINE_EXCEEDED reaches
+//!   the client before the transport's own timer cancels the call.
+//! - The encoders are per thread and borrowed only while encoding (never
+//!   across an await).
+
+use std::cell::RefCell;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use mcp_proto::v1 as pb;
+use mcp_proto::v1::mcp_service_server::McpService;
+use mcp_schema::ErrorCode;
+use mcp_schema::client::{Listing, RequestEncoder, RequestHeader, ResponseView};
+use mcp_schema::fb::protocol as p;
+use mcp_schema::uuid::IdGenerator;
+use mcp_schema::verify::VerifiedRequest;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::notify::{Hub, SubscribeError, SubscriptionStream, Topics, is_resource_topic};
+use super::status;
+use crate::shared::{Shared, SubmitError};
+
+thread_local! {
+    /// Reused per edge thread: building a frame allocates nothing once the
+    /// builder has grown.
+    static ENCODER: RefCell<RequestEncoder> = RefCell::new(RequestEncoder::new());
+    static IDS: RefCell<IdGenerator> = RefCell::new(IdGenerator::new(thread_seed()));
+}
+
+fn thread_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(format!("{:?}", std::thread::current().id()).len() as u64);
+    h.finish()
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+fn next_id() -> [u8; 16] {
+    let millis = unix_now().as_millis() as u64;
+    IDS.with(|g| g.borrow_mut().next(millis).0)
+}
+
+fn hyphenated(id: &[u8; 16]) -> String {
+    let mut buf = [0u8; mcp_schema::uuid::HYPHENATED_LEN];
+    mcp_schema::uuid::hyphenated(id, &mut buf).to_string()
+}
+
+/// The edge's shared state.
+pub struct EdgeState {
+    shared: Arc<Shared>,
+    hub: Arc<Hub>,
+    next_shard: AtomicUsize,
+    in_flight: AtomicUsize,
+    draining: AtomicBool,
+}
+
+/// The tonic service (a handle on [`EdgeState`]).
+#[derive(Clone)]
+pub struct Edge(pub(super) Arc<EdgeState>);
+
+impl EdgeState {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            hub: Arc::new(Hub::default()),
+            next_shard: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.hub.close();
+    }
+
+    fn refuse_when_draining(&self) -> Result<(), Status> {
+        if self.draining.load(Ordering::Acquire) || self.shared.is_draining() {
+            return Err(status::edge(
+                ErrorCode::ShuttingDown,
+                "the broker is shutting down",
+            ));
+        }
+        Ok(())
+    }
+
+    fn admit(&self) -> Result<InFlight<'_>, Status> {
+        self.refuse_when_draining()?;
+        let limit = self.shared.config.grpc.max_concurrent_requests;
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(status::edge(
+                ErrorCode::Overloaded,
+                format!(
+                    "the gRPC edge has {limit} calls in flight (grpc.max_concurrent_requests); retry later"
+                ),
+            ));
+        }
+        Ok(InFlight(&self.in_flight))
+    }
+}
+
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a call's metadata says.
+struct CallMeta {
+    session: Option<String>,
+    /// The client's deadline (`grpc-timeout`).
+    deadline: Option<Duration>,
+}
+
+impl CallMeta {
+    fn of<T>(req: &Request<T>) -> Result<Self, Status> {
+        let md = req.metadata();
+        let session = match md.get(mcp_proto::SESSION_METADATA_KEY) {
+            None => None,
+            Some(v) => match v.to_str() {
+                Ok(s) if !s.is_empty() && s.len() <= 256 => Some(s.to_string()),
+                _ => {
+                    return Err(status::edge(
+                        ErrorCode::InvalidRequest,
+                        "mcp-session-id must be 1 to 256 printable ASCII characters",
+                    ));
+                }
+            },
+        };
+        let deadline = md
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout);
+        Ok(Self { session, deadline })
+    }
+
+    /// The frame's `timeout_ms`: the deadline less a margin for the answer
+    /// to travel back (a tenth, at most 20 ms), at least 1 ms; 0 = the
+    /// router's own deadline.
+    fn timeout_ms(&self) -> u32 {
+        self.deadline.map_or(0, |d| {
+            let margin = (d / 10).min(Duration::from_millis(20));
+            (d - margin).as_millis().clamp(1, u32::MAX as u128) as u32
+        })
+    }
+}
+
+/// Parses a `grpc-timeout` value: at most 8 digits and a unit
+/// (H, M, S, m, u, n).
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The response frames of one request: zero or more non-final frames, then
+/// the final one.
+struct Reply {
+    frames: Vec<u8>,
+    last: usize,
+}
+
+impl Reply {
+    fn split(frames: Vec<u8>) -> Result<Self, Status> {
+        let mut at = 0;
+        let mut last = None;
+        while at + 4 <= frames.len() {
+            let n = u32::from_le_bytes([frames[at], frames[at + 1], frames[at + 2], frames[at + 3]])
+                as usize;
+            if at + 4 + n > frames.len() {
+                break;
+            }
+            last = Some(at);
+            at += 4 + n;
+        }
+        match last {
+            Some(last) if at == frames.len() => Ok(Self { frames, last }),
+            _ => Err(status::edge(
+                ErrorCode::Internal,
+                "a shard returned a truncated response",
+            )),
+        }
+    }
+
+    fn frame_at(&self, at: usize) -> &[u8] {
+        let n = u32::from_le_bytes([
+            self.frames[at],
+            self.frames[at + 1],
+            self.frames[at + 2],
+            self.frames[at + 3],
+        ]);
+        &self.frames[at..at + 4 + n as usize]
+    }
+
+    /// Every non-final frame, parsed.
+    fn non_final(&self) -> impl Iterator<Item = ResponseView<'_>> {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            while at < self.last {
+                let f = self.frame_at(at);
+                at += f.len();
+                if let Ok(v) = ResponseView::parse(f) {
+                    return Some(v);
+                }
+            }
+            None
+        })
+    }
+
+    /// The final response, or the status its ErrorResponse maps to.
+    fn answer(&self) -> Result<p::Response<'_>, Status> {
+        let v = ResponseView::parse(self.frame_at(self.last)).map_err(|e| {
+            status::edge(
+                ErrorCode::Internal,
+                format!("a shard returned an invalid response: {e}"),
+            )
+        })?;
+        if let Some((code, message)) = v.error() {
+            return Err(status::from_wire(code, message));
+        }
+        Ok(v.response)
+    }
+}
+
+/// What a call is about, for the edge's log notifications.
+#[derive(Clone, Copy)]
+struct Op<'a> {
+    method: &'static str,
+    target: &'a str,
+}
+
+fn unexpected(what: &str) -> Status {
+    status::edge(
+        ErrorCode::Internal,
+        format!("a shard answered {what} with an unexpected payload"),
+    )
+}
+
+impl EdgeState {
+    fn pick_shard(&self, session: Option<&str>) -> usize {
+        match session {
+            Some(s) => self.shared.owner_of(s),
+            None => self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shared.shards(),
+        }
+    }
+
+    /// The one routing path: encode, verify, submit to the owning (or next)
+    /// shard, await the frames, publish the non-final ones to the session's
+    /// subscribers.
+    async fn roundtrip(
+        &self,
+        meta: &CallMeta,
+        op: Op<'_>,
+        session_override: Option<&str>,
+        build: impl FnOnce(&mut RequestEncoder, &RequestHeader<'_>) -> Bytes,
+    ) -> Result<Reply, Status> {
+        let _guard = self.admit()?;
+        let session = session_override.or(meta.session.as_deref());
+        let header = RequestHeader {
+            message_id: next_id(),
+            correlation_id: None,
+            session_id: session,
+            timeout_ms: meta.timeout_ms(),
+            unix_nanos: unix_now().as_nanos() as i64,
+        };
+        let frame = ENCODER.with(|e| build(&mut e.borrow_mut(), &header));
+        let req =
+            VerifiedRequest::verify(frame).map_err(|e| status::edge(e.code(), e.to_string()))?;
+        let shard = self.pick_shard(session);
+        let rx = self.shared.submit(shard, req).map_err(|e| match e {
+            SubmitError::Full(_) => {
+                status::edge(ErrorCode::Overloaded, format!("{e}; retry later"))
+            }
+            SubmitError::Stopped(_) => status::edge(ErrorCode::ShuttingDown, e.to_string()),
+        })?;
+        let frames = match meta.deadline {
+            // The router is stopped at `timeout_ms`, but its stop lands on
+            // the next epoch tick and the answer still has to travel: the
+            // edge answers DEADLINE_EXCEEDED itself at `timeout_ms`, before
+            // the transport's own timer would cancel the call (CANCELLED).
+            Some(_) => {
+                match tokio::time::timeout(Duration::from_millis(header.timeout_ms.into()), rx)
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => {
+                        let s = status::edge(
+                            ErrorCode::DeadlineExceeded,
+                            "the client's deadline passed",
+                        );
+                        self.log_failure(session, op, &s);
+                        return Err(s);
+                    }
+                }
+            }
+            None => rx.await,
+        }
+        .map_err(|_| status::edge(ErrorCode::ShuttingDown, format!("shard {shard} stopped")))?;
+        let reply = Reply::split(frames)?;
+        if let Some(s) = session {
+            for v in reply.non_final() {
+                if let Some(n) = convert::notification(v.response) {
+                    self.hub.publish(Some(s), n);
+                }
+            }
+        }
+        if let Err(st) = reply.answer() {
+            self.log_failure(session, op, &st);
+        }
+        Ok(reply)
+    }
+
+    /// Tells the session's `log` subscribers about a call that failed for
+    /// an operational reason (fault, deadline, overload, drain), as an MCP
+    /// server would with `notifications/message`. Session-less calls have
+    /// nobody to tell.
+    fn log_failure(&self, session: Option<&str>, op: Op<'_>, st: &Status) {
+        let Some(session) = session else { return };
+        let level = match st.code() {
+            tonic::Code::Internal => pb::LogLevel::Error,
+            tonic::Code::DeadlineExceeded
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::Unavailable => pb::LogLevel::Warning,
+            _ => return,
+        };
+        let code = st
+            .metadata()
+            .get(status::ERROR_CODE_METADATA_KEY)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let data = serde_json::json!({ "method": op.method, "target": op.target, "code": code, "grpc_status": st.code() as i32 });
+        self.hub.publish(
+            Some(session),
+            pb::notification::Notification::Log(pb::LogNotification {
+                level: level as i32,
+                logger: "mcp-broker".into(),
+                message: format!("{} `{}` failed: {}", op.method, op.target, st.message()),
+                data: Some(data.to_string().into_bytes()),
+            }),
+        );
+    }
+
+    async fn list(
+        &self,
+        req: &CallMeta,
+        what: Listing,
+        cursor: Option<&str>,
+    ) -> Result<Reply, Status> {
+        let op = Op {
+            method: "list",
+            target: "",
+        };
+        self.roundtrip(req, op, None, |e, h| {
+            Bytes::copy_from_slice(e.list(h, what, cursor))
+        })
+        .await
+    }
+}
+
+fn kvs<'a>(members: &'a [(String, &'a serde_json::value::RawValue)]) -> Vec<(&'a str, &'a str)> {
+    members.iter().map(|(k, v)| (k.as_str(), v.get())).collect()
+}
+
+type NotificationStream = Pin<Box<SubscriptionStream>>;
+
+#[tonic::async_trait]
+impl McpService for Edge {
+    async fn initialize(
+        &self,
+        req: Request<pb::InitializeRequest>,
+    ) -> Result<Response<pb::InitializeResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let r = req.into_inner();
+        let version = convert::version_from_str(&r.protocol_version);
+        let (name, ver) = r
+            .client_info
+            .as_ref()
+            .map_or(("", ""), |c| (c.name.as_str(), c.version.as_str()));
+        // Initialize starts a session: a fresh id, owned (by hash) by one
+        // shard, which answers this call already.
+        let session = hyphenated(&next_id());
+        let op = Op {
+            method: "initialize",
+            target: "",
+        };
+        let reply = self
+            .0
+            .roundtrip(&meta, op, Some(&session), |e, h| {
+                Bytes::copy_from_slice(e.initialize(h, version, name, ver))
+            })
+            .await?;
+        let init = reply
+            .answer()?
+            .payload_as_initialize_response()
+            .ok_or_else(|| unexpected("initialize"))?;
+        let mut resp = Response::new(convert::initialize(init));
+        let v = MetadataValue::try_from(session.as_str()).map_err(|_| unexpected("initialize"))?;
+        resp.metadata_mut()
+            .insert(mcp_proto::SESSION_METADATA_KEY, v);
+        Ok(resp)
+    }
+
+    async fn ping(
+        &self,
+        req: Request<pb::PingRequest>,
+    ) -> Result<Response<pb::PingResponse>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let op = Op {
+            method: "ping",
+            target: "",
+        };
+        let reply = self
+            .0
+            .roundtrip(&meta, op, None, |e, h| Bytes::copy_from_slice(e.ping(h)))
+            .await?;
+        reply
+            .answer()?
+            .payload_as_ping_response()
+            .ok_or_else(|| unexpected("ping"))?;
+        Ok(Response::new(pb::PingResponse {}))
+    }
+
+    async fn list_tools(
+        &self,
+        req: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let reply = self
+            .0
+            .list(&meta, Listing::Tools, req.get_ref().cursor.as_deref())
+            .await?;
+        let r = reply
+            .answer()?
+            .payload_as_list_tools_result()
+            .ok_or_else(|| unexpected("list tools"))?;
+        Ok(Response::new(convert::tools(r)))
+    }
+
+    async fn call_tool(
+        &self,
+        req: Request<pb::CallToolRequest>,
+    ) -> Result<Response<pb::CallToolResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let r = req.get_ref();
+        let members = convert::split_object(r.arguments.as_deref())
+            .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
+        let args = kvs(&members);
+        let tool_call_id = next_id();
+        let op = Op {
+            method: "tools/call",
+            target: &r.name,
+        };
+        let reply = self
+            .0
+            .roundtrip(&meta, op, None, |e, h| {
+                Bytes::copy_from_slice(e.tool_call(h, tool_call_id, &r.name, &args))
+            })
+            .await?;
+        let answer = reply.answer()?;
+        let result = if let Some(tr) = answer.payload_as_tool_result() {
+            convert::tool_result(tr).map_err(|e| status::edge(ErrorCode::Internal, e))?
+        } else if let Some(el) = answer.payload_as_elicitation_request() {
+            convert::elicitation(el)
+        } else {
+            return Err(unexpected("call tool"));
+        };
+        let mut resp = Response::new(result);
+        // Progress notifications of this call carry this token.
+        if let Ok(v) = MetadataValue::try_from(hyphenated(&tool_call_id).as_str()) {
+            resp.metadata_mut().insert("mcp-progress-token", v);
+        }
+        Ok(resp)
+    }
+
+    async fn list_resources(
+        &self,
+        req: Request<pb::ListResourcesRequest>,
+    ) -> Result<Response<pb::ListResourcesResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let reply = self
+            .0
+            .list(&meta, Listing::Resources, req.get_ref().cursor.as_deref())
+            .await?;
+        let r = reply
+            .answer()?
+            .payload_as_list_resources_result()
+            .ok_or_else(|| unexpected("list resources"))?;
+        Ok(Response::new(convert::resources(r)))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        req: Request<pb::ListResourceTemplatesRequest>,
+    ) -> Result<Response<pb::ListResourceTemplatesResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let reply = self
+            .0
+            .list(
+                &meta,
+                Listing::ResourceTemplates,
+                req.get_ref().cursor.as_deref(),
+            )
+            .await?;
+        let r = reply
+            .answer()?
+            .payload_as_list_resource_templates_result()
+            .ok_or_else(|| unexpected("list resource templates"))?;
+        Ok(Response::new(convert::templates(r)))
+    }
+
+    async fn read_resource(
+        &self,
+        req: Request<pb::ReadResourceRequest>,
+    ) -> Result<Response<pb::ReadResourceResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let uri = &req.get_ref().uri;
+        let op = Op {
+            method: "resources/read",
+            target: uri,
+        };
+        let reply = self
+            .0
+            .roundtrip(&meta, op, None, |e, h| {
+                Bytes::copy_from_slice(e.read_resource(h, uri))
+            })
+            .await?;
+        let r = reply
+            .answer()?
+            .payload_as_resource_data()
+            .ok_or_else(|| unexpected("read resource"))?;
+        Ok(Response::new(convert::resource_data(r)))
+    }
+
+    async fn list_prompts(
+        &self,
+        req: Request<pb::ListPromptsRequest>,
+    ) -> Result<Response<pb::ListPromptsResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let reply = self
+            .0
+            .list(&meta, Listing::Prompts, req.get_ref().cursor.as_deref())
+            .await?;
+        let r = reply
+            .answer()?
+            .payload_as_list_prompts_result()
+            .ok_or_else(|| unexpected("list prompts"))?;
+        Ok(Response::new(convert::prompts(r)))
+    }
+
+    async fn get_prompt(
+        &self,
+        req: Request<pb::GetPromptRequest>,
+    ) -> Result<Response<pb::GetPromptResult>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let r = req.get_ref();
+        let members = convert::split_object(r.arguments.as_deref())
+            .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
+        let args = kvs(&members);
+        let op = Op {
+            method: "prompts/get",
+            target: &r.name,
+        };
+        let reply = self
+            .0
+            .roundtrip(&meta, op, None, |e, h| {
+                Bytes::copy_from_slice(e.get_prompt(h, &r.name, &args))
+            })
+            .await?;
+        let a = reply
+            .answer()?
+            .payload_as_applied_prompt()
+            .ok_or_else(|| unexpected("get prompt"))?;
+        Ok(Response::new(convert::applied_prompt(a)))
+    }
+
+    async fn complete(
+        &self,
+        req: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResult>, Status> {
+        use pb::completion_reference::Reference;
+        let meta = CallMeta::of(&req)?;
+        let r = req.get_ref();
+        let (kind, name) = match r.r#ref.as_ref().and_then(|x| x.reference.as_ref()) {
+            Some(Reference::Prompt(pr)) => (p::CompletionRefKind::Prompt, pr.name.as_str()),
+            Some(Reference::Resource(rr)) => (p::CompletionRefKind::Resource, rr.uri.as_str()),
+            None => {
+                return Err(status::edge(
+                    ErrorCode::InvalidParams,
+                    "`ref` (a prompt or a resource) is required",
+                ));
+            }
+        };
+        let Some(arg) = r.argument.as_ref() else {
+            return Err(status::edge(
+                ErrorCode::InvalidParams,
+                "`argument` is required",
+            ));
+        };
+        let op = Op {
+            method: "completion/complete",
+            target: name,
+        };
+        let reply = self
+            .0
+            .roundtrip(&meta, op, None, |e, h| {
+                Bytes::copy_from_slice(e.complete(h, kind, name, &arg.name, &arg.value))
+            })
+            .await?;
+        let c = reply
+            .answer()?
+            .payload_as_complete_result()
+            .ok_or_else(|| unexpected("complete"))?;
+        Ok(Response::new(convert::completion(c)))
+    }
+
+    type SubscribeStream = NotificationStream;
+
+    async fn subscribe(
+        &self,
+        req: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let meta = CallMeta::of(&req)?;
+        self.0.refuse_when_draining()?;
+        let topics = Topics::parse(&req.get_ref().topics)
+            .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
+        // A resource topic is an MCP resources/subscribe: the shard checks
+        // that a router serves the URI (NOT_FOUND otherwise).
+        for uri in req.get_ref().topics.iter().filter(|t| is_resource_topic(t)) {
+            let op = Op {
+                method: "resources/subscribe",
+                target: uri,
+            };
+            let reply = self
+                .0
+                .roundtrip(&meta, op, None, |e, h| {
+                    Bytes::copy_from_slice(e.subscribe(h, uri, true))
+                })
+                .await?;
+            reply.answer()?;
+        }
+        let max = self.0.shared.config.grpc.max_subscribers;
+        match self.0.hub.subscribe(meta.session, topics, max) {
+            Ok(s) => Ok(Response::new(Box::pin(s))),
+            Err(SubscribeError::Closed) => Err(status::edge(
+                ErrorCode::ShuttingDown,
+                "the broker is shutting down",
+            )),
+            Err(SubscribeError::TooMany) => Err(status::edge(
+                ErrorCode::Overloaded,
+                format!("{max} Subscribe streams are open (grpc.max_subscribers)"),
+            )),
+        }
+    }
+
+    async fn set_logging_level(
+        &self,
+        req: Request<pb::SetLoggingLevelRequest>,
+    ) -> Result<Response<pb::SetLoggingLevelResponse>, Status> {
+        let meta = CallMeta::of(&req)?;
+        let Some(session) = meta.session.clone() else {
+            return Err(Status::failed_precondition(
+                "the log level is per session: send the mcp-session-id that Initialize returned",
+            ));
+        };
+        let level = match pb::LogLevel::try_from(req.get_ref().level) {
+            Ok(pb::LogLevel::Unspecified) | Err(_) => {
+                return Err(status::edge(
+                    ErrorCode::InvalidParams,
+                    "level must be one of LOG_LEVEL_DEBUG..EMERGENCY",
+                ));
+            }
+            Ok(l) => l,
+        };
+        let op = Op {
+            method: "logging/setLevel",
+            target: &session,
+        };
+        let wire = convert::log_level_to_wire(level);
+        let reply = self
+            .0
+            .roundtrip(&meta, op, None, |e, h| {
+                Bytes::copy_from_slice(e.set_log_level(h, wire))
+            })
+            .await?;
+        reply.answer()?;
+        if !self.0.hub.set_level(&session, level) {
+            return Err(status::edge(
+                ErrorCode::Overloaded,
+                "too many sessions have a log level set",
+            ));
+        }
+        Ok(Response::new(pb::SetLoggingLevelResponse {}))
+    }
+
+    async fn list_roots(
+        &self,
+        req: Request<pb::ListRootsRequest>,
+    ) -> Result<Response<pb::ListRootsResult>, Status> {
+        CallMeta::of(&req)?;
+        self.0.refuse_when_draining()?;
+        let roots = self
+            .0
+            .shared
+            .config
+            .grpc
+            .roots
+            .iter()
+            .map(|r| pb::Root {
+                uri: r.uri.clone(),
+                name: r.name.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListRootsResult { roots }))
+    }
+
+    async fn create_sampling_message(
+        &self,
+        _req: Request<pb::CreateSamplingMessageRequest>,
+    ) -> Result<Response<pb::CreateSamplingMessageResult>, Status> {
+        Err(Status::unimplemented(
+            "sampling/createMessage is a client capability in MCP: a server asks its client's model to sample. \
+             This broker is a server with no model of its own, and the WIT router world gives routers no way to \
+             ask, so there is nothing to relay the request to",
+        ))
+    }
+
+    async fn elicit(
+        &self,
+        _req: Request<pb::ElicitRequest>,
+    ) -> Result<Response<pb::ElicitResult>, Status> {
+        Err(Status::unimplemented(
+            "elicitation/create is a client capability in MCP: a server asks its client's user for input. \
+             This broker is a server with no user to ask; a router's own elicitation reaches the CallTool \
+             caller as an is_error result carrying its message and schema",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_per_the_http2_protocol_spec() {
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_grpc_timeout("99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        for bad in ["", "m", "123456789m", "10x", "-1S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_frame_deadline_leaves_room_for_the_answer() {
+        let m = |d| CallMeta {
+            session: None,
+            deadline: Some(d),
+        };
+        assert_eq!(m(Duration::from_millis(300)).timeout_ms(), 280);
+        assert_eq!(m(Duration::from_millis(50)).timeout_ms(), 45);
+        assert_eq!(m(Duration::from_micros(10)).timeout_ms(), 1);
+        assert_eq!(
+            CallMeta {
+                session: None,
+                deadline: None
+            }
+            .timeout_ms(),
+            0
+        );
+    }
+
+    #[test]
+    fn concatenated_frames_split_into_progress_and_final() {
+        let mut frames = Vec::new();
+        for body in [&b"ab"[..], b"cde"] {
+            frames.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            frames.extend_from_slice(body);
+        }
+        let r = Reply::split(frames.clone()).unwrap();
+        assert_eq!(r.last, 6);
+        assert_eq!(r.frame_at(r.last), &[3, 0, 0, 0, b'c', b'd', b'e']);
+        frames.pop();
+        assert!(Reply::split(frames).is_err());
+        assert!(Reply::split(Vec::new()).is_err());
+    }
+}

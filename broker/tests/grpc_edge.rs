@@ -1,0 +1,626 @@
+//! The gRPC edge against the real `mcp-broker` binary: every RPC of
+//! `turbomcp.mcp.v1.McpService` from a tonic client, the status-code
+//! mapping, limits, health, reflection, gzip and drain.
+//!
+//! Needs the bundled routers (`scripts/build-routers`).
+
+mod grpc_harness;
+
+use std::time::Duration;
+
+use grpc_harness::Broker;
+use mcp_proto::v1 as pb;
+use mcp_proto::v1::mcp_service_client::McpServiceClient;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+async fn client(b: &Broker) -> McpServiceClient<Channel> {
+    let ch = Channel::from_shared(b.uri())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connecting to the gRPC edge");
+    McpServiceClient::new(ch)
+}
+
+fn with_session<T>(msg: T, session: &str) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert(mcp_proto::SESSION_METADATA_KEY, session.parse().unwrap());
+    r
+}
+
+fn call(name: &str, args: &str) -> pb::CallToolRequest {
+    pb::CallToolRequest {
+        name: name.into(),
+        arguments: Some(args.as_bytes().to_vec()),
+    }
+}
+
+fn texts(r: &pb::CallToolResult) -> Vec<String> {
+    r.content
+        .iter()
+        .filter_map(|c| match &c.content {
+            Some(pb::content::Content::Text(t)) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn initialize(c: &mut McpServiceClient<Channel>) -> (pb::InitializeResult, String) {
+    let r = c
+        .initialize(pb::InitializeRequest {
+            protocol_version: "2025-06-18".into(),
+            capabilities: Some(pb::ClientCapabilities::default()),
+            client_info: Some(pb::Implementation {
+                name: "grpc-test".into(),
+                version: "1".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let session = r
+        .metadata()
+        .get(mcp_proto::SESSION_METADATA_KEY)
+        .expect("session id in metadata");
+    let session = session.to_str().unwrap().to_string();
+    (r.into_inner(), session)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_answers_from_the_routers_through_the_shards() {
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            "roots = []",
+            r#"roots = [{ uri = "file:///srv/data", name = "data" }]"#,
+        )
+    });
+    let mut c = client(&b).await;
+
+    // Initialize: negotiation, capabilities, a session id.
+    let (init, session) = initialize(&mut c).await;
+    assert_eq!(init.protocol_version, "2025-06-18");
+    let caps = init.capabilities.unwrap();
+    assert!(
+        caps.tools.is_some()
+            && caps.resources.is_some()
+            && caps.prompts.is_some()
+            && caps.logging.is_some()
+    );
+    assert_eq!(init.server_info.unwrap().name, "mcp-broker");
+    let (newer, _) = {
+        let r = c
+            .initialize(pb::InitializeRequest {
+                protocol_version: "2099-01-01".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        (r.into_inner(), ())
+    };
+    assert_eq!(
+        newer.protocol_version, "2025-06-18",
+        "an unknown version negotiates to the latest supported"
+    );
+
+    c.ping(pb::PingRequest {}).await.unwrap();
+
+    // Listings, with cursors: the whole list fits one page, so no next
+    // cursor; a bad cursor is INVALID_ARGUMENT.
+    let tools = c
+        .list_tools(pb::ListToolsRequest { cursor: None })
+        .await
+        .unwrap()
+        .into_inner();
+    let names: Vec<_> = tools.tools.iter().map(|t| t.name.as_str()).collect();
+    for want in ["echo", "put", "get", "trap", "sleep"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    assert!(
+        tools
+            .tools
+            .iter()
+            .all(|t| serde_json::from_slice::<serde_json::Value>(&t.input_schema).is_ok())
+    );
+    assert_eq!(tools.next_cursor, None);
+    let bad = c
+        .list_tools(pb::ListToolsRequest {
+            cursor: Some("nonsense".into()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let resources = c
+        .list_resources(pb::ListResourcesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!resources.resources.is_empty());
+    let templates = c
+        .list_resource_templates(pb::ListResourceTemplatesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        templates
+            .resource_templates
+            .iter()
+            .any(|t| t.uri_template.contains('{')),
+        "{templates:?}"
+    );
+    let prompts = c
+        .list_prompts(pb::ListPromptsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let prompt = prompts
+        .prompts
+        .iter()
+        .find(|p| !p.arguments.is_empty())
+        .expect("a prompt with arguments")
+        .clone();
+
+    // CallTool: arguments reach the router exactly; structured content is
+    // carried as text; is_error preserved.
+    let r = c
+        .call_tool(call("echo", r#"{"text":"hello","n":1.50}"#))
+        .await
+        .unwrap();
+    assert!(r.metadata().get("mcp-progress-token").is_some());
+    let r = r.into_inner();
+    assert_eq!(r.is_error, Some(false));
+    let all = texts(&r).join("\n");
+    assert!(all.contains("\"hello\"") && all.contains("1.50"), "{all}");
+    let r = c.call_tool(call("fail", "{}")).await.unwrap().into_inner();
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+
+    // Session affinity: the kv router keeps state per instance, and a
+    // session's calls all go to its owning shard.
+    let put = with_session(call("put", r#"{"key":"k","value":"v1"}"#), &session);
+    c.call_tool(put).await.unwrap();
+    let got = c
+        .call_tool(with_session(call("get", r#"{"key":"k"}"#), &session))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(texts(&got).join("").contains("v1"), "{got:?}");
+
+    // ReadResource.
+    let uri = resources.resources[0].uri.clone();
+    let read = c
+        .read_resource(pb::ReadResourceRequest { uri: uri.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !read.contents.is_empty() && read.contents[0].content.is_some(),
+        "{read:?}"
+    );
+
+    // GetPrompt with arguments.
+    let args: serde_json::Map<String, serde_json::Value> = prompt
+        .arguments
+        .iter()
+        .map(|a| {
+            (
+                a.name.clone(),
+                serde_json::Value::String(format!("ARG-{}", a.name)),
+            )
+        })
+        .collect();
+    let got = c
+        .get_prompt(pb::GetPromptRequest {
+            name: prompt.name.clone(),
+            arguments: Some(serde_json::to_vec(&args).unwrap()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!got.messages.is_empty());
+    let body = format!("{got:?}");
+    assert!(body.contains("ARG-"), "arguments were substituted: {body}");
+
+    // Complete a prompt argument.
+    let done = c
+        .complete(pb::CompleteRequest {
+            r#ref: Some(pb::CompletionReference {
+                reference: Some(pb::completion_reference::Reference::Prompt(
+                    pb::PromptReference {
+                        name: prompt.name.clone(),
+                    },
+                )),
+            }),
+            argument: Some(pb::CompletionArgument {
+                name: prompt.arguments[0].name.clone(),
+                value: String::new(),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(done.completion.is_some());
+
+    // SetLoggingLevel is per session.
+    let e = c
+        .set_logging_level(pb::SetLoggingLevelRequest {
+            level: pb::LogLevel::Info as i32,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let lvl = pb::SetLoggingLevelRequest {
+        level: pb::LogLevel::Info as i32,
+    };
+    c.set_logging_level(with_session(lvl, &session))
+        .await
+        .unwrap();
+
+    // ListRoots: the operator's roots.
+    let roots = c
+        .list_roots(pb::ListRootsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        roots.roots,
+        [pb::Root {
+            uri: "file:///srv/data".into(),
+            name: Some("data".into())
+        }]
+    );
+
+    // Client capabilities: UNIMPLEMENTED, saying why.
+    let e = c
+        .create_sampling_message(pb::CreateSamplingMessageRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(e.message().contains("client capability"));
+    let e = c.elicit(pb::ElicitRequest::default()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    let el = c
+        .call_tool(call("elicit", "{}"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(el.is_error, Some(true));
+    assert!(texts(&el)[0].contains("elicitation"));
+
+    // Subscribe: a session's log subscriber hears about its own failed
+    // calls only. Session A's trap comes first, then B's panic: B's first
+    // notification must be its own.
+    let (_, other) = initialize(&mut c).await;
+    let sub = |s: &str| {
+        with_session(
+            pb::SubscribeRequest {
+                topics: vec!["log".into()],
+            },
+            s,
+        )
+    };
+    let mut a_stream = c.subscribe(sub(&session)).await.unwrap().into_inner();
+    let mut b_stream = c.subscribe(sub(&other)).await.unwrap().into_inner();
+    let e = c
+        .call_tool(with_session(call("trap", "{}"), &session))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Internal);
+    let e = c
+        .call_tool(with_session(call("panic", "{}"), &other))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Internal);
+    let first_a = tokio::time::timeout(Duration::from_secs(10), a_stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let first_b = tokio::time::timeout(Duration::from_secs(10), b_stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let msg = |n: &pb::Notification| match &n.notification {
+        Some(pb::notification::Notification::Log(l)) => l.message.clone(),
+        other => panic!("expected a log notification, got {other:?}"),
+    };
+    assert!(msg(&first_a).contains("`trap`"), "{first_a:?}");
+    assert!(msg(&first_b).contains("`panic`"), "{first_b:?}");
+    // An unknown topic and an unserved resource topic are refused.
+    let e = c
+        .subscribe(pb::SubscribeRequest {
+            topics: vec!["bogus".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = c
+        .subscribe(pb::SubscribeRequest {
+            topics: vec!["nope://x".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let ok = c
+        .subscribe(pb::SubscribeRequest { topics: vec![uri] })
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_and_input_errors_map_to_grpc_status_codes() {
+    let b = Broker::start();
+    let mut c = client(&b).await;
+    let code_of = |s: &tonic::Status| {
+        s.metadata()
+            .get("mcp-error-code")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+
+    let e = c.call_tool(call("no_such_tool", "{}")).await.unwrap_err();
+    assert_eq!(
+        (e.code(), code_of(&e).as_deref()),
+        (Code::NotFound, Some("-32601"))
+    );
+    let e = c
+        .read_resource(pb::ReadResourceRequest {
+            uri: "nope://x".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = c
+        .get_prompt(pb::GetPromptRequest {
+            name: "no_such_prompt".into(),
+            arguments: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+
+    // Malformed arguments: not JSON, not an object, or refused by the router.
+    for bad in ["{not json", "[1,2]"] {
+        let e = c.call_tool(call("echo", bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad}: {e:?}");
+    }
+    let e = c
+        .call_tool(call("sleep", r#"{"ms":"soon"}"#))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), code_of(&e).as_deref()),
+        (Code::InvalidArgument, Some("-32602"))
+    );
+    let e = c.call_tool(call("", "{}")).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = c
+        .complete(pb::CompleteRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // Router faults: INTERNAL with a message.
+    let e = c.call_tool(call("trap", "{}")).await.unwrap_err();
+    assert_eq!(
+        (e.code(), code_of(&e).as_deref()),
+        (Code::Internal, Some("-32002"))
+    );
+    assert!(e.message().contains("router fault"), "{e:?}");
+
+    // The client's deadline is the call's deadline: a 2 s spin with a
+    // 300 ms grpc-timeout ends as DEADLINE_EXCEEDED from the broker, well
+    // before the router's own 2 s deadline.
+    for tool in ["spin", "sleep"] {
+        let mut r = Request::new(call(tool, r#"{"ms":2000}"#));
+        r.set_timeout(Duration::from_millis(300));
+        let t = std::time::Instant::now();
+        let e = c.call_tool(r).await.unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{tool}: {e:?}");
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "{tool}: {:?}",
+            t.elapsed()
+        );
+    }
+    // And the edge still serves.
+    c.ping(pb::PingRequest {}).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_refuse_with_resource_exhausted_and_subscriptions_end_with_the_client() {
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            "max_concurrent_requests = 1024",
+            "max_concurrent_requests = 1",
+        )
+        .replace("max_subscribers = 1024", "max_subscribers = 1")
+        .replace("max_message_bytes = 4194304", "max_message_bytes = 65536")
+    });
+    let mut c = client(&b).await;
+
+    // One call in flight (a 1.5 s sleep; chaos's deadline is 2 s) fills the
+    // edge: the next is refused at once. The loop is bounded and ends as
+    // soon as the sleep is in.
+    let mut slow = c.clone();
+    let held = tokio::spawn(async move { slow.call_tool(call("sleep", r#"{"ms":1500}"#)).await });
+    let mut refused = None;
+    for _ in 0..2000 {
+        match c.ping(pb::PingRequest {}).await {
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                refused = Some(e);
+                break;
+            }
+            _ => tokio::task::yield_now().await,
+        }
+    }
+    let e = refused.expect("the second concurrent call is refused");
+    assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32000");
+    let held = held.await.unwrap();
+    assert!(held.is_ok(), "{held:?}");
+
+    // Messages over max_message_bytes are refused.
+    let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(100_000));
+    let e = c.call_tool(call("echo", &big)).await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+
+    // One subscriber allowed; when its client goes away the slot frees.
+    let s1 = c
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let e = c
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    drop(s1);
+    let mut again = None;
+    for _ in 0..500 {
+        match c.subscribe(pb::SubscribeRequest::default()).await {
+            Ok(s) => {
+                again = Some(s);
+                break;
+            }
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(again.is_some(), "the cancelled subscription was removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reflection_and_gzip_then_drain_flips_health_and_closes_streams() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let b = Broker::start();
+    let ch = Channel::from_shared(b.uri())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(ch.clone());
+    for service in ["", mcp_proto::SERVICE_NAME] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status(), ServingStatus::Serving, "{service:?}");
+    }
+
+    // Reflection: list the services, then fetch the file declaring ours.
+    let mut refl = ServerReflectionClient::new(ch.clone());
+    let reqs = vec![
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        },
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(
+                mcp_proto::SERVICE_NAME.into(),
+            )),
+        },
+    ];
+    let mut answers = refl
+        .server_reflection_info(tokio_stream_iter(reqs))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a service list")
+    };
+    let services: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(services.contains(&mcp_proto::SERVICE_NAME), "{services:?}");
+    assert!(services.contains(&"grpc.health.v1.Health"), "{services:?}");
+    let Some(MessageResponse::FileDescriptorResponse(fd)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a file descriptor")
+    };
+    let file = <prost_types_like::FileDescriptorProto as prost::Message>::decode(
+        &fd.file_descriptor_proto[0][..],
+    )
+    .unwrap();
+    assert_eq!(file.package.as_deref(), Some("turbomcp.mcp.v1"));
+
+    // gzip both ways.
+    let mut gz = McpServiceClient::new(ch.clone())
+        .send_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Gzip);
+    let r = gz
+        .call_tool(call(
+            "echo",
+            &format!(r#"{{"text":"{}"}}"#, "z".repeat(4096)),
+        ))
+        .await
+        .unwrap();
+    assert!(texts(r.get_ref()).join("").contains("zzzz"));
+
+    // Drain: an open subscription ends cleanly; health says NOT_SERVING
+    // while the broker finishes; the process exits 0.
+    let mut stream = gz
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut b = b;
+    b.terminate();
+    let end = tokio::time::timeout(Duration::from_secs(20), stream.message())
+        .await
+        .expect("stream ends on drain");
+    assert!(matches!(end, Ok(None)), "clean end of stream, got {end:?}");
+    let status = tokio::task::spawn_blocking(move || {
+        let s = b.child.wait().unwrap();
+        drop(b);
+        s
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// A `Stream` of the given items (tonic wants a stream for client
+/// streaming calls).
+fn tokio_stream_iter<T: Send + 'static>(
+    items: Vec<T>,
+) -> impl tonic::codegen::tokio_stream::Stream<Item = T> + Send {
+    struct Iter<T>(std::vec::IntoIter<T>);
+    impl<T> Unpin for Iter<T> {}
+    impl<T> tonic::codegen::tokio_stream::Stream for Iter<T> {
+        type Item = T;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<T>> {
+            std::task::Poll::Ready(self.0.next())
+        }
+    }
+    Iter(items.into_iter())
+}
+
+/// The two fields of `google.protobuf.FileDescriptorProto` this test reads
+/// (prost decodes and skips the rest).
+mod prost_types_like {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct FileDescriptorProto {
+        #[prost(string, optional, tag = "1")]
+        pub name: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub package: Option<String>,
+    }
+}
