@@ -36,6 +36,8 @@ pub struct Running {
     pub routers: Vec<String>,
     /// Bound at start-up so port 0 resolves; served by the gRPC edge.
     pub grpc_listener: Option<std::net::TcpListener>,
+    /// The gRPC edge serving `grpc_listener` (which it has taken).
+    grpc_edge: Option<crate::grpc::EdgeHandle>,
     shards: Vec<std::thread::JoinHandle<()>>,
     /// Owns the engine's epoch ticker: dropping it would stop every guest
     /// deadline and yield, so it lives as long as the shards.
@@ -57,9 +59,14 @@ impl Running {
 
     /// Drains: stop accepting, let in-flight calls finish within the drain
     /// timeout, answer the rest with shutting-down errors, stop the shards.
-    pub fn drain(self) {
+    pub fn drain(mut self) {
         let timeout = self.shared.config.broker.drain_timeout;
         tracing::info!(?timeout, in_flight = self.shared.in_flight(), "draining");
+        // gRPC: NOT_SERVING, new calls UNAVAILABLE, Subscribe streams end;
+        // calls already in shards are answered by the shard drain below.
+        if let Some(edge) = &self.grpc_edge {
+            edge.begin_drain();
+        }
         self.shared.start_drain();
         let until = Instant::now() + timeout;
         while self.shared.in_flight() > 0 && Instant::now() < until {
@@ -68,6 +75,9 @@ impl Running {
         self.shared.expire_drain();
         for h in self.shards {
             let _ = h.join();
+        }
+        if let Some(edge) = self.grpc_edge.take() {
+            edge.shutdown();
         }
         tracing::info!("drained");
     }
@@ -186,12 +196,15 @@ pub fn start(config: Config) -> Result<Running> {
             .spawn(move || crate::metrics::serve(metrics_listener, shared, names))
             .context("spawning the admin thread")?;
     }
+    let grpc_edge =
+        crate::grpc::start(grpc_listener, shared.clone()).context("starting the gRPC edge")?;
     Ok(Running {
         shared,
         frames,
         metrics,
         grpc,
-        grpc_listener: Some(grpc_listener),
+        grpc_listener: None,
+        grpc_edge: Some(grpc_edge),
         routers: names,
         shards: handles,
         _host: host,

@@ -210,8 +210,10 @@ fn correlation_falls_back_to_the_message_id() {
 }
 
 /// Sends `n` requests on one connection without waiting, then reads `n`
-/// answers: each correlation id exactly once.
-fn pipeline(c: &mut Client, n: usize, tag: &str) {
+/// answers: each correlation id exactly once, each success echoing its own
+/// arguments. Returns how many were refused as overloaded (-32000), the only
+/// error allowed.
+fn pipeline(c: &mut Client, n: usize, tag: &str) -> usize {
     let mut batch = Vec::with_capacity(n * 128);
     for i in 0..n {
         let corr = format!("{tag}-{i}");
@@ -232,10 +234,10 @@ fn pipeline(c: &mut Client, n: usize, tag: &str) {
         std::thread::spawn(move || s.write_all(&batch).unwrap())
     };
     let mut seen = vec![false; n];
+    let mut overloaded = 0;
     for _ in 0..n {
         let f = c.read_final();
         let r = ResponseView::parse(&f).unwrap();
-        assert!(r.error().is_none(), "{:?}", r.error());
         let i: usize = r
             .correlation_id()
             .strip_prefix(&format!("{tag}-"))
@@ -244,19 +246,31 @@ fn pipeline(c: &mut Client, n: usize, tag: &str) {
             .unwrap();
         assert!(!seen[i], "answer {i} twice");
         seen[i] = true;
+        match r.error() {
+            None => assert_eq!(tool_text(&f), format!("{{\"i\":{i}}}")),
+            Some((-32000, _)) => overloaded += 1,
+            Some(e) => panic!("request {i}: unexpected error {e:?}"),
+        }
     }
     writer.join().unwrap();
+    overloaded
 }
 
 #[test]
 fn ten_thousand_pipelined_requests_on_one_connection_each_answered_once() {
     let b = Broker::start(&["--shards", "2"]);
     let mut c = b.connect();
-    pipeline(&mut c, 10_000, "p");
+    // At most max_in_flight_per_connection (256) are admitted at once, well
+    // within one router's instances plus queue: nothing may be refused.
+    assert_eq!(pipeline(&mut c, 10_000, "p"), 0);
 }
 
 #[test]
 fn ten_thousand_requests_over_64_connections_each_answered_once() {
+    // 64 connections each pipelining 157 requests put ~5,000 requests per
+    // shard in flight at once, more than a router's queue admits (1,024 by
+    // default): the excess is refused with -32000 by design. What must hold
+    // is that every request gets exactly one answer, and most succeed.
     let b = Broker::start(&["--shards", "2"]);
     let threads: Vec<_> = (0..64)
         .map(|t| {
@@ -264,9 +278,11 @@ fn ten_thousand_requests_over_64_connections_each_answered_once() {
             std::thread::spawn(move || pipeline(&mut Client::connect(addr), 157, &format!("t{t}")))
         })
         .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    let overloaded: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(
+        overloaded < 10_048 / 2,
+        "{overloaded} of 10,048 refused as overloaded"
+    );
 }
 
 #[test]

@@ -14,7 +14,11 @@ use std::time::Duration;
 pub const DEFAULT_INSTANCES_PER_SHARD: u32 = 4;
 /// Default callers allowed to wait for an instance; beyond this a caller is
 /// refused at once, so a stuck router cannot grow an unbounded backlog.
-pub const DEFAULT_QUEUE_DEPTH: u32 = 64;
+/// Sized for bursts: a call that is preempted at an epoch tick holds its
+/// instance until the shard gets back to it, and a pipelining client can put
+/// hundreds of requests behind that in a millisecond. Each waiter holds only
+/// its frame (a `Bytes`), so 1024 bounds the backlog at about 1024 frames.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 1024;
 /// Default per-call deadline: MCP tools are interactive; a call still running
 /// after this is a stuck router, not a slow one.
 pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(5);
