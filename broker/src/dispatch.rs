@@ -173,7 +173,9 @@ pub async fn handle(
             };
             let pool = &ctx.pools[router];
             let deadline = call_deadline(pool, view.timeout_ms());
+            let t0 = std::time::Instant::now();
             let result = pool.call_tool_within(&target.name, json, deadline).await;
+            crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::tool_response(&mut enc, out, &to, tc.id(), &r),
@@ -190,7 +192,9 @@ pub async fn handle(
             if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
                 return forward(ctx, owner, req, out).await;
             }
+            let t0 = std::time::Instant::now();
             let result = ctx.pools[router].read_resource(uri).await;
+            crate::metrics::record::wasm_call(ctx, router, t0);
             let listed = table
                 .resource_list
                 .iter()
@@ -222,7 +226,9 @@ pub async fn handle(
                 .flatten()
                 .map(|kv| (kv.key(), kv.value().unwrap_or("null")))
                 .collect();
+            let t0 = std::time::Instant::now();
             let result = ctx.pools[router].get_prompt(&target.name).await;
+            crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::prompt_response(&mut enc, out, &to, name, &r, &prompt_args),
@@ -270,7 +276,9 @@ pub async fn handle(
                 streaming: None,
                 meta: None,
             };
+            let t0 = std::time::Instant::now();
             let result = ctx.pools[router].complete(&request).await;
+            crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::complete_response(&mut enc, out, &to, &r),
@@ -381,7 +389,7 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
 /// Runs `req` on shard `owner` (session affinity) and appends its answer.
 /// The frame crosses as the same `Bytes`, not a copy.
 async fn forward(ctx: &Rc<ShardCtx>, owner: usize, req: &VerifiedRequest, out: &mut Vec<u8>) {
-    match ctx.shared.submit(owner, req.clone()) {
+    match ctx.shared.forward(owner, req.clone()) {
         Ok(rx) => match rx.await {
             Ok(frames) => out.extend_from_slice(&frames),
             Err(_) => {

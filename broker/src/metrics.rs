@@ -1,10 +1,34 @@
-//! The admin endpoint: `GET /metrics` (Prometheus text format), `/healthz`
-//! and `/readyz`, on its own small thread.
+//! The admin endpoint and the broker's metrics: `GET /metrics` (Prometheus
+//! text exposition 0.0.4), `GET /healthz` (the process answers) and
+//! `GET /readyz` (every shard accepts, every router is loaded, not
+//! draining), on the admin thread. `docs/metrics.md` is the reference.
 //!
-//! It is off the request path: it only reads the shards' counters (relaxed
-//! loads of values each shard alone writes), so a scrape never pauses a
-//! shard. The full metric set with latency histograms is issue 7's work;
-//! this serves the counters the shards keep today.
+//! Where the numbers come from:
+//! - [`series`]: the label space, fixed at start-up, and each shard's
+//!   counters and bucket histograms ([`hist`]), single-writer atomics in the
+//!   shard's [`ShardStats`](crate::shared::ShardStats);
+//! - [`record`]: the hooks the shards call per request, and the shard-local
+//!   HdrHistograms behind the exact-percentile summary;
+//! - [`peek`]: a request's outcome, read from its final response frame;
+//! - [`collect`]: the admin thread's side of the HdrHistograms (snapshots
+//!   through the shards' inboxes, a one-minute sliding window) and the
+//!   router pools' state that comes with them.
+//!
+//! # Invariants
+//! - Off the request path: a scrape reads atomics that only their shard
+//!   writes (relaxed loads) and asks each shard, through its inbox, for its
+//!   HdrHistograms; it never takes a lock a shard takes and never pauses a
+//!   shard, and a shard that does not answer within
+//!   [`collect::SNAPSHOT_TIMEOUT`] only delays that scrape.
+//! - No atomic is written by two threads; nothing on the request path
+//!   allocates or locks for metrics.
+//! - Every label set is bounded and fixed at start-up.
+
+pub mod collect;
+pub mod hist;
+pub mod peek;
+pub mod record;
+pub mod series;
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -13,28 +37,64 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::shared::Shared;
+pub use collect::{Collected, Collector};
+pub use record::{ShardSnapshot, SnapshotRequest};
+pub use series::{Edge, Layout, Outcome, Reject, ShardSeries};
 
-/// Serves the admin endpoint on `listener` until the process exits.
+use crate::shared::Shared;
+use hist::HistSnapshot;
+
+/// Serves the admin endpoint on `listener` until the process exits, and
+/// starts the ticker that keeps the summary's window moving between scrapes.
 pub fn serve(listener: TcpListener, shared: Arc<Shared>, routers: Vec<String>) {
+    let collector = Arc::new(Collector::new(shared.clone()));
+    {
+        let collector = collector.clone();
+        // Without it, a slot would hold whatever the next scrape collects,
+        // however long ago it was recorded. It stops with the process.
+        let _ = std::thread::Builder::new()
+            .name("metrics-ticker".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(collect::SLOT);
+                    collector.collect();
+                }
+            });
+    }
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
         let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
         let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-        if let Err(e) = answer(stream, &shared, &routers) {
+        if let Err(e) = answer(stream, &shared, &collector, &routers) {
             tracing::debug!(error = %e, "admin request failed");
         }
     }
 }
 
-fn answer(stream: TcpStream, shared: &Shared, routers: &[String]) -> std::io::Result<()> {
+/// Whether the broker takes traffic: every shard accepting with its
+/// routers warmed, and not draining. The gRPC edge's health service flips
+/// to NOT_SERVING from the same drain flag.
+pub fn is_ready(shared: &Shared) -> bool {
+    !shared.is_draining() && shared.stats.iter().all(|s| s.ready.load(Ordering::Relaxed))
+}
+
+fn answer(
+    stream: TcpStream,
+    shared: &Shared,
+    collector: &Collector,
+    routers: &[String],
+) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
-    // Drain the headers; the endpoint takes no request body.
+    // Drain the headers (bounded: the read timeout ends a client that
+    // never finishes them); the endpoint takes no request body.
     let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
+    for _ in 0..100 {
         header.clear();
+        if reader.read_line(&mut header)? <= 2 {
+            break;
+        }
     }
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
@@ -43,19 +103,22 @@ fn answer(stream: TcpStream, shared: &Shared, routers: &[String]) -> std::io::Re
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            render(shared, routers),
+            render(shared, &collector.collect(), routers),
         ),
         ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
         ("GET", "/readyz") => {
-            let ready = !shared.is_draining()
-                && shared.stats.iter().all(|s| s.ready.load(Ordering::Relaxed));
-            if ready {
+            if is_ready(shared) {
                 ("200 OK", "text/plain", "ready\n".to_string())
             } else {
+                let why = if shared.is_draining() {
+                    "draining"
+                } else {
+                    "starting"
+                };
                 (
                     "503 Service Unavailable",
                     "text/plain",
-                    "not ready\n".to_string(),
+                    format!("not ready: {why}\n"),
                 )
             }
         }
@@ -79,10 +142,226 @@ fn answer(stream: TcpStream, shared: &Shared, routers: &[String]) -> std::io::Re
     s.flush()
 }
 
-/// The Prometheus text exposition of the shards' counters.
-pub fn render(shared: &Shared, routers: &[String]) -> String {
-    let mut o = String::with_capacity(4096);
-    let counters: [(&str, &str, &str, fn(&crate::shared::ShardStats) -> u64); 9] = [
+/// A label value with `\`, `"` and newlines escaped, as the text format
+/// requires.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A metric family read from one value per series: name, type, help, getter.
+type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
+fn family(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Prometheus float text: integers without a fraction, `NaN` as is.
+fn num(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn histogram(o: &mut String, name: &str, labels: &str, h: &HistSnapshot) {
+    let mut cumulative = 0u64;
+    for (i, c) in h.counts.iter().enumerate() {
+        cumulative += c;
+        let _ = writeln!(
+            o,
+            "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
+            hist::le(i)
+        );
+    }
+    let _ = writeln!(o, "{name}_sum{{{labels}}} {}", num(h.sum_ns as f64 / 1e9));
+    let _ = writeln!(o, "{name}_count{{{labels}}} {cumulative}");
+}
+
+/// The Prometheus text exposition.
+pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> String {
+    let layout = &*shared.stats[0].layout;
+    let stats = &shared.stats;
+    let mut o = String::with_capacity(32 * 1024);
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+
+    // Requests: summed over shards; series appear at their first request.
+    family(
+        &mut o,
+        "mcp_requests_total",
+        "counter",
+        "Requests answered, by edge they came in on, router that served them (broker: answered by the broker itself), request kind and outcome of the final response.",
+    );
+    for edge in Edge::ALL {
+        for (r, router) in layout.routers.iter().enumerate() {
+            for kind in mcp_schema::RequestKind::ALL {
+                for outcome in Outcome::ALL {
+                    let slot = layout.request_slot(edge, r, series::kind_index(kind), outcome);
+                    let n: u64 = stats.iter().map(|s| load(&s.series.requests[slot])).sum();
+                    if n > 0 {
+                        let _ = writeln!(
+                            o,
+                            "mcp_requests_total{{edge=\"{}\",router=\"{}\",kind=\"{}\",outcome=\"{}\"}} {n}",
+                            edge.as_str(),
+                            esc(router),
+                            kind.as_str(),
+                            outcome.as_str()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    // Latency histograms, summed over shards.
+    family(
+        &mut o,
+        "mcp_request_duration_seconds",
+        "histogram",
+        "End-to-end request latency in the broker, from the read that completed the frame (or the gRPC hand-off) to the final response queued for writing, by router and tool (other: unknown at start-up; none: not a tool call).",
+    );
+    let mut by_router = vec![HistSnapshot::default(); layout.routers.len()];
+    for (r, router) in layout.routers.iter().enumerate() {
+        for (t, (tool, _)) in layout.tools.iter().enumerate() {
+            let slot = layout.latency_slot(r, t);
+            let mut h = HistSnapshot::default();
+            for s in stats {
+                s.series.duration[slot].add_to(&mut h);
+            }
+            if h.count() > 0 {
+                by_router[r].add(&h);
+                let labels = format!("router=\"{}\",tool=\"{}\"", esc(router), esc(tool));
+                histogram(&mut o, "mcp_request_duration_seconds", &labels, &h);
+            }
+        }
+    }
+    family(
+        &mut o,
+        "mcp_request_duration_hdr_seconds",
+        "summary",
+        "End-to-end request latency by router: exact quantiles (HdrHistogram, 3 significant digits) over the last minute; _sum and _count since start.",
+    );
+    for (r, router) in layout.routers.iter().enumerate() {
+        let total = &by_router[r];
+        if total.count() == 0 {
+            continue;
+        }
+        let router = esc(router);
+        for (q, v) in collect::QUANTILES.iter().zip(&collected.quantiles[r]) {
+            let _ = writeln!(
+                o,
+                "mcp_request_duration_hdr_seconds{{router=\"{router}\",quantile=\"{q}\"}} {}",
+                num(*v)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "mcp_request_duration_hdr_seconds_sum{{router=\"{router}\"}} {}",
+            num(total.sum_ns as f64 / 1e9)
+        );
+        let _ = writeln!(
+            o,
+            "mcp_request_duration_hdr_seconds_count{{router=\"{router}\"}} {}",
+            total.count()
+        );
+    }
+    family(
+        &mut o,
+        "mcp_wasm_call_duration_seconds",
+        "histogram",
+        "Router calls (call-tool, read-resource, get-prompt, complete) by router, from asking the pool for an instance to the result lifted out of the guest.",
+    );
+    for (r, router) in layout.routers.iter().enumerate().take(layout.broker()) {
+        let mut h = HistSnapshot::default();
+        for s in stats {
+            s.series.wasm[r].add_to(&mut h);
+        }
+        histogram(
+            &mut o,
+            "mcp_wasm_call_duration_seconds",
+            &format!("router=\"{}\"", esc(router)),
+            &h,
+        );
+    }
+    family(
+        &mut o,
+        "mcp_queue_wait_seconds",
+        "histogram",
+        "Time a request waited in the broker before a worker took it up (per-connection queue, or the inbox of the shard it was handed to), by router.",
+    );
+    for (r, router) in layout.routers.iter().enumerate() {
+        let mut h = HistSnapshot::default();
+        for s in stats {
+            s.series.queue[r].add_to(&mut h);
+        }
+        histogram(
+            &mut o,
+            "mcp_queue_wait_seconds",
+            &format!("router=\"{}\"", esc(router)),
+            &h,
+        );
+    }
+
+    // Router pools, from the shards' last snapshot answers.
+    let pools = &collected.pools;
+    let pool_families: [Family<crate::wasm::PoolStats>; 5] = [
+        (
+            "mcp_router_queued_calls",
+            "gauge",
+            "Calls waiting for a free instance, by router (all shards).",
+            |p| p.queued.into(),
+        ),
+        (
+            "mcp_router_calls_total",
+            "counter",
+            "Calls that ran in an instance, by router.",
+            |p| p.calls,
+        ),
+        (
+            "mcp_router_faults_total",
+            "counter",
+            "Calls that ended in a fault of the instance (trap, deadline, out of memory, malformed output), by router.",
+            |p| p.faults,
+        ),
+        (
+            "mcp_router_instances_replaced_total",
+            "counter",
+            "Instances discarded after a fault or a cancelled call and replaced by a fresh one, by router.",
+            |p| p.replaced,
+        ),
+        (
+            "mcp_router_overloaded_total",
+            "counter",
+            "Calls refused because every instance was busy and the queue was full, by router.",
+            |p| p.overloaded,
+        ),
+    ];
+    family(
+        &mut o,
+        "mcp_router_instances",
+        "gauge",
+        "Router instances by state (idle: free; busy: serving or handed to a call), all shards.",
+    );
+    for (router, p) in layout.routers.iter().zip(pools) {
+        let router = esc(router);
+        let _ = writeln!(
+            o,
+            "mcp_router_instances{{router=\"{router}\",state=\"idle\"}} {}\nmcp_router_instances{{router=\"{router}\",state=\"busy\"}} {}",
+            p.idle, p.busy
+        );
+    }
+    for (name, kind, help, get) in pool_families {
+        family(&mut o, name, kind, help);
+        for (router, p) in layout.routers.iter().zip(pools) {
+            let _ = writeln!(o, "{name}{{router=\"{}\"}} {}", esc(router), get(p));
+        }
+    }
+
+    // Connections and frames, per shard (bounded by the shard count; shows
+    // how SO_REUSEPORT spread the connections).
+    let per_shard: [Family<crate::shared::ShardStats>; 8] = [
         (
             "mcp_connections_open",
             "gauge",
@@ -98,31 +377,25 @@ pub fn render(shared: &Shared, routers: &[String]) -> String {
         (
             "mcp_connections_refused_total",
             "counter",
-            "Frame-edge connections refused at max_connections_per_shard.",
+            "Frame-edge connections refused at frames.max_connections_per_shard.",
             |s| s.connections_refused.load(Ordering::Relaxed),
-        ),
-        (
-            "mcp_frames_rejected_total",
-            "counter",
-            "Frames rejected (verification failed or length over the maximum).",
-            |s| s.frames_rejected.load(Ordering::Relaxed),
         ),
         (
             "mcp_frames_received_total",
             "counter",
-            "Frames received on the frame edge.",
+            "Complete frames received on the frame edge (valid or not).",
             |s| s.requests.load(Ordering::Relaxed),
         ),
         (
             "mcp_error_responses_total",
             "counter",
-            "Error responses sent for rejected frames.",
+            "Error responses sent at once for frames that failed verification.",
             |s| s.error_responses.load(Ordering::Relaxed),
         ),
         (
             "mcp_in_flight_requests",
             "gauge",
-            "Requests being handled.",
+            "Requests being handled (frame edge, hand-offs and gRPC).",
             |s| s.in_flight.load(Ordering::Relaxed),
         ),
         (
@@ -138,26 +411,91 @@ pub fn render(shared: &Shared, routers: &[String]) -> String {
             |s| s.bytes_out.load(Ordering::Relaxed),
         ),
     ];
-    for (name, kind, help, get) in counters {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (i, s) in shared.stats.iter().enumerate() {
+    for (name, kind, help, get) in per_shard {
+        family(&mut o, name, kind, help);
+        for (i, s) in stats.iter().enumerate() {
             let _ = writeln!(o, "{name}{{shard=\"{i}\"}} {}", get(s));
         }
     }
-    let _ = writeln!(
-        o,
-        "# HELP mcp_shards Shards running.\n# TYPE mcp_shards gauge\nmcp_shards {}",
-        shared.shards()
+    family(
+        &mut o,
+        "mcp_frames_rejected_total",
+        "counter",
+        "Frames rejected before becoming requests, by reason (too_large closes the connection; the others are answered with an error).",
     );
-    let _ = writeln!(
-        o,
-        "# HELP mcp_build_info Build information.\n# TYPE mcp_build_info gauge"
+    for reason in Reject::ALL {
+        let n: u64 = stats
+            .iter()
+            .map(|s| load(&s.series.rejected[reason as usize]))
+            .sum();
+        let _ = writeln!(
+            o,
+            "mcp_frames_rejected_total{{reason=\"{}\"}} {n}",
+            reason.as_str()
+        );
+    }
+
+    // The process.
+    family(
+        &mut o,
+        "mcp_shard_ready",
+        "gauge",
+        "1 when the shard accepts (its routers warmed), else 0.",
+    );
+    for (i, s) in stats.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "mcp_shard_ready{{shard=\"{i}\"}} {}",
+            u8::from(s.ready.load(Ordering::Relaxed))
+        );
+    }
+    let scalars: [(&str, &str, &str, u64); 5] = [
+        (
+            "mcp_shards",
+            "gauge",
+            "Shards running.",
+            shared.shards() as u64,
+        ),
+        (
+            "mcp_ready",
+            "gauge",
+            "1 when /readyz answers 200 (all shards accepting, not draining).",
+            is_ready(shared).into(),
+        ),
+        (
+            "mcp_draining",
+            "gauge",
+            "1 once the broker has started draining.",
+            shared.is_draining().into(),
+        ),
+        (
+            "mcp_metrics_recording",
+            "gauge",
+            "1 when per-request metrics are recorded (MCP_BROKER_METRICS is not off).",
+            layout.recording.into(),
+        ),
+        (
+            "mcp_metrics_snapshot_timeouts_total",
+            "counter",
+            "Scrapes in which a shard did not hand over its HdrHistograms in time (they are merged by a later scrape).",
+            collected.timeouts,
+        ),
+    ];
+    for (name, kind, help, v) in scalars {
+        family(&mut o, name, kind, help);
+        let _ = writeln!(o, "{name} {v}");
+    }
+    family(
+        &mut o,
+        "mcp_build_info",
+        "gauge",
+        "Build information: always 1.",
     );
     let _ = writeln!(
         o,
         "mcp_build_info{{version=\"{}\",routers=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION"),
-        routers.join(",")
+        esc(&routers.join(","))
     );
     o
 }

@@ -31,6 +31,7 @@ use monoio::net::{TcpListener, TcpStream};
 
 use crate::dispatch::{ShardCtx, handle};
 use crate::local::{Latch, Notify};
+use crate::metrics;
 use crate::shared::{ShardMsg, ShardStats, Shared};
 use crate::wasm::{Router, RouterPool};
 
@@ -196,18 +197,31 @@ async fn inbox_loop(shard: Rc<Shard>) {
         match msg {
             ShardMsg::Job(job) => {
                 let shard = shard.clone();
+                let arrived = Instant::now();
                 // A hand-off is the cross-thread path (session affinity,
                 // gRPC): one task per job, its allocation accepted there.
                 monoio::spawn(async move {
+                    let started = Instant::now();
                     let stats = shard.stats();
                     ShardStats::add(&stats.in_flight, 1);
                     let mut args = Vec::new();
                     let mut out = Vec::new();
                     run_or_expire(&shard, &job.req, &mut args, &mut out).await;
+                    if !job.forwarded {
+                        metrics::record::request(
+                            &shard.ctx,
+                            metrics::Edge::Grpc,
+                            &job.req,
+                            arrived,
+                            started,
+                            &out,
+                        );
+                    }
                     ShardStats::sub(&stats.in_flight, 1);
                     let _ = job.reply.send(out);
                 });
             }
+            ShardMsg::Snapshot(req) => metrics::record::answer_snapshot(&shard.ctx, req),
             ShardMsg::Drain => shard.draining.set(),
             ShardMsg::DrainExpired => {
                 shard.draining.set();
@@ -250,8 +264,8 @@ async fn run_or_expire(
 
 /// One connection's shared state.
 struct Conn {
-    /// Frames waiting for a worker.
-    queue: RefCell<VecDeque<VerifiedRequest>>,
+    /// Frames waiting for a worker, with the time they were read.
+    queue: RefCell<VecDeque<(VerifiedRequest, Instant)>>,
     /// Workers parked for want of work.
     idle: RefCell<Vec<Waker>>,
     workers: Cell<usize>,
@@ -372,7 +386,7 @@ async fn read_loop(
                 Ok(Some(frame)) => accept_frame(shard, conn, frame),
                 Ok(None) => break,
                 Err(e) => {
-                    ShardStats::add(&stats.frames_rejected, 1);
+                    stats.reject(&e);
                     // The stream cannot be resynchronised; nothing of the
                     // announced size was allocated.
                     return Err(e.to_string());
@@ -396,7 +410,7 @@ fn accept_frame(shard: &Rc<Shard>, conn: &Rc<Conn>, frame: bytes::Bytes) {
         Ok(req) => {
             conn.pending.set(conn.pending.get() + 1);
             ShardStats::add(&stats.in_flight, 1);
-            conn.queue.borrow_mut().push_back(req);
+            conn.queue.borrow_mut().push_back((req, Instant::now()));
             let idle = conn.idle.borrow_mut().pop();
             match idle {
                 Some(w) => w.wake(),
@@ -411,7 +425,7 @@ fn accept_frame(shard: &Rc<Shard>, conn: &Rc<Conn>, frame: bytes::Bytes) {
             }
         }
         Err(e) => {
-            ShardStats::add(&stats.frames_rejected, 1);
+            stats.reject(&e);
             ShardStats::add(&stats.error_responses, 1);
             let to = header_of_invalid(&frame)
                 .map(|h| reply_to_header(&h))
@@ -441,9 +455,18 @@ async fn worker(shard: Rc<Shard>, conn: Rc<Conn>) {
             Poll::Pending
         })
         .await;
-        let Some(req) = job else { break };
+        let Some((req, arrived)) = job else { break };
+        let started = Instant::now();
         out.clear();
         run_or_expire(&shard, &req, &mut args, &mut out).await;
+        metrics::record::request(
+            &shard.ctx,
+            metrics::Edge::Frames,
+            &req,
+            arrived,
+            started,
+            &out,
+        );
         drop(req);
         conn.push_out(&out);
         conn.pending.set(conn.pending.get() - 1);

@@ -23,6 +23,10 @@ use crate::route::RouteTable;
 pub struct Job {
     pub req: VerifiedRequest,
     pub reply: oneshot::Sender<Vec<u8>>,
+    /// Handed over by another shard's frame connection (session affinity):
+    /// that connection's worker records the request in the metrics, so the
+    /// shard running it must not record it again.
+    pub forwarded: bool,
 }
 
 /// Messages a shard receives from other threads.
@@ -33,6 +37,9 @@ pub enum ShardMsg {
     /// The drain deadline passed: answer what is still running with
     /// shutting-down errors.
     DrainExpired,
+    /// The admin thread asks for the shard's HdrHistograms and pool state
+    /// (see `metrics::record`).
+    Snapshot(crate::metrics::SnapshotRequest),
 }
 
 /// One shard's inbox: a bounded lock-free queue plus the waker of the task
@@ -49,7 +56,7 @@ pub const INBOX_CAPACITY: usize = 65_536;
 
 /// Per-shard counters, each written only by its own shard (relaxed stores,
 /// no contention) and read by the metrics endpoint.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct ShardStats {
     pub connections_open: AtomicU64,
     pub connections_accepted: AtomicU64,
@@ -61,9 +68,37 @@ pub struct ShardStats {
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub ready: AtomicBool,
+    /// The label space, the same for every shard.
+    pub layout: Arc<crate::metrics::Layout>,
+    /// Requests, latency histograms and rejections by reason.
+    pub series: crate::metrics::ShardSeries,
 }
 
 impl ShardStats {
+    pub fn new(layout: &Arc<crate::metrics::Layout>) -> Self {
+        Self {
+            connections_open: AtomicU64::new(0),
+            connections_accepted: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            frames_rejected: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            error_responses: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            layout: layout.clone(),
+            series: crate::metrics::ShardSeries::new(layout),
+        }
+    }
+
+    /// Counts a rejected frame, in the total and by its reason.
+    pub fn reject(&self, e: &mcp_schema::FrameError) {
+        Self::add(&self.frames_rejected, 1);
+        let reason = crate::metrics::Reject::of(e) as usize;
+        Self::add(&self.series.rejected[reason], 1);
+    }
+
     pub fn add(c: &AtomicU64, n: u64) {
         c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
     }
@@ -120,6 +155,7 @@ impl Shared {
                 }
             })
             .collect();
+        let layout = Arc::new(crate::metrics::Layout::new(&table));
         Self {
             config,
             table: Arc::new(table),
@@ -127,7 +163,7 @@ impl Shared {
             capabilities,
             instructions,
             inboxes,
-            stats: (0..shards).map(|_| ShardStats::default()).collect(),
+            stats: (0..shards).map(|_| ShardStats::new(&layout)).collect(),
             draining: AtomicBool::new(false),
         }
     }
@@ -155,7 +191,35 @@ impl Shared {
         req: VerifiedRequest,
     ) -> Result<oneshot::Receiver<Vec<u8>>, SubmitError> {
         let (reply, rx) = oneshot::channel();
-        self.send(shard, ShardMsg::Job(Job { req, reply }))?;
+        let forwarded = false;
+        self.send(
+            shard,
+            ShardMsg::Job(Job {
+                req,
+                reply,
+                forwarded,
+            }),
+        )?;
+        Ok(rx)
+    }
+
+    /// [`Self::submit`] for a frame-edge request handed to its session's
+    /// owner shard: recorded in the metrics by the shard it came in on.
+    pub fn forward(
+        &self,
+        shard: usize,
+        req: VerifiedRequest,
+    ) -> Result<oneshot::Receiver<Vec<u8>>, SubmitError> {
+        let (reply, rx) = oneshot::channel();
+        let forwarded = true;
+        self.send(
+            shard,
+            ShardMsg::Job(Job {
+                req,
+                reply,
+                forwarded,
+            }),
+        )?;
         Ok(rx)
     }
 

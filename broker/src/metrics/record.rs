@@ -1,0 +1,159 @@
+//! The shard side: the recording hooks `shard` and `dispatch` call, and the
+//! answer to the admin thread's snapshot request.
+//!
+//! Two kinds of storage, because they are read differently:
+//! - Prometheus counters and bucket histograms are single-writer atomics in
+//!   [`ShardStats`](crate::shared::ShardStats), readable by the admin
+//!   thread at any moment.
+//! - The HdrHistograms behind the exact-percentile summary are plain
+//!   memory (an HdrHistogram cannot be read while another thread writes
+//!   it), kept in this shard thread's thread-local and handed over whole:
+//!   the admin thread sends a cleared spare set through the shard's inbox,
+//!   the shard swaps it with its live set (two pointer moves) and sends the
+//!   filled one back. Nothing is copied or allocated on the shard.
+//!
+//! # Invariants
+//! - Called on the shard thread only; no locks, no allocation after the
+//!   first recorded request (which sizes the thread-local HdrHistograms).
+//! - Each request is recorded exactly once: by the worker of the frame
+//!   connection it arrived on (even when it ran on another shard for session
+//!   affinity), or by the inbox task for a gRPC call.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use mcp_schema::verify::VerifiedRequest;
+use mcp_schema::{RequestKind, RouteKey};
+
+use super::hist::bump;
+use super::peek;
+use super::series::{Edge, kind_index};
+use crate::dispatch::ShardCtx;
+use crate::wasm::PoolStats;
+
+/// Range of the HdrHistograms: 1 µs (values below are recorded in the
+/// first bucket) to 60 s, three significant digits (0.1%).
+pub const HDR_LOW_NS: u64 = 1_000;
+pub const HDR_HIGH_NS: u64 = 60_000_000_000;
+pub const HDR_DIGITS: u8 = 3;
+
+pub fn new_hdr() -> Histogram<u64> {
+    Histogram::new_with_bounds(HDR_LOW_NS, HDR_HIGH_NS, HDR_DIGITS)
+        .expect("constant HdrHistogram bounds are valid")
+}
+
+thread_local! {
+    /// This shard's end-to-end latency per router label, since the admin
+    /// thread last took them. Empty until the first request.
+    static HDR: RefCell<Vec<Histogram<u64>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The admin thread's request for a shard's snapshot.
+pub struct SnapshotRequest {
+    /// Cleared histograms to swap in (one per router label), or empty when
+    /// the admin thread has none to spare yet.
+    pub spare: Vec<Histogram<u64>>,
+    pub reply: crossbeam_channel::Sender<ShardSnapshot>,
+}
+
+/// A shard's answer: the HdrHistograms filled since the last snapshot and
+/// its pools' state.
+pub struct ShardSnapshot {
+    pub shard: usize,
+    pub hdr: Vec<Histogram<u64>>,
+    pub pools: Vec<PoolStats>,
+}
+
+fn elapsed_ns(from: Instant, to: Instant) -> u64 {
+    to.saturating_duration_since(from).as_nanos() as u64
+}
+
+/// Records one finished request: its count by edge, router, kind and
+/// outcome; its end-to-end latency (`arrived` → now) and queue wait
+/// (`arrived` → `started`). `frames` are its response frames (the last is
+/// the final one).
+pub fn request(
+    ctx: &ShardCtx,
+    edge: Edge,
+    req: &VerifiedRequest,
+    arrived: Instant,
+    started: Instant,
+    frames: &[u8],
+) {
+    let stats = &ctx.shared.stats[ctx.index];
+    let layout = &*stats.layout;
+    if !layout.recording {
+        return;
+    }
+    let now = Instant::now();
+    let view = req.view();
+    let kind = view.kind();
+    let table = &ctx.shared.table;
+    let broker = layout.broker();
+    let none = layout.no_tool();
+    let (router, tool) = match view.route_key() {
+        RouteKey::Tool(name) => match layout.tool(name) {
+            Some((tool, router)) => (router, tool),
+            // Served by a route table swapped in after start-up, or unknown.
+            None => (
+                table.tool(name).map_or(broker, |t| t.router as usize),
+                layout.other_tool(),
+            ),
+        },
+        RouteKey::Resource(uri) if kind == RequestKind::ReadResource => {
+            (table.resource(uri).map_or(broker, usize::from), none)
+        }
+        RouteKey::Prompt(name) => (
+            table.prompt(name).map_or(broker, |t| t.router as usize),
+            none,
+        ),
+        RouteKey::Completion { kind: ck, name } => {
+            let r = if ck == mcp_schema::fb::protocol::CompletionRefKind::Resource {
+                table.resource(name)
+            } else {
+                table.prompt(name).map(|t| t.router)
+            };
+            (r.map_or(broker, usize::from), none)
+        }
+        _ => (broker, none),
+    };
+    let outcome = peek::outcome(frames);
+    let s = &stats.series;
+    bump(
+        &s.requests[layout.request_slot(edge, router, kind_index(kind), outcome)],
+        1,
+    );
+    let total = elapsed_ns(arrived, now);
+    s.duration[layout.latency_slot(router, tool)].record(total);
+    s.queue[router].record(elapsed_ns(arrived, started));
+    HDR.with_borrow_mut(|h| {
+        if h.is_empty() {
+            h.extend((0..layout.routers.len()).map(|_| new_hdr()));
+        }
+        h[router].saturating_record(total.max(1));
+    });
+}
+
+/// Records one WASM call of router `router` that began at `started`
+/// (including any wait for a free instance of the pool).
+pub fn wasm_call(ctx: &ShardCtx, router: usize, started: Instant) {
+    let stats = &ctx.shared.stats[ctx.index];
+    if !stats.layout.recording {
+        return;
+    }
+    if let Some(h) = stats.series.wasm.get(router) {
+        h.record(elapsed_ns(started, Instant::now()));
+    }
+}
+
+/// Answers the admin thread: swap the live HdrHistograms for its spares and
+/// send them with the pools' state.
+pub fn answer_snapshot(ctx: &ShardCtx, req: SnapshotRequest) {
+    let hdr = HDR.with_borrow_mut(|h| std::mem::replace(h, req.spare));
+    let _ = req.reply.send(ShardSnapshot {
+        shard: ctx.index,
+        hdr,
+        pools: ctx.pools.iter().map(|p| p.stats()).collect(),
+    });
+}

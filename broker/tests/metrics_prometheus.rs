@@ -1,0 +1,331 @@
+//! A real Prometheus scraping a real broker under `mcp-loadgen` load: the
+//! counts it stores match what the client sent, and `histogram_quantile`
+//! over the scraped buckets agrees with the client's own percentiles to
+//! within the buckets' resolution. `promtool check metrics` passes on the
+//! exposition.
+//!
+//! Needs Debian's `prometheus` package (`prometheus` and `promtool` on the
+//! PATH); `scripts/setup` installs it. Without it this test fails: an
+//! unchecked exposition is not a passing one.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use mcp_broker::metrics::hist::{BOUNDS_NS, bucket_of};
+
+const INSTALL_HINT: &str = "install Debian's `prometheus` package (it provides `prometheus` and `promtool`): run scripts/setup, or `apt-get install prometheus`";
+
+fn tool(name: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| panic!("`{name}` is not on the PATH: {INSTALL_HINT}"))
+}
+
+fn loadgen() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_mcp-broker")).with_file_name("mcp-loadgen");
+    assert!(
+        p.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` (scripts/test)",
+        p.display()
+    );
+    p
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Prometheus on a loopback port, scraping `target` every second; killed on
+/// drop.
+struct Prometheus {
+    child: Child,
+    addr: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr) -> Self {
+        let bin = tool("prometheus");
+        let dir = TempDir::new("mcp-prometheus");
+        let config = dir.0.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: mcp-broker\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        // A free loopback port: bound and released; Prometheus failing to
+        // bind it (a race with another process) shows in its log below.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let log = std::fs::File::create(dir.0.join("prometheus.log")).unwrap();
+        let child = Command::new(bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.0.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn prometheus");
+        let mut p = Prometheus {
+            child,
+            addr,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = p.child.try_wait().unwrap() {
+                panic!("prometheus exited ({status}): {}", p.log());
+            }
+            if http(p.addr, "/-/ready").is_some_and(|(s, _)| s == 200) {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus not ready within 60 s: {}",
+                p.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.0.join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// An instant query's single value, if it has one.
+    fn query(&self, promql: &str) -> Option<f64> {
+        let (status, body) = http(
+            self.addr,
+            &format!("/api/v1/query?query={}", urlencode(promql)),
+        )?;
+        assert_eq!(status, 200, "{promql}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["status"], "success", "{promql}: {body}");
+        let result = v["data"]["result"].as_array()?;
+        assert!(result.len() <= 1, "{promql}: several series: {body}");
+        result.first()?["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Polls `promql` until `ok(value)` or a 30 s deadline; the last value.
+    fn wait_for(&self, promql: &str, ok: impl Fn(f64) -> bool) -> Option<f64> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = self.query(promql);
+            if v.is_some_and(&ok) || Instant::now() >= deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A bounded HTTP/1.0 GET on loopback: (status, body), or `None` when the
+/// server does not answer.
+fn http(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// `promtool check metrics` on `exposition`: its complaints, if any.
+fn promtool_check(exposition: &str) -> (bool, String) {
+    let mut child = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The bucket bounds (seconds) around loadgen's value `us`: from the lower
+/// bound of the bucket below its bucket (`slack` more buckets below) to the
+/// upper bound of its bucket.
+/// The broker measures a sub-interval of what the client measures (no
+/// network, no client), so its quantile is the client's or a little less.
+fn resolution_window(us: f64, slack: usize) -> (f64, f64) {
+    let b = bucket_of((us * 1e3) as u64);
+    let lo = b.checked_sub(2 + slack).map_or(0, |i| BOUNDS_NS[i]);
+    let hi = BOUNDS_NS.get(b).copied().unwrap_or(u64::MAX);
+    (lo as f64 / 1e9, hi as f64 / 1e9)
+}
+
+fn run_loadgen(broker: &Broker, json: &Path) -> serde_json::Value {
+    // A server of known latency (the chaos router's 2 ms sleep), so that
+    // the broker's share of the client's latency dominates. Closed loop,
+    // two in flight: the chaos pools (2 instances per shard) never queue,
+    // and on a shared machine a stalled client delays its next send instead
+    // of charging the stall to requests the broker never saw (open loop
+    // measures from the intended send time, which the broker cannot know).
+    let out = Command::new(loadgen())
+        .args(["--target", &format!("frames://{}", broker.frames)])
+        .args(["--tool", "sleep", "--args", r#"{"ms":2}"#])
+        .args(["--connections", "2", "--concurrency", "2"])
+        .args(["--requests", "1000", "--duration", "120s"])
+        .args(["--timeout", "10s", "-q", "--json"])
+        .arg(json)
+        .output()
+        .expect("run mcp-loadgen");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(json).expect("JSON report written")).unwrap();
+    assert!(
+        out.status.success(),
+        "mcp-loadgen failed: {}\n{report}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report
+}
+
+#[test]
+fn prometheus_scrapes_counts_matching_the_client_and_quantiles_within_bucket_resolution() {
+    // Fail early, before any load, when the tools are missing.
+    tool("promtool");
+    let broker = Broker::start(&["--shards", "2"]);
+    let prom = Prometheus::start(broker.metrics);
+    let up = prom.wait_for("up{job=\"mcp-broker\"}", |v| v == 1.0);
+    assert_eq!(
+        up,
+        Some(1.0),
+        "prometheus never scraped the broker: {}",
+        prom.log()
+    );
+
+    let dir = TempDir::new("mcp-metrics-loadgen");
+    let report = run_loadgen(&broker, &dir.0.join("report.json"));
+    let sent = report["sent"].as_u64().unwrap();
+    let requests = report["requests"].as_u64().unwrap();
+    assert_eq!(sent, 1000, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(requests, sent, "every request answered: {report}");
+
+    // Counts: what Prometheus stored equals what the client sent.
+    let count = prom.wait_for(
+        "sum(mcp_requests_total{edge=\"frames\",router=\"chaos\",kind=\"call_tool\"})",
+        |v| v == sent as f64,
+    );
+    assert_eq!(count, Some(sent as f64), "scraped request count vs sent");
+    let ok = prom.query("sum(mcp_requests_total{router=\"chaos\",outcome=\"ok\"})");
+    assert_eq!(ok, report["ok"].as_f64(), "scraped ok count vs loadgen's");
+    let hist_count = prom.wait_for(
+        "sum(mcp_request_duration_seconds_count{router=\"chaos\",tool=\"sleep\"})",
+        |v| v == sent as f64,
+    );
+    assert_eq!(hist_count, Some(sent as f64), "histogram count vs sent");
+    let errors = prom.query("sum(mcp_requests_total{outcome!=\"ok\"})");
+    assert!(
+        errors.is_none_or(|e| e == 0.0),
+        "errors recorded: {errors:?}"
+    );
+
+    // Quantiles: the broker served nothing else, so the cumulative buckets
+    // are exactly this run's distribution.
+    // The tail allows one bucket more below: a client descheduled on a
+    // shared machine inflates its own tail, which the broker never sees.
+    for (q, key, slack) in [(0.5, "p50", 0), (0.9, "p90", 0), (0.99, "p99", 1)] {
+        let client_us = report["latency_us"][key].as_f64().unwrap();
+        let promql = format!(
+            "histogram_quantile({q}, sum by (le) (mcp_request_duration_seconds_bucket{{router=\"chaos\",tool=\"sleep\"}}))"
+        );
+        let estimate = prom.query(&promql).unwrap_or(f64::NAN);
+        let (lo, hi) = resolution_window(client_us, slack);
+        eprintln!(
+            "{key}: loadgen {client_us} µs, histogram_quantile {estimate} s, accepted [{lo}, {hi}] s"
+        );
+        assert!(
+            (lo..=hi).contains(&estimate),
+            "{key}: histogram_quantile {estimate} s is outside [{lo}, {hi}] s around loadgen's {client_us} µs\n{report}"
+        );
+    }
+    // The exact summary: a little under the client's (no network, no
+    // client), never above it by more than HdrHistogram's 0.1%.
+    let p50 = prom
+        .wait_for(
+            "mcp_request_duration_hdr_seconds{router=\"chaos\",quantile=\"0.5\"}",
+            |v| !v.is_nan(),
+        )
+        .unwrap_or(f64::NAN);
+    let client_p50 = report["latency_us"]["p50"].as_f64().unwrap() / 1e6;
+    assert!(
+        p50 <= client_p50 * 1.001 && p50 >= client_p50 * 0.8,
+        "summary p50 {p50} s vs loadgen p50 {client_p50} s"
+    );
+
+    // The exposition after load is clean for promtool.
+    let (status, exposition) = broker.http_get("/metrics");
+    assert_eq!(status, 200);
+    let (ok, complaints) = promtool_check(&exposition);
+    assert!(
+        ok && complaints.trim().is_empty(),
+        "promtool check metrics: {complaints}\n{exposition}"
+    );
+}
