@@ -1,4 +1,5 @@
-//! The run: worker threads, each a monoio runtime owning its connections,
+//! The run: worker threads, each an async runtime (monoio for frames, tokio
+//! for gRPC: see `rt.rs`) owning its connections,
 //! the shared start line, the stop rules, and the per-second intervals sent
 //! to the main thread.
 //!
@@ -33,7 +34,8 @@ use std::time::{Duration, Instant, SystemTime};
 use hdrhistogram::Histogram;
 use mcp_schema::fb::protocol::ResponsePayload;
 
-use crate::notify::{Notify, Signal};
+use crate::notify::{Either, Notify, Signal, race};
+use crate::rt::Runtime;
 use crate::schedule::Schedule;
 use crate::stats::{self, Counts, ErrorKind, ThreadStats};
 use crate::target::Target;
@@ -139,6 +141,7 @@ pub struct ConnPlan {
 #[derive(Debug, Default)]
 pub struct Shared {
     abort: AtomicBool,
+    interrupted: AtomicBool,
     failure: Mutex<Option<String>>,
     start: OnceLock<(Instant, SystemTime)>,
 }
@@ -150,6 +153,22 @@ impl Shared {
             f.get_or_insert(msg);
         }
         self.abort.store(true, Ordering::Release);
+    }
+
+    /// Ctrl-C: records why the run ends early without stopping it at once
+    /// (the send phase ends; outstanding responses still drain).
+    pub fn interrupt(&self) {
+        if let Ok(mut f) = self.failure.lock() {
+            f.get_or_insert_with(|| {
+                "interrupted (Ctrl-C): sending stopped early, results cover the run until then"
+                    .into()
+            });
+        }
+        self.interrupted.store(true, Ordering::Release);
+    }
+
+    pub fn interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::Acquire)
     }
 
     pub fn aborted(&self) -> bool {
@@ -234,7 +253,8 @@ pub struct ThreadCtx {
     pub shared: Arc<Shared>,
     pub start: Instant,
     pub measure_start: Instant,
-    pub send_end: Option<Instant>,
+    /// When sending ends: the end of `--duration`, or earlier on Ctrl-C.
+    send_end: Cell<Option<Instant>>,
     /// Everything stops now (abort, or the drain ran out).
     pub stop: Cell<bool>,
     totals: RefCell<ThreadStats>,
@@ -244,6 +264,16 @@ pub struct ThreadCtx {
 impl ThreadCtx {
     pub fn measured(&self, t: Instant) -> bool {
         t >= self.measure_start
+    }
+
+    /// When the send phase ends (`None`: only the request quota ends it).
+    pub fn send_end(&self) -> Option<Instant> {
+        self.send_end.get()
+    }
+
+    /// Whether no request may be sent any more at `now`.
+    pub fn send_over(&self, now: Instant) -> bool {
+        self.send_end.get().is_some_and(|e| now >= e)
     }
 
     /// A request was written. `intended` is its scheduled time.
@@ -270,7 +300,12 @@ impl ThreadCtx {
     pub fn on_end(&self, p: &Pending, now: Instant, outcome: Result<(), (ErrorKind, Option<i32>)>) {
         {
             let mut t = self.totals.borrow_mut();
-            if outcome.is_ok() || matches!(outcome, Err((ErrorKind::ErrorResponse, _))) {
+            if outcome.is_ok()
+                || matches!(
+                    outcome,
+                    Err((ErrorKind::ErrorResponse | ErrorKind::GrpcStatus, _))
+                )
+            {
                 t.last_response = t
                     .last_response
                     .max(now.saturating_duration_since(self.start));
@@ -290,7 +325,12 @@ impl ThreadCtx {
             Err((kind, code)) => {
                 i.1.error(kind);
                 if let Some(code) = code {
-                    *i.1.error_codes.entry(code).or_default() += 1;
+                    let codes = if kind == ErrorKind::GrpcStatus {
+                        &mut i.1.grpc_codes
+                    } else {
+                        &mut i.1.error_codes
+                    };
+                    *codes.entry(code).or_default() += 1;
                 }
             }
         }
@@ -351,6 +391,8 @@ impl ThreadCtx {
 /// owns threads, the schedule, the stop rules and the measurement; a driver
 /// owns the wire.
 pub trait Driver: Clone + 'static {
+    /// The runtime each worker thread runs this driver's connections on.
+    type Rt: Runtime;
     type Conn: 'static;
     /// Opens one connection (before the start line).
     async fn connect(&self, addr: SocketAddr) -> std::io::Result<Self::Conn>;
@@ -420,7 +462,7 @@ pub fn run<D: Driver + Send>(
         stats: total,
         failure: shared.failure(),
         started: shared.start.get().map(|s| s.1),
-        io_uring: monoio::utils::detect_uring(),
+        io_uring: D::Rt::io_uring(),
     }
 }
 
@@ -439,10 +481,7 @@ fn worker<D: Driver>(
             shared.fail(format!("cannot pin worker {t} to CPU {cpu}: {e}"));
         }
     }
-    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .enable_timer()
-        .build();
-    let mut rt = match rt {
+    let mut rt = match D::Rt::build() {
         Ok(rt) => rt,
         Err(e) => {
             shared.fail(format!("cannot build the I/O runtime: {e}"));
@@ -468,10 +507,11 @@ async fn worker_main<D: Driver>(
         if shared.aborted() {
             break;
         }
-        match monoio::time::timeout(CONNECT_TIMEOUT, driver.connect(cfg.target.addr)).await {
-            Ok(Ok(c)) => conns.push((i, c)),
-            Ok(Err(e)) => shared.fail(format!("cannot connect to {}: {e}", cfg.target)),
-            Err(_) => shared.fail(format!(
+        let deadline = D::Rt::sleep_until(Instant::now() + CONNECT_TIMEOUT);
+        match race(driver.connect(cfg.target.addr), deadline).await {
+            Either::Left(Ok(c)) => conns.push((i, c)),
+            Either::Left(Err(e)) => shared.fail(format!("cannot connect to {}: {e}", cfg.target)),
+            Either::Right(()) => shared.fail(format!(
                 "cannot connect to {}: no answer within {CONNECT_TIMEOUT:?}",
                 cfg.target
             )),
@@ -492,7 +532,7 @@ async fn worker_main<D: Driver>(
         shared: Arc::clone(shared),
         start,
         measure_start,
-        send_end: cfg.duration.map(|d| measure_start + d),
+        send_end: Cell::new(cfg.duration.map(|d| measure_start + d)),
         stop: Cell::new(false),
         totals: RefCell::new(ThreadStats::default()),
         interval: RefCell::new((stats::new_histogram(), Counts::default(), 0)),
@@ -511,17 +551,37 @@ async fn worker_main<D: Driver>(
         });
         ccs.push(Rc::clone(&cc));
         let (d, ctx) = (driver.clone(), Rc::clone(&ctx));
-        tasks.push(monoio::spawn(async move { d.drive(c, ctx, cc).await }));
+        tasks.push(D::Rt::spawn(async move { d.drive(c, ctx, cc).await }));
     }
 
     let mut index = 0u64;
     let mut next_report = start + INTERVAL;
     let mut drain_until: Option<Instant> = None;
+    let mut sigints_seen = 0;
     loop {
-        monoio::time::sleep(TICK.min(next_report.saturating_duration_since(Instant::now()))).await;
+        D::Rt::sleep_until(
+            Instant::now() + TICK.min(next_report.saturating_duration_since(Instant::now())),
+        )
+        .await;
         let now = Instant::now();
+        let sigints = crate::interrupt::count();
+        if sigints > sigints_seen {
+            if sigints_seen == 0 {
+                // First Ctrl-C: end the send phase now, drain as usual.
+                shared.interrupt();
+                ctx.send_end
+                    .set(Some(ctx.send_end().map_or(now, |e| e.min(now))));
+            }
+            if sigints >= 2 {
+                shared.fail("interrupted twice (Ctrl-C): stopped without draining".into());
+            }
+            sigints_seen = sigints;
+        } else if shared.interrupted() && ctx.send_end().is_none_or(|e| e > now) {
+            // Another worker saw the Ctrl-C first.
+            ctx.send_end.set(Some(now));
+        }
         let all_sent = ccs.iter().all(|c| c.sending_done.get());
-        if ctx.send_end.is_some_and(|e| now >= e) && !all_sent {
+        if ctx.send_over(now) && !all_sent {
             // Writers blocked on a full window must notice the end.
             for c in &ccs {
                 c.writer_wake.notify();
@@ -601,7 +661,7 @@ fn sweep_timeouts(ctx: &ThreadCtx, ccs: &[Rc<ConnCtx>], now: Instant) {
     }
 }
 
-/// monoio's timer wheel has millisecond ticks and rounds deadlines up: a
+/// monoio's (and tokio's) timer wheel has millisecond ticks and rounds deadlines up: a
 /// timer may fire up to this much after the time asked (measured: up to
 /// 1.7 ms). Timers are therefore set this much early.
 const TIMER_SLACK: Duration = Duration::from_millis(2);
@@ -612,19 +672,17 @@ const TIMER_SLACK: Duration = Duration::from_millis(2);
 /// time. With `spin` zero the timer alone decides, and sends may be up to
 /// ~2 ms late (visible as send lag and as latency). Returns early when
 /// `wake` fires.
-pub async fn wait_until(until: Instant, spin: Duration, wake: &Notify) {
+pub async fn wait_until<R: Runtime>(until: Instant, spin: Duration, wake: &Notify) {
     let early = if spin.is_zero() {
         Duration::ZERO
     } else {
         spin + TIMER_SLACK
     };
     let now = Instant::now();
-    if until > now + early {
-        let timer = monoio::time::sleep_until(monoio::time::Instant::from_std(until - early));
-        monoio::select! {
-            _ = timer => {},
-            _ = wake.notified() => return,
-        }
+    if until > now + early
+        && let Either::Right(()) = race(R::sleep_until(until - early), wake.notified()).await
+    {
+        return;
     }
     while Instant::now() < until {
         crate::notify::yield_now().await;

@@ -45,6 +45,7 @@ const READ_CHUNK: usize = 64 * 1024;
 pub struct FramesDriver;
 
 impl Driver for FramesDriver {
+    type Rt = crate::rt::Monoio;
     type Conn = TcpStream;
 
     async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
@@ -159,7 +160,7 @@ async fn write_loop(
             break;
         }
         let now = Instant::now();
-        if ctx.send_end.is_some_and(|e| now >= e) || seq >= cc.plan.quota {
+        if ctx.send_over(now) || seq >= cc.plan.quota {
             break;
         }
         let room = cc
@@ -171,8 +172,8 @@ async fn write_loop(
         if let Some(s) = &schedule {
             let due = s.at(k);
             if due > now {
-                let until = ctx.send_end.map_or(due, |e| e.min(due));
-                wait_until(until, cfg.spin, &cc.writer_wake).await;
+                let until = ctx.send_end().map_or(due, |e| e.min(due));
+                wait_until::<crate::rt::Monoio>(until, cfg.spin, &cc.writer_wake).await;
                 continue;
             }
         }
@@ -190,7 +191,7 @@ async fn write_loop(
                     None => now,
                     Some(s) => {
                         let t = s.at(k);
-                        if t > now || ctx.send_end.is_some_and(|e| t >= e) {
+                        if t > now || ctx.send_over(t) {
                             break;
                         }
                         k += 1;
@@ -225,7 +226,7 @@ async fn write_loop(
     // Requests the schedule called for in the measured phase but that were
     // never sent (the generator or the window was behind) still count as
     // offered.
-    if let (Some(s), Some(end)) = (&schedule, ctx.send_end) {
+    if let (Some(s), Some(end)) = (&schedule, ctx.send_end()) {
         let due = s.count_before(end).min(cc.plan.quota);
         let first_measured = s.count_before(ctx.measure_start);
         let unsent = due.saturating_sub(k.max(first_measured));

@@ -1,15 +1,17 @@
-//! `mcp-loadgen`: drives an MCP broker's frame edge (or, later, its gRPC
-//! edge) with closed- or open-loop load and reports latency percentiles
-//! that can be trusted. See `docs/loadgen.md`.
+//! `mcp-loadgen`: drives an MCP broker's frame edge or its gRPC edge with
+//! closed- or open-loop load and reports latency percentiles that can be
+//! trusted. See `docs/loadgen.md`.
 //!
 //! Threads: the main thread parses, starts the engine, prints progress and
-//! writes the reports; worker threads (one monoio runtime each) own all
-//! connections and measurements and only send the main thread one interval
-//! report per second.
+//! writes the reports; worker threads (one monoio runtime each for frames,
+//! one current-thread tokio runtime each for gRPC) own all connections and
+//! measurements and only send the main thread one interval report per
+//! second.
 //!
 //! Exit status: 0 when the run completed (response errors are reported,
 //! not fatal), 1 when it could not run or stopped early (bad arguments,
-//! refused or lost connection); the JSON report is written either way.
+//! refused or lost connection), 130 when interrupted (Ctrl-C); the JSON
+//! report (and the interval log) is written in every case.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -18,10 +20,13 @@ mod cli;
 mod duration;
 mod engine;
 mod frames;
+mod grpc;
+mod interrupt;
 mod notify;
 mod progress;
 mod report;
 mod rng;
+mod rt;
 mod schedule;
 mod stats;
 mod target;
@@ -54,24 +59,22 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
         Ok(cfg) => cfg,
         Err(e) => return fail_before_start(args, e),
     };
-    if cfg.target.scheme == Scheme::Grpc {
-        return fail_before_start(
-            args,
-            anyhow::anyhow!(
-                "{}: gRPC target not built yet (the turbomcp.mcp.v1 proto crate does not \
-                 exist yet); use a frames:// target",
-                cfg.target
-            ),
-        );
+    // From here on Ctrl-C stops the run and still reports it.
+    if let Err(e) = interrupt::install() {
+        eprintln!("mcp-loadgen: warning: cannot handle Ctrl-C ({e}); it will kill the run");
     }
     let cfg = Arc::new(cfg);
     let shared = Arc::new(Shared::default());
     let (tx, rx) = std::sync::mpsc::channel();
     let engine = {
         let (cfg, shared) = (Arc::clone(&cfg), Arc::clone(&shared));
+        let max_message = cfg.max_frame as usize;
         std::thread::Builder::new()
             .name("loadgen-engine".into())
-            .spawn(move || engine::run(cfg, frames::FramesDriver, tx, shared))
+            .spawn(move || match cfg.target.scheme {
+                Scheme::Frames => engine::run(cfg, frames::FramesDriver, tx, shared),
+                Scheme::Grpc => engine::run(cfg, grpc::GrpcDriver { max_message }, tx, shared),
+            })
             .context("cannot start the engine thread")?
     };
     let mut progress = progress::Progress::new(cfg.threads, cfg.warmup, args.quiet);
@@ -95,6 +98,10 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     json_result?;
+    if shared.interrupted() {
+        eprintln!("mcp-loadgen: interrupted; results above are partial");
+        return Ok(ExitCode::from(interrupt::EXIT_CODE));
+    }
     if let Some(f) = &report.failure {
         eprintln!("mcp-loadgen: error: {f}; results above are partial");
         return Ok(ExitCode::FAILURE);

@@ -112,6 +112,29 @@ impl Future for YieldNow {
     }
 }
 
+/// Which of two raced futures finished first.
+pub enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// Polls `a` then `b` until one completes; the other is dropped. A
+/// runtime-independent `select!` for the engine, which runs on monoio or
+/// tokio.
+pub async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(x) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(x));
+        }
+        if let Poll::Ready(y) = b.as_mut().poll(cx) {
+            return Poll::Ready(Either::Right(y));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +150,16 @@ mod tests {
         n.notify();
         assert!(poll_once(std::pin::pin!(n.notified())).is_ready());
         assert!(poll_once(std::pin::pin!(n.notified())).is_pending());
+    }
+
+    #[test]
+    fn race_returns_the_first_ready() {
+        let r = poll_once(std::pin::pin!(race(std::future::pending::<()>(), async {
+            7
+        })));
+        assert!(matches!(r, Poll::Ready(Either::Right(7))));
+        let r = poll_once(std::pin::pin!(race(async { 1 }, async { 2 })));
+        assert!(matches!(r, Poll::Ready(Either::Left(1))));
     }
 
     #[test]

@@ -125,7 +125,9 @@ impl Report {
                 n as f64 / w.as_secs_f64()
             }
         };
-        let responses = c.ok + c.errors[crate::stats::ErrorKind::ErrorResponse as usize];
+        let responses = c.ok
+            + c.errors[crate::stats::ErrorKind::ErrorResponse as usize]
+            + c.errors[crate::stats::ErrorKind::GrpcStatus as usize];
         let offered_rps = per_s(c.intended, send_window);
         let achieved_rps = per_s(responses, run_window);
         let mode = cfg.map(RunConfig::mode);

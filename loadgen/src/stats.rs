@@ -49,16 +49,20 @@ pub enum ErrorKind {
     Timeout,
     /// Outstanding when its connection failed.
     ConnectionLost,
+    /// gRPC: a call ended with a non-OK status; also counted by code in
+    /// `grpc_codes` (reported as `grpc_<code name>`).
+    GrpcStatus,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 7] = [
         ErrorKind::ErrorResponse,
         ErrorKind::KindMismatch,
         ErrorKind::UnknownCorrelation,
         ErrorKind::InvalidFrame,
         ErrorKind::Timeout,
         ErrorKind::ConnectionLost,
+        ErrorKind::GrpcStatus,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -69,6 +73,7 @@ impl ErrorKind {
             ErrorKind::InvalidFrame => "invalid_frame",
             ErrorKind::Timeout => "timeout",
             ErrorKind::ConnectionLost => "connection_lost",
+            ErrorKind::GrpcStatus => "grpc",
         }
     }
 
@@ -96,6 +101,8 @@ pub struct Counts {
     pub errors: [u64; ErrorKind::ALL.len()],
     /// `ErrorResponse` codes.
     pub error_codes: BTreeMap<i32, u64>,
+    /// gRPC status codes of `GrpcStatus` errors.
+    pub grpc_codes: BTreeMap<i32, u64>,
     /// Progress/log frames seen for outstanding requests.
     pub progress_frames: u64,
 }
@@ -129,6 +136,9 @@ impl Counts {
         for (c, n) in &o.error_codes {
             *self.error_codes.entry(*c).or_default() += n;
         }
+        for (c, n) in &o.grpc_codes {
+            *self.grpc_codes.entry(*c).or_default() += n;
+        }
         self.progress_frames += o.progress_frames;
     }
 
@@ -138,7 +148,7 @@ impl Counts {
         let mut m = BTreeMap::new();
         for k in ErrorKind::ALL {
             let n = self.errors[k as usize];
-            if n > 0 && k != ErrorKind::ErrorResponse {
+            if n > 0 && !matches!(k, ErrorKind::ErrorResponse | ErrorKind::GrpcStatus) {
                 m.insert(k.as_str().to_owned(), n);
             }
         }
@@ -148,8 +158,40 @@ impl Counts {
                 .unwrap_or_else(|| format!("code_{code}"));
             *m.entry(format!("error_response.{name}")).or_default() += n;
         }
+        for (code, n) in &self.grpc_codes {
+            *m.entry(format!("grpc_{}", grpc_code_name(*code)))
+                .or_default() += n;
+        }
         m
     }
+}
+
+/// The snake-case name of a gRPC status code (`RESOURCE_EXHAUSTED` →
+/// `resource_exhausted`), or `code_<n>` for one outside the standard 0..=16.
+pub fn grpc_code_name(code: i32) -> String {
+    const NAMES: [&str; 17] = [
+        "ok",
+        "cancelled",
+        "unknown",
+        "invalid_argument",
+        "deadline_exceeded",
+        "not_found",
+        "already_exists",
+        "permission_denied",
+        "resource_exhausted",
+        "failed_precondition",
+        "aborted",
+        "out_of_range",
+        "unimplemented",
+        "internal",
+        "unavailable",
+        "data_loss",
+        "unauthenticated",
+    ];
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .map_or_else(|| format!("code_{code}"), |s| (*s).to_owned())
 }
 
 /// Everything one worker thread measured, handed back when it ends.
@@ -208,6 +250,22 @@ mod tests {
         assert_eq!(k["error_response.code_-1"], 1);
         assert_eq!(c.total_errors(), 3);
         assert_eq!(c.completed(), 7, "a stray frame ends no request");
+    }
+
+    #[test]
+    fn grpc_statuses_are_reported_by_code_name() {
+        let mut c = Counts::default();
+        for code in [8, 8, 5, 99] {
+            c.error(ErrorKind::GrpcStatus);
+            *c.grpc_codes.entry(code).or_default() += 1;
+        }
+        let k = c.by_kind();
+        assert_eq!(k["grpc_resource_exhausted"], 2);
+        assert_eq!(k["grpc_not_found"], 1);
+        assert_eq!(k["grpc_code_99"], 1);
+        assert!(!k.contains_key("grpc"));
+        assert_eq!(c.total_errors(), 4);
+        assert_eq!(c.completed(), 4);
     }
 
     #[test]

@@ -368,8 +368,21 @@ pub struct Generator {
     /// recycled between requests (see [`recycle`]).
     pairs: Vec<(&'static str, &'static str)>,
     uri: String,
+    /// The JSON object text of the arguments (`next_json`), reused.
+    json: Vec<u8>,
     /// A block of random characters; random strings are slices of it.
     noise: Vec<u8>,
+}
+
+/// The next request for a driver that builds its own messages (gRPC):
+/// templates filled, tool and prompt arguments as one JSON object.
+#[derive(Debug)]
+pub enum Next<'a> {
+    Tool { name: &'a str, args: &'a [u8] },
+    Prompt { name: &'a str, args: &'a [u8] },
+    Resource { uri: &'a str },
+    List(Listing),
+    Ping,
 }
 
 /// Reuses a vector's allocation for borrows of a different lifetime. The
@@ -407,6 +420,7 @@ impl Generator {
             values: Vec::new(),
             pairs: Vec::new(),
             uri: String::new(),
+            json: Vec::new(),
             noise,
         }
     }
@@ -418,7 +432,7 @@ impl Generator {
         let op = wl.pick(&mut self.rng);
         match op {
             Op::Tool { name, args } | Op::Prompt { name, args } => {
-                self.fill(args);
+                fill(&mut self.rng, &self.noise, &mut self.values, args);
                 let mut pairs = recycle(std::mem::take(&mut self.pairs));
                 pairs.extend(
                     args.iter()
@@ -434,17 +448,7 @@ impl Generator {
                 self.pairs = recycle(pairs);
             }
             Op::Resource { uri, key } => {
-                let uri = match key {
-                    None => uri.as_str(),
-                    Some(k) => {
-                        use std::fmt::Write;
-                        self.uri.clear();
-                        let n = self.rng.below(k.count);
-                        let (head, tail) = uri.split_once("{key}").unwrap_or((uri, ""));
-                        let _ = write!(self.uri, "{head}{}{n}{tail}", k.prefix);
-                        self.uri.as_str()
-                    }
-                };
+                let uri = resolve_uri(&mut self.rng, &mut self.uri, uri, key.as_ref());
                 out.extend_from_slice(self.enc.read_resource(h, uri));
             }
             Op::List(what) => out.extend_from_slice(self.enc.list(h, *what, None)),
@@ -453,32 +457,94 @@ impl Generator {
         op.expected()
     }
 
-    /// Writes the JSON text of each argument into `self.values`.
-    fn fill(&mut self, args: &[Arg]) {
-        use std::fmt::Write;
-        if self.values.len() < args.len() {
-            self.values.resize_with(args.len(), String::new);
-        }
-        for (a, v) in args.iter().zip(self.values.iter_mut()) {
-            v.clear();
-            match &a.value {
-                ArgValue::Literal(s) => v.push_str(s),
-                ArgValue::RandomString { min, max } => {
-                    let len = self.rng.range(*min, *max) as usize;
-                    let start = self.rng.below((self.noise.len() - len + 1) as u64) as usize;
-                    v.push('"');
-                    // The noise is ASCII from ALPHABET.
-                    v.push_str(std::str::from_utf8(&self.noise[start..start + len]).unwrap_or(""));
-                    v.push('"');
+    /// Picks the next op and fills its templates, for drivers that build
+    /// their own messages (the same choices, for the same seed, as
+    /// [`Generator::encode`]).
+    pub fn next_json(&mut self) -> (Next<'_>, ResponsePayload) {
+        let Self {
+            wl,
+            rng,
+            values,
+            uri: uri_buf,
+            json,
+            noise,
+            ..
+        } = self;
+        let op = wl.pick(rng);
+        let next = match op {
+            Op::Tool { name, args } | Op::Prompt { name, args } => {
+                fill(rng, noise, values, args);
+                json.clear();
+                json.push(b'{');
+                for (i, (a, v)) in args.iter().zip(values.iter()).enumerate() {
+                    if i > 0 {
+                        json.push(b',');
+                    }
+                    // A string always serialises.
+                    let _ = serde_json::to_writer(&mut *json, &a.key);
+                    json.push(b':');
+                    json.extend_from_slice(v.as_bytes());
                 }
-                ArgValue::RandomKey { prefix, count } => {
-                    let _ = write!(v, "\"{prefix}{}\"", self.rng.below(*count));
+                json.push(b'}');
+                if matches!(op, Op::Tool { .. }) {
+                    Next::Tool { name, args: json }
+                } else {
+                    Next::Prompt { name, args: json }
                 }
-                ArgValue::RandomInt { min, max } => {
-                    let span = max.abs_diff(*min);
-                    let n = min.wrapping_add(self.rng.range(0, span) as i64);
-                    let _ = write!(v, "{n}");
-                }
+            }
+            Op::Resource { uri, key } => Next::Resource {
+                uri: resolve_uri(rng, uri_buf, uri, key.as_ref()),
+            },
+            Op::List(what) => Next::List(*what),
+            Op::Ping => Next::Ping,
+        };
+        (next, op.expected())
+    }
+}
+
+/// A resource op's URI: `uri` itself, or with `{key}` filled into `buf`.
+fn resolve_uri<'a>(
+    rng: &mut Rng,
+    buf: &'a mut String,
+    uri: &'a str,
+    key: Option<&KeySpec>,
+) -> &'a str {
+    let Some(k) = key else {
+        return uri;
+    };
+    use std::fmt::Write;
+    buf.clear();
+    let n = rng.below(k.count);
+    let (head, tail) = uri.split_once("{key}").unwrap_or((uri, ""));
+    let _ = write!(buf, "{head}{}{n}{tail}", k.prefix);
+    buf.as_str()
+}
+
+/// Writes the JSON text of each argument into `values`.
+fn fill(rng: &mut Rng, noise: &[u8], values: &mut Vec<String>, args: &[Arg]) {
+    use std::fmt::Write;
+    if values.len() < args.len() {
+        values.resize_with(args.len(), String::new);
+    }
+    for (a, v) in args.iter().zip(values.iter_mut()) {
+        v.clear();
+        match &a.value {
+            ArgValue::Literal(s) => v.push_str(s),
+            ArgValue::RandomString { min, max } => {
+                let len = rng.range(*min, *max) as usize;
+                let start = rng.below((noise.len() - len + 1) as u64) as usize;
+                v.push('"');
+                // The noise is ASCII from ALPHABET.
+                v.push_str(std::str::from_utf8(&noise[start..start + len]).unwrap_or(""));
+                v.push('"');
+            }
+            ArgValue::RandomKey { prefix, count } => {
+                let _ = write!(v, "\"{prefix}{}\"", rng.below(*count));
+            }
+            ArgValue::RandomInt { min, max } => {
+                let span = max.abs_diff(*min);
+                let n = min.wrapping_add(rng.range(0, span) as i64);
+                let _ = write!(v, "{n}");
             }
         }
     }
@@ -521,6 +587,26 @@ mod tests {
                 ("text".into(), r#""hello""#.into())
             ]
         );
+    }
+
+    #[test]
+    fn next_json_builds_one_json_object_of_the_arguments() {
+        let wl = std::sync::Arc::new(
+            Workload::tool("echo", r#"{"text":"hello","n":3,"q\"k":null}"#).unwrap(),
+        );
+        let mut g = Generator::new(wl, 1);
+        let (next, expect) = g.next_json();
+        assert_eq!(expect, ResponsePayload::ToolResult);
+        let Next::Tool { name, args } = next else {
+            panic!("{next:?}")
+        };
+        assert_eq!(name, "echo");
+        let v: serde_json::Value = serde_json::from_slice(args).unwrap();
+        assert_eq!(v, serde_json::json!({"text":"hello","n":3,"q\"k":null}));
+        let wl = std::sync::Arc::new(Workload::tool("ping_me", "{}").unwrap());
+        let mut g = Generator::new(wl, 1);
+        let (next, _) = g.next_json();
+        assert!(matches!(next, Next::Tool { args: b"{}", .. }), "{next:?}");
     }
 
     #[test]

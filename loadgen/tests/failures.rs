@@ -51,15 +51,27 @@ fn refused_connection_fails_with_a_clear_message_and_a_report() {
 }
 
 #[test]
-fn grpc_target_is_accepted_but_reported_as_not_built() {
-    let json = common::json_path("grpc");
+fn refused_grpc_connection_fails_with_a_clear_message_and_a_report() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let json = common::json_path("grpc-refused");
+    let target = format!("grpc://127.0.0.1:{port}");
     let out = loadgen(
-        &["--target", "grpc://127.0.0.1:7401", "--tool", "echo"],
+        &["--target", &target, "--tool", "echo", "--duration", "2s"],
         &json,
     );
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("gRPC target not built yet"));
-    assert!(report(&json)["failure"].is_string());
+    assert_eq!(out.status.code(), Some(1));
+    let e = stderr(&out);
+    assert!(
+        e.contains("cannot connect to") && e.contains(&target),
+        "{e}"
+    );
+    let r = report(&json);
+    assert!(r["failure"].as_str().unwrap().contains("cannot connect"));
+    assert_eq!(r["driver"], "epoll", "tonic runs on tokio (epoll)");
 }
 
 #[test]

@@ -1,0 +1,275 @@
+//! The `grpc://` driver: `turbomcp.mcp.v1.McpService` over HTTP/2 with a
+//! tonic client.
+//!
+//! Each `--connections` is its own tonic `Channel` (its own TCP connection
+//! and HTTP/2 session), opened before the start line; each worker thread
+//! runs its channels on one current-thread tokio runtime. A connection's
+//! sender follows exactly the frame driver's rules (window, schedule,
+//! quota, intended send time: `engine::schedule_of`, `engine::wait_until`)
+//! and starts every call as its own task, so many calls are in flight as
+//! concurrent HTTP/2 streams of that channel.
+//!
+//! # Invariants
+//! - A call is registered as outstanding before it is started, and ends
+//!   exactly once: the first of its response, its timeout or the run
+//!   stopping removes it from `outstanding`; a later completion is ignored.
+//! - A unary RPC has no correlation id: tonic pairs a response with its
+//!   stream. prost decodes the body as the RPC's declared message, so a
+//!   response of another shape fails decoding and arrives as an `INTERNAL`
+//!   status, counted as `grpc_internal` like every other non-OK status.
+//! - A status with a transport cause (connection refused, reset, closed)
+//!   is a lost connection, not a server answer: the run stops, like a lost
+//!   frame connection.
+
+use std::error::Error as _;
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Instant;
+
+use mcp_proto::v1 as pb;
+use mcp_schema::client::Listing;
+use pb::mcp_service_client::McpServiceClient;
+use tokio::task::JoinSet;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::engine::{
+    CONNECT_TIMEOUT, ConnCtx, Driver, Pending, ThreadCtx, schedule_of, wait_until,
+};
+use crate::notify::{Either, race, yield_now};
+use crate::rt::Tokio;
+use crate::stats::ErrorKind;
+use crate::workload::{Generator, Next};
+
+/// Most calls started in one turn before letting them run.
+const MAX_BATCH: u64 = 512;
+
+#[derive(Clone, Debug)]
+pub struct GrpcDriver {
+    /// Largest response message accepted (`--max-frame`).
+    pub max_message: usize,
+}
+
+type Client = McpServiceClient<Channel>;
+
+/// One call, built before it is started.
+enum Call {
+    Tool(pb::CallToolRequest),
+    Prompt(pb::GetPromptRequest),
+    Resource(pb::ReadResourceRequest),
+    List(Listing),
+    Ping,
+}
+
+impl Call {
+    fn of(next: Next<'_>) -> Self {
+        match next {
+            Next::Tool { name, args } => Call::Tool(pb::CallToolRequest {
+                name: name.to_owned(),
+                arguments: Some(args.to_vec()),
+            }),
+            Next::Prompt { name, args } => Call::Prompt(pb::GetPromptRequest {
+                name: name.to_owned(),
+                arguments: Some(args.to_vec()),
+            }),
+            Next::Resource { uri } => Call::Resource(pb::ReadResourceRequest {
+                uri: uri.to_owned(),
+            }),
+            Next::List(l) => Call::List(l),
+            Next::Ping => Call::Ping,
+        }
+    }
+
+    async fn run(self, c: &mut Client) -> Result<(), tonic::Status> {
+        match self {
+            Call::Tool(r) => c.call_tool(r).await.map(drop),
+            Call::Prompt(r) => c.get_prompt(r).await.map(drop),
+            Call::Resource(r) => c.read_resource(r).await.map(drop),
+            Call::List(Listing::Tools) => c
+                .list_tools(pb::ListToolsRequest { cursor: None })
+                .await
+                .map(drop),
+            Call::List(Listing::Resources) => c
+                .list_resources(pb::ListResourcesRequest { cursor: None })
+                .await
+                .map(drop),
+            Call::List(Listing::ResourceTemplates) => c
+                .list_resource_templates(pb::ListResourceTemplatesRequest { cursor: None })
+                .await
+                .map(drop),
+            Call::List(Listing::Prompts) => c
+                .list_prompts(pb::ListPromptsRequest { cursor: None })
+                .await
+                .map(drop),
+            Call::Ping => c.ping(pb::PingRequest {}).await.map(drop),
+        }
+    }
+}
+
+/// `e` and its causes, `a: b: c`: tonic's own message is only
+/// "transport error".
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl Driver for GrpcDriver {
+    type Rt = Tokio;
+    type Conn = Client;
+
+    async fn connect(&self, addr: SocketAddr) -> io::Result<Client> {
+        let ep = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| io::Error::other(chain(&e)))?
+            .tcp_nodelay(true)
+            .connect_timeout(CONNECT_TIMEOUT);
+        // `connect` (not `connect_lazy`): one TCP connection and HTTP/2
+        // handshake per channel, made now, before the start line.
+        let ch = ep
+            .connect()
+            .await
+            .map_err(|e| io::Error::other(chain(&e)))?;
+        Ok(McpServiceClient::new(ch).max_decoding_message_size(self.max_message))
+    }
+
+    async fn drive(&self, client: Client, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
+        let mut tasks = JoinSet::new();
+        send_loop(&ctx, &cc, &client, &mut tasks).await;
+        cc.sending_done.set(true);
+        // Wait for the outstanding calls: each ends by its own task, by a
+        // timeout (the engine's sweep) or by the run stopping.
+        while !ctx.stop.get() && !cc.reader_stop.is_raised() && !cc.outstanding.borrow().is_empty()
+        {
+            match race(tasks.join_next(), cc.reader_stop.wait()).await {
+                Either::Left(None) => break,
+                Either::Left(Some(_)) | Either::Right(()) => {}
+            }
+        }
+        // Calls still running (timed out, or the run stopped) are
+        // cancelled: their streams are reset.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        cc.finished.set(true);
+    }
+}
+
+async fn send_loop(
+    ctx: &Rc<ThreadCtx>,
+    cc: &Rc<ConnCtx>,
+    client: &Client,
+    tasks: &mut JoinSet<()>,
+) {
+    let cfg = &ctx.cfg;
+    let seed = cfg.seed ^ (cc.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut generator = Generator::new(std::sync::Arc::clone(&cfg.workload), seed);
+    let schedule = schedule_of(ctx, cc);
+    let mut seq: u64 = 0;
+    // Schedule index of the next request (open loop).
+    let mut k: u64 = 0;
+    loop {
+        // Reap finished call tasks so the set stays small.
+        while tasks.try_join_next().is_some() {}
+        if ctx.stop.get() {
+            break;
+        }
+        let now = Instant::now();
+        if ctx.send_over(now) || seq >= cc.plan.quota {
+            break;
+        }
+        let room = cc
+            .plan
+            .window
+            .saturating_sub(cc.outstanding.borrow().len() as u64)
+            .min(cc.plan.quota - seq)
+            .min(MAX_BATCH);
+        if let Some(s) = &schedule {
+            let due = s.at(k);
+            if due > now {
+                let until = ctx.send_end().map_or(due, |e| e.min(due));
+                wait_until::<Tokio>(until, cfg.spin, &cc.writer_wake).await;
+                continue;
+            }
+        }
+        if room == 0 {
+            cc.writer_wake.notified().await;
+            continue;
+        }
+        for _ in 0..room {
+            let intended = match &schedule {
+                None => now,
+                Some(s) => {
+                    let t = s.at(k);
+                    if t > now || ctx.send_over(t) {
+                        break;
+                    }
+                    k += 1;
+                    t
+                }
+            };
+            let (next, expect) = generator.next_json();
+            let call = Call::of(next);
+            cc.outstanding.borrow_mut().insert(
+                seq,
+                Pending {
+                    start: intended,
+                    measured: ctx.measured(intended),
+                    expect,
+                },
+            );
+            ctx.on_sent(intended, now, schedule.is_some());
+            let (ctx, cc, mut client) = (Rc::clone(ctx), Rc::clone(cc), client.clone());
+            tasks.spawn_local(async move {
+                let res = call.run(&mut client).await;
+                on_response(&ctx, &cc, seq, res);
+            });
+            seq += 1;
+        }
+        // Let the calls just started reach the wire before starting more.
+        yield_now().await;
+    }
+    // As in the frame driver: requests the schedule called for in the
+    // measured phase but never sent still count as offered.
+    if let (Some(s), Some(end)) = (&schedule, ctx.send_end()) {
+        let due = s.count_before(end).min(cc.plan.quota);
+        let first_measured = s.count_before(ctx.measure_start);
+        ctx.on_unsent(due.saturating_sub(k.max(first_measured)));
+    }
+}
+
+fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::Status>) {
+    let now = Instant::now();
+    let (p, was_full) = {
+        let mut o = cc.outstanding.borrow_mut();
+        let was_full = o.len() as u64 >= cc.plan.window;
+        match o.remove(&seq) {
+            Some(p) => (p, was_full),
+            // Already ended (timeout, or the run stopped).
+            None => return,
+        }
+    };
+    match res {
+        Ok(()) => ctx.on_end(&p, now, Ok(())),
+        Err(st) if st.source().is_some() => {
+            // No answer from the server: the connection failed.
+            ctx.on_end(&p, now, Err((ErrorKind::ConnectionLost, None)));
+            ctx.conn_failed(
+                cc,
+                format!("connection to {} failed: {}", ctx.cfg.target, chain(&st)),
+            );
+            return;
+        }
+        Err(st) => ctx.on_end(
+            &p,
+            now,
+            Err((ErrorKind::GrpcStatus, Some(st.code() as i32))),
+        ),
+    }
+    if was_full {
+        cc.writer_wake.notify();
+    }
+}

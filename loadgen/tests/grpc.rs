@@ -1,0 +1,290 @@
+//! The `grpc://` target against the real broker binary on loopback: closed
+//! and open loop with zero errors, gRPC statuses counted by kind, and
+//! Ctrl-C writing partial results with exit status 130.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Load runs one at a time: on a small machine two would measure each
+/// other.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `mcp-broker` is built beside `mcp-loadgen` by `cargo test --workspace`.
+fn broker_bin() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_mcp-loadgen")).with_file_name("mcp-broker");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (`cargo build -p mcp-broker`, or run the tests with \
+         `cargo test --workspace` / scripts/test)",
+        p.display()
+    );
+    let echo = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../routers/target/wasm32-wasip2/release/echo.wasm"
+    ));
+    assert!(
+        echo.exists(),
+        "{} is missing: run scripts/build-routers first",
+        echo.display()
+    );
+    p
+}
+
+/// The real broker on port 0 everywhere, killed on drop.
+struct Broker {
+    child: Child,
+    grpc: SocketAddr,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let mut child = Command::new(broker_bin())
+            .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "127.0.0.1:0", "--shards", "2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mcp-broker");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            // Keep draining so the broker never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let mut b = Broker {
+            child,
+            grpc: "0.0.0.0:0".parse().unwrap(),
+        };
+        let line = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("mcp-broker printed no ready line within 120 s");
+        assert!(line.starts_with("mcp-broker ready "), "{line}");
+        b.grpc = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("grpc="))
+            .unwrap_or_else(|| panic!("no grpc= in ready line {line:?}"))
+            .parse()
+            .expect("grpc=HOST:PORT");
+        b
+    }
+
+    fn target(&self) -> String {
+        format!("grpc://{}", self.grpc)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("grpc-{name}-{}.json", std::process::id()))
+}
+
+fn loadgen(args: &[&str], json: &Path) -> (Output, serde_json::Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-loadgen"))
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .arg("--quiet")
+        .output()
+        .expect("run mcp-loadgen");
+    eprintln!(
+        "mcp-loadgen {args:?}\n--- stdout\n{}--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(json).expect("the JSON report is written");
+    let _ = std::fs::remove_file(json);
+    (out, serde_json::from_str(&text).unwrap())
+}
+
+#[test]
+fn closed_loop_echo_calls_over_grpc_have_zero_errors() {
+    let _g = serial();
+    let b = Broker::start();
+    let (out, r) = loadgen(
+        &[
+            "--target",
+            &b.target(),
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"text":"hello","n":1}"#,
+            "--connections",
+            "4",
+            "--threads",
+            "2",
+            "--concurrency",
+            "64",
+            "--requests",
+            "5000",
+            "--duration",
+            "120s",
+        ],
+        &json_path("closed"),
+    );
+    assert!(out.status.success(), "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["requests"], 5000, "{r}");
+    assert_eq!(r["ok"], 5000, "{r}");
+    assert_eq!(r["mode"], "closed");
+    assert_eq!(r["connections"], 4);
+    assert!(r["latency_us"]["p50"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["failure"].is_null(), "{r}");
+}
+
+#[test]
+fn open_loop_over_grpc_offers_the_asked_rate() {
+    let _g = serial();
+    let b = Broker::start();
+    let (out, r) = loadgen(
+        &[
+            "--target",
+            &b.target(),
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"text":"hello"}"#,
+            "--connections",
+            "2",
+            "--rate",
+            "400",
+            "--duration",
+            "2s",
+        ],
+        &json_path("open"),
+    );
+    assert!(out.status.success(), "{r}");
+    assert_eq!(r["mode"], "open");
+    assert_eq!(r["errors"], 0, "{r}");
+    let offered = r["offered_rps"].as_f64().unwrap();
+    assert!((offered - 400.0).abs() <= 20.0, "offered {offered}: {r}");
+    let requests = r["requests"].as_u64().unwrap();
+    assert!((760..=840).contains(&requests), "{r}");
+    assert!(r["send_lag_us"]["p50"].is_u64(), "{r}");
+}
+
+#[test]
+fn a_missing_tool_is_counted_as_a_grpc_status_kind() {
+    let _g = serial();
+    let b = Broker::start();
+    let (out, r) = loadgen(
+        &[
+            "--target",
+            &b.target(),
+            "--tool",
+            "no_such_tool",
+            "--concurrency",
+            "4",
+            "--requests",
+            "200",
+        ],
+        &json_path("not-found"),
+    );
+    // Error answers are results, not a failed run.
+    assert!(out.status.success(), "{r}");
+    assert_eq!(r["requests"], 200, "{r}");
+    assert_eq!(r["ok"], 0, "{r}");
+    assert_eq!(r["errors"], 200, "{r}");
+    assert_eq!(r["errors_by_kind"]["grpc_not_found"], 200, "{r}");
+    // Never folded into latency.
+    assert_eq!(r["latency_us"]["max"], 0, "{r}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("grpc_not_found: 200"),
+        "the summary lists the kind"
+    );
+}
+
+#[test]
+fn ctrl_c_stops_the_run_writes_partial_results_and_exits_130() {
+    let _g = serial();
+    let b = Broker::start();
+    let json = json_path("sigint");
+    let hlog = json.with_extension("hlog");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-loadgen"))
+        .args(["--target", &b.target(), "--tool", "echo"])
+        .args(["--rate", "300", "--duration", "120s", "--json"])
+        .arg(&json)
+        .arg("--hlog")
+        .arg(&hlog)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mcp-loadgen");
+    // Progress lines (one a second, stderr is not a terminal) show the run
+    // is under way: interrupt it after the first one.
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("[") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("a progress line within 60 s");
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill(1)");
+    assert!(status.success());
+    let (wtx, wrx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let out = child.wait_with_output();
+        let _ = wtx.send(out);
+    });
+    let out = wrx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("mcp-loadgen exits within 30 s of Ctrl-C")
+        .expect("wait for mcp-loadgen");
+    let err = reader.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("--- stdout\n{stdout}--- stderr\n{err}");
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(stdout.contains("requests"), "the summary is printed");
+    assert!(err.contains("interrupted"), "{err}");
+    let text = std::fs::read_to_string(&json).expect("the JSON report is written");
+    let _ = std::fs::remove_file(&json);
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        r["failure"].as_str().unwrap().contains("interrupted"),
+        "{r}"
+    );
+    assert_eq!(r["errors"], 0, "outstanding calls drained: {r}");
+    assert!(r["requests"].as_u64().unwrap() >= 200, "{r}");
+    assert!(r["duration_s"].as_f64().unwrap() < 60.0, "{r}");
+    // The rate stays what was sent until the interrupt, not diluted by the
+    // 120 s that were asked for.
+    let offered = r["offered_rps"].as_f64().unwrap();
+    assert!((offered - 300.0).abs() <= 30.0, "offered {offered}: {r}");
+    let log = std::fs::read_to_string(&hlog).expect("the interval log is written");
+    let _ = std::fs::remove_file(&hlog);
+    assert!(log.contains("#[StartTime:"), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| !l.starts_with('#') && !l.starts_with('"')),
+        "at least one interval: {log}"
+    );
+}
