@@ -226,7 +226,11 @@ async fn write_loop(
     // Requests the schedule called for in the measured phase but that were
     // never sent (the generator or the window was behind) still count as
     // offered.
-    if let (Some(s), Some(end)) = (&schedule, ctx.send_end()) {
+    if let (Some(s), Some(end)) = (
+        &schedule,
+        // A run stopped early (failure) offered nothing after it stopped.
+        ctx.send_end().map(|e| e.min(Instant::now())),
+    ) {
         let due = s.count_before(end).min(cc.plan.quota);
         let first_measured = s.count_before(ctx.measure_start);
         let unsent = due.saturating_sub(k.max(first_measured));

@@ -234,7 +234,11 @@ async fn send_loop(
     }
     // As in the frame driver: requests the schedule called for in the
     // measured phase but never sent still count as offered.
-    if let (Some(s), Some(end)) = (&schedule, ctx.send_end()) {
+    if let (Some(s), Some(end)) = (
+        &schedule,
+        // A run stopped early (failure) offered nothing after it stopped.
+        ctx.send_end().map(|e| e.min(Instant::now())),
+    ) {
         let due = s.count_before(end).min(cc.plan.quota);
         let first_measured = s.count_before(ctx.measure_start);
         ctx.on_unsent(due.saturating_sub(k.max(first_measured)));
@@ -254,12 +258,12 @@ fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::S
     };
     match res {
         Ok(()) => ctx.on_end(&p, now, Ok(())),
-        Err(st) if st.source().is_some() => {
+        Err(ref st) if let Some(cause) = st.source() => {
             // No answer from the server: the connection failed.
             ctx.on_end(&p, now, Err((ErrorKind::ConnectionLost, None)));
             ctx.conn_failed(
                 cc,
-                format!("connection to {} failed: {}", ctx.cfg.target, chain(&st)),
+                format!("connection to {} failed: {}", ctx.cfg.target, chain(cause)),
             );
             return;
         }

@@ -288,3 +288,59 @@ fn ctrl_c_stops_the_run_writes_partial_results_and_exits_130() {
         "at least one interval: {log}"
     );
 }
+
+#[test]
+fn broker_killed_mid_run_stops_the_grpc_run_with_partial_results() {
+    let _g = serial();
+    let mut b = Broker::start();
+    let json = json_path("killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-loadgen"))
+        .args(["--target", &b.target(), "--tool", "echo"])
+        .args(["--rate", "300", "--duration", "120s", "--json"])
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mcp-loadgen");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("[") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("a progress line within 60 s");
+    b.child.kill().expect("kill the broker");
+    let (wtx, wrx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = wtx.send(child.wait());
+    });
+    let status = wrx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("mcp-loadgen stops within 30 s of losing the broker")
+        .expect("wait for mcp-loadgen");
+    let err = reader.join().unwrap();
+    eprintln!("--- stderr\n{err}");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("connection to grpc://"), "{err}");
+    let text = std::fs::read_to_string(&json).expect("the JSON report is written");
+    let _ = std::fs::remove_file(&json);
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(r["failure"].as_str().unwrap().contains("failed"), "{r}");
+    assert!(
+        r["ok"].as_u64().unwrap() >= 200,
+        "partial results kept: {r}"
+    );
+    let offered = r["offered_rps"].as_f64().unwrap();
+    assert!(
+        (offered - 300.0).abs() <= 45.0,
+        "offered counts the run until the failure only: {offered}: {r}"
+    );
+}
