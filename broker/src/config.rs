@@ -138,6 +138,15 @@ impl Default for NamingSection {
     }
 }
 
+/// `[bench]`: switches for `scripts/bench` only; never set in production.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct BenchSection {
+    /// Answer every routed tool call natively with its arguments (no WASM
+    /// call), to measure the routing path without the router's cost.
+    pub native_echo: bool,
+}
+
 /// Whether a router's requests may run on any instance.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -207,6 +216,7 @@ pub struct Config {
     pub grpc: GrpcSection,
     pub metrics: MetricsSection,
     pub naming: NamingSection,
+    pub bench: BenchSection,
     pub routers: Vec<RouterConfig>,
 }
 
@@ -249,6 +259,7 @@ impl Config {
                 "grpc" => section(&key, value, &mut config.grpc, &mut errors),
                 "metrics" => section(&key, value, &mut config.metrics, &mut errors),
                 "naming" => section(&key, value, &mut config.naming, &mut errors),
+                "bench" => section(&key, value, &mut config.bench, &mut errors),
                 "routers" => match value {
                     toml::Value::Array(items) => {
                         for (i, item) in items.into_iter().enumerate() {
@@ -261,7 +272,7 @@ impl Config {
                     _ => errors.push("routers: must be an array of tables ([[routers]])".into()),
                 },
                 other => errors.push(format!(
-                    "{other}: unknown section (expected broker, frames, grpc, metrics, naming, routers)"
+                    "{other}: unknown section (expected broker, frames, grpc, metrics, naming, bench, routers)"
                 )),
             }
         }

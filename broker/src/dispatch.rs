@@ -171,6 +171,12 @@ pub async fn handle(
                 ));
                 return;
             };
+            if ctx.shared.config.bench.native_echo {
+                // Bench-only ([bench] native_echo): routing without WASM.
+                let mut enc = ctx.enc.borrow_mut();
+                out.extend_from_slice(enc.tool_text(&to, tc.id(), json, None, false));
+                return;
+            }
             let pool = &ctx.pools[router];
             let deadline = call_deadline(pool, view.timeout_ms());
             let t0 = std::time::Instant::now();
