@@ -353,7 +353,12 @@ mod tests {
     fn resources_route_by_exact_uri_then_template_then_scheme() {
         let t = RouteTable::build(
             &[
-                entry("library", None, &[], &["lib://docs/readme", "lib://books/{id}"]),
+                entry(
+                    "library",
+                    None,
+                    &[],
+                    &["lib://docs/readme", "lib://books/{id}"],
+                ),
                 entry("kv", None, &[], &["kv://seed"]),
                 entry("other", None, &[], &["lib://x"]),
             ],
