@@ -347,7 +347,9 @@ fn a_guest_looping_forever_does_not_stall_its_shard() {
         assert_eq!(tool_text(&other.call("echo", &[], None)), "{}");
     }
     assert!(
-        t.elapsed() < Duration::from_secs(1),
+        // Under the loop's 2 s deadline: a stalled shard would answer only
+        // after it; the margin absorbs a loaded CI machine.
+        t.elapsed() < Duration::from_millis(1500),
         "echo calls stalled for {:?}",
         t.elapsed()
     );
