@@ -209,8 +209,8 @@ pub fn tool_response(
                     true,
                 ));
             }
-            let fbb = enc.begin();
-            let blocks: Vec<_> = tr.content.iter().map(|b| content_block(fbb, b)).collect();
+            let (fbb, blocks) = enc.begin_with_content();
+            blocks.extend(tr.content.iter().map(|b| content_block(fbb, b)));
             let structured_content = opt_str(fbb, &tr.structured_content);
             let metadata = meta(fbb, &tr.meta);
             let is_error = tr.is_error.unwrap_or(false);
@@ -219,7 +219,7 @@ pub fn tool_response(
                 &ToolResultParts {
                     tool_call_id: *tool_call_id,
                     success: !is_error,
-                    content: &blocks,
+                    content: blocks,
                     metadata,
                     structured_content,
                     is_error,

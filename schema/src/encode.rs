@@ -10,7 +10,7 @@ use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, WIPOffset};
 use crate::content_vec::{ToolResultParts, create_tool_result};
 use crate::error::ErrorCode;
 use crate::fb::protocol::{
-    EmptyResult, EmptyResultArgs, ErrorResponse, ErrorResponseArgs, MessageHeader,
+    Content, EmptyResult, EmptyResultArgs, ErrorResponse, ErrorResponseArgs, MessageHeader,
     MessageHeaderArgs, PingResponse, PingResponseArgs, ProtocolVersion, Response, ResponseArgs,
     ResponsePayload, TextContent, TextContentArgs,
 };
@@ -49,6 +49,9 @@ impl ReplyTo<'_> {
 pub struct ResponseEncoder {
     fbb: FlatBufferBuilder<'static>,
     ids: IdGenerator,
+    /// Reused list of a ToolResult's content blocks (tag and table), so that
+    /// building one allocates nothing once warm.
+    content: Vec<(Content, WIPOffset<UnionWIPOffset>)>,
 }
 
 impl std::fmt::Debug for ResponseEncoder {
@@ -63,6 +66,7 @@ impl ResponseEncoder {
         Self {
             fbb: FlatBufferBuilder::with_capacity(1024),
             ids: IdGenerator::new(seed),
+            content: Vec::new(),
         }
     }
 
@@ -71,6 +75,21 @@ impl ResponseEncoder {
     pub fn begin(&mut self) -> &mut FlatBufferBuilder<'static> {
         self.fbb.reset();
         &mut self.fbb
+    }
+
+    /// [`Self::begin`], plus an emptied reusable list to collect a
+    /// ToolResult's content blocks in (pass it as
+    /// [`crate::content_vec::ToolResultParts::content`]).
+    #[allow(clippy::type_complexity)]
+    pub fn begin_with_content(
+        &mut self,
+    ) -> (
+        &mut FlatBufferBuilder<'static>,
+        &mut Vec<(Content, WIPOffset<UnionWIPOffset>)>,
+    ) {
+        self.fbb.reset();
+        self.content.clear();
+        (&mut self.fbb, &mut self.content)
     }
 
     /// Writes the header and the Response root around `payload` (built since
