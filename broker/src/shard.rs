@@ -8,18 +8,24 @@
 //! - Per connection: one reader, one writer, and up to
 //!   `max_in_flight_per_connection` workers that are spawned once and then
 //!   reused, so steady-state request handling spawns (allocates) nothing.
+//! - The reader polls each request's handler once itself; a worker takes
+//!   over only a request that must wait. A request's future lives in a
+//!   pinned slot recycled by its connection, so it can change hands
+//!   without moving or allocating.
 //! - Responses are appended to the connection's write buffer and flushed by
 //!   the writer in batches: one `write` per batch, not one per frame.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use atomic_waker::AtomicWaker;
 use bytes::BytesMut;
 use mcp_schema::encode::ReplyTo;
 use mcp_schema::verify::{VerifiedRequest, header_of_invalid};
@@ -208,7 +214,7 @@ async fn inbox_loop(shard: Rc<Shard>) {
                     let mut out = Vec::new();
                     run_or_expire(&shard, &job.req, &mut args, &mut out).await;
                     if !job.forwarded {
-                        metrics::record::request(
+                        let _ended = metrics::record::request(
                             &shard.ctx,
                             metrics::Edge::Grpc,
                             &job.req,
@@ -262,10 +268,98 @@ async fn run_or_expire(
     }
 }
 
+/// One request while it is served: what the handler owns and gives back.
+struct Job {
+    req: VerifiedRequest,
+    /// When the read that completed its frame returned.
+    arrived: Instant,
+    /// When its handling began (later than `arrived` when frames ahead of it
+    /// in the same read were handled first).
+    started: Instant,
+    args: Vec<u8>,
+    out: Vec<u8>,
+}
+
+/// Serves one request. Every call returns the same future type, which is
+/// what lets a connection keep reusable pinned slots for it ([`Slot`]).
+async fn serve(ctx: Rc<ShardCtx>, mut job: Job) -> Job {
+    handle(&ctx, &job.req, &mut job.args, &mut job.out).await;
+    job
+}
+
+/// Where a waiting request's wake-ups go: to whichever task polls the slot
+/// now. The reader polls every request once; only if it must wait does a
+/// worker take the slot over, and the wake-ups registered during the first
+/// poll must reach that worker. Thread-safe because WASI timers and the
+/// epoch yield wake a guest call from the host's tokio thread.
+#[derive(Default)]
+struct SlotWake(AtomicWaker);
+
+impl Wake for SlotWake {
+    fn wake(self: Arc<Self>) {
+        self.0.wake();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.wake();
+    }
+}
+
+/// A reusable home for one request's future: allocated once per request in
+/// flight at the connection's peak, then recycled, so steady-state handling
+/// allocates nothing.
+struct Slot<F> {
+    fut: Pin<Box<Option<F>>>,
+    wake: Arc<SlotWake>,
+    /// `Waker` over `wake`, made once.
+    waker: Waker,
+    /// The handler's buffers while no request is in the slot.
+    args: Vec<u8>,
+    out: Vec<u8>,
+    /// A cheap clone (a reference count) of a waiting request, to answer it
+    /// if the drain deadline cancels its future.
+    req: Option<VerifiedRequest>,
+}
+
+impl<F: Future<Output = Job>> Slot<F> {
+    fn new() -> Self {
+        let wake = Arc::new(SlotWake::default());
+        Slot {
+            fut: Box::pin(None),
+            waker: Waker::from(wake.clone()),
+            wake,
+            args: Vec::with_capacity(1024),
+            out: Vec::with_capacity(1024),
+            req: None,
+        }
+    }
+
+    /// Polls the request's future with the slot's own waker.
+    fn poll(&mut self) -> Poll<Job> {
+        let mut cx = Context::from_waker(&self.waker);
+        let fut = self
+            .fut
+            .as_mut()
+            .as_pin_mut()
+            .expect("a polled slot holds a request");
+        match fut.poll(&mut cx) {
+            Poll::Ready(job) => {
+                self.fut.set(None);
+                Poll::Ready(job)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 /// One connection's shared state.
-struct Conn {
-    /// Frames waiting for a worker, with the time they were read.
-    queue: RefCell<VecDeque<(VerifiedRequest, Instant)>>,
+struct Conn<F> {
+    /// Builds a request's future (always [`serve`]; a pointer because its
+    /// type cannot be named).
+    serve: fn(Rc<ShardCtx>, Job) -> F,
+    /// Requests that had to wait, for a worker to finish.
+    queue: RefCell<VecDeque<Slot<F>>>,
+    /// Empty slots for the next requests.
+    free: RefCell<Vec<Slot<F>>>,
     /// Workers parked for want of work.
     idle: RefCell<Vec<Waker>>,
     workers: Cell<usize>,
@@ -278,7 +372,7 @@ struct Conn {
     closed: Cell<bool>,
 }
 
-impl Conn {
+impl<F> Conn<F> {
     fn push_out(&self, bytes: &[u8]) {
         self.out.borrow_mut().extend_from_slice(bytes);
         self.out_ready.notify();
@@ -299,7 +393,9 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
     shard.connections.set(shard.connections.get() + 1);
     ShardStats::add(&stats.connections_open, 1);
     let conn = Rc::new(Conn {
+        serve,
         queue: RefCell::new(VecDeque::new()),
+        free: RefCell::new(Vec::new()),
         idle: RefCell::new(Vec::new()),
         workers: Cell::new(0),
         pending: Cell::new(0),
@@ -329,9 +425,9 @@ const READ_CHUNK: usize = 16 * 1024;
 
 /// Reads frames until the peer closes or a limit closes the connection.
 /// Returns the reason for closing.
-async fn read_loop(
+async fn read_loop<F: Future<Output = Job> + 'static>(
     shard: &Rc<Shard>,
-    conn: &Rc<Conn>,
+    conn: &Rc<Conn<F>>,
     mut rd: impl AsyncReadRent,
 ) -> Result<(), String> {
     let cfg = &shard.ctx.shared.config.frames;
@@ -381,9 +477,13 @@ async fn read_loop(
             Ok(n) => ShardStats::add(&stats.bytes_in, n as u64),
             Err(e) => return Err(format!("read error: {e}")),
         }
+        // One clock read for the whole batch: every frame of it arrived with
+        // this read. Each answered frame's end time is the next one's start.
+        let arrived = Instant::now();
+        let mut cursor = arrived;
         loop {
             match splitter.next_frame(&mut buf) {
-                Ok(Some(frame)) => accept_frame(shard, conn, frame),
+                Ok(Some(frame)) => cursor = accept_frame(shard, conn, frame, arrived, cursor),
                 Ok(None) => break,
                 Err(e) => {
                     stats.reject(&e);
@@ -396,21 +496,59 @@ async fn read_loop(
         partial_since = if buf.is_empty() {
             None
         } else {
-            partial_since.or(Some(Instant::now()))
+            partial_since.or(Some(arrived))
         };
     }
 }
 
-/// Verifies one frame and queues it for a worker, or answers it at once
-/// with its error.
-fn accept_frame(shard: &Rc<Shard>, conn: &Rc<Conn>, frame: bytes::Bytes) {
+/// Verifies one frame and serves it: answered here if its handler finishes
+/// without waiting (the common case: native answers, and router calls that
+/// find an idle instance and finish within an epoch tick), else handed with
+/// its future to a worker. Invalid frames are answered at once with their
+/// error. Returns the time the frame's handling ended (or `started` when
+/// it did not end or nothing read the clock).
+fn accept_frame<F: Future<Output = Job> + 'static>(
+    shard: &Rc<Shard>,
+    conn: &Rc<Conn<F>>,
+    frame: bytes::Bytes,
+    arrived: Instant,
+    started: Instant,
+) -> Instant {
     let stats = shard.stats();
     ShardStats::add(&stats.requests, 1);
-    match VerifiedRequest::verify(frame.clone()) {
-        Ok(req) => {
-            conn.pending.set(conn.pending.get() + 1);
-            ShardStats::add(&stats.in_flight, 1);
-            conn.queue.borrow_mut().push_back((req, Instant::now()));
+    let req = match VerifiedRequest::verify(frame.clone()) {
+        Ok(req) => req,
+        Err(e) => {
+            stats.reject(&e);
+            ShardStats::add(&stats.error_responses, 1);
+            let to = header_of_invalid(&frame)
+                .map(|h| reply_to_header(&h))
+                .unwrap_or(ReplyTo::UNKNOWN);
+            tracing::debug!(shard = shard.ctx.index, error = %e, "rejected frame");
+            let mut enc = shard.ctx.enc.borrow_mut();
+            conn.push_out(enc.error(&to, e.code(), &e.to_string(), None));
+            return started;
+        }
+    };
+    conn.pending.set(conn.pending.get() + 1);
+    ShardStats::add(&stats.in_flight, 1);
+    let mut slot = conn.free.borrow_mut().pop().unwrap_or_else(Slot::new);
+    // Kept (a reference count, not a copy) to answer the request should the
+    // drain deadline cancel its future while it waits.
+    slot.req = Some(req.clone());
+    let job = Job {
+        req,
+        arrived,
+        started,
+        args: std::mem::take(&mut slot.args),
+        out: std::mem::take(&mut slot.out),
+    };
+    slot.fut.set(Some((conn.serve)(shard.ctx.clone(), job)));
+    match slot.poll() {
+        Poll::Ready(job) => finish(shard, conn, slot, job),
+        Poll::Pending => {
+            // Wake (or start) a worker to finish it.
+            conn.queue.borrow_mut().push_back(slot);
             let idle = conn.idle.borrow_mut().pop();
             match idle {
                 Some(w) => w.wake(),
@@ -423,30 +561,54 @@ fn accept_frame(shard: &Rc<Shard>, conn: &Rc<Conn>, frame: bytes::Bytes) {
                     }
                 }
             }
-        }
-        Err(e) => {
-            stats.reject(&e);
-            ShardStats::add(&stats.error_responses, 1);
-            let to = header_of_invalid(&frame)
-                .map(|h| reply_to_header(&h))
-                .unwrap_or(ReplyTo::UNKNOWN);
-            tracing::debug!(shard = shard.ctx.index, error = %e, "rejected frame");
-            let mut enc = shard.ctx.enc.borrow_mut();
-            conn.push_out(enc.error(&to, e.code(), &e.to_string(), None));
+            started
         }
     }
 }
 
-/// Takes requests off the connection's queue and answers them, parking when
-/// there are none, until the connection closes.
-async fn worker(shard: Rc<Shard>, conn: Rc<Conn>) {
-    let mut args = Vec::with_capacity(1024);
-    let mut out = Vec::with_capacity(1024);
-    let stats = shard.stats();
+/// Answers a served request: records it, queues its frames for the writer,
+/// frees its slot. Returns the end time read for the metrics.
+fn finish<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, job: Job) -> Instant {
+    let ended = metrics::record::request(
+        &shard.ctx,
+        metrics::Edge::Frames,
+        &job.req,
+        job.arrived,
+        job.started,
+        &job.out,
+    );
+    conn.push_out(&job.out);
+    let Job {
+        req,
+        mut args,
+        mut out,
+        ..
+    } = job;
+    drop(req);
+    args.clear();
+    out.clear();
+    slot.args = args;
+    slot.out = out;
+    slot.req = None;
+    // A wake-up registered by a worker for the previous request must not
+    // reach it through the next one.
+    drop(slot.wake.0.take());
+    conn.free.borrow_mut().push(slot);
+    conn.pending.set(conn.pending.get() - 1);
+    ShardStats::sub(&shard.stats().in_flight, 1);
+    conn.capacity.notify();
+    ended
+}
+
+/// Finishes requests that had to wait (a router call queued for an instance
+/// or yielding at an epoch tick, a session-affinity hand-off), parking when
+/// there are none, until the connection closes. Only waiting requests race
+/// the drain deadline: the ones answered inline cannot outlive it.
+async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
     loop {
-        let job = poll_fn(|cx| {
-            if let Some(j) = conn.queue.borrow_mut().pop_front() {
-                return Poll::Ready(Some(j));
+        let next = poll_fn(|cx| {
+            if let Some(s) = conn.queue.borrow_mut().pop_front() {
+                return Poll::Ready(Some(s));
             }
             if conn.closed.get() {
                 return Poll::Ready(None);
@@ -455,29 +617,52 @@ async fn worker(shard: Rc<Shard>, conn: Rc<Conn>) {
             Poll::Pending
         })
         .await;
-        let Some((req, arrived)) = job else { break };
-        let started = Instant::now();
-        out.clear();
-        run_or_expire(&shard, &req, &mut args, &mut out).await;
-        metrics::record::request(
-            &shard.ctx,
-            metrics::Edge::Frames,
-            &req,
-            arrived,
-            started,
-            &out,
-        );
-        drop(req);
-        conn.push_out(&out);
-        conn.pending.set(conn.pending.get() - 1);
-        ShardStats::sub(&stats.in_flight, 1);
-        conn.capacity.notify();
+        let Some(mut slot) = next else { break };
+        let done = monoio::select! {
+            job = poll_fn(|cx| {
+                // Register before polling: a wake-up that came while the slot
+                // changed hands is covered by this poll.
+                slot.wake.0.register(cx.waker());
+                slot.poll()
+            }) => Some(job),
+            _ = shard.drain_expired.wait() => None,
+        };
+        match done {
+            Some(job) => {
+                finish(&shard, &conn, slot, job);
+            }
+            None => expire(&shard, &conn, slot),
+        }
     }
     conn.workers.set(conn.workers.get() - 1);
 }
 
+/// Answers a waiting request the drain deadline overtook, with a
+/// shutting-down error, and drops its future (cancelling the call).
+fn expire<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
+    slot.fut.set(None);
+    if let Some(req) = slot.req.take() {
+        let to = req.view().reply_to();
+        let mut enc = shard.ctx.enc.borrow_mut();
+        conn.push_out(enc.error(
+            &to,
+            mcp_schema::ErrorCode::ShuttingDown,
+            "drain deadline passed before the call finished",
+            None,
+        ));
+    }
+    // The slot is not reused: the connection is closing.
+    conn.pending.set(conn.pending.get() - 1);
+    ShardStats::sub(&shard.stats().in_flight, 1);
+    conn.capacity.notify();
+}
+
 /// Writes whatever responses have accumulated, one write per batch.
-async fn write_loop(shard: Rc<Shard>, conn: Rc<Conn>, mut wr: impl monoio::io::AsyncWriteRent) {
+async fn write_loop<F>(
+    shard: Rc<Shard>,
+    conn: Rc<Conn<F>>,
+    mut wr: impl monoio::io::AsyncWriteRent,
+) {
     let stats = shard.stats();
     let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {

@@ -446,6 +446,71 @@ fn sigterm_during_load_answers_every_request_sent_before_it_and_exits_zero() {
     assert!(status.success(), "exit status {status:?}");
 }
 
+/// Sends a `chaos` tool call without waiting for its answer.
+fn send_tool(c: &mut Client, corr: &str, tool: &str, args: &[(&str, &str)]) {
+    let h = RequestHeader {
+        message_id: [6; 16],
+        correlation_id: Some(corr),
+        session_id: None,
+        timeout_ms: 0,
+        unix_nanos: 0,
+    };
+    let f = c.enc.tool_call(&h, [6; 16], tool, args).to_vec();
+    c.send_raw(&f);
+}
+
+#[test]
+fn a_waiting_call_does_not_hold_up_later_requests_on_its_connection() {
+    // The reader answers what finishes at once and hands only waiting calls
+    // to workers: echo calls sent after a sleeping call on the same
+    // connection are answered before it.
+    let b = Broker::start(&["--shards", "1"]);
+    let mut c = b.connect();
+    send_tool(&mut c, "slow", "sleep", &[("ms", "600")]);
+    for i in 0..50 {
+        send_tool(&mut c, &format!("e{i}"), "echo", &[]);
+    }
+    let mut order = Vec::new();
+    while order.len() < 51 {
+        let f = c.read_final();
+        let r = ResponseView::parse(&f).unwrap();
+        assert_eq!(r.error(), None, "{}", r.correlation_id());
+        order.push(r.correlation_id().to_string());
+    }
+    assert_eq!(order.last().map(String::as_str), Some("slow"), "{order:?}");
+    let mut echoes: Vec<_> = order[..50].to_vec();
+    echoes.sort();
+    echoes.dedup();
+    assert_eq!(echoes.len(), 50, "each echo answered once");
+}
+
+#[test]
+fn the_drain_deadline_answers_a_waiting_call_with_shutting_down() {
+    let cfg = "[broker]\nshards = 1\ndrain_timeout = \"300ms\"\n\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ncall_deadline = \"20s\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+    let mut b = Broker::start_with_config(cfg, &[]);
+    let mut c = b.connect();
+    send_tool(&mut c, "long", "sleep", &[("ms", "15000")]);
+    // Answered at once: the connection is live and served.
+    send_tool(&mut c, "quick", "echo", &[("a", "1")]);
+    let quick = c.read_final();
+    assert_eq!(
+        ResponseView::parse(&quick).unwrap().correlation_id(),
+        "quick"
+    );
+    let t = Instant::now();
+    let status = b.terminate(Duration::from_secs(10));
+    let long = c.read_final();
+    let r = ResponseView::parse(&long).unwrap();
+    assert_eq!(r.correlation_id(), "long");
+    assert_eq!(r.error().map(|(code, _)| code), Some(-32004));
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "drain took {:?}, not bounded by drain_timeout",
+        t.elapsed()
+    );
+}
+
 #[test]
 fn slowloris_and_idle_connections_are_closed_on_time() {
     let cfg = "[frames]\nidle_timeout = \"500ms\"\npartial_frame_timeout = \"300ms\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";

@@ -72,7 +72,9 @@ fn elapsed_ns(from: Instant, to: Instant) -> u64 {
 /// Records one finished request: its count by edge, router, kind and
 /// outcome; its end-to-end latency (`arrived` → now) and queue wait
 /// (`arrived` → `started`). `frames` are its response frames (the last is
-/// the final one).
+/// the final one). Returns the end time it read (or `started` when metrics
+/// are off and no clock was read), so that a caller serving a batch reads
+/// the clock once per request.
 pub fn request(
     ctx: &ShardCtx,
     edge: Edge,
@@ -80,11 +82,11 @@ pub fn request(
     arrived: Instant,
     started: Instant,
     frames: &[u8],
-) {
+) -> Instant {
     let stats = &ctx.shared.stats[ctx.index];
     let layout = &*stats.layout;
     if !layout.recording {
-        return;
+        return started;
     }
     let now = Instant::now();
     let view = req.view();
@@ -133,6 +135,7 @@ pub fn request(
         }
         h[router].saturating_record(total.max(1));
     });
+    now
 }
 
 /// Records one WASM call of router `router` that began at `started`
