@@ -85,7 +85,26 @@ impl Running {
 
 /// Starts everything and returns once every shard accepts.
 pub fn start(config: Config) -> Result<Running> {
-    let host = WasmHost::new(&HostConfig::default()).context("starting the WASM host")?;
+    // Reserve exactly the instance slots this configuration can use: every
+    // shard's pool of every router, plus one per router for the transient
+    // instance that reads its metadata at load. A fixed number either
+    // refuses start-up for a large deployment (many routers × many shards)
+    // or reserves terabytes of address space a small one never touches.
+    let per_shard: usize = config
+        .routers
+        .iter()
+        .map(|r| r.instances_per_shard as usize)
+        .sum();
+    let slots = config
+        .shard_count()
+        .saturating_mul(per_shard)
+        .saturating_add(config.routers.len())
+        .max(1);
+    let host_config = HostConfig {
+        max_instances: u32::try_from(slots).unwrap_or(u32::MAX),
+        ..HostConfig::default()
+    };
+    let host = WasmHost::new(&host_config).context("starting the WASM host")?;
     let mut routers = Vec::new();
     let mut entries = Vec::new();
     let mut caps = Capabilities::default();

@@ -512,6 +512,22 @@ fn the_drain_deadline_answers_a_waiting_call_with_shutting_down() {
 }
 
 #[test]
+fn instance_slots_are_reserved_for_every_shard_and_router_of_the_config() {
+    // 16 shards × 64 instances = 1024 pooled instances: more than a fixed
+    // reservation of 1000 slots, which refused to start such a deployment.
+    let cfg = "[broker]\nshards = 16\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\ninstances_per_shard = 64\n";
+    let b = Broker::start_with_config(cfg, &[]);
+    let mut conns: Vec<Client> = (0..32).map(|_| b.connect()).collect();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let i = i.to_string();
+        assert_eq!(
+            tool_text(&c.call("echo", &[("i", &i)], None)),
+            format!(r#"{{"i":{i}}}"#)
+        );
+    }
+}
+
+#[test]
 fn slowloris_and_idle_connections_are_closed_on_time() {
     let cfg = "[frames]\nidle_timeout = \"500ms\"\npartial_frame_timeout = \"300ms\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
     let b = Broker::start_with_config(cfg, &["--shards", "1"]);
