@@ -1,3 +1,4 @@
 //! Shared helpers for the benchmarks and baseline servers.
 
 pub mod alloc_counter;
+pub mod echo;

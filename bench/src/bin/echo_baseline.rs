@@ -15,16 +15,18 @@
 //! counters, timeouts, drain.
 //!
 //! ```text
-//! echo-baseline [--listen 127.0.0.1:0] [--shards 1] [--cpus 1,2]
+//! echo-baseline [--listen 127.0.0.1:0] [--shards 1] [--cpus 1,2] [--defer-taskrun]
 //! ```
 //! Prints `echo-baseline ready frames=HOST:PORT shards=N` on stdout.
-
-use std::net::SocketAddr;
+//!
+//! `--defer-taskrun` builds monoio's rings with `IORING_SETUP_SINGLE_ISSUER |
+//! DEFER_TASKRUN` through `RuntimeBuilder::uring_builder`: the one io_uring
+//! setting `uring-echo` found worth having (`bench/results/io-uring.md`),
+//! measured here without leaving monoio. Off by default (scripts/bench).
 
 use bytes::BytesMut;
-use mcp_schema::encode::ReplyTo;
-use mcp_schema::verify::VerifiedRequest;
-use mcp_schema::{ErrorCode, FrameSplitter, RequestKind, ResponseEncoder, write_arguments_json};
+use mcp_bench::echo::{answer, parse_args};
+use mcp_schema::{FrameSplitter, ResponseEncoder};
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
@@ -36,84 +38,22 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Same read chunk as the broker's shard (`shard::READ_CHUNK`).
 const READ_CHUNK: usize = 16 * 1024;
 
-struct Args {
-    listen: SocketAddr,
-    shards: usize,
-    cpus: Vec<usize>,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        shards: 1,
-        cpus: Vec::new(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--listen" => a.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?,
-            "--shards" => a.shards = value()?.parse().map_err(|e| format!("--shards: {e}"))?,
-            "--cpus" => {
-                a.cpus = value()?
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(|c| c.parse().map_err(|e| format!("--cpus: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
-            other => {
-                return Err(format!(
-                    "unknown argument {other}; usage: echo-baseline [--listen ADDR] [--shards N] [--cpus LIST]"
-                ));
-            }
-        }
-    }
-    if a.shards == 0 {
-        a.shards = std::thread::available_parallelism().map_or(1, |n| n.get());
-    }
-    Ok(a)
-}
-
-/// The broker's `server::bind_reuseport`, repeated here so the baseline does
-/// not link the broker (and wasmtime).
-fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    s.listen(1024)?;
-    Ok(s.into())
-}
-
 fn main() {
-    let args = match parse_args() {
+    let args = match parse_args("echo-baseline", &["--defer-taskrun"]) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("echo-baseline: {e}");
             std::process::exit(2);
         }
     };
-    // Every listener is bound before the ready line, the first one resolving
-    // port 0, exactly as the broker does.
-    let first = bind_reuseport(args.listen).expect("bind");
-    let addr = first.local_addr().expect("local addr");
-    let mut listeners = vec![first];
-    for _ in 1..args.shards {
-        listeners.push(bind_reuseport(addr).expect("bind shard listener"));
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let defer_taskrun = args.extra.iter().any(|f| f == "--defer-taskrun");
+    let (addr, listeners) = args.listeners().expect("bind");
     let mut handles = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
-        // The broker's pinning rule: broker.cpus in order, else shard i on
-        // core i when there are enough cores.
-        let cpu = args
-            .cpus
-            .get(index)
-            .copied()
-            .or((args.shards <= cores).then_some(index));
-        handles.push(std::thread::spawn(move || shard(index, listener, cpu)));
+        let cpu = args.shard_cpu(index);
+        handles.push(std::thread::spawn(move || {
+            shard(index, listener, cpu, defer_taskrun)
+        }));
     }
     println!("echo-baseline ready frames={addr} shards={}", args.shards);
     for h in handles {
@@ -121,11 +61,19 @@ fn main() {
     }
 }
 
-fn shard(index: usize, listener: std::net::TcpListener, cpu: Option<usize>) {
+fn shard(index: usize, listener: std::net::TcpListener, cpu: Option<usize>, defer_taskrun: bool) {
     if let Some(cpu) = cpu {
         monoio::utils::bind_to_cpu_set([cpu]).expect("pin shard");
     }
+    let mut urb = io_uring::IoUring::builder();
+    if defer_taskrun {
+        // Completions are then posted only when this thread waits in
+        // io_uring_enter, not by interrupting it; the ring is created here,
+        // on the thread that will use it, as SINGLE_ISSUER requires.
+        urb.setup_single_issuer().setup_defer_taskrun();
+    }
     let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .uring_builder(urb)
         .enable_timer()
         .build()
         .expect("runtime");
@@ -176,31 +124,5 @@ async fn serve(mut s: TcpStream, seed: u64) {
                 return;
             }
         }
-    }
-}
-
-fn answer(frame: bytes::Bytes, enc: &mut ResponseEncoder, json: &mut Vec<u8>, out: &mut Vec<u8>) {
-    let req = match VerifiedRequest::verify(frame) {
-        Ok(r) => r,
-        Err(e) => {
-            out.extend_from_slice(enc.error(&ReplyTo::UNKNOWN, e.code(), "bad frame", None));
-            return;
-        }
-    };
-    let v = req.view();
-    let to = v.reply_to();
-    if let Some(tc) = v.tool_call() {
-        write_arguments_json(Some(tc.arguments()), json);
-        let text = std::str::from_utf8(json).unwrap_or("{}");
-        out.extend_from_slice(enc.tool_text(&to, tc.id(), text, None, false));
-    } else if v.kind() == RequestKind::Ping {
-        out.extend_from_slice(enc.pong(&to));
-    } else {
-        out.extend_from_slice(enc.error(
-            &to,
-            ErrorCode::NotFound,
-            "echo-baseline answers tool calls and pings only",
-            None,
-        ));
     }
 }
