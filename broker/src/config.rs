@@ -31,6 +31,9 @@ pub struct BrokerSection {
     /// Time in-flight requests get to finish on SIGTERM/SIGINT.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// Build each shard's io_uring with `SINGLE_ISSUER | DEFER_TASKRUN`
+    /// when the kernel accepts it (Linux 6.1+), else without.
+    pub io_uring_defer_taskrun: bool,
 }
 
 impl Default for BrokerSection {
@@ -40,6 +43,7 @@ impl Default for BrokerSection {
             cpus: Vec::new(),
             routers_dir: PathBuf::new(),
             drain_timeout: Duration::from_secs(10),
+            io_uring_defer_taskrun: true,
         }
     }
 }

@@ -57,10 +57,15 @@ pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>)
     {
         tracing::warn!(shard = s.index, cpu, "could not pin shard to its CPU");
     }
-    let mut rt = match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .enable_timer()
-        .build()
-    {
+    let defer = s.shared.config.broker.io_uring_defer_taskrun;
+    let mut rt = match build_runtime(defer).or_else(|e| {
+        if !defer {
+            return Err(e);
+        }
+        // Kernels before 6.1 refuse DEFER_TASKRUN with EINVAL.
+        tracing::debug!(shard = s.index, error = %e, "io_uring refused DEFER_TASKRUN; using the classic ring");
+        build_runtime(false)
+    }) {
         Ok(rt) => rt,
         Err(e) => {
             let _ = ready.send(Err(format!("shard {}: cannot build runtime: {e}", s.index)));
@@ -68,6 +73,26 @@ pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>)
         }
     };
     rt.block_on(shard_main(s, ready));
+}
+
+type Runtime = monoio::FusionRuntime<
+    monoio::time::TimeDriver<monoio::IoUringDriver>,
+    monoio::time::TimeDriver<monoio::LegacyDriver>,
+>;
+
+/// A shard's monoio runtime: io_uring where the kernel has it (epoll
+/// otherwise). With `defer`, the ring runs completions only when the shard
+/// enters the kernel for them, not as task work interrupting it at every
+/// completion; the shard is the ring's single submitter by construction.
+fn build_runtime(defer: bool) -> std::io::Result<Runtime> {
+    let mut urb = io_uring::IoUring::builder();
+    if defer {
+        urb.setup_single_issuer().setup_defer_taskrun();
+    }
+    monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .uring_builder(urb)
+        .enable_timer()
+        .build()
 }
 
 /// Shard-wide state of the running loop.
