@@ -318,6 +318,10 @@ fn full_queue_refuses_with_overloaded_instead_of_growing() {
 #[test]
 fn cancelled_call_discards_its_instance() {
     let pool = chaos_pool();
+    // Instantiate first: on a loaded machine instantiation itself can cross
+    // an epoch tick and yield, and a call dropped before it started rightly
+    // keeps its fresh instance. Warmed, the first poll is inside the guest.
+    on_shard(pool.warm()).expect("warm");
     {
         let mut call = pin!(pool.call_tool("sleep", r#"{"ms":60000}"#));
         let mut cx = Context::from_waker(Waker::noop());
