@@ -441,23 +441,37 @@ async fn limits_refuse_with_resource_exhausted_and_subscriptions_end_with_the_cl
     let mut c = client(&b).await;
 
     // One call in flight (a 1.5 s sleep; chaos's deadline is 2 s) fills the
-    // edge: the next is refused at once. The loop is bounded and ends as
-    // soon as the sleep is in.
-    let mut slow = c.clone();
-    let held = tokio::spawn(async move { slow.call_tool(call("sleep", r#"{"ms":1500}"#)).await });
-    let mut refused = None;
-    for _ in 0..2000 {
-        match c.ping(pb::PingRequest {}).await {
-            Err(e) if e.code() == Code::ResourceExhausted => {
-                refused = Some(e);
+    // edge: the next is refused at once. The pings start once the sleep has
+    // had time to arrive; if a ping still got the slot first (a loaded
+    // machine), the sleep was the refused one and the round is repeated.
+    // Both loops are bounded.
+    let mut outcome = None;
+    for _ in 0..5 {
+        let mut slow = c.clone();
+        let held =
+            tokio::spawn(async move { slow.call_tool(call("sleep", r#"{"ms":1500}"#)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut refused = None;
+        for _ in 0..2000 {
+            match c.ping(pb::PingRequest {}).await {
+                Err(e) if e.code() == Code::ResourceExhausted => {
+                    refused = Some(e);
+                    break;
+                }
+                _ => tokio::task::yield_now().await,
+            }
+        }
+        match held.await.unwrap() {
+            Err(e) if e.code() == Code::ResourceExhausted => continue,
+            held => {
+                outcome = Some((refused, held));
                 break;
             }
-            _ => tokio::task::yield_now().await,
         }
     }
+    let (refused, held) = outcome.expect("the sleep got the edge's one slot in 5 rounds");
     let e = refused.expect("the second concurrent call is refused");
     assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32000");
-    let held = held.await.unwrap();
     assert!(held.is_ok(), "{held:?}");
 
     // Messages over max_message_bytes are refused.
