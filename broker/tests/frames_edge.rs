@@ -528,6 +528,21 @@ fn instance_slots_are_reserved_for_every_shard_and_router_of_the_config() {
 }
 
 #[test]
+fn the_classic_ring_serves_as_the_deferred_one_does() {
+    // `io_uring_defer_taskrun = false` (and kernels before 6.1, which refuse
+    // the flag) build the shard's ring without DEFER_TASKRUN; the default
+    // tests run with it. Pipelining and a waiting call cover reads, writes,
+    // timers and a cross-thread wake-up (the WASI sleep).
+    let cfg = "[broker]\nshards = 1\nio_uring_defer_taskrun = false\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n";
+    let b = Broker::start_with_config(cfg, &[]);
+    let mut c = b.connect();
+    assert_eq!(pipeline(&mut c, 500, "classic"), 0, "none overloaded");
+    send_tool(&mut c, "nap", "sleep", &[("ms", "50")]);
+    let r = c.read_final();
+    assert_eq!(ResponseView::parse(&r).unwrap().error(), None);
+}
+
+#[test]
 fn slowloris_and_idle_connections_are_closed_on_time() {
     let cfg = "[frames]\nidle_timeout = \"500ms\"\npartial_frame_timeout = \"300ms\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
     let b = Broker::start_with_config(cfg, &["--shards", "1"]);
