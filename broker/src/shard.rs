@@ -340,8 +340,9 @@ struct Slot<F> {
     /// The handler's buffers while no request is in the slot.
     args: Vec<u8>,
     out: Vec<u8>,
-    /// A cheap clone (a reference count) of a waiting request, to answer it
-    /// if the drain deadline cancels its future.
+    /// A cheap clone (a reference count) of the request in the slot, taken
+    /// before its first poll: the future owns the `Job`, and a request that
+    /// waits must still be answerable if the drain deadline cancels it.
     req: Option<VerifiedRequest>,
 }
 
