@@ -39,7 +39,7 @@ use crate::rt::Runtime;
 use crate::schedule::Schedule;
 use crate::stats::{self, Counts, ErrorKind, ThreadStats};
 use crate::target::Target;
-use crate::workload::Workload;
+use crate::workload::{Generator, Workload};
 
 /// How often workers report an interval (progress line, `--hlog`).
 pub const INTERVAL: Duration = Duration::from_secs(1);
@@ -689,9 +689,136 @@ pub async fn wait_until<R: Runtime>(until: Instant, spin: Duration, wake: &Notif
     }
 }
 
-/// Builds a run's schedule for connection `cc` (open loop), if it has one.
-pub fn schedule_of(ctx: &ThreadCtx, cc: &ConnCtx) -> Option<Schedule> {
-    cc.plan
-        .rate
-        .map(|r| Schedule::new(ctx.start, r, ctx.cfg.ramp, cc.plan.phase))
+/// Most requests a driver sends in one batch (one write on the frame edge,
+/// one turn of started calls on gRPC): bounds the batch and lets the
+/// connection's reader run between large bursts.
+pub const MAX_BATCH: u64 = 512;
+
+/// What a connection's sender does next (see [`Pacer::step`]).
+pub enum Step {
+    /// The run is over for this connection.
+    Stop,
+    /// Sleep until this instant (the next scheduled send, or the send
+    /// phase's end), then step again.
+    WaitUntil(Instant),
+    /// The window is full: wait for a response, then step again.
+    WindowFull,
+    /// Send up to this many requests now.
+    Send(u64),
+}
+
+/// One connection's place in its send plan: the closed-loop window and
+/// quota, and the open-loop schedule. The frame and gRPC drivers share it,
+/// so both pace, time and account requests the same way and differ only in
+/// how a request reaches the wire.
+pub struct Pacer {
+    schedule: Option<Schedule>,
+    /// Sequence number of the next request.
+    seq: u64,
+    /// Schedule index of the next request (open loop).
+    k: u64,
+}
+
+impl Pacer {
+    pub fn new(ctx: &ThreadCtx, cc: &ConnCtx) -> Self {
+        let schedule = cc
+            .plan
+            .rate
+            .map(|r| Schedule::new(ctx.start, r, ctx.cfg.ramp, cc.plan.phase));
+        Pacer {
+            schedule,
+            seq: 0,
+            k: 0,
+        }
+    }
+
+    /// The connection's workload generator, seeded per connection so that
+    /// connections draw different sequences from the run's one seed.
+    pub fn generator(ctx: &ThreadCtx, cc: &ConnCtx) -> Generator {
+        let seed = ctx.cfg.seed ^ (cc.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Generator::new(Arc::clone(&ctx.cfg.workload), seed)
+    }
+
+    /// Sequence number of the next request.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// What to do at `now`.
+    pub fn step(&self, ctx: &ThreadCtx, cc: &ConnCtx, now: Instant) -> Step {
+        if ctx.stop.get() || ctx.send_over(now) || self.seq >= cc.plan.quota {
+            return Step::Stop;
+        }
+        if let Some(s) = &self.schedule {
+            let due = s.at(self.k);
+            if due > now {
+                return Step::WaitUntil(ctx.send_end().map_or(due, |e| e.min(due)));
+            }
+        }
+        let room = cc
+            .plan
+            .window
+            .saturating_sub(cc.outstanding.borrow().len() as u64)
+            .min(cc.plan.quota - self.seq)
+            .min(MAX_BATCH);
+        if room == 0 {
+            Step::WindowFull
+        } else {
+            Step::Send(room)
+        }
+    }
+
+    /// The intended send time of the next request of a batch begun at
+    /// `now`: `now` in closed loop, its scheduled time in open loop, or
+    /// `None` when no more are due yet (the batch ends).
+    pub fn intended(&mut self, ctx: &ThreadCtx, now: Instant) -> Option<Instant> {
+        let Some(s) = &self.schedule else {
+            return Some(now);
+        };
+        let t = s.at(self.k);
+        if t > now || ctx.send_over(t) {
+            return None;
+        }
+        self.k += 1;
+        Some(t)
+    }
+
+    /// Records request [`Self::seq`] as sent, awaiting `expect`; returns its
+    /// sequence number and moves to the next.
+    pub fn sent(
+        &mut self,
+        ctx: &ThreadCtx,
+        cc: &ConnCtx,
+        intended: Instant,
+        now: Instant,
+        expect: ResponsePayload,
+    ) -> u64 {
+        let seq = self.seq;
+        cc.outstanding.borrow_mut().insert(
+            seq,
+            Pending {
+                start: intended,
+                measured: ctx.measured(intended),
+                expect,
+            },
+        );
+        ctx.on_sent(intended, now, self.schedule.is_some());
+        self.seq += 1;
+        seq
+    }
+
+    /// At the end of sending: requests the schedule called for in the
+    /// measured phase but that were never sent (the generator or the window
+    /// was behind) still count as offered.
+    pub fn finish(&self, ctx: &ThreadCtx, cc: &ConnCtx) {
+        if let (Some(s), Some(end)) = (
+            &self.schedule,
+            // A run stopped early (failure) offered nothing after it stopped.
+            ctx.send_end().map(|e| e.min(Instant::now())),
+        ) {
+            let due = s.count_before(end).min(cc.plan.quota);
+            let first_measured = s.count_before(ctx.measure_start);
+            ctx.on_unsent(due.saturating_sub(self.k.max(first_measured)));
+        }
+    }
 }

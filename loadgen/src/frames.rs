@@ -30,13 +30,8 @@ use monoio::io::{
 };
 use monoio::net::TcpStream;
 
-use crate::engine::{ConnCtx, Driver, Pending, ThreadCtx, schedule_of, wait_until};
+use crate::engine::{ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
 use crate::stats::ErrorKind;
-use crate::workload::Generator;
-
-/// Most requests encoded into one write: bounds the write buffer and lets
-/// the reader run between large bursts.
-const MAX_BATCH: u64 = 512;
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
@@ -146,96 +141,48 @@ async fn write_loop(
     cc: &ConnCtx,
     w: &mut OwnedWriteHalf<TcpStream>,
 ) -> io::Result<()> {
-    let cfg = &ctx.cfg;
-    let seed = cfg.seed ^ (cc.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut generator = Generator::new(std::sync::Arc::clone(&cfg.workload), seed);
+    let mut generator = Pacer::generator(ctx, cc);
+    let mut pacer = Pacer::new(ctx, cc);
     let mut ids = CorrIds::new(cc.index);
-    let schedule = schedule_of(ctx, cc);
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let mut seq: u64 = 0;
-    // Schedule index of the next request (open loop).
-    let mut k: u64 = 0;
     loop {
-        if ctx.stop.get() {
-            break;
-        }
         let now = Instant::now();
-        if ctx.send_over(now) || seq >= cc.plan.quota {
-            break;
-        }
-        let room = cc
-            .plan
-            .window
-            .saturating_sub(cc.outstanding.borrow().len() as u64)
-            .min(cc.plan.quota - seq)
-            .min(MAX_BATCH);
-        if let Some(s) = &schedule {
-            let due = s.at(k);
-            if due > now {
-                let until = ctx.send_end().map_or(due, |e| e.min(due));
-                wait_until::<crate::rt::Monoio>(until, cfg.spin, &cc.writer_wake).await;
+        let room = match pacer.step(ctx, cc, now) {
+            Step::Stop => break,
+            Step::WaitUntil(t) => {
+                wait_until::<crate::rt::Monoio>(t, ctx.cfg.spin, &cc.writer_wake).await;
                 continue;
             }
-        }
-        if room == 0 {
-            cc.writer_wake.notified().await;
-            continue;
-        }
+            Step::WindowFull => {
+                cc.writer_wake.notified().await;
+                continue;
+            }
+            Step::Send(room) => room,
+        };
         let unix_nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
-        {
-            let mut outstanding = cc.outstanding.borrow_mut();
-            for _ in 0..room {
-                let intended = match &schedule {
-                    None => now,
-                    Some(s) => {
-                        let t = s.at(k);
-                        if t > now || ctx.send_over(t) {
-                            break;
-                        }
-                        k += 1;
-                        t
-                    }
-                };
-                let h = RequestHeader {
-                    message_id: message_id(cc.index, seq),
-                    correlation_id: Some(ids.format(seq)),
-                    session_id: None,
-                    timeout_ms: 0,
-                    unix_nanos,
-                };
-                let expect = generator.encode(&h, &mut buf);
-                outstanding.insert(
-                    seq,
-                    Pending {
-                        start: intended,
-                        measured: ctx.measured(intended),
-                        expect,
-                    },
-                );
-                ctx.on_sent(intended, now, schedule.is_some());
-                seq += 1;
-            }
+        for _ in 0..room {
+            let Some(intended) = pacer.intended(ctx, now) else {
+                break;
+            };
+            let seq = pacer.seq();
+            let h = RequestHeader {
+                message_id: message_id(cc.index, seq),
+                correlation_id: Some(ids.format(seq)),
+                session_id: None,
+                timeout_ms: 0,
+                unix_nanos,
+            };
+            let expect = generator.encode(&h, &mut buf);
+            pacer.sent(ctx, cc, intended, now, expect);
         }
         let (res, b) = w.write_all(buf).await;
         buf = b;
         buf.clear();
         res?;
     }
-    // Requests the schedule called for in the measured phase but that were
-    // never sent (the generator or the window was behind) still count as
-    // offered.
-    if let (Some(s), Some(end)) = (
-        &schedule,
-        // A run stopped early (failure) offered nothing after it stopped.
-        ctx.send_end().map(|e| e.min(Instant::now())),
-    ) {
-        let due = s.count_before(end).min(cc.plan.quota);
-        let first_measured = s.count_before(ctx.measure_start);
-        let unsent = due.saturating_sub(k.max(first_measured));
-        ctx.on_unsent(unsent);
-    }
+    pacer.finish(ctx, cc);
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 //! and HTTP/2 session), opened before the start line; each worker thread
 //! runs its channels on one current-thread tokio runtime. A connection's
 //! sender follows exactly the frame driver's rules (window, schedule,
-//! quota, intended send time: `engine::schedule_of`, `engine::wait_until`)
+//! quota, intended send time: `engine::Pacer`, `engine::wait_until`)
 //! and starts every call as its own task, so many calls are in flight as
 //! concurrent HTTP/2 streams of that channel.
 //!
@@ -33,16 +33,11 @@ use pb::mcp_service_client::McpServiceClient;
 use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::engine::{
-    CONNECT_TIMEOUT, ConnCtx, Driver, Pending, ThreadCtx, schedule_of, wait_until,
-};
+use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
 use crate::notify::{Either, race, yield_now};
 use crate::rt::Tokio;
 use crate::stats::ErrorKind;
-use crate::workload::{Generator, Next};
-
-/// Most calls started in one turn before letting them run.
-const MAX_BATCH: u64 = 512;
+use crate::workload::Next;
 
 #[derive(Clone, Debug)]
 pub struct GrpcDriver {
@@ -164,85 +159,41 @@ async fn send_loop(
     client: &Client,
     tasks: &mut JoinSet<()>,
 ) {
-    let cfg = &ctx.cfg;
-    let seed = cfg.seed ^ (cc.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut generator = Generator::new(std::sync::Arc::clone(&cfg.workload), seed);
-    let schedule = schedule_of(ctx, cc);
-    let mut seq: u64 = 0;
-    // Schedule index of the next request (open loop).
-    let mut k: u64 = 0;
+    let mut generator = Pacer::generator(ctx, cc);
+    let mut pacer = Pacer::new(ctx, cc);
     loop {
         // Reap finished call tasks so the set stays small.
         while tasks.try_join_next().is_some() {}
-        if ctx.stop.get() {
-            break;
-        }
         let now = Instant::now();
-        if ctx.send_over(now) || seq >= cc.plan.quota {
-            break;
-        }
-        let room = cc
-            .plan
-            .window
-            .saturating_sub(cc.outstanding.borrow().len() as u64)
-            .min(cc.plan.quota - seq)
-            .min(MAX_BATCH);
-        if let Some(s) = &schedule {
-            let due = s.at(k);
-            if due > now {
-                let until = ctx.send_end().map_or(due, |e| e.min(due));
-                wait_until::<Tokio>(until, cfg.spin, &cc.writer_wake).await;
+        let room = match pacer.step(ctx, cc, now) {
+            Step::Stop => break,
+            Step::WaitUntil(t) => {
+                wait_until::<Tokio>(t, ctx.cfg.spin, &cc.writer_wake).await;
                 continue;
             }
-        }
-        if room == 0 {
-            cc.writer_wake.notified().await;
-            continue;
-        }
+            Step::WindowFull => {
+                cc.writer_wake.notified().await;
+                continue;
+            }
+            Step::Send(room) => room,
+        };
         for _ in 0..room {
-            let intended = match &schedule {
-                None => now,
-                Some(s) => {
-                    let t = s.at(k);
-                    if t > now || ctx.send_over(t) {
-                        break;
-                    }
-                    k += 1;
-                    t
-                }
+            let Some(intended) = pacer.intended(ctx, now) else {
+                break;
             };
             let (next, expect) = generator.next_json();
             let call = Call::of(next);
-            cc.outstanding.borrow_mut().insert(
-                seq,
-                Pending {
-                    start: intended,
-                    measured: ctx.measured(intended),
-                    expect,
-                },
-            );
-            ctx.on_sent(intended, now, schedule.is_some());
+            let seq = pacer.sent(ctx, cc, intended, now, expect);
             let (ctx, cc, mut client) = (Rc::clone(ctx), Rc::clone(cc), client.clone());
             tasks.spawn_local(async move {
                 let res = call.run(&mut client).await;
                 on_response(&ctx, &cc, seq, res);
             });
-            seq += 1;
         }
         // Let the calls just started reach the wire before starting more.
         yield_now().await;
     }
-    // As in the frame driver: requests the schedule called for in the
-    // measured phase but never sent still count as offered.
-    if let (Some(s), Some(end)) = (
-        &schedule,
-        // A run stopped early (failure) offered nothing after it stopped.
-        ctx.send_end().map(|e| e.min(Instant::now())),
-    ) {
-        let due = s.count_before(end).min(cc.plan.quota);
-        let first_measured = s.count_before(ctx.measure_start);
-        ctx.on_unsent(due.saturating_sub(k.max(first_measured)));
-    }
+    pacer.finish(ctx, cc);
 }
 
 fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::Status>) {
