@@ -201,11 +201,7 @@ pub async fn handle(
             let t0 = std::time::Instant::now();
             let result = ctx.pools[router].read_resource(uri).await;
             crate::metrics::record::wasm_call(ctx, router, t0);
-            let listed = table
-                .resource_list
-                .iter()
-                .find(|l| &*l.exposed == uri)
-                .map(|l| &l.item);
+            let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::resource_response(&mut enc, out, &to, uri, &r, listed),

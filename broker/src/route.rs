@@ -74,7 +74,8 @@ pub struct RouteTable {
     routers: Vec<String>,
     tools: HashMap<Box<str>, Target>,
     prompts: HashMap<Box<str>, Target>,
-    resources: HashMap<Box<str>, RouterId>,
+    /// exact URI → (router, index in `resource_list`).
+    resources: HashMap<Box<str>, (RouterId, usize)>,
     /// (literal prefix, router), longest prefix first.
     templates: Vec<(Box<str>, RouterId)>,
     /// scheme → router, for schemes exactly one router lists.
@@ -152,7 +153,7 @@ impl RouteTable {
                     t.templates.push((literal.into(), id));
                     t.template_list.push(listed);
                 } else {
-                    if let Some(&other) = t.resources.get(r.uri.as_str())
+                    if let Some(&(other, _)) = t.resources.get(r.uri.as_str())
                         && other != id
                     {
                         return Err(RouteError::Collision {
@@ -162,7 +163,10 @@ impl RouteTable {
                             b: e.name.clone(),
                         });
                     }
-                    t.resources.insert(r.uri.clone().into(), id);
+                    // A router listing a URI twice keeps its first entry.
+                    t.resources
+                        .entry(r.uri.clone().into())
+                        .or_insert((id, t.resource_list.len()));
                     t.resource_list.push(listed);
                 }
             }
@@ -188,8 +192,16 @@ impl RouteTable {
         self.prompts.get(name)
     }
 
+    /// The listed (non-template) resource with exactly this URI, whose
+    /// metadata a read's answer carries.
+    pub fn listed_resource(&self, uri: &str) -> Option<&McpResource> {
+        self.resources
+            .get(uri)
+            .map(|&(_, i)| &self.resource_list[i].item)
+    }
+
     pub fn resource(&self, uri: &str) -> Option<RouterId> {
-        if let Some(&r) = self.resources.get(uri) {
+        if let Some(&(r, _)) = self.resources.get(uri) {
             return Some(r);
         }
         if let Some((_, r)) = self
