@@ -81,12 +81,19 @@ fn default_routers_dir_holds_every_bundled_router() {
     }
 }
 
-/// A directory with one file, unique to this test process.
+/// A directory with one file, unique to this test process. Made once: tests
+/// run in parallel, and rewriting the file (truncate, then write) while
+/// another test's guest reads it let that guest read it empty.
 fn data_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mcp-broker-wasm-grant-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("hello.txt"), "hello from the host").unwrap();
-    dir
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("mcp-broker-wasm-grant-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("hello.txt"), "hello from the host").unwrap();
+        dir
+    })
+    .clone()
 }
 
 #[test]
