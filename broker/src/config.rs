@@ -59,6 +59,14 @@ pub struct FramesSection {
     pub idle_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub partial_frame_timeout: Duration,
+    /// Answers queued for one connection and not yet written, in bytes:
+    /// above it the broker stops reading that connection until its peer
+    /// drains them. Counts every answer, errors included.
+    pub max_output_bytes_per_connection: usize,
+    /// A connection with answers to write whose peer accepts no byte for
+    /// this long is closed (a client that never reads).
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
 }
 
 impl Default for FramesSection {
@@ -70,6 +78,8 @@ impl Default for FramesSection {
             max_in_flight_per_connection: 256,
             idle_timeout: Duration::from_secs(300),
             partial_frame_timeout: Duration::from_secs(10),
+            max_output_bytes_per_connection: 1 << 20,
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -340,9 +350,16 @@ impl Config {
         if f.max_in_flight_per_connection == 0 {
             errors.push("frames.max_in_flight_per_connection: must be at least 1".into());
         }
+        if f.max_output_bytes_per_connection < 4096 {
+            errors.push(format!(
+                "frames.max_output_bytes_per_connection: {} is below 4096",
+                f.max_output_bytes_per_connection
+            ));
+        }
         for (name, d) in [
             ("frames.idle_timeout", f.idle_timeout),
             ("frames.partial_frame_timeout", f.partial_frame_timeout),
+            ("frames.write_timeout", f.write_timeout),
         ] {
             if d.is_zero() {
                 errors.push(format!("{name}: must be greater than zero"));

@@ -150,6 +150,7 @@ pub async fn handle(
             out.extend_from_slice(ctx.enc.borrow_mut().empty(&to));
         }
         (RequestKind::CallTool, RouteKey::Tool(name)) => {
+            crate::fault::on_tool_call(name);
             let Some(target) = table.tool(name) else {
                 return not_found(ctx, out, &to, "tool", name);
             };

@@ -10,6 +10,7 @@
 pub mod adapt;
 pub mod config;
 pub mod dispatch;
+mod fault;
 pub mod grpc;
 mod local;
 pub mod metrics;

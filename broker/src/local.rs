@@ -37,6 +37,48 @@ impl Notify {
     }
 }
 
+/// Fair yielding for a shard's tasks.
+///
+/// monoio runs a task that wakes itself during its own poll again at once
+/// (front of the queue), so a self-wake does not let other connections in.
+/// A yielding task instead parks its waker here and wakes the shard's
+/// `run` task; that task is scheduled behind everything already runnable,
+/// and only when it runs are the yielders woken, behind the tasks that
+/// became runnable meanwhile.
+#[derive(Default)]
+pub struct YieldQueue {
+    parked: RefCell<Vec<Waker>>,
+    pump: Notify,
+}
+
+impl YieldQueue {
+    /// Lets every other runnable task of the shard run once, then resumes.
+    pub async fn yield_now(&self) {
+        let mut parked = false;
+        poll_fn(|cx| {
+            if parked {
+                return Poll::Ready(());
+            }
+            parked = true;
+            self.parked.borrow_mut().push(cx.waker().clone());
+            self.pump.notify();
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The shard's pump task: runs for the shard's life.
+    pub async fn run(&self) {
+        loop {
+            self.pump.wait().await;
+            let parked = std::mem::take(&mut *self.parked.borrow_mut());
+            for w in parked {
+                w.wake();
+            }
+        }
+    }
+}
+
 /// A level-triggered flag that wakes every task waiting for it once set.
 ///
 /// Every request races its handler against the shard's `drain_expired`

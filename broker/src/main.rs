@@ -88,9 +88,37 @@ fn main() -> ExitCode {
         let _ = writeln!(out, "{}", running.ready_line());
         let _ = out.flush();
     }
-    if let Some(sig) = signals.forever().next() {
-        tracing::info!(signal = sig, "shutting down");
-    }
+    // Wait for a signal, or for a shard thread to die: then the process
+    // cannot serve every connection it accepts, so it drains the rest and
+    // exits non-zero for its supervisor to restart it.
+    let (sig_tx, sig_rx) = crossbeam_channel::bounded(1);
+    let _ = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let _ = sig_tx.send(sig);
+            }
+        });
+    let deaths = running.shared.deaths().clone();
+    let died = crossbeam_channel::select! {
+        recv(sig_rx) -> sig => {
+            if let Ok(sig) = sig {
+                tracing::info!(signal = sig, "shutting down");
+            }
+            false
+        }
+        recv(deaths) -> shard => {
+            tracing::error!(shard = shard.ok(), "a shard thread died; draining the others and exiting with status {EXIT_SHARD_DIED}");
+            true
+        }
+    };
+    let shared = running.shared.clone();
     running.drain();
+    if died || shared.any_shard_dead() {
+        return ExitCode::from(EXIT_SHARD_DIED);
+    }
     ExitCode::SUCCESS
 }
+
+/// Exit status when a shard thread died (EX_SOFTWARE, sysexits.h).
+const EXIT_SHARD_DIED: u8 = 70;

@@ -361,7 +361,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
 
     // Connections and frames, per shard (bounded by the shard count; shows
     // how SO_REUSEPORT spread the connections).
-    let per_shard: [Family<crate::shared::ShardStats>; 8] = [
+    let per_shard: [Family<crate::shared::ShardStats>; 9] = [
         (
             "mcp_connections_open",
             "gauge",
@@ -379,6 +379,12 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
             "counter",
             "Frame-edge connections refused at frames.max_connections_per_shard.",
             |s| s.connections_refused.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_connections_write_timeout_total",
+            "counter",
+            "Frame-edge connections closed because the peer read nothing within frames.write_timeout.",
+            |s| s.write_timeouts.load(Ordering::Relaxed),
         ),
         (
             "mcp_frames_received_total",

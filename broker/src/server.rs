@@ -68,8 +68,11 @@ impl Running {
             edge.begin_drain();
         }
         self.shared.start_drain();
+        // Each shard ends once its connections have stopped reading and
+        // written the answers to everything they read (and its gRPC jobs are
+        // done); at the deadline, what still runs is cut short.
         let until = Instant::now() + timeout;
-        while self.shared.in_flight() > 0 && Instant::now() < until {
+        while !self.shards.iter().all(|h| h.is_finished()) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.shared.expire_drain();

@@ -19,6 +19,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -31,12 +32,12 @@ use mcp_schema::encode::ReplyTo;
 use mcp_schema::verify::{VerifiedRequest, header_of_invalid};
 use mcp_schema::view::reply_to_header;
 use mcp_schema::{FrameSplitter, ResponseEncoder};
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::buf::{IoBuf, IoBufMut};
+use monoio::io::{AsyncReadRent, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 
 use crate::dispatch::{ShardCtx, handle};
-use crate::local::{Latch, Notify};
+use crate::local::{Latch, Notify, YieldQueue};
 use crate::metrics;
 use crate::shared::{ShardMsg, ShardStats, Shared};
 use crate::wasm::{Router, RouterPool};
@@ -72,7 +73,36 @@ pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>)
             return;
         }
     };
+    let _lifeline = Lifeline {
+        shared: s.shared.clone(),
+        index: s.index,
+    };
     rt.block_on(shard_main(s, ready));
+}
+
+/// Dropped when the shard thread ends, by return or by unwinding: no more
+/// work is handed to the shard (queued hand-offs are dropped, so their
+/// senders answer "shard stopped" instead of waiting forever), `/readyz`
+/// turns 503, and a shard that died tells `main`, which exits non-zero so
+/// that a supervisor restarts the process.
+struct Lifeline {
+    shared: Arc<Shared>,
+    index: usize,
+}
+
+impl Drop for Lifeline {
+    fn drop(&mut self) {
+        let stats = &self.shared.stats[self.index];
+        stats
+            .ready
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.shared.close_inbox(self.index);
+        if std::thread::panicking() {
+            stats.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(shard = self.index, "shard thread died");
+            self.shared.report_death(self.index);
+        }
+    }
 }
 
 type Runtime = monoio::FusionRuntime<
@@ -101,6 +131,7 @@ struct Shard {
     draining: Latch,
     drain_expired: Latch,
     connections: Cell<usize>,
+    yields: YieldQueue,
 }
 
 impl Shard {
@@ -144,8 +175,13 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         draining: Latch::default(),
         drain_expired: Latch::default(),
         connections: Cell::new(0),
+        yields: YieldQueue::default(),
     });
     monoio::spawn(inbox_loop(shard.clone()));
+    {
+        let shard = shard.clone();
+        monoio::spawn(async move { shard.yields.run().await });
+    }
     shard
         .stats()
         .ready
@@ -155,18 +191,32 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
 
     accept_loop(&shard, &listener).await;
     drop(listener);
-    // Drained: wait until every in-flight request here is answered (or the
-    // deadline expired and they were answered with shutting-down errors).
+    // Draining: every connection stops reading, waits for the answers to
+    // what it read, and flushes them; gRPC jobs finish. The shard ends when
+    // all of that is done, or at the drain deadline plus a short grace for
+    // the shutting-down answers it sends then to reach the wire.
     poll_until(&shard.drain_expired, || {
-        shard
-            .stats()
-            .in_flight
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 0
+        shard.connections.get() == 0
+            && shard
+                .stats()
+                .in_flight
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == 0
     })
     .await;
+    if shard.drain_expired.is_set() {
+        let grace = Instant::now() + DRAIN_FLUSH_GRACE;
+        poll_until(&Latch::default(), || {
+            shard.connections.get() == 0 || Instant::now() >= grace
+        })
+        .await;
+    }
     tracing::debug!(shard = index, "shard drained");
 }
+
+/// After the drain deadline, how long a shard waits for the answers of the
+/// calls it cut short (shutting-down errors) to be written before it exits.
+const DRAIN_FLUSH_GRACE: Duration = Duration::from_secs(1);
 
 /// Waits until `done()` holds, re-checking every 5 ms, or until `latch` is
 /// set. Used only at shutdown.
@@ -237,7 +287,32 @@ async fn inbox_loop(shard: Rc<Shard>) {
                     ShardStats::add(&stats.in_flight, 1);
                     let mut args = Vec::new();
                     let mut out = Vec::new();
-                    run_or_expire(&shard, &job.req, &mut args, &mut out).await;
+                    // A panic in the handler fails this request, not the shard.
+                    let ran = {
+                        let mut run =
+                            Box::pin(Some(run_or_expire(&shard, &job.req, &mut args, &mut out)));
+                        let ran = poll_fn(|cx| {
+                            let fut = run.as_mut().as_pin_mut().expect("polled until ready");
+                            match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+                                Ok(p) => p.map(|()| Ok(())),
+                                Err(payload) => Poll::Ready(Err(Panicked::from(payload))),
+                            }
+                        })
+                        .await;
+                        drop_future(&mut run);
+                        ran
+                    };
+                    if let Err(panic) = ran {
+                        tracing::error!(shard = shard.ctx.index, panic = %panic.0, "request handler panicked; answered with an internal error");
+                        out.clear();
+                        let to = job.req.view().reply_to();
+                        out.extend_from_slice(shard.ctx.enc.borrow_mut().error(
+                            &to,
+                            mcp_schema::ErrorCode::Internal,
+                            "internal error: the broker failed while handling this request",
+                            None,
+                        ));
+                    }
                     if !job.forwarded {
                         let _ended = metrics::record::request(
                             &shard.ctx,
@@ -359,21 +434,51 @@ impl<F: Future<Output = Job>> Slot<F> {
         }
     }
 
-    /// Polls the request's future with the slot's own waker.
-    fn poll(&mut self) -> Poll<Job> {
+    /// Polls the request's future with the slot's own waker. A panic in
+    /// the handler is caught here: the future is dropped and the request is
+    /// answered by the caller, so one bad request never takes the shard
+    /// (and every connection on it) down.
+    fn poll(&mut self) -> Poll<Result<Job, Panicked>> {
         let mut cx = Context::from_waker(&self.waker);
         let fut = self
             .fut
             .as_mut()
             .as_pin_mut()
             .expect("a polled slot holds a request");
-        match fut.poll(&mut cx) {
-            Poll::Ready(job) => {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx))) {
+            Ok(Poll::Ready(job)) => {
                 self.fut.set(None);
-                Poll::Ready(job)
+                Poll::Ready(Ok(job))
             }
-            Poll::Pending => Poll::Pending,
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(payload) => {
+                drop_future(&mut self.fut);
+                Poll::Ready(Err(Panicked::from(payload)))
+            }
         }
+    }
+}
+
+/// Drops a request's future, which may itself panic (its state is whatever
+/// the handler left); such a future is leaked rather than kill the shard.
+fn drop_future<F>(fut: &mut Pin<Box<Option<F>>>) {
+    let old = std::mem::replace(fut, Box::pin(None));
+    if std::panic::catch_unwind(AssertUnwindSafe(move || drop(old))).is_err() {
+        tracing::error!("a request's future panicked while being dropped");
+    }
+}
+
+/// A caught panic of a request's handler, with its message.
+pub struct Panicked(pub String);
+
+impl From<Box<dyn std::any::Any + Send>> for Panicked {
+    fn from(payload: Box<dyn std::any::Any + Send>) -> Self {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic payload".into());
+        Panicked(msg)
     }
 }
 
@@ -393,24 +498,46 @@ struct Conn<F> {
     pending: Cell<usize>,
     /// Encoded responses waiting for the writer.
     out: RefCell<Vec<u8>>,
+    /// Bytes the writer has taken from `out` and not yet written: with
+    /// `out`, what this connection's answers hold in memory.
+    writing: Cell<usize>,
     out_ready: Notify,
     capacity: Notify,
-    closed: Cell<bool>,
+    /// No more requests: the writer flushes what is queued, then ends.
+    closed: Latch,
+    /// The peer is gone or stopped reading: queued answers are dropped.
+    broken: Cell<bool>,
 }
 
 impl<F> Conn<F> {
     fn push_out(&self, bytes: &[u8]) {
+        // Nobody will read it: keep no memory for it.
+        if self.broken.get() {
+            return;
+        }
         self.out.borrow_mut().extend_from_slice(bytes);
         self.out_ready.notify();
     }
 
+    /// Answer bytes held for this connection, queued or being written.
+    fn output_bytes(&self) -> usize {
+        self.out.borrow().len() + self.writing.get()
+    }
+
     fn close(&self) {
-        self.closed.set(true);
+        self.closed.set();
         self.out_ready.notify();
         self.capacity.notify();
         for w in self.idle.borrow_mut().drain(..) {
             w.wake();
         }
+    }
+
+    /// Closes without writing what is queued, and frees it.
+    fn break_off(&self) {
+        self.broken.set(true);
+        *self.out.borrow_mut() = Vec::new();
+        self.close();
     }
 }
 
@@ -426,21 +553,26 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
         workers: Cell::new(0),
         pending: Cell::new(0),
         out: RefCell::new(Vec::with_capacity(16 * 1024)),
+        writing: Cell::new(0),
         out_ready: Notify::default(),
         capacity: Notify::default(),
-        closed: Cell::new(false),
+        closed: Latch::default(),
+        broken: Cell::new(false),
     });
     let (rd, wr) = stream.into_split();
     let writer = monoio::spawn(write_loop(shard.clone(), conn.clone(), wr));
     if let Err(reason) = read_loop(&shard, &conn, rd).await {
         tracing::info!(shard = shard.ctx.index, %peer, "closing connection: {reason}");
     }
-    // Let in-flight requests finish and their answers be written, unless the
-    // peer is gone (the writer then fails and closes).
-    poll_until(&shard.drain_expired, || {
-        conn.pending.get() == 0 || conn.closed.get()
+    // Every request read gets its answer: wait for the last one (at the
+    // drain deadline the workers answer what still runs with shutting-down
+    // errors, so this ends), unless the peer is gone or stopped reading.
+    poll_until(&Latch::default(), || {
+        conn.pending.get() == 0 || conn.broken.get()
     })
     .await;
+    // The writer flushes what is queued (each write bounded by
+    // `write_timeout`), then shuts the socket down.
     conn.close();
     let _ = writer.await;
     shard.connections.set(shard.connections.get() - 1);
@@ -449,8 +581,21 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
 
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Reads frames until the peer closes or a limit closes the connection.
-/// Returns the reason for closing.
+/// Frames one connection may have served in one turn of the shard before it
+/// lets the shard's other tasks run: one read can hold thousands of small
+/// frames, and answering them all at once would stall every other
+/// connection of the shard for as long (64 echo calls take about 100 µs).
+pub const FRAMES_PER_TURN: usize = 64;
+
+/// Whether the connection must wait before serving another frame: at its
+/// in-flight limit, or holding more unwritten answer bytes than allowed.
+fn over_bounds<F>(conn: &Conn<F>, cfg: &crate::config::FramesSection) -> bool {
+    conn.pending.get() >= cfg.max_in_flight_per_connection
+        || conn.output_bytes() > cfg.max_output_bytes_per_connection
+}
+
+/// Reads frames until the peer closes, the shard drains, or a limit closes
+/// the connection. Returns the reason for closing.
 async fn read_loop<F: Future<Output = Job> + 'static>(
     shard: &Rc<Shard>,
     conn: &Rc<Conn<F>>,
@@ -460,13 +605,63 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
     let splitter = FrameSplitter::new(cfg.max_frame_bytes);
     let stats = shard.stats();
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // Since when the broker has waited on the peer for the rest of the frame
+    // at the head of `buf`: from the read that brought its first bytes, or
+    // from when the broker resumed reading after its own backpressure.
     let mut partial_since: Option<Instant> = None;
+    let mut last_read = Instant::now();
     loop {
-        // Backpressure: stop reading while the connection has its fill.
-        while conn.pending.get() >= cfg.max_in_flight_per_connection && !conn.closed.get() {
-            conn.capacity.wait().await;
+        // Serve what is buffered, within the connection's bounds and one
+        // turn's budget at a time.
+        let mut cursor = last_read;
+        let mut turn = 0;
+        let mut split_any = false;
+        let mut waited = false;
+        loop {
+            if conn.closed.is_set() {
+                return Ok(());
+            }
+            // Backpressure, checked before every frame (not once per read):
+            // stop serving, and so stop reading, until answers drain.
+            if over_bounds(conn, cfg) {
+                conn.capacity.wait().await;
+                waited = true;
+                cursor = Instant::now();
+                continue;
+            }
+            if turn == FRAMES_PER_TURN {
+                shard.yields.yield_now().await;
+                turn = 0;
+                cursor = Instant::now();
+                continue;
+            }
+            match splitter.next_frame(&mut buf) {
+                Ok(Some(frame)) => {
+                    turn += 1;
+                    split_any = true;
+                    cursor = accept_frame(shard, conn, frame, last_read, cursor);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    stats.reject(&e);
+                    // The stream cannot be resynchronised; nothing of the
+                    // announced size was allocated.
+                    return Err(e.to_string());
+                }
+            }
         }
-        if conn.closed.get() {
+        partial_since = if buf.is_empty() {
+            None
+        } else if waited {
+            Some(Instant::now())
+        } else if split_any || partial_since.is_none() {
+            Some(last_read)
+        } else {
+            partial_since
+        };
+        if shard.draining.is_set() {
+            // What was read is answered (with shutting-down errors, as
+            // dispatch does while draining); nothing more is read.
             return Ok(());
         }
         let wait = match partial_since {
@@ -479,9 +674,17 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         // monoio reads into a buffer from its start; the slice makes the read
         // append after the bytes already held (a partial frame).
         let held = buf.len();
-        let (res, b) = match monoio::time::timeout(wait, rd.read(buf.slice_mut(held..))).await {
-            Ok(r) => r,
-            Err(_) => {
+        let read = monoio::select! {
+            r = monoio::time::timeout(wait, rd.read(buf.slice_mut(held..))) => Some(r),
+            _ = conn.closed.wait() => None,
+            _ = shard.draining.wait() => None,
+        };
+        let (res, b) = match read {
+            Some(Ok(r)) => r,
+            // Closed by the writer (peer not reading) or draining; the
+            // buffer went with the cancelled read.
+            None => return Ok(()),
+            Some(Err(_)) => {
                 if partial_since.is_some() {
                     return Err(format!(
                         "partial frame not completed within {:?}",
@@ -505,25 +708,7 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         }
         // One clock read for the whole batch: every frame of it arrived with
         // this read. Each answered frame's end time is the next one's start.
-        let arrived = Instant::now();
-        let mut cursor = arrived;
-        loop {
-            match splitter.next_frame(&mut buf) {
-                Ok(Some(frame)) => cursor = accept_frame(shard, conn, frame, arrived, cursor),
-                Ok(None) => break,
-                Err(e) => {
-                    stats.reject(&e);
-                    // The stream cannot be resynchronised; nothing of the
-                    // announced size was allocated.
-                    return Err(e.to_string());
-                }
-            }
-        }
-        partial_since = if buf.is_empty() {
-            None
-        } else {
-            partial_since.or(Some(arrived))
-        };
+        last_read = Instant::now();
     }
 }
 
@@ -560,7 +745,7 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
     ShardStats::add(&stats.in_flight, 1);
     let mut slot = conn.free.borrow_mut().pop().unwrap_or_else(Slot::new);
     // Kept (a reference count, not a copy) to answer the request should the
-    // drain deadline cancel its future while it waits.
+    // drain deadline cancel its future while it waits, or its handler panic.
     slot.req = Some(req.clone());
     let job = Job {
         req,
@@ -570,8 +755,12 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
         out: std::mem::take(&mut slot.out),
     };
     slot.fut.set(Some((conn.serve)(shard.ctx.clone(), job)));
-    match slot.poll() {
-        Poll::Ready(job) => finish(shard, conn, slot, job),
+    let ended = match slot.poll() {
+        Poll::Ready(Ok(job)) => finish(shard, conn, slot, job),
+        Poll::Ready(Err(panic)) => {
+            fail_panicked(shard, conn, slot, &panic);
+            started
+        }
         Poll::Pending => {
             // Wake (or start) a worker to finish it.
             conn.queue.borrow_mut().push_back(slot);
@@ -589,7 +778,10 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
             }
             started
         }
-    }
+    };
+    // Outside the unwind guard on purpose: a test's way to kill this shard.
+    crate::fault::kill_shard_if_asked();
+    ended
 }
 
 /// Answers a served request: records it, queues its frames for the writer,
@@ -615,6 +807,12 @@ fn finish<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, job: Job)
     out.clear();
     slot.args = args;
     slot.out = out;
+    release(shard, conn, slot);
+    ended
+}
+
+/// Gives a slot whose request has been answered back to the connection.
+fn release<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
     slot.req = None;
     // A wake-up registered by a worker for the previous request must not
     // reach it through the next one.
@@ -623,7 +821,27 @@ fn finish<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, job: Job)
     conn.pending.set(conn.pending.get() - 1);
     ShardStats::sub(&shard.stats().in_flight, 1);
     conn.capacity.notify();
-    ended
+}
+
+/// Answers a request whose handler panicked with an internal error; the
+/// shard and the connection go on serving.
+fn fail_panicked<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, panic: &Panicked) {
+    if let Some(req) = slot.req.as_ref() {
+        let to = req.view().reply_to();
+        tracing::error!(shard = shard.ctx.index, panic = %panic.0, "request handler panicked; answered with an internal error");
+        ShardStats::add(&shard.stats().error_responses, 1);
+        let mut enc = shard.ctx.enc.borrow_mut();
+        conn.push_out(enc.error(
+            &to,
+            mcp_schema::ErrorCode::Internal,
+            "internal error: the broker failed while handling this request",
+            None,
+        ));
+    }
+    // The handler's buffers went down with its future.
+    slot.args = Vec::with_capacity(1024);
+    slot.out = Vec::with_capacity(1024);
+    release(shard, conn, slot);
 }
 
 /// Finishes requests that had to wait (a router call queued for an instance
@@ -636,7 +854,7 @@ async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
             if let Some(s) = conn.queue.borrow_mut().pop_front() {
                 return Poll::Ready(Some(s));
             }
-            if conn.closed.get() {
+            if conn.closed.is_set() {
                 return Poll::Ready(None);
             }
             conn.idle.borrow_mut().push(cx.waker().clone());
@@ -654,9 +872,10 @@ async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
             _ = shard.drain_expired.wait() => None,
         };
         match done {
-            Some(job) => {
+            Some(Ok(job)) => {
                 finish(&shard, &conn, slot, job);
             }
+            Some(Err(panic)) => fail_panicked(&shard, &conn, slot, &panic),
             None => expire(&shard, &conn, slot),
         }
     }
@@ -666,7 +885,7 @@ async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
 /// Answers a waiting request the drain deadline overtook, with a
 /// shutting-down error, and drops its future (cancelling the call).
 fn expire<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
-    slot.fut.set(None);
+    drop_future(&mut slot.fut);
     if let Some(req) = slot.req.take() {
         let to = req.view().reply_to();
         let mut enc = shard.ctx.enc.borrow_mut();
@@ -683,17 +902,20 @@ fn expire<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
     conn.capacity.notify();
 }
 
-/// Writes whatever responses have accumulated, one write per batch.
+/// Writes whatever responses have accumulated, one write per batch. A peer
+/// that accepts no byte for `write_timeout` while answers wait is cut off,
+/// and what was queued for it is freed.
 async fn write_loop<F>(
     shard: Rc<Shard>,
     conn: Rc<Conn<F>>,
     mut wr: impl monoio::io::AsyncWriteRent,
 ) {
     let stats = shard.stats();
+    let timeout = shard.ctx.shared.config.frames.write_timeout;
     let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
-    loop {
+    'batches: loop {
         if conn.out.borrow().is_empty() {
-            if conn.closed.get() {
+            if conn.closed.is_set() {
                 break;
             }
             conn.out_ready.wait().await;
@@ -701,16 +923,45 @@ async fn write_loop<F>(
         }
         std::mem::swap(&mut *conn.out.borrow_mut(), &mut spare);
         let n = spare.len();
-        let (res, b) = wr.write_all(spare).await;
-        spare = b;
-        spare.clear();
-        if let Err(e) = res {
-            tracing::debug!(shard = shard.ctx.index, error = %e, "write failed; closing");
-            conn.close();
-            conn.out.borrow_mut().clear();
-            break;
+        conn.writing.set(n);
+        let mut written = 0;
+        while written < n {
+            let (res, b) =
+                match monoio::time::timeout(timeout, wr.write(spare.slice(written..))).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::info!(
+                            shard = shard.ctx.index,
+                            ?timeout,
+                            "closing connection: peer read nothing within the write timeout"
+                        );
+                        ShardStats::add(&stats.write_timeouts, 1);
+                        conn.writing.set(0);
+                        conn.break_off();
+                        // The buffer went with the cancelled write.
+                        break 'batches;
+                    }
+                };
+            spare = b.into_inner();
+            match res {
+                Ok(0) | Err(_) => {
+                    if let Err(e) = res {
+                        tracing::debug!(shard = shard.ctx.index, error = %e, "write failed; closing");
+                    }
+                    conn.writing.set(0);
+                    conn.break_off();
+                    break 'batches;
+                }
+                Ok(k) => {
+                    written += k;
+                    conn.writing.set(n - written);
+                    ShardStats::add(&stats.bytes_out, k as u64);
+                }
+            }
         }
-        ShardStats::add(&stats.bytes_out, n as u64);
+        spare.clear();
+        // Below the output bound again: the reader may go on.
+        conn.capacity.notify();
     }
     let _ = wr.shutdown().await;
 }

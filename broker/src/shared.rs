@@ -48,6 +48,9 @@ pub struct Inbox {
     pub tx: Sender<ShardMsg>,
     pub rx: Receiver<ShardMsg>,
     pub waker: AtomicWaker,
+    /// Set when the shard has stopped (drained or died): nothing more is
+    /// queued for it.
+    closed: AtomicBool,
 }
 
 /// Bound of an inbox: beyond it hand-offs are refused as overload rather
@@ -67,7 +70,12 @@ pub struct ShardStats {
     pub in_flight: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
+    /// Connections closed because the peer read nothing within
+    /// `frames.write_timeout`.
+    pub write_timeouts: AtomicU64,
     pub ready: AtomicBool,
+    /// The shard thread died (a panic outside any request's handler).
+    pub dead: AtomicBool,
     /// The label space, the same for every shard.
     pub layout: Arc<crate::metrics::Layout>,
     /// Requests, latency histograms and rejections by reason.
@@ -86,7 +94,9 @@ impl ShardStats {
             in_flight: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
+            write_timeouts: AtomicU64::new(0),
             ready: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
             layout: layout.clone(),
             series: crate::metrics::ShardSeries::new(layout),
         }
@@ -126,6 +136,8 @@ pub struct Shared {
     pub inboxes: Vec<Inbox>,
     pub stats: Vec<ShardStats>,
     draining: AtomicBool,
+    /// Shards that died, for `main` (which then exits non-zero).
+    deaths: (Sender<usize>, Receiver<usize>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +164,7 @@ impl Shared {
                     tx,
                     rx,
                     waker: AtomicWaker::new(),
+                    closed: AtomicBool::new(false),
                 }
             })
             .collect();
@@ -165,6 +178,7 @@ impl Shared {
             inboxes,
             stats: (0..shards).map(|_| ShardStats::new(&layout)).collect(),
             draining: AtomicBool::new(false),
+            deaths: crossbeam_channel::unbounded(),
         }
     }
 
@@ -225,14 +239,49 @@ impl Shared {
 
     pub fn send(&self, shard: usize, msg: ShardMsg) -> Result<(), SubmitError> {
         let inbox = &self.inboxes[shard];
+        if inbox.closed.load(Ordering::Acquire) {
+            return Err(SubmitError::Stopped(shard));
+        }
         match inbox.tx.try_send(msg) {
             Ok(()) => {
+                // The shard may have stopped between the check and the send,
+                // after emptying its inbox for the last time: empty it here,
+                // so what was queued is dropped (its sender sees the shard
+                // stopped) rather than left waiting forever.
+                if inbox.closed.load(Ordering::Acquire) {
+                    while inbox.rx.try_recv().is_ok() {}
+                    return Err(SubmitError::Stopped(shard));
+                }
                 inbox.waker.wake();
                 Ok(())
             }
             Err(TrySendError::Full(_)) => Err(SubmitError::Full(shard)),
             Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped(shard)),
         }
+    }
+
+    /// Marks shard `shard` stopped and drops what is queued for it: each
+    /// dropped job's reply channel closes, which its sender answers as
+    /// "shard stopped".
+    pub fn close_inbox(&self, shard: usize) {
+        let inbox = &self.inboxes[shard];
+        inbox.closed.store(true, Ordering::Release);
+        while inbox.rx.try_recv().is_ok() {}
+    }
+
+    /// Called by a shard thread that is dying.
+    pub fn report_death(&self, shard: usize) {
+        let _ = self.deaths.0.send(shard);
+    }
+
+    /// Where `main` learns of shards that died.
+    pub fn deaths(&self) -> &Receiver<usize> {
+        &self.deaths.1
+    }
+
+    /// Whether any shard thread died.
+    pub fn any_shard_dead(&self) -> bool {
+        self.stats.iter().any(|s| s.dead.load(Ordering::Relaxed))
     }
 
     pub fn is_draining(&self) -> bool {

@@ -49,17 +49,24 @@ fn routers_built() {
 impl Broker {
     /// Starts the broker on port 0 everywhere with `args` added.
     pub fn start(args: &[&str]) -> Broker {
-        Self::start_inner(None, args)
+        Self::start_inner(None, args, &[])
     }
 
     /// Starts the broker with a config file holding `toml`.
     pub fn start_with_config(toml: &str, args: &[&str]) -> Broker {
-        Self::start_inner(Some(toml), args)
+        Self::start_inner(Some(toml), args, &[])
     }
 
-    fn start_inner(toml: Option<&str>, args: &[&str]) -> Broker {
+    /// [`Self::start_with_config`] with extra environment variables (e.g.
+    /// the debug build's fault injection, `broker/src/fault.rs`).
+    pub fn start_with_env(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Broker {
+        Self::start_inner(Some(toml), args, env)
+    }
+
+    fn start_inner(toml: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Broker {
         routers_built();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
+        cmd.envs(env.iter().copied());
         cmd.args([
             "--listen",
             "127.0.0.1:0",
@@ -140,6 +147,32 @@ impl Broker {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The broker's resident set size in bytes (`VmRSS`).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("broker's /proc status");
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS in /proc status");
+        kb * 1024
+    }
+
+    /// The sum of every sample of `name` (any labels) in `/metrics`.
+    pub fn metric_sum(&self, name: &str) -> f64 {
+        let (status, body) = self.http_get("/metrics");
+        assert_eq!(status, 200);
+        body.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     pub fn http_get(&self, path: &str) -> (u16, String) {
