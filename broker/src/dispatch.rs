@@ -22,7 +22,7 @@ use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_argume
 use crate::adapt;
 use crate::config::Affinity;
 use crate::route::RouteTable;
-use crate::shared::Shared;
+use crate::shared::{Shared, SubmitError};
 use crate::wasm::{RouterPool, types as w};
 
 /// Protocol versions this broker speaks, oldest first.
@@ -391,28 +391,31 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
 /// Runs `req` on shard `owner` (session affinity) and appends its answer.
 /// The frame crosses as the same `Bytes`, not a copy.
 async fn forward(ctx: &Rc<ShardCtx>, owner: usize, req: &VerifiedRequest, out: &mut Vec<u8>) {
-    match ctx.shared.forward(owner, req.clone()) {
+    let (code, msg) = match ctx.shared.forward(owner, req.clone()) {
         Ok(rx) => match rx.await {
-            Ok(frames) => out.extend_from_slice(&frames),
-            Err(_) => {
-                let to = req.view().reply_to();
-                out.extend_from_slice(ctx.enc.borrow_mut().error(
-                    &to,
-                    ErrorCode::ShuttingDown,
-                    "owner shard stopped",
-                    None,
-                ));
+            Ok(frames) => {
+                out.extend_from_slice(&frames);
+                return;
             }
+            // The owner dropped the job unanswered: it stopped.
+            Err(_) => (ErrorCode::ShuttingDown, "owner shard stopped"),
         },
-        Err(_) => {
-            let to = req.view().reply_to();
-            out.extend_from_slice(ctx.enc.borrow_mut().error(
-                &to,
-                ErrorCode::ShuttingDown,
-                "owner shard stopped",
-                None,
-            ));
-        }
+        Err(e) => refused_handoff(&e),
+    };
+    let to = req.view().reply_to();
+    out.extend_from_slice(ctx.enc.borrow_mut().error(&to, code, msg, None));
+}
+
+/// The answer to a hand-off the owner shard's inbox refused: a full inbox
+/// is overload (retryable, nothing ran), only a stopped shard is shutting
+/// down.
+fn refused_handoff(e: &SubmitError) -> (ErrorCode, &'static str) {
+    match e {
+        SubmitError::Full(_) => (
+            ErrorCode::Overloaded,
+            "the session's owner shard is overloaded (its inbox is full); retry later",
+        ),
+        SubmitError::Stopped(_) => (ErrorCode::ShuttingDown, "owner shard stopped"),
     }
 }
 
@@ -433,6 +436,60 @@ mod tests {
         assert_eq!(
             negotiate(p::ProtocolVersion(20990101)),
             p::ProtocolVersion::V2025_06_18
+        );
+    }
+
+    #[test]
+    fn a_full_owner_inbox_is_answered_overloaded_not_shutting_down() {
+        use crate::shared::{Capabilities, INBOX_CAPACITY, ShardMsg};
+        use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
+        use std::future::Future;
+        use std::task::{Context, Waker};
+
+        let table = RouteTable::build(&[], "__").unwrap();
+        let shared = Shared::new(
+            crate::config::Config::embedded_default(),
+            table,
+            Vec::new(),
+            Capabilities::default(),
+            String::new(),
+            2,
+        );
+        // Fill shard 1's inbox: nothing empties it in this test.
+        let mut sent = 0;
+        while sent <= INBOX_CAPACITY && shared.send(1, ShardMsg::Drain).is_ok() {
+            sent += 1;
+        }
+        assert_eq!(sent, INBOX_CAPACITY);
+        let ctx = Rc::new(ShardCtx {
+            index: 0,
+            shared: Arc::new(shared),
+            pools: Vec::new(),
+            enc: RefCell::new(ResponseEncoder::new(0)),
+        });
+        let h = RequestHeader {
+            message_id: [7; 16],
+            correlation_id: Some("c1"),
+            session_id: Some("s"),
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        let frame = RequestEncoder::new()
+            .tool_call(&h, [1; 16], "put", &[])
+            .to_vec();
+        let req = VerifiedRequest::verify(frame.into()).unwrap();
+        let mut out = Vec::new();
+        let mut cx = Context::from_waker(Waker::noop());
+        let done = std::pin::pin!(forward(&ctx, 1, &req, &mut out)).poll(&mut cx);
+        assert!(done.is_ready(), "a refused hand-off is answered at once");
+        let r = ResponseView::parse(&out).unwrap();
+        assert_eq!(r.correlation_id(), "c1");
+        assert_eq!(r.error().map(|e| e.0), Some(ErrorCode::Overloaded.code()));
+        assert!(ErrorCode::Overloaded.is_retryable());
+
+        assert_eq!(
+            refused_handoff(&SubmitError::Stopped(1)).0,
+            ErrorCode::ShuttingDown
         );
     }
 }
