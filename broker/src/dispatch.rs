@@ -66,6 +66,47 @@ impl ShardCtx {
     }
 }
 
+/// Longest session id a session-affine router accepts (the gRPC edge's own
+/// limit): each live session keeps its id, so the id's length bounds that
+/// memory.
+pub const MAX_SESSION_ID_BYTES: usize = 256;
+
+/// For a session-affine router: answers `req` when it does not run here,
+/// either handed to its session's owner shard or refused for an overlong
+/// session id. `true` when answered.
+async fn answered_elsewhere(
+    ctx: &Rc<ShardCtx>,
+    router: usize,
+    req: &VerifiedRequest,
+    out: &mut Vec<u8>,
+) -> bool {
+    if ctx.shared.affinity[router] != Affinity::Session {
+        return false;
+    }
+    let view = req.view();
+    let session = view.session_id();
+    if session.is_some_and(|s| s.len() > MAX_SESSION_ID_BYTES) {
+        let msg = format!(
+            "session_id is longer than {MAX_SESSION_ID_BYTES} bytes (session-affine router)"
+        );
+        let to = view.reply_to();
+        out.extend_from_slice(ctx.enc.borrow_mut().error(
+            &to,
+            ErrorCode::InvalidRequest,
+            &msg,
+            None,
+        ));
+        return true;
+    }
+    match ctx.owner_shard(router, session) {
+        Some(owner) => {
+            forward(ctx, owner, req, out).await;
+            true
+        }
+        None => false,
+    }
+}
+
 fn not_found(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, what: &str, name: &str) {
     let msg = format!("unknown {what} `{name}`");
     out.extend_from_slice(
@@ -154,8 +195,8 @@ pub async fn handle(
                 return not_found(ctx, out, &to, "tool", name);
             };
             let router = target.router as usize;
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let tc = view.tool_call().expect("classified as a tool call");
             write_arguments_json(Some(tc.arguments()), args);
@@ -180,7 +221,10 @@ pub async fn handle(
             let pool = &ctx.pools[router];
             let deadline = call_deadline(pool, view.timeout_ms());
             let t0 = std::time::Instant::now();
-            let result = pool.call_tool_within(&target.name, json, deadline).await;
+            let result = pool
+                .caller(view.session_id())
+                .call_tool_within(&target.name, json, deadline)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -195,11 +239,14 @@ pub async fn handle(
                 return not_found(ctx, out, &to, "resource", uri);
             };
             let router = router as usize;
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router].read_resource(uri).await;
+            let result = ctx.pools[router]
+                .caller(view.session_id())
+                .read_resource(uri)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
@@ -215,8 +262,8 @@ pub async fn handle(
                 return not_found(ctx, out, &to, "prompt", name);
             };
             let router = target.router as usize;
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let pr = view
                 .request()
@@ -229,7 +276,10 @@ pub async fn handle(
                 .map(|kv| (kv.key(), kv.value().unwrap_or("null")))
                 .collect();
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router].get_prompt(&target.name).await;
+            let result = ctx.pools[router]
+                .caller(view.session_id())
+                .get_prompt(&target.name)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -265,8 +315,8 @@ pub async fn handle(
                     name,
                 );
             };
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let c = view
                 .request()
@@ -279,7 +329,10 @@ pub async fn handle(
                 meta: None,
             };
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router].complete(&request).await;
+            let result = ctx.pools[router]
+                .caller(view.session_id())
+                .complete(&request)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
