@@ -512,7 +512,7 @@ pub fn call_error(
     e: &CallError,
 ) -> ErrorCode {
     let (code, message): (ErrorCode, String) = match e {
-        CallError::Overloaded => (ErrorCode::Overloaded, e.to_string()),
+        CallError::Overloaded | CallError::SessionsFull => (ErrorCode::Overloaded, e.to_string()),
         CallError::DeadlineExceeded(_) => (ErrorCode::DeadlineExceeded, e.to_string()),
         CallError::Tool(t) => match t {
             w::ToolError::InvalidParameters(m) | w::ToolError::SchemaError(m) => {

@@ -168,7 +168,10 @@ pub enum Affinity {
     /// Any shard's pool serves any request (stateless routers).
     #[default]
     None,
-    /// All requests of one `session_id` go to one instance of one shard.
+    /// All requests of one `session_id`, from any edge or shard, run on
+    /// that session's own instance on its owner shard, one at a time, in
+    /// arrival order. Requests without a session id use the shared
+    /// instances.
     Session,
 }
 
@@ -208,8 +211,34 @@ pub struct RouterConfig {
     pub queue_depth: u32,
     #[serde(default = "default_deadline", with = "humantime_serde")]
     pub call_deadline: Duration,
+    /// `affinity = "session"` only: sessions per shard with their own
+    /// instance (default `wasm::DEFAULT_MAX_SESSIONS_PER_SHARD`).
+    #[serde(default)]
+    pub max_sessions_per_shard: Option<u32>,
+    /// `affinity = "session"` only: idle time after which a session's
+    /// instance is dropped (default `wasm::DEFAULT_SESSION_IDLE_TIMEOUT`).
+    #[serde(default, with = "humantime_serde")]
+    pub session_idle_timeout: Option<Duration>,
     #[serde(default)]
     pub grants: GrantsConfig,
+}
+
+/// Largest `max_sessions_per_shard`: each session may hold a pooled
+/// instance slot on every shard, all reserved at start-up.
+pub const MAX_SESSIONS_PER_SHARD_LIMIT: u32 = 65_536;
+
+impl RouterConfig {
+    /// The per-session instances of a session-affine router; `None` for
+    /// any other.
+    pub fn session_limits(&self) -> Option<crate::wasm::SessionLimits> {
+        (self.affinity == Affinity::Session).then(|| {
+            let d = crate::wasm::SessionLimits::default();
+            crate::wasm::SessionLimits {
+                max_per_shard: self.max_sessions_per_shard.unwrap_or(d.max_per_shard),
+                idle_timeout: self.session_idle_timeout.unwrap_or(d.idle_timeout),
+            }
+        })
+    }
 }
 
 fn default_instances() -> u32 {
@@ -423,6 +452,30 @@ impl Config {
             if r.prefix.as_deref() == Some("") {
                 errors.push(format!("{at}.prefix: must not be empty when set"));
             }
+            if r.affinity != Affinity::Session {
+                for (key, set) in [
+                    ("max_sessions_per_shard", r.max_sessions_per_shard.is_some()),
+                    ("session_idle_timeout", r.session_idle_timeout.is_some()),
+                ] {
+                    if set {
+                        errors.push(format!(
+                            "{at}.{key}: only applies with affinity = \"session\""
+                        ));
+                    }
+                }
+            }
+            if let Some(n) = r.max_sessions_per_shard
+                && !(1..=MAX_SESSIONS_PER_SHARD_LIMIT).contains(&n)
+            {
+                errors.push(format!(
+                    "{at}.max_sessions_per_shard: {n} is outside 1..={MAX_SESSIONS_PER_SHARD_LIMIT}"
+                ));
+            }
+            if r.session_idle_timeout.is_some_and(|d| d.is_zero()) {
+                errors.push(format!(
+                    "{at}.session_idle_timeout: must be greater than zero"
+                ));
+            }
         }
     }
 
@@ -454,6 +507,7 @@ impl Config {
         spec.instances_per_shard = r.instances_per_shard;
         spec.queue_depth = r.queue_depth;
         spec.call_deadline = r.call_deadline;
+        spec.sessions = r.session_limits();
         spec.grants = crate::wasm::Grants {
             stdio_to_stderr: r.grants.stdio,
             env: r.grants.env.clone(),
@@ -532,6 +586,52 @@ mod tests {
             "routers[0] (a b).instances_per_shard",
             "routers[1]: missing field `name`",
             "extra: unknown section",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn session_limits_apply_to_session_routers_only_and_are_validated() {
+        let c = Config::embedded_default();
+        let kv = c.routers.iter().find(|r| r.name == "kv").unwrap();
+        assert_eq!(
+            c.router_spec(kv).sessions,
+            Some(crate::wasm::SessionLimits::default())
+        );
+        let echo = c.routers.iter().find(|r| r.name == "echo").unwrap();
+        assert_eq!(c.router_spec(echo).sessions, None);
+
+        let text = r#"
+            [[routers]]
+            name = "s"
+            wasm = "kv.wasm"
+            affinity = "session"
+            max_sessions_per_shard = 3
+            session_idle_timeout = "90s"
+        "#;
+        let c = Config::parse(text).unwrap();
+        let limits = c.router_spec(&c.routers[0]).sessions.unwrap();
+        assert_eq!(limits.max_per_shard, 3);
+        assert_eq!(limits.idle_timeout, Duration::from_secs(90));
+
+        let text = r#"
+            [[routers]]
+            name = "a"
+            wasm = "kv.wasm"
+            max_sessions_per_shard = 3
+            [[routers]]
+            name = "b"
+            wasm = "kv.wasm"
+            affinity = "session"
+            max_sessions_per_shard = 0
+            session_idle_timeout = "0s"
+        "#;
+        let all = Config::parse(text).unwrap_err().0.join("\n");
+        for needle in [
+            "routers[0] (a).max_sessions_per_shard: only applies with affinity = \"session\"",
+            "routers[1] (b).max_sessions_per_shard: 0 is outside",
+            "routers[1] (b).session_idle_timeout: must be greater than zero",
         ] {
             assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
         }

@@ -22,7 +22,7 @@ use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_argume
 use crate::adapt;
 use crate::config::Affinity;
 use crate::route::RouteTable;
-use crate::shared::Shared;
+use crate::shared::{Shared, SubmitError};
 use crate::wasm::{RouterPool, types as w};
 
 /// Protocol versions this broker speaks, oldest first.
@@ -63,6 +63,47 @@ impl ShardCtx {
         let session = session?;
         let owner = self.shared.owner_of(session);
         (owner != self.index).then_some(owner)
+    }
+}
+
+/// Longest session id a session-affine router accepts (the gRPC edge's own
+/// limit): each live session keeps its id, so the id's length bounds that
+/// memory.
+pub const MAX_SESSION_ID_BYTES: usize = 256;
+
+/// For a session-affine router: answers `req` when it does not run here,
+/// either handed to its session's owner shard or refused for an overlong
+/// session id. `true` when answered.
+async fn answered_elsewhere(
+    ctx: &Rc<ShardCtx>,
+    router: usize,
+    req: &VerifiedRequest,
+    out: &mut Vec<u8>,
+) -> bool {
+    if ctx.shared.affinity[router] != Affinity::Session {
+        return false;
+    }
+    let view = req.view();
+    let session = view.session_id();
+    if session.is_some_and(|s| s.len() > MAX_SESSION_ID_BYTES) {
+        let msg = format!(
+            "session_id is longer than {MAX_SESSION_ID_BYTES} bytes (session-affine router)"
+        );
+        let to = view.reply_to();
+        out.extend_from_slice(ctx.enc.borrow_mut().error(
+            &to,
+            ErrorCode::InvalidRequest,
+            &msg,
+            None,
+        ));
+        return true;
+    }
+    match ctx.owner_shard(router, session) {
+        Some(owner) => {
+            forward(ctx, owner, req, out).await;
+            true
+        }
+        None => false,
     }
 }
 
@@ -155,8 +196,8 @@ pub async fn handle(
                 return not_found(ctx, out, &to, "tool", name);
             };
             let router = target.router as usize;
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let tc = view.tool_call().expect("classified as a tool call");
             write_arguments_json(Some(tc.arguments()), args);
@@ -181,7 +222,10 @@ pub async fn handle(
             let pool = &ctx.pools[router];
             let deadline = call_deadline(pool, view.timeout_ms());
             let t0 = std::time::Instant::now();
-            let result = pool.call_tool_within(&target.name, json, deadline).await;
+            let result = pool
+                .caller(view.session_id())
+                .call_tool_within(&target.name, json, deadline)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -196,11 +240,14 @@ pub async fn handle(
                 return not_found(ctx, out, &to, "resource", uri);
             };
             let router = router as usize;
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router].read_resource(uri).await;
+            let result = ctx.pools[router]
+                .caller(view.session_id())
+                .read_resource(uri)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
@@ -216,8 +263,8 @@ pub async fn handle(
                 return not_found(ctx, out, &to, "prompt", name);
             };
             let router = target.router as usize;
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let pr = view
                 .request()
@@ -230,7 +277,10 @@ pub async fn handle(
                 .map(|kv| (kv.key(), kv.value().unwrap_or("null")))
                 .collect();
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router].get_prompt(&target.name).await;
+            let result = ctx.pools[router]
+                .caller(view.session_id())
+                .get_prompt(&target.name)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -266,8 +316,8 @@ pub async fn handle(
                     name,
                 );
             };
-            if let Some(owner) = ctx.owner_shard(router, view.session_id()) {
-                return forward(ctx, owner, req, out).await;
+            if answered_elsewhere(ctx, router, req, out).await {
+                return;
             }
             let c = view
                 .request()
@@ -280,7 +330,10 @@ pub async fn handle(
                 meta: None,
             };
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router].complete(&request).await;
+            let result = ctx.pools[router]
+                .caller(view.session_id())
+                .complete(&request)
+                .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -392,28 +445,31 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
 /// Runs `req` on shard `owner` (session affinity) and appends its answer.
 /// The frame crosses as the same `Bytes`, not a copy.
 async fn forward(ctx: &Rc<ShardCtx>, owner: usize, req: &VerifiedRequest, out: &mut Vec<u8>) {
-    match ctx.shared.forward(owner, req.clone()) {
+    let (code, msg) = match ctx.shared.forward(owner, req.clone()) {
         Ok(rx) => match rx.await {
-            Ok(frames) => out.extend_from_slice(&frames),
-            Err(_) => {
-                let to = req.view().reply_to();
-                out.extend_from_slice(ctx.enc.borrow_mut().error(
-                    &to,
-                    ErrorCode::ShuttingDown,
-                    "owner shard stopped",
-                    None,
-                ));
+            Ok(frames) => {
+                out.extend_from_slice(&frames);
+                return;
             }
+            // The owner dropped the job unanswered: it stopped.
+            Err(_) => (ErrorCode::ShuttingDown, "owner shard stopped"),
         },
-        Err(_) => {
-            let to = req.view().reply_to();
-            out.extend_from_slice(ctx.enc.borrow_mut().error(
-                &to,
-                ErrorCode::ShuttingDown,
-                "owner shard stopped",
-                None,
-            ));
-        }
+        Err(e) => refused_handoff(&e),
+    };
+    let to = req.view().reply_to();
+    out.extend_from_slice(ctx.enc.borrow_mut().error(&to, code, msg, None));
+}
+
+/// The answer to a hand-off the owner shard's inbox refused: a full inbox
+/// is overload (retryable, nothing ran), only a stopped shard is shutting
+/// down.
+fn refused_handoff(e: &SubmitError) -> (ErrorCode, &'static str) {
+    match e {
+        SubmitError::Full(_) => (
+            ErrorCode::Overloaded,
+            "the session's owner shard is overloaded (its inbox is full); retry later",
+        ),
+        SubmitError::Stopped(_) => (ErrorCode::ShuttingDown, "owner shard stopped"),
     }
 }
 
@@ -434,6 +490,60 @@ mod tests {
         assert_eq!(
             negotiate(p::ProtocolVersion(20990101)),
             p::ProtocolVersion::V2025_06_18
+        );
+    }
+
+    #[test]
+    fn a_full_owner_inbox_is_answered_overloaded_not_shutting_down() {
+        use crate::shared::{Capabilities, INBOX_CAPACITY, ShardMsg};
+        use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
+        use std::future::Future;
+        use std::task::{Context, Waker};
+
+        let table = RouteTable::build(&[], "__").unwrap();
+        let shared = Shared::new(
+            crate::config::Config::embedded_default(),
+            table,
+            Vec::new(),
+            Capabilities::default(),
+            String::new(),
+            2,
+        );
+        // Fill shard 1's inbox: nothing empties it in this test.
+        let mut sent = 0;
+        while sent <= INBOX_CAPACITY && shared.send(1, ShardMsg::Drain).is_ok() {
+            sent += 1;
+        }
+        assert_eq!(sent, INBOX_CAPACITY);
+        let ctx = Rc::new(ShardCtx {
+            index: 0,
+            shared: Arc::new(shared),
+            pools: Vec::new(),
+            enc: RefCell::new(ResponseEncoder::new(0)),
+        });
+        let h = RequestHeader {
+            message_id: [7; 16],
+            correlation_id: Some("c1"),
+            session_id: Some("s"),
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        let frame = RequestEncoder::new()
+            .tool_call(&h, [1; 16], "put", &[])
+            .to_vec();
+        let req = VerifiedRequest::verify(frame.into()).unwrap();
+        let mut out = Vec::new();
+        let mut cx = Context::from_waker(Waker::noop());
+        let done = std::pin::pin!(forward(&ctx, 1, &req, &mut out)).poll(&mut cx);
+        assert!(done.is_ready(), "a refused hand-off is answered at once");
+        let r = ResponseView::parse(&out).unwrap();
+        assert_eq!(r.correlation_id(), "c1");
+        assert_eq!(r.error().map(|e| e.0), Some(ErrorCode::Overloaded.code()));
+        assert!(ErrorCode::Overloaded.is_retryable());
+
+        assert_eq!(
+            refused_handoff(&SubmitError::Stopped(1)).0,
+            ErrorCode::ShuttingDown
         );
     }
 }

@@ -306,7 +306,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
 
     // Router pools, from the shards' last snapshot answers.
     let pools = &collected.pools;
-    let pool_families: [Family<crate::wasm::PoolStats>; 5] = [
+    let pool_families: [Family<crate::wasm::PoolStats>; 7] = [
         (
             "mcp_router_queued_calls",
             "gauge",
@@ -336,6 +336,18 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
             "counter",
             "Calls refused because every instance was busy and the queue was full, by router.",
             |p| p.overloaded,
+        ),
+        (
+            "mcp_router_sessions",
+            "gauge",
+            "Sessions holding their own instance of a session-affine router, by router (all shards).",
+            |p| p.sessions.into(),
+        ),
+        (
+            "mcp_router_sessions_evicted_total",
+            "counter",
+            "Idle sessions whose instance was dropped to make room for a new session (max_sessions_per_shard reached), by router.",
+            |p| p.sessions_evicted,
         ),
     ];
     family(

@@ -89,15 +89,21 @@ impl Running {
 /// Starts everything and returns once every shard accepts.
 pub fn start(config: Config) -> Result<Running> {
     // Reserve exactly the instance slots this configuration can use: every
-    // shard's pool of every router, plus one per router for the transient
+    // shard's pool of every router (shared instances plus, for a
+    // session-affine router, one per session), plus one per router for the transient
     // instance that reads its metadata at load. A fixed number either
     // refuses start-up for a large deployment (many routers × many shards)
     // or reserves terabytes of address space a small one never touches.
+    // A session-affine router also holds up to `max_sessions_per_shard`
+    // instances of its own per shard, one per live session.
     let per_shard: usize = config
         .routers
         .iter()
-        .map(|r| r.instances_per_shard as usize)
-        .sum();
+        .map(|r| {
+            let sessions = r.session_limits().map_or(0, |l| l.max_per_shard as usize);
+            (r.instances_per_shard as usize).saturating_add(sessions)
+        })
+        .fold(0, usize::saturating_add);
     let slots = config
         .shard_count()
         .saturating_mul(per_shard)

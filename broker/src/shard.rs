@@ -182,6 +182,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         let shard = shard.clone();
         monoio::spawn(async move { shard.yields.run().await });
     }
+    monoio::spawn(expire_sessions(shard.ctx.clone()));
     shard
         .stats()
         .ready
@@ -252,6 +253,29 @@ async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
                 tracing::warn!(shard = shard.ctx.index, error = %e, "accept failed");
                 monoio::time::sleep(Duration::from_millis(10)).await;
             }
+        }
+    }
+}
+
+/// Drops the instances of sessions idle past their router's
+/// `session_idle_timeout`, checking a few times per timeout, so an abandoned
+/// session holds its instance at most a quarter of the timeout too long.
+/// Returns at once when no router is session-affine.
+async fn expire_sessions(ctx: Rc<ShardCtx>) {
+    let Some(shortest) = ctx
+        .pools
+        .iter()
+        .filter_map(|p| p.session_idle_timeout())
+        .min()
+    else {
+        return;
+    };
+    let every = (shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
+    loop {
+        monoio::time::sleep(every).await;
+        let now = Instant::now();
+        for pool in &ctx.pools {
+            pool.expire_sessions(now);
         }
     }
 }

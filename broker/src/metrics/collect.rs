@@ -194,6 +194,8 @@ impl Collector {
                 sum.faults += p.faults;
                 sum.replaced += p.replaced;
                 sum.overloaded += p.overloaded;
+                sum.sessions += p.sessions;
+                sum.sessions_evicted += p.sessions_evicted;
             }
         }
         Collected {

@@ -18,6 +18,11 @@ pub enum CallError {
     /// Retryable: nothing ran.
     #[error("router overloaded: all instances busy and the wait queue is full")]
     Overloaded,
+    /// A new session of a session-affine router found the shard's session
+    /// cap (`max_sessions_per_shard`) reached with every session's call in
+    /// flight, so none could be evicted. Retryable: nothing ran.
+    #[error("router overloaded: every session instance of this shard has a call in flight")]
+    SessionsFull,
     /// The per-call deadline passed (guest spinning, or blocked in WASI);
     /// the instance was discarded. Not retryable: the guest may have done
     /// part of the work.
@@ -69,12 +74,15 @@ impl CallError {
     /// True when sending the same call again (later, or to another shard) may
     /// succeed and cannot duplicate work: nothing ran in the guest.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Overloaded | Self::Instantiate(_))
+        matches!(
+            self,
+            Self::Overloaded | Self::SessionsFull | Self::Instantiate(_)
+        )
     }
 
     /// True when the host, not the router's own logic, ended the call: the
     /// error is the router's fault or the broker's limits, and (except for
-    /// `Overloaded`, `Instantiate` and `MalformedOutput`) the instance that
+    /// `Overloaded`, `SessionsFull`, `Instantiate` and `MalformedOutput`) the instance that
     /// ran it was replaced.
     pub fn is_fault(&self) -> bool {
         !matches!(

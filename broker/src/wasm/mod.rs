@@ -6,7 +6,7 @@
 //! I/O runtime) → [`WasmHost::load`] once per router (compile, check imports
 //! and exports, read [`RouterMeta`]) → [`RouterPool::new`] once per shard per
 //! router → `call_tool` / `read_resource` / `get_prompt` / `complete` on the
-//! shard. See `docs/why-wasm-pooling.md` for the reasons.
+//! shard (through [`RouterPool::caller`] for a session's own instance). See `docs/why-wasm-pooling.md` for the reasons.
 //!
 //! # Invariants
 //! - One engine per process; a component is compiled once, its
@@ -31,10 +31,11 @@ pub use bindings::ROUTER_INTERFACE;
 pub use bindings::types;
 pub use error::{CallError, HostError, LoadError};
 pub use host::{Router, RouterMeta, WasmHost};
-pub use pool::{PoolStats, RouterPool};
+pub use pool::{Caller, PoolStats, RouterPool};
 pub use spec::{
     DEFAULT_CALL_DEADLINE, DEFAULT_INSTANCES_PER_SHARD, DEFAULT_MAX_MEMORY_BYTES,
-    DEFAULT_MAX_TABLE_ELEMENTS, DEFAULT_QUEUE_DEPTH, DirGrant, Grants, HostConfig, RouterSpec,
+    DEFAULT_MAX_SESSIONS_PER_SHARD, DEFAULT_MAX_TABLE_ELEMENTS, DEFAULT_QUEUE_DEPTH,
+    DEFAULT_SESSION_IDLE_TIMEOUT, DirGrant, Grants, HostConfig, RouterSpec, SessionLimits,
 };
 
 /// Environment variable naming the directory of the bundled routers.

@@ -25,6 +25,15 @@ pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(5);
 /// Default linear-memory cap per instance: ample for JSON routers, small
 /// enough that a runaway allocation is refused quickly.
 pub const DEFAULT_MAX_MEMORY_BYTES: usize = 64 << 20;
+/// Default sessions per shard that hold their own instance of a
+/// session-affine router: each costs a pooled slot per shard (reserved at
+/// start-up) and the resident memory its state touches; beyond it the least
+/// recently used idle session is dropped.
+pub const DEFAULT_MAX_SESSIONS_PER_SHARD: u32 = 64;
+/// Default idle time after which a session's instance (and its state) is
+/// dropped: long enough for an interactive session's pauses, short enough
+/// that abandoned sessions do not pin instances for long.
+pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Default table-element cap per instance (function tables of Rust guests
 /// hold a few hundred entries).
 pub const DEFAULT_MAX_TABLE_ELEMENTS: usize = 20_000;
@@ -53,6 +62,27 @@ pub struct DirGrant {
     pub guest: String,
 }
 
+/// How a session-affine router keeps one instance per session on a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Sessions per shard holding their own instance (at least 1). At the
+    /// cap, a new session evicts the least recently used session with no
+    /// call in flight, or is refused as overloaded when every session has
+    /// one.
+    pub max_per_shard: u32,
+    /// A session with no call for this long loses its instance and state.
+    pub idle_timeout: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_per_shard: DEFAULT_MAX_SESSIONS_PER_SHARD,
+            idle_timeout: DEFAULT_SESSION_IDLE_TIMEOUT,
+        }
+    }
+}
+
 /// One router to load: what the broker's config says about it.
 #[derive(Debug, Clone)]
 pub struct RouterSpec {
@@ -78,6 +108,10 @@ pub struct RouterSpec {
     pub validate_json: bool,
     /// WASI capabilities.
     pub grants: Grants,
+    /// `Some`: session-affine; calls with a session id run on that
+    /// session's own instance (see `RouterPool::caller`). `None`: every call
+    /// runs on the shared instances.
+    pub sessions: Option<SessionLimits>,
 }
 
 impl RouterSpec {
@@ -93,6 +127,7 @@ impl RouterSpec {
             max_table_elements: DEFAULT_MAX_TABLE_ELEMENTS,
             validate_json: true,
             grants: Grants::default(),
+            sessions: None,
         }
     }
 
