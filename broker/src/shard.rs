@@ -232,24 +232,39 @@ async fn inbox_loop(shard: Rc<Shard>) {
                 // A hand-off is the cross-thread path (session affinity,
                 // gRPC): one task per job, its allocation accepted there.
                 monoio::spawn(async move {
+                    let crate::shared::Job {
+                        req,
+                        mut reply,
+                        forwarded,
+                    } = job;
                     let started = Instant::now();
                     let stats = shard.stats();
                     ShardStats::add(&stats.in_flight, 1);
                     let mut args = Vec::new();
                     let mut out = Vec::new();
-                    run_or_expire(&shard, &job.req, &mut args, &mut out).await;
-                    if !job.forwarded {
+                    // The caller gave up (gRPC call cancelled, frame
+                    // connection gone): drop the handling, which drops a
+                    // lease mid-call and so discards the instance and stops
+                    // its guest, instead of running it to its deadline for
+                    // an answer nobody reads.
+                    let answered = monoio::select! {
+                        _ = run_or_expire(&shard, &req, &mut args, &mut out) => true,
+                        _ = reply.cancellation() => false,
+                    };
+                    if answered && !forwarded {
                         let _ended = metrics::record::request(
                             &shard.ctx,
                             metrics::Edge::Grpc,
-                            &job.req,
+                            &req,
                             arrived,
                             started,
                             &out,
                         );
                     }
                     ShardStats::sub(&stats.in_flight, 1);
-                    let _ = job.reply.send(out);
+                    if answered {
+                        let _ = reply.send(out);
+                    }
                 });
             }
             ShardMsg::Snapshot(req) => metrics::record::answer_snapshot(&shard.ctx, req),

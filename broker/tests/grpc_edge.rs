@@ -608,6 +608,53 @@ async fn health_reflection_and_gzip_then_drain_flips_health_and_closes_streams()
     assert!(status.success(), "{status:?}");
 }
 
+/// Polls `cond` every 20 ms until it holds or `within` passes.
+async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + within;
+    while std::time::Instant::now() < until {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cond()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_stops_its_guest_long_before_the_router_deadline() {
+    // One instance per shard and a 30 s deadline: only cancellation can end
+    // the `loop` call early.
+    let b = Broker::start_with_chaos(|c| c + "instances_per_shard = 1\ncall_deadline = \"30s\"\n");
+    let c = client(&b).await;
+    let replaced = || b.metric("mcp_router_instances_replaced_total", r#"router="chaos""#);
+    let in_flight = || b.metric("mcp_in_flight_requests", "");
+    let before = replaced();
+    // No grpc-timeout: the frame carries no deadline of its own.
+    let mut looping = c.clone();
+    let task = tokio::spawn(async move { looping.call_tool(call("loop", "{}")).await });
+    assert!(
+        eventually(Duration::from_secs(10), || in_flight() >= 1.0).await,
+        "the loop call reached a shard"
+    );
+    // The client goes away: tonic resets the stream.
+    task.abort();
+    let t = std::time::Instant::now();
+    assert!(
+        eventually(Duration::from_secs(10), || in_flight() == 0.0
+            && replaced() > before)
+        .await,
+        "the guest still runs {:?} after the cancel: in flight {}, replaced {} (before {before})",
+        t.elapsed(),
+        in_flight(),
+        replaced()
+    );
+    // The edge and the router serve on.
+    let mut c = c;
+    c.call_tool(call("echo", r#"{"text":"after"}"#))
+        .await
+        .unwrap();
+}
+
 /// A `Stream` of the given items (tonic wants a stream for client
 /// streaming calls).
 fn tokio_stream_iter<T: Send + 'static>(
