@@ -14,6 +14,10 @@
 //!   it can close the connection).
 //! - [`ConnInfo::is_open`] turns false when the connection is dropped, so
 //!   sessions bound to it can be reclaimed at once.
+//!
+//! With TLS in front of HTTP/2 (tonic's acceptor over this stream), the
+//! deadline covers the first bytes of the TLS handshake instead; a TLS edge
+//! should bound its own handshake as well.
 
 use std::io;
 use std::net::SocketAddr;

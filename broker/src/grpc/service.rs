@@ -183,6 +183,27 @@ fn submit_status(e: SubmitError) -> Status {
     }
 }
 
+/// A session issued by an Initialize still being answered: removed again
+/// when dropped before [`Issued::keep`].
+struct Issued<'a> {
+    sessions: &'a Sessions,
+    id: Option<&'a str>,
+}
+
+impl Issued<'_> {
+    fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Issued<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.sessions.remove(id);
+        }
+    }
+}
+
 /// What a call's metadata says.
 struct CallMeta {
     session: Option<String>,
@@ -486,6 +507,12 @@ impl McpService for Edge {
             SessionError::Full(_) => status::edge(ErrorCode::Overloaded, e.to_string()),
             SessionError::Random(_) => status::edge(ErrorCode::Internal, e.to_string()),
         })?;
+        // Unless the answer carries it, the session is nobody's: a refused,
+        // failed or cancelled Initialize must not hold a registry place.
+        let issued = Issued {
+            sessions: &self.0.sessions,
+            id: Some(session.as_str()),
+        };
         let op = Op {
             method: "initialize",
             target: "",
@@ -504,6 +531,7 @@ impl McpService for Edge {
         let v = MetadataValue::try_from(session.as_str()).map_err(|_| unexpected("initialize"))?;
         resp.metadata_mut()
             .insert(mcp_proto::SESSION_METADATA_KEY, v);
+        issued.keep();
         Ok(resp)
     }
 

@@ -184,6 +184,13 @@ impl Sessions {
         }
     }
 
+    /// Forgets `id` (an Initialize that was not answered).
+    pub fn remove(&self, id: &str) {
+        if let Some(key) = parse(id) {
+            lock(&self.map).remove(&key);
+        }
+    }
+
     /// Drops every expired session (run periodically, so that memory
     /// follows the live sessions, not the peak).
     pub fn sweep(&self) -> usize {
@@ -291,6 +298,9 @@ mod tests {
         assert_eq!(s.sweep(), 0);
         c.close();
         assert_eq!(s.sweep(), 1);
+        assert_eq!(s.count(), 0);
+        let id = s.create(&ConnInfo::detached()).unwrap();
+        s.remove(&id);
         assert_eq!(s.count(), 0);
     }
 }
