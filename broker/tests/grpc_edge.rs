@@ -862,6 +862,109 @@ fn a_silent_tcp_connection_is_closed_at_the_handshake_timeout() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
 
+/// A raw HTTP/2 client: the preface and an empty SETTINGS frame, then
+/// nothing (it never answers a PING or acknowledges anything).
+fn raw_http2(b: &Broker) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(b.grpc).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    s
+}
+
+/// The (type, payload) of every HTTP/2 frame received until the server
+/// closes the connection, or `None` if it is still open after `within`.
+fn frames_until_close(s: &mut std::net::TcpStream, within: Duration) -> Option<Vec<(u8, Vec<u8>)>> {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let until = std::time::Instant::now() + within;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if std::time::Instant::now() >= until {
+                    break false;
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at + 9 <= buf.len() {
+        let len = u32::from_be_bytes([0, buf[at], buf[at + 1], buf[at + 2]]) as usize;
+        let end = (at + 9 + len).min(buf.len());
+        frames.push((buf[at + 3], buf[at + 9..end].to_vec()));
+        at += 9 + len;
+    }
+    closed.then_some(frames)
+}
+
+const PING: u8 = 6;
+
+#[test]
+fn a_peer_that_ignores_keepalive_pings_is_disconnected_and_streams_are_capped() {
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            r#"keepalive_interval = "60s""#,
+            r#"keepalive_interval = "200ms""#,
+        )
+        .replace(
+            r#"keepalive_timeout = "20s""#,
+            r#"keepalive_timeout = "300ms""#,
+        )
+        .replace(
+            "max_concurrent_streams_per_connection = 256",
+            "max_concurrent_streams_per_connection = 7",
+        )
+    });
+    let mut s = raw_http2(&b);
+    let frames = frames_until_close(&mut s, Duration::from_secs(10))
+        .expect("a peer that never answers a PING is disconnected");
+    // The server's SETTINGS come first: SETTINGS_MAX_CONCURRENT_STREAMS
+    // (0x3) is the configured cap.
+    let (kind, settings) = &frames[0];
+    assert_eq!(*kind, 4, "{frames:?}");
+    let cap = settings
+        .chunks(6)
+        .find(|e| e.len() == 6 && e[..2] == [0, 3])
+        .map(|e| u32::from_be_bytes([e[2], e[3], e[4], e[5]]));
+    assert_eq!(cap, Some(7), "{settings:?}");
+    assert!(frames.iter().any(|(k, _)| *k == PING), "{frames:?}");
+}
+
+#[test]
+fn a_connection_past_its_max_age_is_closed() {
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            r#"max_connection_age = "1h""#,
+            r#"max_connection_age = "300ms""#,
+        )
+        .replace(
+            r#"max_connection_age_grace = "30s""#,
+            r#"max_connection_age_grace = "300ms""#,
+        )
+    });
+    // An idle, handshaken connection: nothing but its age can close it
+    // (keepalive is 60 s, and this peer sent nothing to answer). The GOAWAY
+    // may be lost to the reset of the close, so only the close is checked.
+    let mut s = raw_http2(&b);
+    let t = std::time::Instant::now();
+    frames_until_close(&mut s, Duration::from_secs(10))
+        .expect("the connection is closed after max_connection_age");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
 #[test]
 fn sigterm_exits_within_the_drain_timeout_while_a_silent_connection_is_open() {
     use std::io::{Read, Write};
