@@ -98,6 +98,31 @@ pub struct GrpcSection {
     pub max_concurrent_requests: usize,
     /// Open Subscribe streams across the edge; beyond it RESOURCE_EXHAUSTED.
     pub max_subscribers: usize,
+    /// Time from accept until the HTTP/2 client preface has arrived;
+    /// a connection still silent then is closed.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// HTTP/2 PING interval on every connection.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// A PING not acknowledged within this closes the connection.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: open calls per connection.
+    pub max_concurrent_streams_per_connection: u32,
+    /// Age at which a connection is asked to go away (GOAWAY, graceful).
+    #[serde(with = "humantime_serde")]
+    pub max_connection_age: Duration,
+    /// After `max_connection_age`, how long its open calls may still run
+    /// before the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub max_connection_age_grace: Duration,
+    /// Sessions (Initialize) alive at once across the edge.
+    pub max_sessions: usize,
+    /// A session with no call and no open Subscribe stream for this long
+    /// is forgotten.
+    #[serde(with = "humantime_serde")]
+    pub session_idle_timeout: Duration,
     /// What `ListRoots` answers.
     pub roots: Vec<RootConfig>,
 }
@@ -119,6 +144,14 @@ impl Default for GrpcSection {
             max_message_bytes: 4 << 20,
             max_concurrent_requests: 1024,
             max_subscribers: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(20),
+            max_concurrent_streams_per_connection: 256,
+            max_connection_age: Duration::from_secs(3600),
+            max_connection_age_grace: Duration::from_secs(30),
+            max_sessions: 100_000,
+            session_idle_timeout: Duration::from_secs(1800),
             roots: Vec::new(),
         }
     }
@@ -407,9 +440,26 @@ impl Config {
         for (name, n) in [
             ("grpc.max_concurrent_requests", g.max_concurrent_requests),
             ("grpc.max_subscribers", g.max_subscribers),
+            ("grpc.max_sessions", g.max_sessions),
+            (
+                "grpc.max_concurrent_streams_per_connection",
+                g.max_concurrent_streams_per_connection as usize,
+            ),
         ] {
             if n == 0 {
                 errors.push(format!("{name}: must be at least 1"));
+            }
+        }
+        for (name, d) in [
+            ("grpc.handshake_timeout", g.handshake_timeout),
+            ("grpc.keepalive_interval", g.keepalive_interval),
+            ("grpc.keepalive_timeout", g.keepalive_timeout),
+            ("grpc.max_connection_age", g.max_connection_age),
+            ("grpc.max_connection_age_grace", g.max_connection_age_grace),
+            ("grpc.session_idle_timeout", g.session_idle_timeout),
+        ] {
+            if d.is_zero() {
+                errors.push(format!("{name}: must be greater than zero"));
             }
         }
         for (i, r) in g.roots.iter().enumerate() {

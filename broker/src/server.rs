@@ -79,8 +79,10 @@ impl Running {
         for h in self.shards {
             let _ = h.join();
         }
+        // Bounded by the drain deadline (plus a fixed grace to write the
+        // last answers), whatever the gRPC peers do.
         if let Some(edge) = self.grpc_edge.take() {
-            edge.shutdown();
+            edge.shutdown(until);
         }
         tracing::info!("drained");
     }

@@ -306,30 +306,43 @@ async fn inbox_loop(shard: Rc<Shard>) {
                 // A hand-off is the cross-thread path (session affinity,
                 // gRPC): one task per job, its allocation accepted there.
                 monoio::spawn(async move {
+                    let crate::shared::Job {
+                        req,
+                        mut reply,
+                        forwarded,
+                    } = job;
                     let started = Instant::now();
                     let stats = shard.stats();
                     ShardStats::add(&stats.in_flight, 1);
                     let mut args = Vec::new();
                     let mut out = Vec::new();
-                    // A panic in the handler fails this request, not the shard.
+                    // A panic in the handler fails this request, not the
+                    // shard. A caller that gave up (gRPC call cancelled,
+                    // frame connection gone) drops the handling, which drops
+                    // a lease mid-call and so discards the instance and stops
+                    // its guest, instead of running it to its deadline for an
+                    // answer nobody reads.
                     let ran = {
                         let mut run =
-                            Box::pin(Some(run_or_expire(&shard, &job.req, &mut args, &mut out)));
-                        let ran = poll_fn(|cx| {
-                            let fut = run.as_mut().as_pin_mut().expect("polled until ready");
-                            match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-                                Ok(p) => p.map(|()| Ok(())),
-                                Err(payload) => Poll::Ready(Err(Panicked::from(payload))),
-                            }
-                        })
-                        .await;
+                            Box::pin(Some(run_or_expire(&shard, &req, &mut args, &mut out)));
+                        let ran = monoio::select! {
+                            r = poll_fn(|cx| {
+                                let fut = run.as_mut().as_pin_mut().expect("polled until ready");
+                                match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+                                    Ok(p) => p.map(|()| Ok(())),
+                                    Err(payload) => Poll::Ready(Err(Panicked::from(payload))),
+                                }
+                            }) => Some(r),
+                            _ = reply.cancellation() => None,
+                        };
                         drop_future(&mut run);
                         ran
                     };
-                    if let Err(panic) = ran {
+                    let answered = ran.is_some();
+                    if let Some(Err(panic)) = ran {
                         tracing::error!(shard = shard.ctx.index, panic = %panic.0, "request handler panicked; answered with an internal error");
                         out.clear();
-                        let to = job.req.view().reply_to();
+                        let to = req.view().reply_to();
                         out.extend_from_slice(shard.ctx.enc.borrow_mut().error(
                             &to,
                             mcp_schema::ErrorCode::Internal,
@@ -337,18 +350,20 @@ async fn inbox_loop(shard: Rc<Shard>) {
                             None,
                         ));
                     }
-                    if !job.forwarded {
+                    if answered && !forwarded {
                         let _ended = metrics::record::request(
                             &shard.ctx,
                             metrics::Edge::Grpc,
-                            &job.req,
+                            &req,
                             arrived,
                             started,
                             &out,
                         );
                     }
                     ShardStats::sub(&stats.in_flight, 1);
-                    let _ = job.reply.send(out);
+                    if answered {
+                        let _ = reply.send(out);
+                    }
                 });
             }
             ShardMsg::Snapshot(req) => metrics::record::answer_snapshot(&shard.ctx, req),

@@ -242,14 +242,12 @@ async fn every_rpc_answers_from_the_routers_through_the_shards() {
         .into_inner();
     assert!(done.completion.is_some());
 
-    // SetLoggingLevel is per session.
-    let e = c
-        .set_logging_level(pb::SetLoggingLevelRequest {
-            level: pb::LogLevel::Info as i32,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition);
+    // SetLoggingLevel: per session, or (without one) per connection.
+    c.set_logging_level(pb::SetLoggingLevelRequest {
+        level: pb::LogLevel::Debug as i32,
+    })
+    .await
+    .unwrap();
     let lvl = pb::SetLoggingLevelRequest {
         level: pb::LogLevel::Info as i32,
     };
@@ -605,6 +603,408 @@ async fn health_reflection_and_gzip_then_drain_flips_health_and_closes_streams()
     })
     .await
     .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// Polls `cond` every 20 ms until it holds or `within` passes.
+async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + within;
+    while std::time::Instant::now() < until {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cond()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_unguessable_and_unknown_to_every_other_connection() {
+    let b = Broker::start();
+    // Two channels: two HTTP/2 connections, two callers.
+    let mut mine = client(&b).await;
+    let mut other = client(&b).await;
+    let (_, session) = initialize(&mut mine).await;
+    let (_, second) = initialize(&mut mine).await;
+    // 128 random bits: 32 hex digits, no shared prefix or counter.
+    for s in [&session, &second] {
+        assert_eq!(s.len(), 32, "{s}");
+        assert!(s.bytes().all(|c| c.is_ascii_hexdigit()), "{s}");
+    }
+    assert_ne!(session[..8], second[..8], "{session} {second}");
+
+    let echo = || call("echo", r#"{"text":"x"}"#);
+    mine.call_tool(with_session(echo(), &session))
+        .await
+        .unwrap();
+    // Another connection presenting it: unknown, on every kind of call.
+    let unknown = |e: tonic::Status| {
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        assert!(e.message().contains("mcp-session-id"), "{e:?}");
+    };
+    unknown(
+        other
+            .call_tool(with_session(echo(), &session))
+            .await
+            .unwrap_err(),
+    );
+    unknown(
+        other
+            .subscribe(with_session(pb::SubscribeRequest::default(), &session))
+            .await
+            .unwrap_err(),
+    );
+    let lvl = pb::SetLoggingLevelRequest {
+        level: pb::LogLevel::Emergency as i32,
+    };
+    unknown(
+        other
+            .set_logging_level(with_session(lvl, &session))
+            .await
+            .unwrap_err(),
+    );
+    unknown(
+        other
+            .ping(with_session(pb::PingRequest {}, &session))
+            .await
+            .unwrap_err(),
+    );
+    // An id that was never issued is unknown to its caller too.
+    unknown(
+        mine.call_tool(with_session(echo(), "0123456789abcdef0123456789abcdef"))
+            .await
+            .unwrap_err(),
+    );
+    unknown(
+        mine.call_tool(with_session(echo(), "my-own-session"))
+            .await
+            .unwrap_err(),
+    );
+    // The owner still has it, its notifications included.
+    let mut stream = mine
+        .subscribe(with_session(
+            pb::SubscribeRequest {
+                topics: vec!["log".into()],
+            },
+            &session,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    mine.call_tool(with_session(call("trap", "{}"), &session))
+        .await
+        .unwrap_err();
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(format!("{n:?}").contains("`trap`"), "{n:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_bounded_and_expire_when_idle() {
+    let b = Broker::start_with_config(|c| {
+        c.replace("max_sessions = 100000", "max_sessions = 2")
+            .replace(
+                r#"session_idle_timeout = "30m""#,
+                r#"session_idle_timeout = "1s""#,
+            )
+    });
+    let mut c = client(&b).await;
+    let (_, first) = initialize(&mut c).await;
+    initialize(&mut c).await;
+    let e = c
+        .initialize(pb::InitializeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32000");
+    // Once the two have idled out, there is room again, and the old ids
+    // are gone.
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match c.initialize(pb::InitializeRequest::default()).await {
+            Ok(_) => break,
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(std::time::Instant::now() < until, "sessions never expired");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    let e = c
+        .ping(with_session(pb::PingRequest {}, &first))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_logging_level_without_a_session_sets_the_level_of_the_connection() {
+    let b = Broker::start_with_chaos(|c| c);
+    let mut c = client(&b).await;
+    // A client that knows only the proto: no session metadata.
+    c.set_logging_level(pb::SetLoggingLevelRequest {
+        level: pb::LogLevel::Error as i32,
+    })
+    .await
+    .expect("SetLoggingLevel without a session succeeds");
+    // It is the default of this connection's sessions: a deadline (a
+    // WARNING) is filtered out, a router fault (an ERROR) is delivered.
+    let (_, session) = initialize(&mut c).await;
+    let mut stream = c
+        .subscribe(with_session(
+            pb::SubscribeRequest {
+                topics: vec!["log".into()],
+            },
+            &session,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut late = with_session(call("sleep", r#"{"ms":1000}"#), &session);
+    late.set_timeout(Duration::from_millis(100));
+    let e = c.call_tool(late).await.unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded);
+    c.call_tool(with_session(call("trap", "{}"), &session))
+        .await
+        .unwrap_err();
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let Some(pb::notification::Notification::Log(log)) = &n.notification else {
+        panic!("{n:?}")
+    };
+    assert_eq!(log.level, pb::LogLevel::Error as i32, "{log:?}");
+    assert!(log.message.contains("`trap`"), "{log:?}");
+    // The session's own level overrides its connection's.
+    let lvl = pb::SetLoggingLevelRequest {
+        level: pb::LogLevel::Debug as i32,
+    };
+    c.set_logging_level(with_session(lvl, &session))
+        .await
+        .unwrap();
+    let mut late = with_session(call("sleep", r#"{"ms":1000}"#), &session);
+    late.set_timeout(Duration::from_millis(100));
+    c.call_tool(late).await.unwrap_err();
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&n.notification, Some(pb::notification::Notification::Log(l)) if l.level == pb::LogLevel::Warning as i32),
+        "{n:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_stops_its_guest_long_before_the_router_deadline() {
+    // One instance per shard and a 30 s deadline: only cancellation can end
+    // the `loop` call early.
+    let b = Broker::start_with_chaos(|c| c + "instances_per_shard = 1\ncall_deadline = \"30s\"\n");
+    let c = client(&b).await;
+    let replaced = || b.metric("mcp_router_instances_replaced_total", r#"router="chaos""#);
+    let in_flight = || b.metric("mcp_in_flight_requests", "");
+    let before = replaced();
+    // No grpc-timeout: the frame carries no deadline of its own.
+    let mut looping = c.clone();
+    let task = tokio::spawn(async move { looping.call_tool(call("loop", "{}")).await });
+    assert!(
+        eventually(Duration::from_secs(10), || in_flight() >= 1.0).await,
+        "the loop call reached a shard"
+    );
+    // The client goes away: tonic resets the stream.
+    task.abort();
+    let t = std::time::Instant::now();
+    assert!(
+        eventually(Duration::from_secs(10), || in_flight() == 0.0
+            && replaced() > before)
+        .await,
+        "the guest still runs {:?} after the cancel: in flight {}, replaced {} (before {before})",
+        t.elapsed(),
+        in_flight(),
+        replaced()
+    );
+    // The edge and the router serve on.
+    let mut c = c;
+    c.call_tool(call("echo", r#"{"text":"after"}"#))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_silent_tcp_connection_is_closed_at_the_handshake_timeout() {
+    use std::io::Read;
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            r#"handshake_timeout = "10s""#,
+            r#"handshake_timeout = "300ms""#,
+        )
+    });
+    let mut s = std::net::TcpStream::connect(b.grpc).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = std::time::Instant::now();
+    // The server's SETTINGS may come first; then the close.
+    let mut buf = [0u8; 256];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    assert!(closed, "still open after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+/// A raw HTTP/2 client: the preface and an empty SETTINGS frame, then
+/// nothing (it never answers a PING or acknowledges anything).
+fn raw_http2(b: &Broker) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(b.grpc).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    s
+}
+
+/// The (type, payload) of every HTTP/2 frame received until the server
+/// closes the connection, or `None` if it is still open after `within`.
+fn frames_until_close(s: &mut std::net::TcpStream, within: Duration) -> Option<Vec<(u8, Vec<u8>)>> {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let until = std::time::Instant::now() + within;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if std::time::Instant::now() >= until {
+                    break false;
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at + 9 <= buf.len() {
+        let len = u32::from_be_bytes([0, buf[at], buf[at + 1], buf[at + 2]]) as usize;
+        let end = (at + 9 + len).min(buf.len());
+        frames.push((buf[at + 3], buf[at + 9..end].to_vec()));
+        at += 9 + len;
+    }
+    closed.then_some(frames)
+}
+
+const PING: u8 = 6;
+
+#[test]
+fn a_peer_that_ignores_keepalive_pings_is_disconnected_and_streams_are_capped() {
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            r#"keepalive_interval = "60s""#,
+            r#"keepalive_interval = "200ms""#,
+        )
+        .replace(
+            r#"keepalive_timeout = "20s""#,
+            r#"keepalive_timeout = "300ms""#,
+        )
+        .replace(
+            "max_concurrent_streams_per_connection = 256",
+            "max_concurrent_streams_per_connection = 7",
+        )
+    });
+    let mut s = raw_http2(&b);
+    let frames = frames_until_close(&mut s, Duration::from_secs(10))
+        .expect("a peer that never answers a PING is disconnected");
+    // The server's SETTINGS come first: SETTINGS_MAX_CONCURRENT_STREAMS
+    // (0x3) is the configured cap.
+    let (kind, settings) = &frames[0];
+    assert_eq!(*kind, 4, "{frames:?}");
+    let cap = settings
+        .chunks(6)
+        .find(|e| e.len() == 6 && e[..2] == [0, 3])
+        .map(|e| u32::from_be_bytes([e[2], e[3], e[4], e[5]]));
+    assert_eq!(cap, Some(7), "{settings:?}");
+    assert!(frames.iter().any(|(k, _)| *k == PING), "{frames:?}");
+}
+
+#[test]
+fn a_connection_past_its_max_age_is_closed() {
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            r#"max_connection_age = "1h""#,
+            r#"max_connection_age = "300ms""#,
+        )
+        .replace(
+            r#"max_connection_age_grace = "30s""#,
+            r#"max_connection_age_grace = "300ms""#,
+        )
+    });
+    // An idle, handshaken connection: nothing but its age can close it
+    // (keepalive is 60 s, and this peer sent nothing to answer). The GOAWAY
+    // may be lost to the reset of the close, so only the close is checked.
+    let mut s = raw_http2(&b);
+    let t = std::time::Instant::now();
+    frames_until_close(&mut s, Duration::from_secs(10))
+        .expect("the connection is closed after max_connection_age");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn sigterm_exits_within_the_drain_timeout_while_a_silent_connection_is_open() {
+    use std::io::{Read, Write};
+    // A handshake timeout far beyond the drain: only the drain deadline can
+    // end these connections.
+    let b = Broker::start_with_config(|c| {
+        c.replace(r#"drain_timeout = "10s""#, r#"drain_timeout = "2s""#)
+            .replace(
+                r#"handshake_timeout = "10s""#,
+                r#"handshake_timeout = "1h""#,
+            )
+    });
+    // One never sends the HTTP/2 preface, one sends half of it. The
+    // server's SETTINGS frame proves the edge took each connection (the
+    // drain stops accepting, and a connection still in the backlog then
+    // is simply reset).
+    let accepted = |s: &mut std::net::TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 64];
+        assert!(s.read(&mut buf).unwrap() > 0, "no SETTINGS from the server");
+    };
+    let mut silent = std::net::TcpStream::connect(b.grpc).unwrap();
+    accepted(&mut silent);
+    let mut half = std::net::TcpStream::connect(b.grpc).unwrap();
+    half.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+    accepted(&mut half);
+    let mut b = b;
+    let t = std::time::Instant::now();
+    b.terminate();
+    let limit = Duration::from_secs(2) + Duration::from_secs(4);
+    let status = loop {
+        if let Some(s) = b.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < limit,
+            "the broker did not exit within drain_timeout + 4 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(status.success(), "{status:?}");
 }
 

@@ -30,5 +30,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub const SERVICE_NAME: &str = "turbomcp.mcp.v1.McpService";
 
 /// Request and response metadata key carrying the MCP session id: returned
-/// by `Initialize`, sent by the client on later calls for session affinity.
+/// by `Initialize` (unguessable, bound to the caller's connection), sent by
+/// the client on later calls for session affinity; an id the caller does
+/// not own gets NOT_FOUND (proto/README.md, Sessions).
 pub const SESSION_METADATA_KEY: &str = "mcp-session-id";

@@ -22,15 +22,20 @@
 //!   thread) and one task on the owning shard; nothing here blocks a shard.
 //! - Draining flips health to NOT_SERVING, refuses new calls with
 //!   UNAVAILABLE, ends every Subscribe stream, and only then shuts the server
-//!   down gracefully.
+//!   down gracefully, within a deadline: connections still open at it are
+//!   closed (a peer must not be able to hold the process up).
+//! - Every connection is bounded: handshake deadline, HTTP/2 keepalive,
+//!   streams per connection, connection age (`[grpc]` in the config).
 
+mod conn;
 mod convert;
 mod notify;
 mod service;
+mod session;
 mod status;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use mcp_proto::v1::mcp_service_server::McpServiceServer;
@@ -40,16 +45,21 @@ use crate::shared::Shared;
 
 pub use service::Edge;
 
-/// How long the server may take to finish open calls after the shards have
-/// drained (they are all answered by then, so this only covers writing).
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long the server may take, after the drain deadline, to write the
+/// answers the shards gave at that deadline (shutting-down errors) before
+/// every connection is closed.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// Tasks still running on the edge's runtime once the server has stopped
+/// get this long to reach an await point before the thread gives up.
+const RUNTIME_STOP: Duration = Duration::from_millis(250);
 
 /// The running edge, held by `server::Running`.
 pub struct EdgeHandle {
     edge: Arc<service::EdgeState>,
     health: tonic_health::server::HealthReporter,
     runtime: tokio::runtime::Handle,
-    shutdown: Option<futures_channel::oneshot::Sender<()>>,
+    shutdown: Option<futures_channel::oneshot::Sender<Instant>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -68,10 +78,14 @@ impl EdgeHandle {
         });
     }
 
-    /// Stops the server gracefully and waits for its thread.
-    pub fn shutdown(mut self) {
+    /// Stops the server gracefully and waits for its thread: open
+    /// connections get until `deadline` (the drain deadline) plus
+    /// [`SHUTDOWN_GRACE`] to finish, then they are closed. Returns within
+    /// that bound whatever the peers do.
+    pub fn shutdown(mut self, deadline: Instant) {
+        let deadline = deadline.max(Instant::now()) + SHUTDOWN_GRACE;
         if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+            let _ = tx.send(deadline);
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -92,10 +106,29 @@ pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<Edg
     let incoming = {
         let _enter = runtime.enter();
         let l = tokio::net::TcpListener::from_std(listener).context("gRPC listener")?;
-        tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true))
+        conn::Incoming::new(
+            tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)),
+            cfg.handshake_timeout,
+        )
     };
 
     let edge = Arc::new(service::EdgeState::new(shared));
+    {
+        // Memory follows the live sessions: expired ones are swept on a
+        // timer, not only when the registry fills up.
+        let edge = Arc::downgrade(&edge);
+        let every =
+            (cfg.session_idle_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(edge) = edge.upgrade() else { return };
+                edge.sweep_sessions();
+            }
+        });
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     runtime.block_on(async {
         health.set_serving::<McpServiceServer<Edge>>().await;
@@ -119,8 +152,13 @@ pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<Edg
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
 
-    let (shutdown_tx, shutdown_rx) = futures_channel::oneshot::channel::<()>();
+    let (shutdown_tx, shutdown_rx) = futures_channel::oneshot::channel::<Instant>();
     let router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(cfg.keepalive_interval))
+        .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
+        .max_concurrent_streams(cfg.max_concurrent_streams_per_connection)
+        .max_connection_age(cfg.max_connection_age)
+        .max_connection_age_grace(cfg.max_connection_age_grace)
         .add_service(health_service.accept_compressed(CompressionEncoding::Gzip))
         .add_service(reflection_v1.accept_compressed(CompressionEncoding::Gzip))
         .add_service(reflection_v1alpha.accept_compressed(CompressionEncoding::Gzip))
@@ -129,13 +167,39 @@ pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<Edg
     let thread = std::thread::Builder::new()
         .name("grpc-edge".into())
         .spawn(move || {
-            let served = runtime.block_on(router.serve_with_incoming_shutdown(incoming, async {
-                let _ = shutdown_rx.await;
-            }));
-            if let Err(e) = served {
-                tracing::error!(error = %e, "gRPC edge stopped");
-            }
-            runtime.shutdown_timeout(SHUTDOWN_GRACE);
+            runtime.block_on(async move {
+                // tonic's signal, and the deadline after it for the
+                // connections that do not close by themselves.
+                let (stop_tx, stop_rx) = futures_channel::oneshot::channel::<()>();
+                let (deadline_tx, deadline_rx) = futures_channel::oneshot::channel::<Instant>();
+                tokio::spawn(async move {
+                    if let Ok(deadline) = shutdown_rx.await {
+                        let _ = deadline_tx.send(deadline);
+                    }
+                    let _ = stop_tx.send(());
+                });
+                let serve = router.serve_with_incoming_shutdown(incoming, async {
+                    let _ = stop_rx.await;
+                });
+                let deadline = async {
+                    match deadline_rx.await {
+                        Ok(d) => tokio::time::sleep_until(d.into()).await,
+                        Err(_) => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    served = serve => {
+                        if let Err(e) = served {
+                            tracing::error!(error = %e, "gRPC edge stopped");
+                        }
+                    }
+                    () = deadline => {
+                        tracing::warn!("gRPC connections still open at the drain deadline: closing them");
+                    }
+                }
+            });
+            // Drops the connection tasks still running (past the deadline).
+            runtime.shutdown_timeout(RUNTIME_STOP);
         })
         .context("spawning the gRPC edge thread")?;
     Ok(EdgeHandle {

@@ -1,11 +1,14 @@
-//! Subscribe: one bounded stream per subscriber, filtered by its topics and
-//! its session, and the per-session log level.
+//! Subscribe: one bounded stream per subscriber, filtered by its topics,
+//! its session and the log level that applies to it.
 //!
 //! # What is delivered
 //! A notification belongs to one session (the `mcp-session-id` of the call
 //! that produced it) or to none (a broadcast). A subscriber receives the
 //! notifications of its own session that match its topics, plus matching
 //! broadcasts; a subscriber without a session receives broadcasts only.
+//! Log notifications below the level that applies are not delivered: the
+//! session's (see `session::Sessions::level`), and for a broadcast the
+//! subscriber's connection's (a session-less SetLoggingLevel).
 //! Sources today: progress frames of CallTool, log/resource-updated frames a
 //! router's answer carries, and the edge's own log notifications for calls
 //! that fail with a fault, deadline or overload. The route table never
@@ -17,7 +20,6 @@
 //! - A stream removes its subscriber when it is dropped (client gone), and
 //!   [`Hub::close`] drops every sender, which ends every stream cleanly.
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,12 +31,10 @@ use mcp_proto::v1::{LogLevel, Notification};
 use tonic::Status;
 use tonic::codegen::tokio_stream::Stream;
 
+use super::conn::ConnInfo;
+
 /// Notifications buffered per subscriber before new ones are dropped.
 pub const SUBSCRIBER_BUFFER: usize = 256;
-
-/// Sessions whose log level is remembered; beyond it SetLoggingLevel is
-/// refused (RESOURCE_EXHAUSTED) instead of growing without bound.
-pub const MAX_SESSIONS_WITH_LEVEL: usize = 100_000;
 
 /// Kinds of notification, as a bit set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,17 +155,18 @@ impl Topics {
 struct Sub {
     id: u64,
     session: Option<String>,
+    /// The subscriber's connection: its log level filters broadcasts.
+    conn: ConnInfo,
     topics: Topics,
     tx: mpsc::Sender<Result<Notification, Status>>,
 }
 
-/// All subscribers of the edge, and the sessions' log levels.
+/// All subscribers of the edge.
 #[derive(Default)]
 pub struct Hub {
     // The edge's control plane, not the request path: a std mutex held for
     // a scan of the subscribers, never across an await.
     subs: Mutex<Vec<Sub>>,
-    levels: Mutex<HashMap<String, LogLevel>>,
     next_id: AtomicU64,
     closed: AtomicBool,
     /// Notifications dropped because a subscriber's buffer was full.
@@ -189,6 +190,7 @@ impl Hub {
     pub fn subscribe(
         self: &Arc<Self>,
         session: Option<String>,
+        conn: ConnInfo,
         topics: Topics,
         max: usize,
     ) -> Result<SubscriptionStream, SubscribeError> {
@@ -206,6 +208,7 @@ impl Hub {
             subs.push(Sub {
                 id,
                 session,
+                conn,
                 topics,
                 tx,
             });
@@ -214,23 +217,33 @@ impl Hub {
             rx,
             hub: self.clone(),
             id,
+            on_drop: None,
         })
     }
 
     /// Delivers `n` to the subscribers of `session` (or, for `None`, to
     /// every subscriber: a broadcast) that asked for it. Log notifications
-    /// below the session's level are not delivered.
-    pub fn publish(&self, session: Option<&str>, n: N) {
-        if let (N::Log(log), Some(s)) = (&n, session)
-            && let Some(min) = lock(&self.levels).get(s)
-            && log.level < *min as i32
+    /// below `session_level` (for a broadcast: below each subscriber's
+    /// connection level) are not delivered.
+    pub fn publish(&self, session: Option<&str>, session_level: Option<LogLevel>, n: N) {
+        let log_level = match &n {
+            N::Log(log) => Some(log.level),
+            _ => None,
+        };
+        if let (Some(l), Some(min)) = (log_level, session_level)
+            && session.is_some()
+            && l < min as i32
         {
             return;
         }
         let mut subs = lock(&self.subs);
         for sub in subs.iter_mut() {
             let mine = session.is_none_or(|s| sub.session.as_deref() == Some(s));
-            if mine && sub.topics.wants(&n) {
+            let quiet = session.is_none()
+                && log_level
+                    .zip(sub.conn.level())
+                    .is_some_and(|(l, min)| l < min as i32);
+            if mine && !quiet && sub.topics.wants(&n) {
                 let msg = Notification {
                     notification: Some(n.clone()),
                 };
@@ -239,17 +252,6 @@ impl Hub {
                 }
             }
         }
-    }
-
-    /// Records `session`'s log level; `false` when too many sessions have
-    /// one already.
-    pub fn set_level(&self, session: &str, level: LogLevel) -> bool {
-        let mut levels = lock(&self.levels);
-        if levels.len() >= MAX_SESSIONS_WITH_LEVEL && !levels.contains_key(session) {
-            return false;
-        }
-        levels.insert(session.to_string(), level);
-        true
     }
 
     #[cfg(test)]
@@ -275,6 +277,15 @@ pub struct SubscriptionStream {
     rx: mpsc::Receiver<Result<Notification, Status>>,
     hub: Arc<Hub>,
     id: u64,
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl SubscriptionStream {
+    /// Runs `f` when the stream ends (e.g. to let its session idle again).
+    pub fn on_drop(mut self, f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.on_drop = Some(Box::new(f));
+        self
+    }
 }
 
 impl Stream for SubscriptionStream {
@@ -288,6 +299,9 @@ impl Stream for SubscriptionStream {
 impl Drop for SubscriptionStream {
     fn drop(&mut self) {
         self.hub.remove(self.id);
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
     }
 }
 
@@ -305,6 +319,10 @@ mod tests {
         })
     }
 
+    fn c() -> ConnInfo {
+        ConnInfo::detached()
+    }
+
     fn drain_now(s: &mut SubscriptionStream) -> Vec<Notification> {
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
@@ -320,24 +338,28 @@ mod tests {
         let hub = Arc::new(Hub::default());
         let all = Topics::parse(&[]).unwrap();
         let logs = Topics::parse(&["log".into()]).unwrap();
-        let mut a = hub.subscribe(Some("a".into()), all.clone(), 10).unwrap();
-        let mut a_logs = hub.subscribe(Some("a".into()), logs, 10).unwrap();
-        let mut b = hub.subscribe(Some("b".into()), all.clone(), 10).unwrap();
-        let mut anon = hub.subscribe(None, all, 10).unwrap();
+        let mut a = hub
+            .subscribe(Some("a".into()), c(), all.clone(), 10)
+            .unwrap();
+        let mut a_logs = hub.subscribe(Some("a".into()), c(), logs, 10).unwrap();
+        let mut b = hub
+            .subscribe(Some("b".into()), c(), all.clone(), 10)
+            .unwrap();
+        let mut anon = hub.subscribe(None, c(), all, 10).unwrap();
         let progress = N::Progress(ProgressNotification {
             progress_token: "t".into(),
             progress: 0.5,
             total: None,
             message: None,
         });
-        hub.publish(Some("a"), progress);
-        hub.publish(Some("a"), log(LogLevel::Error, "x"));
+        hub.publish(Some("a"), None, progress);
+        hub.publish(Some("a"), None, log(LogLevel::Error, "x"));
         assert_eq!(drain_now(&mut a).len(), 2);
         assert_eq!(drain_now(&mut a_logs).len(), 1);
         assert!(drain_now(&mut b).is_empty());
         assert!(drain_now(&mut anon).is_empty());
         // A broadcast reaches everyone who asked for its kind.
-        hub.publish(None, log(LogLevel::Info, "all"));
+        hub.publish(None, None, log(LogLevel::Info, "all"));
         assert_eq!(drain_now(&mut b).len(), 1);
         assert_eq!(drain_now(&mut anon).len(), 1);
     }
@@ -348,25 +370,28 @@ mod tests {
         let mut s = hub
             .subscribe(
                 Some("a".into()),
+                c(),
                 Topics::parse(&["kv://k1".into(), "log".into()]).unwrap(),
                 10,
             )
             .unwrap();
         hub.publish(
             Some("a"),
+            None,
             N::ResourceUpdated(ResourceUpdatedNotification {
                 uri: "kv://k2".into(),
             }),
         );
         hub.publish(
             Some("a"),
+            None,
             N::ResourceUpdated(ResourceUpdatedNotification {
                 uri: "kv://k1".into(),
             }),
         );
-        assert!(hub.set_level("a", LogLevel::Error));
-        hub.publish(Some("a"), log(LogLevel::Warning, "quiet"));
-        hub.publish(Some("a"), log(LogLevel::Critical, "loud"));
+        let error = Some(LogLevel::Error);
+        hub.publish(Some("a"), error, log(LogLevel::Warning, "quiet"));
+        hub.publish(Some("a"), error, log(LogLevel::Critical, "loud"));
         let got = drain_now(&mut s);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(matches!(&got[0].notification, Some(N::ResourceUpdated(r)) if r.uri == "kv://k1"));
@@ -374,16 +399,39 @@ mod tests {
     }
 
     #[test]
+    fn a_broadcast_log_is_filtered_by_each_subscribers_connection_level() {
+        let hub = Arc::new(Hub::default());
+        let quiet = c();
+        quiet.set_level(LogLevel::Error);
+        let all = Topics::parse(&[]).unwrap();
+        let mut q = hub.subscribe(None, quiet, all.clone(), 10).unwrap();
+        let mut loud = hub.subscribe(None, c(), all, 10).unwrap();
+        hub.publish(None, None, log(LogLevel::Warning, "w"));
+        hub.publish(None, None, log(LogLevel::Error, "e"));
+        assert_eq!(drain_now(&mut q).len(), 1);
+        assert_eq!(drain_now(&mut loud).len(), 2);
+    }
+
+    #[test]
     fn dropping_a_stream_unsubscribes_and_close_ends_streams_and_refuses_new_ones() {
         let hub = Arc::new(Hub::default());
-        let s = hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).unwrap();
+        let s = hub
+            .subscribe(None, c(), Topics::parse(&[]).unwrap(), 1)
+            .unwrap();
         assert_eq!(
-            hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).err(),
+            hub.subscribe(None, c(), Topics::parse(&[]).unwrap(), 1)
+                .err(),
             Some(SubscribeError::TooMany)
         );
+        let ended = Arc::new(AtomicBool::new(false));
+        let flag = ended.clone();
+        let s = s.on_drop(move || flag.store(true, Ordering::Relaxed));
         drop(s);
         assert_eq!(hub.subscribers(), 0);
-        let mut s = hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).unwrap();
+        assert!(ended.load(Ordering::Relaxed));
+        let mut s = hub
+            .subscribe(None, c(), Topics::parse(&[]).unwrap(), 1)
+            .unwrap();
         hub.close();
         let waker = std::task::Waker::noop();
         assert!(matches!(
@@ -391,7 +439,8 @@ mod tests {
             Poll::Ready(None)
         ));
         assert_eq!(
-            hub.subscribe(None, Topics::parse(&[]).unwrap(), 1).err(),
+            hub.subscribe(None, c(), Topics::parse(&[]).unwrap(), 1)
+                .err(),
             Some(SubscribeError::Closed)
         );
     }

@@ -11,6 +11,9 @@
 //!   the client before the transport's own timer cancels the call.
 //! - The encoders are per thread and borrowed only while encoding (never
 //!   across an await).
+//! - A call that carries an `mcp-session-id` is served only when that
+//!   session was issued to the caller's identity and is live; otherwise it
+//!   fails with NOT_FOUND before any work (`session.rs`).
 
 use std::cell::RefCell;
 use std::pin::Pin;
@@ -29,8 +32,10 @@ use mcp_schema::verify::VerifiedRequest;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
+use super::conn::{ConnInfo, Identity};
 use super::convert;
 use super::notify::{Hub, SubscribeError, SubscriptionStream, Topics, is_resource_topic};
+use super::session::{SessionError, Sessions};
 use super::status;
 use crate::shared::{Shared, SubmitError};
 
@@ -68,6 +73,7 @@ fn hyphenated(id: &[u8; 16]) -> String {
 pub struct EdgeState {
     shared: Arc<Shared>,
     hub: Arc<Hub>,
+    sessions: Arc<Sessions>,
     next_shard: AtomicUsize,
     in_flight: AtomicUsize,
     draining: AtomicBool,
@@ -79,13 +85,46 @@ pub struct Edge(pub(super) Arc<EdgeState>);
 
 impl EdgeState {
     pub fn new(shared: Arc<Shared>) -> Self {
+        let g = &shared.config.grpc;
+        let sessions = Arc::new(Sessions::new(g.max_sessions, g.session_idle_timeout));
         Self {
             shared,
             hub: Arc::new(Hub::default()),
+            sessions,
             next_shard: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
         }
+    }
+
+    /// Forgets expired sessions (called on a timer).
+    pub fn sweep_sessions(&self) {
+        let n = self.sessions.sweep();
+        if n > 0 {
+            tracing::debug!(
+                expired = n,
+                live = self.sessions.count(),
+                "gRPC sessions swept"
+            );
+        }
+    }
+
+    /// A call's metadata, its session checked against the caller: a session
+    /// the caller does not own is unknown (NOT_FOUND), whoever owns it.
+    fn meta<T>(&self, req: &Request<T>) -> Result<CallMeta, Status> {
+        let meta = CallMeta::of(req)?;
+        if let Some(s) = &meta.session
+            && !self.sessions.touch(s, &meta.identity())
+        {
+            return Err(unknown_session());
+        }
+        Ok(meta)
+    }
+
+    /// Publishes `n` for `session`, filtered by the log level that applies.
+    fn publish(&self, session: Option<&str>, n: pb::notification::Notification) {
+        let level = session.and_then(|s| self.sessions.level(s));
+        self.hub.publish(session, level, n);
     }
 
     pub fn begin_drain(&self) {
@@ -127,15 +166,64 @@ impl Drop for InFlight<'_> {
     }
 }
 
+fn unknown_session() -> Status {
+    status::edge(
+        ErrorCode::NotFound,
+        "unknown mcp-session-id: never issued, expired, or issued to another connection; \
+         call Initialize for a new session",
+    )
+}
+
+/// The status for a hand-off a shard refused: a full inbox is overload
+/// (retryable), a stopped shard is shutdown.
+fn submit_status(e: SubmitError) -> Status {
+    match e {
+        SubmitError::Full(_) => status::edge(ErrorCode::Overloaded, format!("{e}; retry later")),
+        SubmitError::Stopped(_) => status::edge(ErrorCode::ShuttingDown, e.to_string()),
+    }
+}
+
+/// A session issued by an Initialize still being answered: removed again
+/// when dropped before [`Issued::keep`].
+struct Issued<'a> {
+    sessions: &'a Sessions,
+    id: Option<&'a str>,
+}
+
+impl Issued<'_> {
+    fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Issued<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.sessions.remove(id);
+        }
+    }
+}
+
 /// What a call's metadata says.
 struct CallMeta {
     session: Option<String>,
     /// The client's deadline (`grpc-timeout`).
     deadline: Option<Duration>,
+    /// The connection the call came on.
+    conn: ConnInfo,
 }
 
 impl CallMeta {
+    /// Reads the metadata without checking the session (Initialize ignores
+    /// it; every other call goes through [`EdgeState::meta`]).
     fn of<T>(req: &Request<T>) -> Result<Self, Status> {
+        // Every connection the edge accepts carries one; a request built
+        // elsewhere (none today) gets an identity that owns nothing.
+        let conn = req
+            .extensions()
+            .get::<ConnInfo>()
+            .cloned()
+            .unwrap_or_else(ConnInfo::detached);
         let md = req.metadata();
         let session = match md.get(mcp_proto::SESSION_METADATA_KEY) {
             None => None,
@@ -153,7 +241,15 @@ impl CallMeta {
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(parse_grpc_timeout);
-        Ok(Self { session, deadline })
+        Ok(Self {
+            session,
+            deadline,
+            conn,
+        })
+    }
+
+    fn identity(&self) -> Identity {
+        self.conn.identity()
     }
 
     /// The frame's `timeout_ms`: the deadline less a margin for the answer
@@ -300,12 +396,7 @@ impl EdgeState {
         let req =
             VerifiedRequest::verify(frame).map_err(|e| status::edge(e.code(), e.to_string()))?;
         let shard = self.pick_shard(session);
-        let rx = self.shared.submit(shard, req).map_err(|e| match e {
-            SubmitError::Full(_) => {
-                status::edge(ErrorCode::Overloaded, format!("{e}; retry later"))
-            }
-            SubmitError::Stopped(_) => status::edge(ErrorCode::ShuttingDown, e.to_string()),
-        })?;
+        let rx = self.shared.submit(shard, req).map_err(submit_status)?;
         let frames = match meta.deadline {
             // The router is stopped at `timeout_ms`, but its stop lands on
             // the next epoch tick and the answer still has to travel: the
@@ -333,7 +424,7 @@ impl EdgeState {
         if let Some(s) = session {
             for v in reply.non_final() {
                 if let Some(n) = convert::notification(v.response) {
-                    self.hub.publish(Some(s), n);
+                    self.publish(Some(s), n);
                 }
             }
         }
@@ -362,7 +453,7 @@ impl EdgeState {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let data = serde_json::json!({ "method": op.method, "target": op.target, "code": code, "grpc_status": st.code() as i32 });
-        self.hub.publish(
+        self.publish(
             Some(session),
             pb::notification::Notification::Log(pb::LogNotification {
                 level: level as i32,
@@ -409,9 +500,19 @@ impl McpService for Edge {
             .client_info
             .as_ref()
             .map_or(("", ""), |c| (c.name.as_str(), c.version.as_str()));
-        // Initialize starts a session: a fresh id, owned (by hash) by one
-        // shard, which answers this call already.
-        let session = hyphenated(&next_id());
+        // Initialize starts a session: a fresh unguessable id bound to this
+        // caller, owned (by hash) by one shard, which answers this call
+        // already. A session id the call may carry is ignored.
+        let session = self.0.sessions.create(&meta.conn).map_err(|e| match e {
+            SessionError::Full(_) => status::edge(ErrorCode::Overloaded, e.to_string()),
+            SessionError::Random(_) => status::edge(ErrorCode::Internal, e.to_string()),
+        })?;
+        // Unless the answer carries it, the session is nobody's: a refused,
+        // failed or cancelled Initialize must not hold a registry place.
+        let issued = Issued {
+            sessions: &self.0.sessions,
+            id: Some(session.as_str()),
+        };
         let op = Op {
             method: "initialize",
             target: "",
@@ -430,6 +531,7 @@ impl McpService for Edge {
         let v = MetadataValue::try_from(session.as_str()).map_err(|_| unexpected("initialize"))?;
         resp.metadata_mut()
             .insert(mcp_proto::SESSION_METADATA_KEY, v);
+        issued.keep();
         Ok(resp)
     }
 
@@ -437,7 +539,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::PingRequest>,
     ) -> Result<Response<pb::PingResponse>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let op = Op {
             method: "ping",
             target: "",
@@ -457,7 +559,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let reply = self
             .0
             .list(&meta, Listing::Tools, req.get_ref().cursor.as_deref())
@@ -473,7 +575,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::CallToolRequest>,
     ) -> Result<Response<pb::CallToolResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let r = req.get_ref();
         let members = convert::split_object(r.arguments.as_deref())
             .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
@@ -509,7 +611,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::ListResourcesRequest>,
     ) -> Result<Response<pb::ListResourcesResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let reply = self
             .0
             .list(&meta, Listing::Resources, req.get_ref().cursor.as_deref())
@@ -525,7 +627,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::ListResourceTemplatesRequest>,
     ) -> Result<Response<pb::ListResourceTemplatesResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let reply = self
             .0
             .list(
@@ -545,7 +647,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::ReadResourceRequest>,
     ) -> Result<Response<pb::ReadResourceResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let uri = &req.get_ref().uri;
         let op = Op {
             method: "resources/read",
@@ -568,7 +670,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::ListPromptsRequest>,
     ) -> Result<Response<pb::ListPromptsResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let reply = self
             .0
             .list(&meta, Listing::Prompts, req.get_ref().cursor.as_deref())
@@ -584,7 +686,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::GetPromptRequest>,
     ) -> Result<Response<pb::GetPromptResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let r = req.get_ref();
         let members = convert::split_object(r.arguments.as_deref())
             .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
@@ -611,7 +713,7 @@ impl McpService for Edge {
         req: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResult>, Status> {
         use pb::completion_reference::Reference;
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         let r = req.get_ref();
         let (kind, name) = match r.r#ref.as_ref().and_then(|x| x.reference.as_ref()) {
             Some(Reference::Prompt(pr)) => (p::CompletionRefKind::Prompt, pr.name.as_str()),
@@ -652,7 +754,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let meta = self.0.meta(&req)?;
         self.0.refuse_when_draining()?;
         let topics = Topics::parse(&req.get_ref().topics)
             .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
@@ -672,8 +774,24 @@ impl McpService for Edge {
             reply.answer()?;
         }
         let max = self.0.shared.config.grpc.max_subscribers;
-        match self.0.hub.subscribe(meta.session, topics, max) {
-            Ok(s) => Ok(Response::new(Box::pin(s))),
+        let session = meta.session.clone();
+        match self
+            .0
+            .hub
+            .subscribe(meta.session, meta.conn.clone(), topics, max)
+        {
+            Ok(s) => {
+                // An open stream keeps its session from idling out.
+                let s = match session {
+                    Some(id) if self.0.sessions.subscribed(&id, &meta.conn.identity()) => {
+                        let sessions = self.0.sessions.clone();
+                        s.on_drop(move || sessions.unsubscribed(&id))
+                    }
+                    Some(_) => return Err(unknown_session()),
+                    None => s,
+                };
+                Ok(Response::new(Box::pin(s)))
+            }
             Err(SubscribeError::Closed) => Err(status::edge(
                 ErrorCode::ShuttingDown,
                 "the broker is shutting down",
@@ -689,12 +807,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::SetLoggingLevelRequest>,
     ) -> Result<Response<pb::SetLoggingLevelResponse>, Status> {
-        let meta = CallMeta::of(&req)?;
-        let Some(session) = meta.session.clone() else {
-            return Err(Status::failed_precondition(
-                "the log level is per session: send the mcp-session-id that Initialize returned",
-            ));
-        };
+        let meta = self.0.meta(&req)?;
         let level = match pb::LogLevel::try_from(req.get_ref().level) {
             Ok(pb::LogLevel::Unspecified) | Err(_) => {
                 return Err(status::edge(
@@ -706,7 +819,7 @@ impl McpService for Edge {
         };
         let op = Op {
             method: "logging/setLevel",
-            target: &session,
+            target: meta.session.as_deref().unwrap_or(""),
         };
         let wire = convert::log_level_to_wire(level);
         let reply = self
@@ -716,11 +829,17 @@ impl McpService for Edge {
             })
             .await?;
         reply.answer()?;
-        if !self.0.hub.set_level(&session, level) {
-            return Err(status::edge(
-                ErrorCode::Overloaded,
-                "too many sessions have a log level set",
-            ));
+        match &meta.session {
+            // The session's own level.
+            Some(session) => {
+                if !self.0.sessions.set_level(session, &meta.identity(), level) {
+                    return Err(unknown_session());
+                }
+            }
+            // A client that knows only the proto: the level of its
+            // connection, the default for its sessions and for the
+            // broadcasts its Subscribe streams receive.
+            None => meta.conn.set_level(level),
         }
         Ok(Response::new(pb::SetLoggingLevelResponse {}))
     }
@@ -729,7 +848,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::ListRootsRequest>,
     ) -> Result<Response<pb::ListRootsResult>, Status> {
-        CallMeta::of(&req)?;
+        self.0.meta(&req)?;
         self.0.refuse_when_draining()?;
         let roots = self
             .0
@@ -792,6 +911,7 @@ mod tests {
         let m = |d| CallMeta {
             session: None,
             deadline: Some(d),
+            conn: ConnInfo::detached(),
         };
         assert_eq!(m(Duration::from_millis(300)).timeout_ms(), 280);
         assert_eq!(m(Duration::from_millis(50)).timeout_ms(), 45);
@@ -799,11 +919,27 @@ mod tests {
         assert_eq!(
             CallMeta {
                 session: None,
-                deadline: None
+                deadline: None,
+                conn: ConnInfo::detached(),
             }
             .timeout_ms(),
             0
         );
+    }
+
+    #[test]
+    fn a_full_shard_inbox_is_overload_not_shutdown() {
+        let full = submit_status(SubmitError::Full(1));
+        assert_eq!(full.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            full.metadata()
+                .get(status::ERROR_CODE_METADATA_KEY)
+                .unwrap(),
+            &ErrorCode::Overloaded.code().to_string()
+        );
+        assert!(full.message().contains("retry"), "{}", full.message());
+        let stopped = submit_status(SubmitError::Stopped(1));
+        assert_eq!(stopped.code(), tonic::Code::Unavailable);
     }
 
     #[test]

@@ -34,10 +34,19 @@ impl Broker {
     /// Starts it on the example configuration with `edit` applied to its
     /// text (e.g. to change `[grpc]` limits).
     pub fn start_with_config(edit: impl FnOnce(String) -> String) -> Self {
-        let base =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/broker.example.toml"))
-                .unwrap();
-        Self::start_with(Some(edit(base)))
+        Self::start_with(Some(edit(example())))
+    }
+
+    /// [`Broker::start_with_config`] with the `chaos` router served for
+    /// sure (the embedded default need not serve it), with `chaos` as the
+    /// last `[[routers]]` entry so that `edit` can append keys to it.
+    pub fn start_with_chaos(edit: impl FnOnce(String) -> String) -> Self {
+        let mut text = example();
+        if let Some(at) = text.find("[[routers]]\nname = \"chaos\"") {
+            text.truncate(at);
+        }
+        text.push_str("\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n");
+        Self::start_with(Some(edit(text)))
     }
 
     fn start_with(config: Option<String>) -> Self {
@@ -95,6 +104,31 @@ impl Broker {
         format!("http://{}", self.grpc)
     }
 
+    /// `/metrics`: the sum of every sample of `name` whose labels contain
+    /// `label` (e.g. `router="chaos"`; "" for all).
+    pub fn metric(&self, name: &str, label: &str) -> f64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.metrics).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter(|(series, _)| {
+                let (n, labels) = series.split_once('{').unwrap_or((series, ""));
+                n == name && labels.contains(label)
+            })
+            .filter_map(|(_, v)| v.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Sends SIGTERM (drain) without waiting.
     pub fn terminate(&self) {
         let ok = Command::new("kill")
@@ -103,6 +137,10 @@ impl Broker {
             .unwrap();
         assert!(ok.success());
     }
+}
+
+fn example() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/broker.example.toml")).unwrap()
 }
 
 /// A file removed on drop, without a dependency for it.

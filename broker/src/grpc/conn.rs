@@ -1,0 +1,304 @@
+//! The edge's connections: who a call comes from, and a bound on how long a
+//! connection may take to start speaking HTTP/2.
+//!
+//! Every accepted TCP connection gets a process-unique id (never reused) and
+//! is wrapped in [`EdgeIo`], which tonic hands back to each call as a
+//! [`ConnInfo`] request extension. [`Identity`] is what a session is bound
+//! to: today the connection; with auth, the authenticated subject.
+//!
+//! # Invariants
+//! - A connection that has not sent the 24-byte HTTP/2 client preface within
+//!   `grpc.handshake_timeout` fails its next read or write, so hyper drops
+//!   it. Without this a bare TCP connection that never speaks holds tonic's
+//!   graceful shutdown forever (hyper waits for a handshake to finish before
+//!   it can close the connection).
+//! - [`ConnInfo::is_open`] turns false when the connection is dropped, so
+//!   sessions bound to it can be reclaimed at once.
+//!
+//! With TLS in front of HTTP/2 (tonic's acceptor over this stream), the
+//! deadline covers the first bytes of the TLS handshake instead; a TLS edge
+//! should bound its own handshake as well.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use mcp_proto::v1::LogLevel;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::transport::server::{Connected, TcpIncoming};
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4) is this long.
+const PREFACE_LEN: usize = 24;
+
+/// Who is calling: what a session is bound to. A session presented by any
+/// other identity is unknown to that caller.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// The HTTP/2 connection the call arrived on (ids are never reused). It
+    /// stands in for the caller until auth gives an authenticated subject.
+    Connection(u64),
+}
+
+/// What the edge knows about one connection; shared by its calls.
+#[derive(Debug)]
+struct ConnState {
+    id: u64,
+    remote: Option<SocketAddr>,
+    open: AtomicBool,
+    /// The log level a session-less SetLoggingLevel set on this connection
+    /// (0 = none): the default for its sessions and its Subscribe streams.
+    level: AtomicI32,
+}
+
+/// A connection's identity and state, as a request extension.
+#[derive(Clone, Debug)]
+pub struct ConnInfo(Arc<ConnState>);
+
+impl ConnInfo {
+    fn new(remote: Option<SocketAddr>) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(Arc::new(ConnState {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            remote,
+            open: AtomicBool::new(true),
+            level: AtomicI32::new(0),
+        }))
+    }
+
+    /// A connection for unit tests and for calls that arrive without one
+    /// (never from the network: every accepted connection has its own).
+    pub fn detached() -> Self {
+        Self::new(None)
+    }
+
+    pub fn identity(&self) -> Identity {
+        Identity::Connection(self.0.id)
+    }
+
+    pub fn remote(&self) -> Option<SocketAddr> {
+        self.0.remote
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.0.open.load(Ordering::Acquire)
+    }
+
+    pub(super) fn close(&self) {
+        self.0.open.store(false, Ordering::Release);
+    }
+
+    /// The level a session-less SetLoggingLevel set on this connection.
+    pub fn level(&self) -> Option<LogLevel> {
+        match self.0.level.load(Ordering::Relaxed) {
+            0 => None,
+            l => LogLevel::try_from(l).ok(),
+        }
+    }
+
+    pub fn set_level(&self, level: LogLevel) {
+        self.0.level.store(level as i32, Ordering::Relaxed);
+    }
+}
+
+/// An accepted connection with its identity and handshake deadline.
+pub struct EdgeIo {
+    io: TcpStream,
+    info: ConnInfo,
+    /// Bytes of the client preface still to come, with the deadline for
+    /// them; `None` once the preface is in.
+    handshake: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
+}
+
+impl EdgeIo {
+    fn new(io: TcpStream, handshake_timeout: Duration) -> Self {
+        let info = ConnInfo::new(io.peer_addr().ok());
+        Self {
+            io,
+            info,
+            handshake: Some((PREFACE_LEN, Box::pin(tokio::time::sleep(handshake_timeout)))),
+        }
+    }
+
+    /// Fails once the handshake deadline has passed without the preface.
+    fn check_deadline(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let Some((_, sleep)) = &mut self.handshake else {
+            return Ok(());
+        };
+        if sleep.as_mut().poll(cx).is_pending() {
+            return Ok(());
+        }
+        let peer = self.info.remote();
+        tracing::debug!(
+            ?peer,
+            "gRPC connection closed: no HTTP/2 preface in time (grpc.handshake_timeout)"
+        );
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no HTTP/2 client preface within grpc.handshake_timeout",
+        ))
+    }
+}
+
+impl Drop for EdgeIo {
+    fn drop(&mut self) {
+        self.info.close();
+    }
+}
+
+impl Connected for EdgeIo {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for EdgeIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if let Some((left, _)) = &mut this.handshake {
+                    *left = left.saturating_sub(buf.filled().len() - before);
+                    if *left == 0 {
+                        this.handshake = None;
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            // Polling the deadline registers this task with its timer, so a
+            // silent peer is woken up and failed when it passes.
+            Poll::Pending => {
+                this.check_deadline(cx)?;
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncWrite for EdgeIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.check_deadline(cx)?;
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.check_deadline(cx)?;
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The listener's connections, each wrapped in an [`EdgeIo`].
+pub struct Incoming {
+    inner: TcpIncoming,
+    handshake_timeout: Duration,
+}
+
+impl Incoming {
+    pub fn new(inner: TcpIncoming, handshake_timeout: Duration) -> Self {
+        Self {
+            inner,
+            handshake_timeout,
+        }
+    }
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<EdgeIo>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let timeout = self.handshake_timeout;
+        let next = ready!(Pin::new(&mut self.inner).poll_next(cx));
+        Poll::Ready(next.map(|r| r.map(|io| EdgeIo::new(io, timeout))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_have_distinct_identities_and_a_level_of_their_own() {
+        let a = ConnInfo::detached();
+        let b = ConnInfo::detached();
+        assert_ne!(a.identity(), b.identity());
+        assert_eq!(a.identity(), a.clone().identity());
+        assert_eq!(a.level(), None);
+        a.set_level(LogLevel::Error);
+        assert_eq!(a.level(), Some(LogLevel::Error));
+        assert_eq!(b.level(), None);
+        assert!(a.is_open());
+        a.close();
+        assert!(!a.clone().is_open());
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_the_http2_preface_fails_at_the_handshake_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let mut io = EdgeIo::new(s, Duration::from_millis(100));
+        // Part of a preface is not a handshake.
+        client.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        let n = io.read(&mut buf).await.unwrap();
+        assert_eq!(n, 16);
+        let t = std::time::Instant::now();
+        let e = io.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(5));
+
+        // The whole preface in time clears the deadline for good.
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let mut io = EdgeIo::new(s, Duration::from_millis(100));
+        client
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = 0;
+        while got < PREFACE_LEN {
+            got += io.read(&mut buf).await.unwrap();
+        }
+        assert!(io.handshake.is_none());
+        let read = tokio::time::timeout(Duration::from_millis(300), io.read(&mut buf)).await;
+        assert!(
+            read.is_err(),
+            "still waiting for data, not failed: {read:?}"
+        );
+    }
+}
