@@ -145,7 +145,13 @@ impl Broker {
     pub fn http_get(&self, path: &str) -> (u16, String) {
         let mut s = TcpStream::connect(self.metrics).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        // The endpoint keeps HTTP/1.1 connections alive: ask for the close
+        // that ends the read below.
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         let status = body.split_whitespace().nth(1).unwrap().parse().unwrap();
