@@ -22,9 +22,9 @@ pub const MAX_FRAME_BYTES_LIMIT: u32 = 1 << 30;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerSection {
-    /// Shard threads; 0 = one per available core.
+    /// Shard threads; 0 = one per CPU in the process's affinity mask.
     pub shards: usize,
-    /// CPUs to pin shards to, in order.
+    /// CPUs to pin shards to, in order; each must be in the affinity mask.
     pub cpus: Vec<usize>,
     /// Directory of router .wasm files; empty = the default search.
     pub routers_dir: PathBuf,
@@ -418,10 +418,14 @@ impl Config {
         }
     }
 
-    /// Number of shards in effect (0 resolved to the available cores).
+    /// Number of shards in effect (0 resolved to one per CPU this process
+    /// may run on: its affinity mask, e.g. under `taskset` or a cpuset).
     pub fn shard_count(&self) -> usize {
         match self.broker.shards {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => crate::process::allowed_cpus().map_or_else(
+                || std::thread::available_parallelism().map_or(1, |n| n.get()),
+                |c| c.len(),
+            ),
             n => n,
         }
     }

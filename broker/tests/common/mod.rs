@@ -49,15 +49,26 @@ fn routers_built() {
 impl Broker {
     /// Starts the broker on port 0 everywhere with `args` added.
     pub fn start(args: &[&str]) -> Broker {
-        Self::start_inner(None, args)
+        Self::start_inner(None, args, |_| {})
     }
 
     /// Starts the broker with a config file holding `toml`.
     pub fn start_with_config(toml: &str, args: &[&str]) -> Broker {
-        Self::start_inner(Some(toml), args)
+        Self::start_inner(Some(toml), args, |_| {})
     }
 
-    fn start_inner(toml: Option<&str>, args: &[&str]) -> Broker {
+    /// Like [`Broker::start_with_config`] (`None`: the embedded default),
+    /// with `edit` applied to the command before it is spawned (its
+    /// environment, limits, stderr).
+    pub fn start_command(
+        toml: Option<&str>,
+        args: &[&str],
+        edit: impl FnOnce(&mut Command),
+    ) -> Broker {
+        Self::start_inner(toml, args, edit)
+    }
+
+    fn start_inner(toml: Option<&str>, args: &[&str], edit: impl FnOnce(&mut Command)) -> Broker {
         routers_built();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
         cmd.args([
@@ -84,6 +95,7 @@ impl Broker {
         cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        edit(&mut cmd);
         let mut child = cmd.spawn().expect("spawn mcp-broker");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
