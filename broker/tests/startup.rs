@@ -1,6 +1,6 @@
 //! What the broker takes from its environment at start-up, against the real
-//! binary: the CPUs it was given (its affinity mask) and the descriptor
-//! limit.
+//! binary: the routers of the embedded default, the CPUs it was given (its
+//! affinity mask) and the descriptor limit.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Broker;
+use common::{Broker, error_code};
 
 /// The CPUs this test process may run on, ascending.
 fn our_cpus() -> Vec<usize> {
@@ -105,6 +105,19 @@ fn temp_file(tag: &str) -> std::path::PathBuf {
             .unwrap()
             .as_nanos()
     ))
+}
+
+#[test]
+fn embedded_default_does_not_serve_the_chaos_router() {
+    let b = Broker::start_default(&["--shards", "1"]);
+    assert_eq!(b.routers, ["echo", "kv", "library"], "{}", b.ready_line);
+    let mut c = b.connect();
+    let r = c.call("trap", &[], None);
+    assert_eq!(
+        error_code(&r),
+        Some(mcp_schema::ErrorCode::NotFound.code()),
+        "chaos's `trap` is no tool of the default"
+    );
 }
 
 #[test]

@@ -46,9 +46,25 @@ fn routers_built() {
     }
 }
 
+/// The embedded default with the `chaos` router appended: what most tests
+/// run on (chaos is not served by default).
+pub fn default_with_chaos() -> String {
+    format!(
+        "{}\n{}",
+        mcp_broker::config::DEFAULT_TOML,
+        include_str!("../fixtures/chaos.toml")
+    )
+}
+
 impl Broker {
-    /// Starts the broker on port 0 everywhere with `args` added.
+    /// Starts the broker on port 0 everywhere with `args` added, on the
+    /// embedded default plus the `chaos` router ([`default_with_chaos`]).
     pub fn start(args: &[&str]) -> Broker {
+        Self::start_inner(Some(&default_with_chaos()), args, |_| {})
+    }
+
+    /// Starts the broker on the embedded default alone (no `--config`).
+    pub fn start_default(args: &[&str]) -> Broker {
         Self::start_inner(None, args, |_| {})
     }
 
