@@ -141,7 +141,7 @@ pub fn raise_nofile_limit() -> Option<NofileLimit> {
 pub fn descriptors_needed(shards: usize, max_connections_per_shard: usize) -> u64 {
     let shards = shards as u64;
     shards
-        .saturating_mul(max_connections_per_shard as u64 + DESCRIPTORS_PER_SHARD)
+        .saturating_mul((max_connections_per_shard as u64).saturating_add(DESCRIPTORS_PER_SHARD))
         .saturating_add(SPARE_DESCRIPTORS)
 }
 
