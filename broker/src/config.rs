@@ -22,9 +22,9 @@ pub const MAX_FRAME_BYTES_LIMIT: u32 = 1 << 30;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerSection {
-    /// Shard threads; 0 = one per available core.
+    /// Shard threads; 0 = one per CPU in the process's affinity mask.
     pub shards: usize,
-    /// CPUs to pin shards to, in order.
+    /// CPUs to pin shards to, in order; each must be in the affinity mask.
     pub cpus: Vec<usize>,
     /// Directory of router .wasm files; empty = the default search.
     pub routers_dir: PathBuf,
@@ -538,10 +538,14 @@ impl Config {
         }
     }
 
-    /// Number of shards in effect (0 resolved to the available cores).
+    /// Number of shards in effect (0 resolved to one per CPU this process
+    /// may run on: its affinity mask, e.g. under `taskset` or a cpuset).
     pub fn shard_count(&self) -> usize {
         match self.broker.shards {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => crate::process::allowed_cpus().map_or_else(
+                || std::thread::available_parallelism().map_or(1, |n| n.get()),
+                |c| c.len(),
+            ),
             n => n,
         }
     }
@@ -602,7 +606,8 @@ mod tests {
         assert_eq!(c.grpc.listen.to_string(), "127.0.0.1:7401");
         assert_eq!(c.metrics.listen.to_string(), "127.0.0.1:7402");
         let names: Vec<_> = c.routers.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["echo", "kv", "library", "chaos"]);
+        // The chaos router is for tests only (tests/fixtures/chaos.toml).
+        assert_eq!(names, ["echo", "kv", "library"]);
         // The file states the same defaults the structs have.
         assert_eq!(c.frames, FramesSection::default());
         assert_eq!(c.broker, BrokerSection::default());

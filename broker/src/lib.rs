@@ -4,8 +4,8 @@
 //! the request path. Module map: [`shard`] (threads, listeners, connections),
 //! [`dispatch`] (one request → its responses), [`route`] (the immutable route
 //! table), [`adapt`] (WIT results → wire frames), [`wasm`] (the only module
-//! that knows wasmtime), [`config`], [`metrics`], [`server`] (start-up and
-//! shutdown).
+//! that knows wasmtime), [`config`], [`metrics`], [`process`] (the CPU mask
+//! and descriptor limit it inherited), [`server`] (start-up and shutdown).
 
 pub mod adapt;
 pub mod config;
@@ -14,6 +14,7 @@ mod fault;
 pub mod grpc;
 mod local;
 pub mod metrics;
+pub mod process;
 pub mod route;
 pub mod server;
 pub mod shard;

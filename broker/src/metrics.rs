@@ -30,12 +30,19 @@ pub mod peek;
 pub mod record;
 pub mod series;
 
+use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 pub use collect::{Collected, Collector};
 pub use record::{ShardSnapshot, SnapshotRequest};
@@ -44,8 +51,41 @@ pub use series::{Edge, Layout, Outcome, Reject, ShardSeries};
 use crate::shared::Shared;
 use hist::HistSnapshot;
 
+/// Admin connections served at once; one more is closed as soon as it is
+/// accepted. Scrapers and probes need a handful; the bound keeps a flood
+/// of connections from costing the process more than a few hundred KiB.
+pub const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// A request's line and headers must arrive within this (also the longest
+/// an idle keep-alive connection is kept): a client trickling bytes
+/// (slowloris) holds a connection slot for at most this long.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read buffer per connection, and so the largest request head: a longer
+/// request line or header block is answered 431 and the connection closed.
+/// hyper's minimum is 8 KiB; no probe or scraper sends more than 1 KiB.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// The longest any one admin connection lives, requests and keep-alive
+/// included: bounds a client that reads a large `/metrics` answer slowly.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Threads that render `/metrics`: a render waits up to
+/// [`collect::SNAPSHOT_TIMEOUT`] for the shards, so it runs beside the
+/// connections, not on their thread; further scrapes queue for them.
+const RENDER_THREADS: usize = 2;
+
+/// What the request handlers share.
+struct Admin {
+    shared: Arc<Shared>,
+    collector: Arc<Collector>,
+    routers: Vec<String>,
+}
+
 /// Serves the admin endpoint on `listener` until the process exits, and
 /// starts the ticker that keeps the summary's window moving between scrapes.
+///
+/// HTTP/1.1 (hyper) on a current-thread tokio runtime on the calling
+/// thread: connections are served concurrently, up to
+/// [`MAX_ADMIN_CONNECTIONS`], each with a header deadline, a head size
+/// limit and a lifetime limit, so no client can hold `/readyz` up for
+/// another.
 pub fn serve(listener: TcpListener, shared: Arc<Shared>, routers: Vec<String>) {
     let collector = Arc::new(Collector::new(shared.clone()));
     {
@@ -61,13 +101,74 @@ pub fn serve(listener: TcpListener, shared: Arc<Shared>, routers: Vec<String>) {
                 }
             });
     }
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-        if let Err(e) = answer(stream, &shared, &collector, &routers) {
-            tracing::debug!(error = %e, "admin request failed");
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .max_blocking_threads(RENDER_THREADS)
+        .thread_name("admin-render")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the admin endpoint's runtime");
+            return;
         }
+    };
+    let admin = Arc::new(Admin {
+        shared,
+        collector,
+        routers,
+    });
+    rt.block_on(accept_loop(listener, admin));
+}
+
+async fn accept_loop(listener: TcpListener, admin: Arc<Admin>) {
+    let listener = match listener
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpListener::from_std(listener))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot serve the admin endpoint");
+            return;
+        }
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and the like: back off rather than spin.
+                tracing::debug!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "admin connection refused: {MAX_ADMIN_CONNECTIONS} open");
+            drop(stream);
+            continue;
+        };
+        let admin = admin.clone();
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            hyper::service::service_fn(move |req| answer(admin.clone(), req)),
+        );
+        tokio::spawn(async move {
+            match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "admin connection ended"),
+                Err(_) => {
+                    tracing::debug!(%peer, "admin connection closed after {CONNECTION_TIMEOUT:?}")
+                }
+            }
+            drop(slot);
+        });
     }
 }
 
@@ -78,68 +179,73 @@ pub fn is_ready(shared: &Shared) -> bool {
     !shared.is_draining() && shared.stats.iter().all(|s| s.ready.load(Ordering::Relaxed))
 }
 
-fn answer(
-    stream: TcpStream,
-    shared: &Shared,
-    collector: &Collector,
-    routers: &[String],
-) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    // Drain the headers (bounded: the read timeout ends a client that
-    // never finishes them); the endpoint takes no request body.
-    let mut header = String::new();
-    for _ in 0..100 {
-        header.clear();
-        if reader.read_line(&mut header)? <= 2 {
-            break;
-        }
+fn text(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r
+}
+
+async fn answer(
+    admin: Arc<Admin>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    const PLAIN: &str = "text/plain";
+    if req.method() != Method::GET {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "only GET\n");
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
+        return Ok(r);
     }
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => (
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            render(shared, &collector.collect(), routers),
-        ),
-        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
-        ("GET", "/readyz") => {
+    Ok(match req.uri().path() {
+        "/metrics" => {
+            let a = admin.clone();
+            // Off this thread: a scrape may wait for the shards.
+            match tokio::task::spawn_blocking(move || {
+                render(&a.shared, &a.collector.collect(), &a.routers)
+            })
+            .await
+            {
+                Ok(body) => text(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    body,
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "rendering /metrics failed");
+                    text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        PLAIN,
+                        "metrics unavailable\n",
+                    )
+                }
+            }
+        }
+        "/healthz" => text(StatusCode::OK, PLAIN, "ok\n"),
+        "/readyz" => {
+            let shared = &admin.shared;
             if is_ready(shared) {
-                ("200 OK", "text/plain", "ready\n".to_string())
+                text(StatusCode::OK, PLAIN, "ready\n")
             } else {
                 let why = if shared.is_draining() {
                     "draining"
                 } else {
                     "starting"
                 };
-                (
-                    "503 Service Unavailable",
-                    "text/plain",
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    PLAIN,
                     format!("not ready: {why}\n"),
                 )
             }
         }
-        ("GET", _) => (
-            "404 Not Found",
-            "text/plain",
-            "not found: try /metrics, /healthz, /readyz\n".to_string(),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            PLAIN,
+            "not found: try /metrics, /healthz, /readyz\n",
         ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET\n".to_string(),
-        ),
-    };
-    let mut s = stream;
-    write!(
-        s,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    s.flush()
+    })
 }
 
 /// A label value with `\`, `"` and newlines escaped, as the text format

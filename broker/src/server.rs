@@ -90,6 +90,34 @@ impl Running {
 
 /// Starts everything and returns once every shard accepts.
 pub fn start(config: Config) -> Result<Running> {
+    // Before anything is opened or spawned: a placement error is the
+    // operator's to fix, and should not wait for the routers to compile.
+    let limit = crate::process::raise_nofile_limit();
+    let allowed = crate::process::allowed_cpus().unwrap_or_else(|| {
+        tracing::warn!("cannot read the CPU affinity mask: assuming every core is allowed");
+        (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
+    });
+    let placement = crate::process::place(config.shard_count(), &config.broker.cpus, &allowed)?;
+    if let Some(limit) = limit {
+        let need = crate::process::descriptors_needed(
+            config.shard_count(),
+            config.frames.max_connections_per_shard,
+        );
+        if need > limit.soft {
+            tracing::warn!(
+                limit = limit.soft,
+                needed = need,
+                "the open-file limit ({}) is below the {} descriptors that {} shard(s) x \
+                 frames.max_connections_per_shard ({}) may need: connections beyond it are \
+                 refused with EMFILE; raise the hard limit (ulimit -Hn, LimitNOFILE=) or \
+                 lower frames.max_connections_per_shard",
+                limit.soft,
+                need,
+                config.shard_count(),
+                config.frames.max_connections_per_shard,
+            );
+        }
+    }
     // Reserve exactly the instance slots this configuration can use: every
     // shard's pool of every router (shared instances plus, for a
     // session-affine router, one per session), plus one per router for the transient
@@ -174,8 +202,6 @@ pub fn start(config: Config) -> Result<Running> {
         .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
     let grpc = grpc_listener.local_addr()?;
 
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cpus = config.broker.cpus.clone();
     let shared = Arc::new(Shared::new(
         config,
         table,
@@ -188,10 +214,7 @@ pub fn start(config: Config) -> Result<Running> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut handles = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
-        let cpu = cpus
-            .get(index)
-            .copied()
-            .or((shards <= cores).then_some(index));
+        let cpu = placement.cpus.get(index).copied().flatten();
         let start = ShardStart {
             index,
             shared: shared.clone(),

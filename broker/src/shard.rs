@@ -33,7 +33,7 @@ use mcp_schema::verify::{VerifiedRequest, header_of_invalid};
 use mcp_schema::view::reply_to_header;
 use mcp_schema::{FrameSplitter, ResponseEncoder};
 use monoio::buf::{IoBuf, IoBufMut};
-use monoio::io::{AsyncReadRent, Splitable};
+use monoio::io::{CancelableAsyncReadRent, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 
 use crate::dispatch::{ShardCtx, handle};
@@ -626,6 +626,12 @@ const READ_CHUNK: usize = 16 * 1024;
 /// connection of the shard for as long (64 echo calls take about 100 µs).
 pub const FRAMES_PER_TURN: usize = 64;
 
+/// While draining, how long a connection may stay quiet before the broker
+/// stops reading it: what a client sent before the drain is read and
+/// answered, but the connection does not stay open for what it may send
+/// later.
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
+
 /// Whether the connection must wait before serving another frame: at its
 /// in-flight limit, or holding more unwritten answer bytes than allowed.
 fn over_bounds<F>(conn: &Conn<F>, cfg: &crate::config::FramesSection) -> bool {
@@ -638,7 +644,7 @@ fn over_bounds<F>(conn: &Conn<F>, cfg: &crate::config::FramesSection) -> bool {
 async fn read_loop<F: Future<Output = Job> + 'static>(
     shard: &Rc<Shard>,
     conn: &Rc<Conn<F>>,
-    mut rd: impl AsyncReadRent,
+    mut rd: impl CancelableAsyncReadRent,
 ) -> Result<(), String> {
     let cfg = &shard.ctx.shared.config.frames;
     let splitter = FrameSplitter::new(cfg.max_frame_bytes);
@@ -649,6 +655,8 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
     // from when the broker resumed reading after its own backpressure.
     let mut partial_since: Option<Instant> = None;
     let mut last_read = Instant::now();
+    // One per connection; replaced only when it has cancelled a read.
+    let mut canceller = monoio::io::Canceller::new();
     loop {
         // Serve what is buffered, within the connection's bounds and one
         // turn's budget at a time.
@@ -698,56 +706,83 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         } else {
             partial_since
         };
-        if shard.draining.is_set() {
-            // What was read is answered (with shutting-down errors, as
-            // dispatch does while draining); nothing more is read.
+        // Draining: go on reading what the peer already sent (answered with
+        // shutting-down errors, as dispatch does while draining), until it
+        // has been quiet for DRAIN_QUIET; then stop, answer, flush, close.
+        let draining = shard.draining.is_set();
+        if shard.drain_expired.is_set() {
             return Ok(());
         }
-        let wait = match partial_since {
+        let mut wait = match partial_since {
             Some(t) => cfg.partial_frame_timeout.saturating_sub(t.elapsed()),
             None => cfg.idle_timeout,
         };
+        if draining {
+            wait = wait.min(DRAIN_QUIET);
+        }
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(READ_CHUNK);
         }
         // monoio reads into a buffer from its start; the slice makes the read
-        // append after the bytes already held (a partial frame).
+        // append after the bytes already held (a partial frame). The read
+        // owns the buffer while it runs, so it is never dropped mid-flight
+        // (that would lose the buffer and whatever it held): a timeout, the
+        // drain or a close cancels it and waits for the buffer to come back.
         let held = buf.len();
-        let read = monoio::select! {
-            r = monoio::time::timeout(wait, rd.read(buf.slice_mut(held..))) => Some(r),
+        let read = rd.cancelable_read(buf.slice_mut(held..), canceller.handle());
+        let mut read = std::pin::pin!(read);
+        let ended = monoio::select! {
+            r = &mut read => Some(r),
+            _ = monoio::time::sleep(wait) => None,
             _ = conn.closed.wait() => None,
-            _ = shard.draining.wait() => None,
+            _ = shard.draining.wait(), if !draining => None,
         };
-        let (res, b) = match read {
-            Some(Ok(r)) => r,
-            // Closed by the writer (peer not reading) or draining; the
-            // buffer went with the cancelled read.
-            None => return Ok(()),
-            Some(Err(_)) => {
-                if partial_since.is_some() {
-                    return Err(format!(
-                        "partial frame not completed within {:?}",
-                        cfg.partial_frame_timeout
-                    ));
-                }
-                if conn.pending.get() > 0 {
-                    // Not idle: answers are still due. The buffer went with the
-                    // cancelled read; it held no partial frame.
-                    buf = BytesMut::with_capacity(READ_CHUNK);
-                    continue;
-                }
-                return Err(format!("idle for {:?}", cfg.idle_timeout));
+        let (res, b) = match ended {
+            Some(r) => r,
+            None => {
+                canceller = std::mem::take(&mut canceller).cancel();
+                read.await
             }
         };
         buf = b.into_inner();
         match res {
             Ok(0) => return Ok(()),
-            Ok(n) => ShardStats::add(&stats.bytes_in, n as u64),
+            Ok(n) => {
+                ShardStats::add(&stats.bytes_in, n as u64);
+                // One clock read for the whole batch: every frame of it
+                // arrived with this read. Each answered frame's end time is
+                // the next one's start.
+                last_read = Instant::now();
+                continue;
+            }
+            // Cancelled, with the buffer (and any partial frame) intact.
+            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {}
             Err(e) => return Err(format!("read error: {e}")),
         }
-        // One clock read for the whole batch: every frame of it arrived with
-        // this read. Each answered frame's end time is the next one's start.
-        last_read = Instant::now();
+        if conn.closed.is_set() {
+            // Cut off by the writer (the peer reads nothing).
+            return Ok(());
+        }
+        if shard.draining.is_set() && !draining {
+            // The drain began while this read waited: read on in draining
+            // mode.
+            continue;
+        }
+        if draining {
+            // Quiet for DRAIN_QUIET: all it sent before the drain is read.
+            return Ok(());
+        }
+        if partial_since.is_some() {
+            return Err(format!(
+                "partial frame not completed within {:?}",
+                cfg.partial_frame_timeout
+            ));
+        }
+        if conn.pending.get() > 0 {
+            // Not idle: answers are still due.
+            continue;
+        }
+        return Err(format!("idle for {:?}", cfg.idle_timeout));
     }
 }
 

@@ -70,7 +70,8 @@ fn every_payload_kind_is_answered_by_the_bundled_routers() {
         error_code(&r).is_none() || error_code(&r) == Some(-32601),
         "template read answered"
     );
-    let r = c.request(None, |e, h| e.read_resource(h, "kv://a").to_vec());
+    // Read in the session that wrote it: each session has its own instance.
+    let r = c.request(Some("s1"), |e, h| e.read_resource(h, "kv://a").to_vec());
     assert_eq!(
         ResponseView::parse(&r).unwrap().payload_type(),
         ResponsePayload::ResourceData,

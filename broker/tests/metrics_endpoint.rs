@@ -149,3 +149,168 @@ fn readyz_is_unavailable_while_draining_and_healthz_stays_ok() {
     let r = c.read_final();
     assert_eq!(error_code(&r), None, "the sleep completes during the drain");
 }
+
+/// The broker's resident set, from /proc.
+fn rss_kib(b: &Broker) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", b.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// `GET path` on a fresh connection, timed.
+fn timed_get(b: &Broker, path: &str) -> (u16, Duration) {
+    let t = Instant::now();
+    let (status, _) = b.http_get(path);
+    (status, t.elapsed())
+}
+
+#[test]
+fn slowloris_admin_client_does_not_delay_readyz_for_others() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let b = Broker::start(&["--shards", "1"]);
+    let mut slow = std::net::TcpStream::connect(b.metrics).unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // A request head that never ends: one byte a second, for at
+            // most 8 s.
+            for (i, byte) in b"GET /readyz HTTP/1.1\r\nHost".iter().take(8).enumerate() {
+                if stop.load(Ordering::Relaxed) || slow.write_all(&[*byte]).is_err() {
+                    return;
+                }
+                let _ = tx.send(i);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    // Probe while the trickle is under way (its second byte has gone).
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    for _ in 0..3 {
+        let (status, took) = timed_get(&b, "/readyz");
+        assert_eq!(status, 200);
+        assert!(
+            took < Duration::from_secs(1),
+            "/readyz took {took:?} behind a slowloris client"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    trickle.join().unwrap();
+}
+
+/// Sends `GET /aaa…` of `len` bytes with no newline and reads until the
+/// server closes (EOF or reset): what it answered, if anything. Panics if
+/// it neither answers nor closes within 2 s (it still holds the line).
+fn endless_request_line(b: &Broker, len: usize) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(b.metrics).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut line = b"GET /".to_vec();
+    line.resize(len, b'a');
+    let t = Instant::now();
+    // The server may close before taking it all: a failed write is fine.
+    let _ = s.write_all(&line);
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!(
+                "no answer or close within 2 s ({e}) after {:?}",
+                t.elapsed()
+            ),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[test]
+fn megabyte_request_line_is_refused_without_growing_the_broker() {
+    let b = Broker::start(&["--shards", "1"]);
+    // The endpoint's own first-use allocations are not the attack's.
+    assert_eq!(b.http_get("/healthz").0, 200);
+    let answer = endless_request_line(&b, 1 << 20);
+    if let Some(status) = answer.split_whitespace().nth(1) {
+        assert!(status == "431" || status == "400", "answered {answer:?}");
+    }
+    // Memory: a line far larger than the broker's background RSS drift
+    // (a few MiB while it settles), so a server that buffered it shows.
+    let before = rss_kib(&b);
+    endless_request_line(&b, 32 << 20);
+    let after = rss_kib(&b);
+    assert!(
+        after < before + 8 * 1024,
+        "RSS grew from {before} KiB to {after} KiB for a 32 MiB request line"
+    );
+    // And the endpoint still answers.
+    assert_eq!(b.http_get("/readyz").0, 200);
+}
+
+#[test]
+fn idle_admin_connections_do_not_block_healthz() {
+    let b = Broker::start(&["--shards", "1"]);
+    // Below the endpoint's connection bound (64), so every one of them is
+    // served, and each says nothing.
+    let idle: Vec<_> = (0..32)
+        .map(|_| std::net::TcpStream::connect(b.metrics).unwrap())
+        .collect();
+    for _ in 0..3 {
+        let (status, took) = timed_get(&b, "/healthz");
+        assert_eq!(status, 200);
+        assert!(
+            took < Duration::from_secs(1),
+            "/healthz took {took:?} behind {} idle connections",
+            idle.len()
+        );
+    }
+    drop(idle);
+}
+
+#[test]
+fn admin_connection_serves_several_requests_with_keep_alive() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let b = Broker::start(&["--shards", "1"]);
+    let s = std::net::TcpStream::connect(b.metrics).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    for (path, want) in [("/healthz", 200), ("/readyz", 200), ("/nope", 404)] {
+        write!(w, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut status = String::new();
+        r.read_line(&mut status).unwrap();
+        assert!(
+            status.starts_with(&format!("HTTP/1.1 {want} ")),
+            "{path}: {status:?}"
+        );
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            if h == "\r\n" {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; len];
+        r.read_exact(&mut body).unwrap();
+    }
+    write!(
+        w,
+        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut rest = String::new();
+    r.read_to_string(&mut rest).unwrap();
+    assert!(rest.starts_with("HTTP/1.1 405 "), "{rest:?}");
+    assert!(rest.to_ascii_lowercase().contains("allow: get"), "{rest:?}");
+}

@@ -22,7 +22,7 @@
 //!   mismatch, a timeout, or its connection failing.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -233,11 +233,68 @@ pub struct Pending {
     pub expect: ResponsePayload,
 }
 
+/// Timed-out requests a connection remembers, so that their answers are
+/// told from answers nobody asked for. Per connection: a bound on memory
+/// when a server stops answering altogether.
+pub const LATE_MEMORY: usize = 4096;
+/// How long a timed-out request is remembered: an answer later than this
+/// after its timeout counts as an unknown correlation.
+pub const LATE_MEMORY_AGE: Duration = Duration::from_secs(60);
+
+/// Requests of one connection that ended as timeouts, for a bounded count
+/// and time: an answer that arrives after its request's `--timeout` is
+/// counted as late, not a second time as an unknown correlation.
+#[derive(Default)]
+pub struct TimedOut {
+    /// Sequence number → whether the request was measured.
+    ids: HashMap<u64, bool, BuildHasherDefault<SeqHasher>>,
+    /// Insertion order with the time of the timeout, to forget the oldest.
+    order: VecDeque<(u64, Instant)>,
+}
+
+impl TimedOut {
+    pub fn insert(&mut self, seq: u64, measured: bool, now: Instant) {
+        if self.order.len() >= LATE_MEMORY
+            && let Some((old, _)) = self.order.pop_front()
+        {
+            self.ids.remove(&old);
+        }
+        self.order.push_back((seq, now));
+        self.ids.insert(seq, measured);
+    }
+
+    /// Forgets requests that timed out before `before`.
+    pub fn forget_before(&mut self, before: Instant) {
+        while let Some(&(seq, at)) = self.order.front() {
+            if at >= before {
+                break;
+            }
+            self.order.pop_front();
+            self.ids.remove(&seq);
+        }
+    }
+
+    /// Whether `seq` timed out (and was measured), forgetting it: its
+    /// final answer is counted once.
+    pub fn take(&mut self, seq: u64) -> Option<bool> {
+        // Its `order` entry stays until it ages out or is pushed out;
+        // removing an absent id then is harmless, and sequence numbers
+        // are never reused.
+        self.ids.remove(&seq)
+    }
+
+    pub fn contains(&self, seq: u64) -> bool {
+        self.ids.contains_key(&seq)
+    }
+}
+
 /// The state of one connection, shared by its writer and reader tasks.
 pub struct ConnCtx {
     pub index: usize,
     pub plan: ConnPlan,
     pub outstanding: RefCell<HashMap<u64, Pending, BuildHasherDefault<SeqHasher>>>,
+    /// Requests that ended as timeouts, whose answers may still come.
+    pub timed_out: RefCell<TimedOut>,
     /// The writer will send nothing more.
     pub sending_done: Cell<bool>,
     /// Wakes the writer: a slot in its window freed up, or it must stop.
@@ -333,6 +390,23 @@ impl ThreadCtx {
                     *codes.entry(code).or_default() += 1;
                 }
             }
+        }
+    }
+
+    /// The final answer of a request that had already timed out: counted
+    /// as late (its timeout is its outcome), not as an error.
+    pub fn on_late(&self, measured: bool) {
+        if measured {
+            self.interval.borrow_mut().1.late += 1;
+        }
+    }
+
+    /// A final answer for no outstanding request of `cc`: late when its
+    /// request timed out, else a stray frame (unknown correlation).
+    pub fn on_unmatched(&self, cc: &ConnCtx, seq: u64, now: Instant) {
+        match cc.timed_out.borrow_mut().take(seq) {
+            Some(measured) => self.on_late(measured),
+            None => self.on_stray(ErrorKind::UnknownCorrelation, now),
         }
     }
 
@@ -544,6 +618,7 @@ async fn worker_main<D: Driver>(
             index: i,
             plan: cfg.plan(i),
             outstanding: RefCell::new(HashMap::default()),
+            timed_out: RefCell::default(),
             sending_done: Cell::new(false),
             writer_wake: Notify::default(),
             reader_stop: Signal::default(),
@@ -640,15 +715,24 @@ fn sweep_timeouts(ctx: &ThreadCtx, ccs: &[Rc<ConnCtx>], now: Instant) {
     };
     for c in ccs {
         let mut expired = Vec::new();
-        c.outstanding.borrow_mut().retain(|_, p| {
+        c.outstanding.borrow_mut().retain(|seq, p| {
             let keep = p.start >= oldest_ok;
             if !keep {
-                expired.push(*p);
+                expired.push((*seq, *p));
             }
             keep
         });
+        {
+            let mut t = c.timed_out.borrow_mut();
+            if let Some(before) = now.checked_sub(LATE_MEMORY_AGE) {
+                t.forget_before(before);
+            }
+            for (seq, p) in &expired {
+                t.insert(*seq, p.measured, now);
+            }
+        }
         if !expired.is_empty() {
-            for p in &expired {
+            for (_, p) in &expired {
                 ctx.on_end(p, now, Err((ErrorKind::Timeout, None)));
             }
             c.writer_wake.notify();
@@ -820,5 +904,30 @@ impl Pacer {
             let first_measured = s.count_before(ctx.measure_start);
             ctx.on_unsent(due.saturating_sub(self.k.max(first_measured)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timed_out_requests_are_remembered_once_and_bounded() {
+        let t0 = Instant::now();
+        let mut t = TimedOut::default();
+        t.insert(1, true, t0);
+        t.insert(2, false, t0 + Duration::from_secs(2));
+        assert_eq!(t.take(1), Some(true));
+        assert_eq!(t.take(1), None, "a second answer is unknown");
+        t.forget_before(t0 + Duration::from_secs(1));
+        assert!(t.contains(2));
+        t.forget_before(t0 + Duration::from_secs(3));
+        assert!(!t.contains(2), "forgotten with age");
+        for seq in 10..10 + LATE_MEMORY as u64 + 5 {
+            t.insert(seq, true, t0);
+        }
+        assert!(t.order.len() <= LATE_MEMORY && t.ids.len() <= LATE_MEMORY);
+        assert!(!t.contains(10), "the oldest pushed out");
+        assert!(t.contains(10 + LATE_MEMORY as u64 + 4));
     }
 }

@@ -11,6 +11,8 @@
 //!   so its response can never arrive first.
 //! - Correlation ids are `l<connection>.<sequence>`: unique per run, and a
 //!   response carrying another connection's id is an unknown correlation.
+//!   The final answer of a request that already timed out is late, not
+//!   unknown (`engine::TimedOut`).
 //! - A read is only cancelled when the connection will never be read again
 //!   (cancelling loses whatever the kernel already put in the buffer).
 //! - Reads go into the buffer's spare capacity (`slice_mut(len..)`): a
@@ -251,7 +253,8 @@ fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now:
     if !v.is_final() {
         if cc.outstanding.borrow().contains_key(&seq) {
             ctx.on_progress();
-        } else {
+        } else if !cc.timed_out.borrow().contains(seq) {
+            // Progress of a timed-out request is neither: dropped.
             ctx.on_stray(ErrorKind::UnknownCorrelation, now);
         }
         return;
@@ -261,7 +264,7 @@ fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now:
         let was_full = o.len() as u64 >= cc.plan.window;
         match o.remove(&seq) {
             Some(p) => (p, was_full),
-            None => return ctx.on_stray(ErrorKind::UnknownCorrelation, now),
+            None => return ctx.on_unmatched(cc, seq, now),
         }
     };
     let outcome = if let Some((code, _)) = v.error() {

@@ -12,7 +12,8 @@
 //! # Invariants
 //! - A call is registered as outstanding before it is started, and ends
 //!   exactly once: the first of its response, its timeout or the run
-//!   stopping removes it from `outstanding`; a later completion is ignored.
+//!   stopping removes it from `outstanding`; a later completion is
+//!   ignored, except that one after its timeout is counted as late.
 //! - A unary RPC has no correlation id: tonic pairs a response with its
 //!   stream. prost decodes the body as the RPC's declared message, so a
 //!   response of another shape fails decoding and arrives as an `INTERNAL`
@@ -203,8 +204,15 @@ fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::S
         let was_full = o.len() as u64 >= cc.plan.window;
         match o.remove(&seq) {
             Some(p) => (p, was_full),
-            // Already ended (timeout, or the run stopped).
-            None => return,
+            // Already ended: by its timeout (then this answer is late), or
+            // by the run stopping (then it is ignored).
+            None => {
+                drop(o);
+                if let Some(measured) = cc.timed_out.borrow_mut().take(seq) {
+                    ctx.on_late(measured);
+                }
+                return;
+            }
         }
     };
     match res {

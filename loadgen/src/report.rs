@@ -100,6 +100,9 @@ pub struct Report {
     /// Open loop: how late requests were written after their intended time.
     pub send_lag_us: Option<SendLag>,
     pub progress_frames: u64,
+    /// Final answers that arrived after their request's `--timeout` (the
+    /// request counts once, as `timeout` in `errors_by_kind`).
+    pub late_responses: u64,
     pub kept_up: bool,
     /// Why the run stopped early, if it did; the numbers are then partial.
     pub failure: Option<String>,
@@ -169,6 +172,7 @@ impl Report {
             latency_us: Latency::of(&s.latency),
             send_lag_us: send_lag,
             progress_frames: c.progress_frames,
+            late_responses: c.late,
             kept_up,
             failure: outcome.failure.clone(),
             started_unix_ms: outcome.started.and_then(|t| {
@@ -237,6 +241,13 @@ impl Report {
             for (k, n) in &self.errors_by_kind {
                 let _ = writeln!(o, "    {k}: {n}");
             }
+        }
+        if self.late_responses > 0 {
+            let _ = writeln!(
+                o,
+                "  late answers (after their timeout, counted as timeouts): {}",
+                self.late_responses
+            );
         }
         o
     }

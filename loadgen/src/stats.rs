@@ -41,7 +41,8 @@ pub enum ErrorKind {
     KindMismatch,
     /// A response whose correlation id is no outstanding request of this
     /// connection (a wrong id, a duplicate final response, or a progress
-    /// frame for a finished request).
+    /// frame for a finished request). The first final answer of a request
+    /// that timed out is not one of these: it is counted as `late`.
     UnknownCorrelation,
     /// A frame that failed verification as a `Response`.
     InvalidFrame,
@@ -105,6 +106,9 @@ pub struct Counts {
     pub grpc_codes: BTreeMap<i32, u64>,
     /// Progress/log frames seen for outstanding requests.
     pub progress_frames: u64,
+    /// Final answers that came after their request had timed out (each
+    /// already counted as a `Timeout`; not an error a second time).
+    pub late: u64,
 }
 
 impl Counts {
@@ -140,6 +144,7 @@ impl Counts {
             *self.grpc_codes.entry(*c).or_default() += n;
         }
         self.progress_frames += o.progress_frames;
+        self.late += o.late;
     }
 
     /// `errors_by_kind` for the report: the kinds that occurred, with

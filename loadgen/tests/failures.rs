@@ -163,3 +163,45 @@ fn wrong_response_kind_is_counted_as_an_error() {
     assert_eq!(r["requests"], 50);
     assert_eq!(r["ok"], 0);
 }
+
+#[test]
+fn answers_after_the_timeout_are_late_not_unknown_correlations() {
+    let _serial = serial();
+    // Every answer comes 400 ms after its request; the generator gives up
+    // after 100 ms. Two in flight and 40 requests: the run lasts about
+    // 2 s, so most answers arrive while the connection is still read.
+    let server = spawn(Behaviour::Stall {
+        delay: Duration::from_millis(400),
+        period: Duration::from_secs(3600),
+        stall: Duration::ZERO,
+    });
+    let json = common::json_path("late-answers");
+    let out = loadgen(
+        &[
+            "--target",
+            &server.target(),
+            "--tool",
+            "echo",
+            "--requests",
+            "40",
+            "--concurrency",
+            "2",
+            "--timeout",
+            "100ms",
+        ],
+        &json,
+    );
+    assert!(out.status.success(), "timeouts are reported, not fatal");
+    let r = report(&json);
+    let k = &r["errors_by_kind"];
+    assert_eq!(k["timeout"], 40, "{r}");
+    assert!(
+        k.get("unknown_correlation").is_none(),
+        "a late answer is not a second error: {r}"
+    );
+    assert_eq!(r["errors"], 40, "each request counted once: {r}");
+    let late = r["late_responses"].as_u64().unwrap();
+    assert!((10..=40).contains(&late), "late answers counted: {r}");
+    assert_eq!(r["ok"], 0);
+    assert_eq!(r["latency_us"]["max"], 0, "late answers are not latency");
+}

@@ -7,8 +7,8 @@
 //!   [`SNAPSHOT_TIMEOUT`]; a late answer is kept and merged by the next
 //!   collection (the reply channel outlives any one scrape), so no
 //!   observation is lost, only attributed to a later window slot.
-//! - The mutex here is the admin thread's and the ticker's; no shard ever
-//!   takes it.
+//! - The mutex here is the admin endpoint's (its render threads) and the
+//!   ticker's; no shard ever takes it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -46,27 +46,55 @@ fn routers_built() {
     }
 }
 
+/// The embedded default with the `chaos` router appended: what most tests
+/// run on (chaos is not served by default).
+pub fn default_with_chaos() -> String {
+    format!(
+        "{}\n{}",
+        mcp_broker::config::DEFAULT_TOML,
+        include_str!("../fixtures/chaos.toml")
+    )
+}
+
 impl Broker {
-    /// Starts the broker on port 0 everywhere with `args` added.
+    /// Starts the broker on port 0 everywhere with `args` added, on the
+    /// embedded default plus the `chaos` router ([`default_with_chaos`]).
     pub fn start(args: &[&str]) -> Broker {
-        Self::start_inner(None, args, &[])
+        Self::start_inner(Some(&default_with_chaos()), args, |_| {})
+    }
+
+    /// Starts the broker on the embedded default alone (no `--config`).
+    pub fn start_default(args: &[&str]) -> Broker {
+        Self::start_inner(None, args, |_| {})
     }
 
     /// Starts the broker with a config file holding `toml`.
     pub fn start_with_config(toml: &str, args: &[&str]) -> Broker {
-        Self::start_inner(Some(toml), args, &[])
+        Self::start_inner(Some(toml), args, |_| {})
     }
 
     /// [`Self::start_with_config`] with extra environment variables (e.g.
     /// the debug build's fault injection, `broker/src/fault.rs`).
     pub fn start_with_env(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Broker {
-        Self::start_inner(Some(toml), args, env)
+        Self::start_inner(Some(toml), args, |c| {
+            c.envs(env.iter().copied());
+        })
     }
 
-    fn start_inner(toml: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Broker {
+    /// Like [`Broker::start_with_config`] (`None`: the embedded default),
+    /// with `edit` applied to the command before it is spawned (its
+    /// environment, limits, stderr).
+    pub fn start_command(
+        toml: Option<&str>,
+        args: &[&str],
+        edit: impl FnOnce(&mut Command),
+    ) -> Broker {
+        Self::start_inner(toml, args, edit)
+    }
+
+    fn start_inner(toml: Option<&str>, args: &[&str], edit: impl FnOnce(&mut Command)) -> Broker {
         routers_built();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
-        cmd.envs(env.iter().copied());
         cmd.args([
             "--listen",
             "127.0.0.1:0",
@@ -91,6 +119,7 @@ impl Broker {
         cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        edit(&mut cmd);
         let mut child = cmd.spawn().expect("spawn mcp-broker");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -178,7 +207,13 @@ impl Broker {
     pub fn http_get(&self, path: &str) -> (u16, String) {
         let mut s = TcpStream::connect(self.metrics).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        // The endpoint keeps HTTP/1.1 connections alive: ask for the close
+        // that ends the read below.
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         let status = body.split_whitespace().nth(1).unwrap().parse().unwrap();

@@ -26,15 +26,23 @@ impl Drop for Broker {
 }
 
 impl Broker {
-    /// Starts the broker on the embedded default (ports 0, two shards).
+    /// Starts the broker on the embedded default plus the `chaos` router
+    /// (ports 0, two shards).
     pub fn start() -> Self {
-        Self::start_with(None)
+        Self::start_with_config(|c| c)
     }
 
-    /// Starts it on the example configuration with `edit` applied to its
-    /// text (e.g. to change `[grpc]` limits).
+    /// Starts it on the example configuration plus the `chaos` router
+    /// (`tests/fixtures/chaos.toml`; chaos is not served by default), with
+    /// `edit` applied to the text (e.g. to change `[grpc]` limits).
     pub fn start_with_config(edit: impl FnOnce(String) -> String) -> Self {
-        Self::start_with(Some(edit(example())))
+        let base = format!(
+            "{}\n{}",
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/broker.example.toml"))
+                .unwrap(),
+            include_str!("../fixtures/chaos.toml")
+        );
+        Self::start_with(Some(edit(base)))
     }
 
     /// [`Broker::start_with_config`] with the `chaos` router served for

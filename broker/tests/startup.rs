@@ -1,0 +1,225 @@
+//! What the broker takes from its environment at start-up, against the real
+//! binary: the routers of the embedded default, the CPUs it was given (its
+//! affinity mask) and the descriptor limit.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Broker, error_code};
+
+/// The CPUs this test process may run on, ascending.
+fn our_cpus() -> Vec<usize> {
+    let mut v: Vec<usize> = core_affinity::get_core_ids()
+        .expect("the test's affinity mask")
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Makes `cmd`'s process start on `cpu` alone, as `taskset -c CPU` does.
+fn taskset(cmd: &mut Command, cpu: usize) {
+    // SAFETY: runs in the forked child before exec; it only builds a
+    // cpu_set_t on the stack and calls sched_setaffinity, which is
+    // async-signal-safe and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes `cmd`'s process start with RLIMIT_NOFILE `soft:hard`, as
+/// `prlimit --nofile=SOFT:HARD` does.
+fn nofile(cmd: &mut Command, soft: u64, hard: u64) {
+    // SAFETY: runs in the forked child before exec; setrlimit is
+    // async-signal-safe and reads only the struct on the stack.
+    unsafe {
+        cmd.pre_exec(move || {
+            let r = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn our_hard_nofile() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `r`.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+    r.rlim_max
+}
+
+/// A `/proc/PID/limits` row's soft and hard values.
+fn limits_row(pid: u32, row: &str) -> (String, String) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(row))
+        .unwrap_or_else(|| panic!("no {row:?} in {text}"));
+    let mut f = line[row.len()..].split_whitespace();
+    (f.next().unwrap().into(), f.next().unwrap().into())
+}
+
+/// `Cpus_allowed_list` of the broker's thread named `name`.
+fn thread_cpus(pid: u32, name: &str) -> String {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let status = std::fs::read_to_string(dir.join("status")).unwrap();
+            return status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .expect("Cpus_allowed_list")
+                .trim()
+                .to_string();
+        }
+    }
+    panic!("no thread named {name} in broker {pid}");
+}
+
+fn temp_file(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "mcp-broker-startup-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ))
+}
+
+#[test]
+fn embedded_default_does_not_serve_the_chaos_router() {
+    let b = Broker::start_default(&["--shards", "1"]);
+    assert_eq!(b.routers, ["echo", "kv", "library"], "{}", b.ready_line);
+    let mut c = b.connect();
+    let r = c.call("trap", &[], None);
+    assert_eq!(
+        error_code(&r),
+        Some(mcp_schema::ErrorCode::NotFound.code()),
+        "chaos's `trap` is no tool of the default"
+    );
+}
+
+#[test]
+fn shard_is_pinned_within_the_inherited_cpu_mask() {
+    // `taskset -c LAST`: on a 2-CPU machine, CPU 1, which is not shard 0's
+    // index.
+    let cpu = *our_cpus().last().unwrap();
+    let b = Broker::start_command(None, &[], |cmd| taskset(cmd, cpu));
+    assert_eq!(
+        b.shards, 1,
+        "one shard per CPU of the mask: {}",
+        b.ready_line
+    );
+    assert_eq!(thread_cpus(b.child.id(), "shard-0"), cpu.to_string());
+}
+
+#[test]
+fn explicit_cpus_outside_the_mask_fail_start_up_naming_them() {
+    let cpus = our_cpus();
+    let given = *cpus.last().unwrap();
+    // A CPU the broker will not have: another of ours, else one past it.
+    let other = cpus
+        .iter()
+        .copied()
+        .find(|&c| c != given)
+        .unwrap_or(given + 1);
+    let config = temp_file("cpus.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[broker]\nshards = 1\ncpus = [{other}]\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
+    cmd.args([
+        "--config",
+        config.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    taskset(&mut cmd, given);
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the broker neither failed nor exited within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = std::fs::remove_file(&config);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!status.success(), "started on a CPU outside its mask");
+    assert!(out.stdout.is_empty(), "no ready line expected");
+    assert!(
+        stderr.contains(&format!("broker.cpus: CPU {other} is outside"))
+            && stderr.contains(&format!("allowed: {given}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn soft_descriptor_limit_is_raised_to_the_hard_limit() {
+    let hard = our_hard_nofile().min(1 << 20);
+    let b = Broker::start_command(None, &["--shards", "1"], |cmd| nofile(cmd, 256, hard));
+    let (soft_now, hard_now) = limits_row(b.child.id(), "Max open files");
+    assert_eq!(hard_now, hard.to_string());
+    assert_eq!(soft_now, hard.to_string(), "soft limit raised from 256");
+}
+
+#[test]
+fn descriptor_limit_below_the_configured_connections_is_warned() {
+    // One shard of 4096 connections needs more than a hard limit of 2048.
+    let log = temp_file("stderr.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let b = Broker::start_command(None, &["--shards", "1"], |cmd| {
+        nofile(cmd, 256, 2048);
+        cmd.stderr(file);
+    });
+    // The warning comes before the ready line, which the harness waited for.
+    let text = std::fs::read_to_string(&log).unwrap();
+    drop(b);
+    let _ = std::fs::remove_file(&log);
+    let need = mcp_broker::process::descriptors_needed(1, 4096);
+    let line = text
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("open-file limit"))
+        .unwrap_or_else(|| panic!("no descriptor warning in:\n{text}"));
+    assert!(
+        line.contains("(2048)") && line.contains(&need.to_string()),
+        "{line}"
+    );
+}
