@@ -6,7 +6,8 @@
 //!   `out` (preceded, for a tool with progress, by its progress frames).
 //! - Payloads are never decoded here: the route key and arguments are read
 //!   through the verified view; arguments become the router's JSON object by
-//!   concatenation.
+//!   concatenation, after a scan (no allocation) that each value is exactly
+//!   one JSON value, so that no value can add keys (InvalidParams if not).
 //! - The shard's `ResponseEncoder` is borrowed only between awaits.
 
 use std::cell::RefCell;
@@ -14,10 +15,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_schema::args::InvalidArgument;
 use mcp_schema::encode::ReplyTo;
 use mcp_schema::fb::protocol as p;
 use mcp_schema::verify::VerifiedRequest;
-use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_arguments_json};
+use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_arguments_json_checked};
 
 use crate::adapt;
 use crate::config::Affinity;
@@ -120,8 +122,14 @@ pub async fn handle(
                     .and_then(|x| x.cursor()),
                 _ => r.payload_as_list_prompts_request().and_then(|x| x.cursor()),
             };
+            let len = match kind {
+                RequestKind::ListTools => table.tool_list.len(),
+                RequestKind::ListResources => table.resource_list.len(),
+                RequestKind::ListResourceTemplates => table.template_list.len(),
+                _ => table.prompt_list.len(),
+            };
             let mut enc = ctx.enc.borrow_mut();
-            let Some(start) = adapt::parse_cursor(cursor) else {
+            let Some(start) = adapt::parse_cursor(cursor, len) else {
                 out.extend_from_slice(enc.error(
                     &to,
                     ErrorCode::InvalidParams,
@@ -158,7 +166,9 @@ pub async fn handle(
                 return forward(ctx, owner, req, out).await;
             }
             let tc = view.tool_call().expect("classified as a tool call");
-            write_arguments_json(Some(tc.arguments()), args);
+            if let Err(e) = write_arguments_json_checked(Some(tc.arguments()), args) {
+                return invalid_argument(ctx, out, &to, e);
+            }
             // Keys are escaped and values are verified UTF-8 strings, so the
             // object is UTF-8; checked anyway, it is cheap and never unsafe.
             let Ok(json) = std::str::from_utf8(args) else {
@@ -233,7 +243,11 @@ pub async fn handle(
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
-                Ok(r) => adapt::prompt_response(&mut enc, out, &to, name, &r, &prompt_args),
+                Ok(r) => {
+                    // The answer is one frame: its filled text cannot be more.
+                    let cap = ctx.shared.config.frames.max_frame_bytes as usize;
+                    adapt::prompt_response(&mut enc, out, &to, name, &r, &prompt_args, cap)
+                }
                 Err(e) => {
                     adapt::call_error(&mut enc, out, &to, None, &e);
                 }
@@ -272,7 +286,10 @@ pub async fn handle(
                 .request()
                 .payload_as_complete_request()
                 .expect("classified as a completion");
-            let input = completion_input(ref_type, &routed_name, c);
+            let input = match completion_input(ref_type, &routed_name, c) {
+                Ok(input) => input,
+                Err(e) => return invalid_argument(ctx, out, &to, e),
+            };
             let request = w::CompletionRequest {
                 input,
                 streaming: None,
@@ -312,8 +329,13 @@ fn call_deadline(pool: &RouterPool, client_ms: Option<u32>) -> Duration {
     }
 }
 
-/// The JSON the WIT `complete` receives (MCP `completion/complete` params).
-fn completion_input(ref_type: &str, name: &str, c: p::CompleteRequest<'_>) -> String {
+/// The JSON the WIT `complete` receives (MCP `completion/complete` params);
+/// refused like a tool call's when a context argument is not one JSON value.
+fn completion_input<'a>(
+    ref_type: &str,
+    name: &str,
+    c: p::CompleteRequest<'a>,
+) -> Result<String, InvalidArgument<'a>> {
     use mcp_schema::args::write_json_string;
     let mut s = Vec::with_capacity(128);
     s.extend_from_slice(b"{\"ref\":{\"type\":");
@@ -332,12 +354,22 @@ fn completion_input(ref_type: &str, name: &str, c: p::CompleteRequest<'_>) -> St
     if let Some(ctx) = c.context() {
         s.extend_from_slice(b",\"context\":{\"arguments\":");
         let mut obj = Vec::new();
-        write_arguments_json(Some(ctx), &mut obj);
+        write_arguments_json_checked(Some(ctx), &mut obj)?;
         s.extend_from_slice(&obj);
         s.extend_from_slice(b"}");
     }
     s.push(b'}');
-    String::from_utf8(s).unwrap_or_default()
+    Ok(String::from_utf8(s).unwrap_or_default())
+}
+
+/// The InvalidParams answer naming an argument that is not one JSON value.
+fn invalid_argument(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, e: InvalidArgument<'_>) {
+    let msg = e.to_string();
+    out.extend_from_slice(
+        ctx.enc
+            .borrow_mut()
+            .error(to, ErrorCode::InvalidParams, &msg, None),
+    );
 }
 
 fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<u8>) {
