@@ -198,9 +198,17 @@ pub struct RouterConfig {
     pub queue_depth: u32,
     #[serde(default = "default_deadline", with = "humantime_serde")]
     pub call_deadline: Duration,
+    /// Host memory one answer may take as it is read out of the guest;
+    /// past it the call fails as a router fault (see `RouterSpec`).
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: usize,
     #[serde(default)]
     pub grants: GrantsConfig,
 }
+
+/// Upper bound of `max_result_bytes`: far above any frame, low enough that
+/// one answer cannot take the host's memory.
+pub const MAX_RESULT_BYTES_LIMIT: usize = 1 << 30;
 
 fn default_instances() -> u32 {
     crate::wasm::DEFAULT_INSTANCES_PER_SHARD
@@ -210,6 +218,9 @@ fn default_queue_depth() -> u32 {
 }
 fn default_deadline() -> Duration {
     crate::wasm::DEFAULT_CALL_DEADLINE
+}
+fn default_max_result_bytes() -> usize {
+    crate::wasm::DEFAULT_MAX_RESULT_BYTES
 }
 
 /// The whole configuration.
@@ -403,6 +414,12 @@ impl Config {
             if r.call_deadline.is_zero() {
                 errors.push(format!("{at}.call_deadline: must be greater than zero"));
             }
+            if r.max_result_bytes == 0 || r.max_result_bytes > MAX_RESULT_BYTES_LIMIT {
+                errors.push(format!(
+                    "{at}.max_result_bytes: {} is outside 1..={MAX_RESULT_BYTES_LIMIT}",
+                    r.max_result_bytes
+                ));
+            }
             if r.prefix.as_deref() == Some("") {
                 errors.push(format!("{at}.prefix: must not be empty when set"));
             }
@@ -437,6 +454,7 @@ impl Config {
         spec.instances_per_shard = r.instances_per_shard;
         spec.queue_depth = r.queue_depth;
         spec.call_deadline = r.call_deadline;
+        spec.max_result_bytes = r.max_result_bytes;
         spec.grants = crate::wasm::Grants {
             stdio_to_stderr: r.grants.stdio,
             env: r.grants.env.clone(),

@@ -1,6 +1,7 @@
 //! Inputs built to make the broker do unbounded work, end to end through
 //! the real binary: prompt arguments that expand each other, listing
-//! cursors at the integer limit, argument values that add keys.
+//! cursors at the integer limit, argument values that add keys, and router
+//! answers that alias one big string many times.
 
 mod common;
 
@@ -24,6 +25,16 @@ fn error_message(frame: &[u8]) -> String {
         .error()
         .expect("an error");
     msg.to_string()
+}
+
+/// `VmHWM` (peak resident set) of process `pid`, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status")
 }
 
 #[test]
@@ -120,4 +131,43 @@ fn an_argument_value_that_adds_keys_is_invalid_params_naming_it() {
     // Values that are one JSON value each, spaced or empty, pass as before.
     let r = c.call("echo", &[("a", " [1, {\"b\": null}] "), ("e", "")], None);
     assert_eq!(tool_text(&r), r#"{"a": [1, {"b": null}] ,"e":null}"#);
+}
+
+#[test]
+fn an_answer_past_max_result_bytes_is_a_router_fault_and_memory_stays_bounded() {
+    let b = Broker::start_with_config(&config(""), &[]);
+    let mut c = b.connect();
+    // 1000 blocks pointing at one 32 MiB string: a naive lift copies
+    // 32 GiB. Refused as a router fault while being measured.
+    let before = peak_rss_kib(b.child.id());
+    let r = c.call("fanout", &[("blocks", "1000"), ("bytes", "33554432")], None);
+    assert_eq!(error_code(&r), Some(-32002), "{}", error_message(&r));
+    let msg = error_message(&r);
+    assert!(msg.contains("max_result_bytes"), "{msg}");
+    let after = peak_rss_kib(b.child.id());
+    // The guest's own 32 MiB string is resident in its linear memory; the
+    // host adds at most the 4 MiB budget on top.
+    assert!(
+        after < before + (256 << 10),
+        "peak RSS grew from {before} KiB to {after} KiB"
+    );
+
+    // Aliasing counts once per reference: five blocks of one 1 MiB string
+    // are 5 MiB to copy, past the 4 MiB default, though the guest holds 1.
+    let r = c.call("fanout", &[("blocks", "5"), ("bytes", "1048576")], None);
+    assert_eq!(error_code(&r), Some(-32002), "{}", error_message(&r));
+
+    // The faulted instances were replaced: the router still answers, and
+    // an answer within the budget comes back whole. (Last: a guest whose
+    // aliased answer is accepted frees the string once per block, which
+    // corrupts its own heap.)
+    let r = c.call("fanout", &[("blocks", "1"), ("bytes", "10")], None);
+    assert_eq!(tool_text(&r), "x".repeat(10));
+    let r = c.call("fanout", &[("blocks", "3"), ("bytes", "1000")], None);
+    let tr = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_tool_result()
+        .expect("a ToolResult");
+    assert_eq!(mcp_schema::content_vec::content(&tr).unwrap().len(), 3);
 }

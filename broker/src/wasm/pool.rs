@@ -194,22 +194,9 @@ impl RouterPool {
         arguments: &str,
         deadline: Duration,
     ) -> Result<Response, CallError> {
+        let max = self.max_result_bytes();
         let response = self
-            .run(deadline, async |i| {
-                // The binding of the WIT `json` alias takes `&String`: copy
-                // into the instance's reused buffer rather than allocate.
-                i.scratch.clear();
-                i.scratch.push_str(arguments);
-                let Instance {
-                    store,
-                    bindings,
-                    scratch,
-                } = i;
-                bindings
-                    .wasix_mcp_router()
-                    .call_call_tool(store, tool, scratch)
-                    .await
-            })
+            .run(deadline, async |i| i.call_tool(tool, arguments, max).await)
             .await?
             .map_err(CallError::Tool)?;
         if self.inner.router.spec.validate_json {
@@ -220,27 +207,19 @@ impl RouterPool {
 
     /// `read-resource`.
     pub async fn read_resource(&self, uri: &str) -> Result<ReadResourceResult, CallError> {
-        self.run(self.deadline(), async |i| {
-            i.bindings
-                .wasix_mcp_router()
-                .call_read_resource(&mut i.store, uri)
-                .await
-        })
-        .await?
-        .map_err(CallError::Resource)
+        let max = self.max_result_bytes();
+        self.run(self.deadline(), async |i| i.read_resource(uri, max).await)
+            .await?
+            .map_err(CallError::Resource)
     }
 
     /// `get-prompt`. Messages may hold `{{arg}}` placeholders for the broker
     /// to fill (the WIT passes no arguments).
     pub async fn get_prompt(&self, name: &str) -> Result<GetPromptResult, CallError> {
-        self.run(self.deadline(), async |i| {
-            i.bindings
-                .wasix_mcp_router()
-                .call_get_prompt(&mut i.store, name)
-                .await
-        })
-        .await?
-        .map_err(CallError::Prompt)
+        let max = self.max_result_bytes();
+        self.run(self.deadline(), async |i| i.get_prompt(name, max).await)
+            .await?
+            .map_err(CallError::Prompt)
     }
 
     /// `complete`.
@@ -248,14 +227,10 @@ impl RouterPool {
         &self,
         request: &CompletionRequest,
     ) -> Result<CompletionResponse, CallError> {
-        self.run(self.deadline(), async |i| {
-            i.bindings
-                .wasix_mcp_router()
-                .call_complete(&mut i.store, request)
-                .await
-        })
-        .await?
-        .map_err(CallError::Completion)
+        let max = self.max_result_bytes();
+        self.run(self.deadline(), async |i| i.complete(request, max).await)
+            .await?
+            .map_err(CallError::Completion)
     }
 
     /// `list-resources` of one instance, now. A stateful router's list is
@@ -273,6 +248,10 @@ impl RouterPool {
 
     fn deadline(&self) -> Duration {
         self.inner.router.spec.call_deadline
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        self.inner.router.spec.max_result_bytes
     }
 
     /// Takes an instance (or waits for one), runs `f` on it under the
