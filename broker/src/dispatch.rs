@@ -452,6 +452,50 @@ async fn forward(ctx: &Rc<ShardCtx>, owner: usize, req: &VerifiedRequest, out: &
 mod tests {
     use super::*;
 
+    /// A CompleteRequest for `ref/prompt` `p` with one context argument.
+    fn complete_with_context(value: &str) -> Vec<u8> {
+        use mcp_schema::fb::{KeyValue, KeyValueArgs};
+        let mut fbb = flatbuffers::FlatBufferBuilder::new();
+        let (k, v) = (fbb.create_string("a"), fbb.create_string(value));
+        let kv = KeyValue::create(
+            &mut fbb,
+            &KeyValueArgs {
+                key: Some(k),
+                value: Some(v),
+            },
+        );
+        let context = fbb.create_vector(&[kv]);
+        let (ref_name, argument_name, argument_value) = (
+            fbb.create_string("p"),
+            fbb.create_string("x"),
+            fbb.create_string("y"),
+        );
+        let c = p::CompleteRequest::create(
+            &mut fbb,
+            &p::CompleteRequestArgs {
+                ref_kind: p::CompletionRefKind::Prompt,
+                ref_name: Some(ref_name),
+                argument_name: Some(argument_name),
+                argument_value: Some(argument_value),
+                context: Some(context),
+            },
+        );
+        fbb.finish(c, None);
+        fbb.finished_data().to_vec()
+    }
+
+    #[test]
+    fn completion_context_values_that_add_keys_are_refused_naming_them() {
+        let buf = complete_with_context(r#"1,"admin":true"#);
+        let c = flatbuffers::root::<p::CompleteRequest>(&buf).unwrap();
+        assert_eq!(completion_input("ref/prompt", "p", c).unwrap_err().key, "a");
+        let buf = complete_with_context("[1]");
+        let c = flatbuffers::root::<p::CompleteRequest>(&buf).unwrap();
+        let input = completion_input("ref/prompt", "p", c).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&input).unwrap();
+        assert_eq!(v["context"]["arguments"]["a"], serde_json::json!([1]));
+    }
+
     #[test]
     fn negotiation_answers_the_clients_version_when_supported_else_the_latest() {
         assert_eq!(
