@@ -46,8 +46,8 @@ fn nested_prompt_arguments_are_filled_once_not_expanded() {
     let level = |n: usize| format!("\"{}\"", format!("{{{{l{n}}}}}").repeat(8));
     let values: Vec<String> = (1..=6).map(level).collect();
     let mut args: Vec<(String, &str)> = vec![("book_id".into(), values[0].as_str())];
-    for n in 1..6 {
-        args.push((format!("l{n}"), values[n].as_str()));
+    for (n, v) in values.iter().enumerate().skip(1) {
+        args.push((format!("l{n}"), v.as_str()));
     }
     args.push(("l6".into(), "\"x\""));
     args.push(("style".into(), "\"brief\""));
