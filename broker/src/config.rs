@@ -500,6 +500,12 @@ mod tests {
         assert_eq!(c.metrics.listen.to_string(), "127.0.0.1:7402");
         let names: Vec<_> = c.routers.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["echo", "kv", "library", "chaos"]);
+        assert!(
+            c.routers
+                .iter()
+                .all(|r| r.max_result_bytes == crate::wasm::DEFAULT_MAX_RESULT_BYTES),
+            "the example states the default max_result_bytes"
+        );
         // The file states the same defaults the structs have.
         assert_eq!(c.frames, FramesSection::default());
         assert_eq!(c.broker, BrokerSection::default());
@@ -519,6 +525,7 @@ mod tests {
             name = "a b"
             wasm = "x.wasm"
             instances_per_shard = 0
+            max_result_bytes = 0
             [[routers]]
             wasm = "y.wasm"
             [extra]
@@ -531,6 +538,7 @@ mod tests {
             "naming.separator",
             "routers[0] (a b).name",
             "routers[0] (a b).instances_per_shard",
+            "routers[0] (a b).max_result_bytes: 0 is outside",
             "routers[1]: missing field `name`",
             "extra: unknown section",
         ] {
