@@ -158,4 +158,136 @@ fn main() {
     bad.extend_from_slice(&u32::MAX.to_le_bytes());
     write(input(0, &[2], &bad));
     println!("wrote {n} inputs to {}", dir.display());
+    args_seeds();
+    grpc_convert_seeds();
+}
+
+/// Writes `inputs` as `fuzz/corpus/<target>/seed-NNN`.
+fn write_all(target: &str, inputs: &[Vec<u8>]) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, bytes) in inputs.iter().enumerate() {
+        std::fs::write(dir.join(format!("seed-{i:03}")), bytes).unwrap();
+    }
+    println!("wrote {} inputs to {}", inputs.len(), dir.display());
+}
+
+/// `args`: (key, value) fields separated by 0xFF: every JSON kind, nested
+/// values, whitespace, empty values, and the injections the check refuses.
+fn args_seeds() {
+    let pairs: &[&[(&str, &str)]] = &[
+        &[("text", "\"hello\""), ("count", "3")],
+        &[("a", " -0.5e+10 "), ("b", "true"), ("c", "null"), ("d", "")],
+        &[("o", r#"{"k":[1,{"x":"\u00e9\n"}],"e":{}}"#), ("l", "[ ]")],
+        &[("a", r#"1,"admin":true"#)],
+        &[("a", r#""x"}, {"y":1"#), ("b", "1 2")],
+        &[("deep", "[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]")],
+        &[("bad escape", r#""\x""#), ("raw tab", "\"a\tb\"")],
+    ];
+    let inputs: Vec<Vec<u8>> = pairs
+        .iter()
+        .map(|kvs| {
+            let mut v = Vec::new();
+            for (i, (k, val)) in kvs.iter().enumerate() {
+                if i > 0 {
+                    v.push(0xff);
+                }
+                v.extend_from_slice(k.as_bytes());
+                v.push(0xff);
+                v.extend_from_slice(val.as_bytes());
+            }
+            v
+        })
+        .collect();
+    write_all("args", &inputs);
+}
+
+/// `grpc_convert`: one valid message of each RPC the target knows, with and
+/// without a session (layout in fuzz_targets/grpc_convert.rs).
+fn grpc_convert_seeds() {
+    use mcp_proto::v1 as pb;
+    use prost::Message;
+    let msgs: Vec<(u8, Vec<u8>)> = vec![
+        (
+            0,
+            pb::CallToolRequest {
+                name: "echo".into(),
+                arguments: Some(br#"{"text":"hi","n":[1,2.5,{"x":null}]}"#.to_vec()),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            1,
+            pb::GetPromptRequest {
+                name: "summarize_book".into(),
+                arguments: Some(br#"{"a":"{{b}}","b":"x"}"#.to_vec()),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            2,
+            pb::CompleteRequest {
+                r#ref: Some(pb::CompletionReference {
+                    reference: Some(pb::completion_reference::Reference::Prompt(
+                        pb::PromptReference { name: "p".into() },
+                    )),
+                }),
+                argument: Some(pb::CompletionArgument {
+                    name: "a".into(),
+                    value: "v".into(),
+                }),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            3,
+            pb::InitializeRequest {
+                protocol_version: "2025-06-18".into(),
+                capabilities: None,
+                client_info: None,
+            }
+            .encode_to_vec(),
+        ),
+        (
+            4,
+            pb::ReadResourceRequest {
+                uri: "kv://a".into(),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            5,
+            pb::SubscribeRequest {
+                topics: vec!["kv://a".into(), "progress".into()],
+            }
+            .encode_to_vec(),
+        ),
+        (6, pb::SetLoggingLevelRequest { level: 2 }.encode_to_vec()),
+        (
+            7,
+            pb::ListToolsRequest {
+                cursor: Some("o100".into()),
+            }
+            .encode_to_vec(),
+        ),
+    ];
+    let mut inputs = Vec::new();
+    for (rpc, msg) in msgs {
+        for session in [None, Some("0190a7b2-7c10-7000-8000-000000000001")] {
+            let mut v = vec![rpc];
+            match session {
+                Some(s) => {
+                    v.push(((s.len() as u8) << 1) | 1);
+                    v.extend_from_slice(s.as_bytes());
+                }
+                None => v.push(0),
+            }
+            v.extend_from_slice(&250u32.to_le_bytes());
+            v.extend_from_slice(&msg);
+            inputs.push(v);
+        }
+    }
+    write_all("grpc_convert", &inputs);
 }

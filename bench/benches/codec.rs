@@ -6,7 +6,10 @@
 //! - `split_verify_view_args`: plus the arguments JSON into a warmed `Vec`;
 //! - `encode_tool_text`: the ToolResult echoing the arguments, with a warmed
 //!   `ResponseEncoder`;
-//! - `round_trip`: all of it, frame in to response bytes out.
+//! - `round_trip`: all of it, frame in to response bytes out;
+//! - `args_unchecked` / `args_checked`: the arguments object alone, pasted
+//!   as sent or with each value checked to be one JSON value (what the
+//!   broker runs since issue 18), from an already verified view.
 //!
 //! Before criterion runs, each step is repeated `ALLOC_ITERS` times after a
 //! warm-up under a counting global allocator and its heap allocations per
@@ -23,7 +26,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use mcp_bench::alloc_counter::{AllocStats, CountingAlloc, count};
 use mcp_schema::client::{RequestEncoder, RequestHeader};
 use mcp_schema::verify::VerifiedRequest;
-use mcp_schema::{FrameSplitter, ResponseEncoder, RouteKey, write_arguments_json};
+use mcp_schema::{
+    FrameSplitter, ResponseEncoder, RouteKey, write_arguments_json, write_arguments_json_checked,
+};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -210,6 +215,10 @@ fn report_allocations(frame: &[u8]) {
             .len()
     });
     let rt = allocs_per_iter("round_trip", || round_trip(&mut rx, &mut json, &mut enc));
+    let checked = allocs_per_iter("args_checked", || {
+        write_arguments_json_checked(Some(tc.arguments()), &mut json).expect("valid arguments");
+        json.len()
+    });
 
     for (name, s) in [
         ("verify_view", vv),
@@ -217,6 +226,7 @@ fn report_allocations(frame: &[u8]) {
         ("split_verify_view_args", svva),
         ("encode_tool_text", enc_stats),
         ("round_trip", rt),
+        ("args_checked", checked),
     ] {
         assert_eq!(s.allocating_calls(), 0, "{name} allocated: {s:?}");
     }
@@ -257,6 +267,20 @@ fn bench(c: &mut Criterion) {
 
     c.bench_function("round_trip", |b| {
         b.iter(|| round_trip(&mut rx, &mut json, &mut enc))
+    });
+
+    c.bench_function("args_unchecked", |b| {
+        b.iter(|| {
+            write_arguments_json(Some(black_box(tc).arguments()), &mut json);
+            json.len()
+        })
+    });
+    c.bench_function("args_checked", |b| {
+        b.iter(|| {
+            write_arguments_json_checked(Some(black_box(tc).arguments()), &mut json)
+                .expect("valid arguments");
+            json.len()
+        })
     });
 }
 

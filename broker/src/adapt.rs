@@ -367,19 +367,103 @@ fn resource_table(
     )
 }
 
-/// Fills `{{name}}` placeholders with prompt arguments (JSON text: a JSON
-/// string is unquoted, anything else is inserted as written). The WIT
-/// `get-prompt` takes no arguments, so the broker applies them.
-pub fn fill_placeholders(template: &str, args: &[(&str, &str)]) -> String {
-    let mut s = template.to_string();
-    for (k, v) in args {
-        let value = serde_json::from_str::<String>(v).unwrap_or_else(|_| v.to_string());
-        s = s.replace(&format!("{{{{{k}}}}}"), &value);
-    }
-    s
+/// Longest placeholder name looked up: a `{{` whose `}}` is further than
+/// this is text, which keeps filling linear in the template's length.
+pub const MAX_PLACEHOLDER_NAME: usize = 128;
+
+/// A filled prompt would be larger than the answer may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the prompt with its arguments filled in exceeds {limit} bytes")]
+pub struct PromptTooLarge {
+    /// The cap on the filled text of all messages together, in bytes.
+    pub limit: usize,
 }
 
-/// The answer to a `get-prompt`, arguments applied.
+/// Prompt arguments ready for filling: sorted by name (first one wins for a
+/// repeated name), each value as inserted (a JSON string unquoted, anything
+/// else as written).
+pub struct PromptArgs<'a> {
+    sorted: Vec<(&'a str, std::borrow::Cow<'a, str>)>,
+}
+
+impl<'a> PromptArgs<'a> {
+    pub fn new(args: &[(&'a str, &'a str)]) -> Self {
+        let mut sorted: Vec<_> = args
+            .iter()
+            .map(|&(k, v)| {
+                let value = match serde_json::from_str::<String>(v) {
+                    Ok(s) => std::borrow::Cow::Owned(s),
+                    Err(_) => std::borrow::Cow::Borrowed(v),
+                };
+                (k, value)
+            })
+            .collect();
+        sorted.sort_by(|a, b| a.0.cmp(b.0));
+        sorted.dedup_by(|later, first| later.0 == first.0);
+        Self { sorted }
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.sorted
+            .binary_search_by(|(k, _)| (*k).cmp(name))
+            .ok()
+            .map(|i| &*self.sorted[i].1)
+    }
+}
+
+/// Fills `{{name}}` placeholders of `template` with prompt arguments in one
+/// pass: inserted text is never scanned again, so an argument holding
+/// `{{other}}` stays as written. An unknown name is left as it is. The WIT
+/// `get-prompt` takes no arguments, so the broker applies them.
+///
+/// `budget` is what the filled text may still add to the answer; it is
+/// charged for every byte written, and running out fails the whole prompt
+/// before the text grows further.
+pub fn fill_placeholders(
+    template: &str,
+    args: &PromptArgs<'_>,
+    budget: &mut usize,
+) -> Result<String, PromptTooLarge> {
+    let limit = *budget;
+    let mut out = String::new();
+    let push = |out: &mut String, piece: &str, budget: &mut usize| -> Result<(), PromptTooLarge> {
+        *budget = budget
+            .checked_sub(piece.len())
+            .ok_or(PromptTooLarge { limit })?;
+        out.push_str(piece);
+        Ok(())
+    };
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        let after = &rest[open + 2..];
+        let mut end = after.len().min(MAX_PLACEHOLDER_NAME + 2);
+        while !after.is_char_boundary(end) {
+            end -= 1;
+        }
+        let value = after[..end]
+            .find("}}")
+            .and_then(|close| Some((close, args.get(&after[..close])?)));
+        match value {
+            Some((close, value)) => {
+                push(&mut out, &rest[..open], budget)?;
+                push(&mut out, value, budget)?;
+                rest = &after[close + 2..];
+            }
+            // Not a known placeholder: keep its first brace as text and look
+            // again from the second (`{{{a}}}` fills the inner `{{a}}`).
+            None => {
+                push(&mut out, &rest[..open + 1], budget)?;
+                rest = &rest[open + 1..];
+            }
+        }
+    }
+    push(&mut out, rest, budget)?;
+    Ok(out)
+}
+
+/// The answer to a `get-prompt`, arguments applied. The filled text of all
+/// messages together is capped at `max_filled_bytes`; past it the answer is
+/// an InvalidParams error and nothing larger is built.
 pub fn prompt_response(
     enc: &mut ResponseEncoder,
     out: &mut Vec<u8>,
@@ -387,23 +471,49 @@ pub fn prompt_response(
     name: &str,
     r: &w::GetPromptResult,
     args: &[(&str, &str)],
+    max_filled_bytes: usize,
 ) {
+    let prompt_args = PromptArgs::new(args);
+    let mut budget = max_filled_bytes;
+    // Filled before the builder is touched, so a refusal leaves it clean.
+    let filled: Result<Vec<Option<String>>, PromptTooLarge> = r
+        .messages
+        .iter()
+        .map(|m| match &m.content {
+            w::PromptMessageContent::Text(t) => {
+                fill_placeholders(&t.text, &prompt_args, &mut budget)
+                    .map(Some)
+                    // The cap is on all messages together, not what was left.
+                    .map_err(|_| PromptTooLarge {
+                        limit: max_filled_bytes,
+                    })
+            }
+            _ => Ok(None),
+        })
+        .collect();
+    let filled = match filled {
+        Ok(f) => f,
+        Err(e) => {
+            out.extend_from_slice(enc.error(to, ErrorCode::InvalidParams, &e.to_string(), None));
+            return;
+        }
+    };
     let fbb = enc.begin();
     let mut first: Option<(p::Content, WIPOffset<UnionWIPOffset>)> = None;
     let messages: Vec<_> = r
         .messages
         .iter()
-        .map(|m| {
+        .zip(&filled)
+        .map(|(m, filled)| {
             let role = fbb.create_string(match m.role {
                 w::PromptMessageRole::User => "user",
                 w::PromptMessageRole::Assistant => "assistant",
             });
-            let (t, c) = match &m.content {
-                w::PromptMessageContent::Text(t) => {
-                    text(fbb, &fill_placeholders(&t.text, args), &t.annotations)
-                }
-                w::PromptMessageContent::Image(i) => image(fbb, i),
-                w::PromptMessageContent::McpResource(e) => embedded(fbb, e),
+            let (t, c) = match (&m.content, filled) {
+                (w::PromptMessageContent::Text(t), Some(f)) => text(fbb, f, &t.annotations),
+                (w::PromptMessageContent::Text(t), None) => text(fbb, &t.text, &t.annotations),
+                (w::PromptMessageContent::Image(i), _) => image(fbb, i),
+                (w::PromptMessageContent::McpResource(e), _) => embedded(fbb, e),
             };
             first.get_or_insert((t, c));
             p::PromptMessage::create(
@@ -581,18 +691,29 @@ pub fn call_error(
 /// Page size of listings: MCP clients page; a page bounds one frame.
 pub const LIST_PAGE: usize = 100;
 
-/// Parses an opaque listing cursor (`"o<offset>"`); `None` for a bad one.
-pub fn parse_cursor(c: Option<&str>) -> Option<usize> {
+/// Parses an opaque listing cursor (`"o<offset>"`) for a listing of `len`
+/// items; `None` for a bad one: not of that form, or past the end (a cursor
+/// this broker hands out is at most `len`; the listing cannot shrink while
+/// it runs).
+pub fn parse_cursor(c: Option<&str>, len: usize) -> Option<usize> {
     match c.filter(|c| !c.is_empty()) {
         None => Some(0),
-        Some(c) => c.strip_prefix('o')?.parse().ok(),
+        Some(c) => {
+            let digits = c.strip_prefix('o')?;
+            // `parse` takes a sign; an offset has none.
+            if !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            digits.parse().ok().filter(|&start| start <= len)
+        }
     }
 }
 
 fn page<T>(items: &[T], start: usize) -> (&[T], Option<String>) {
-    let end = (start + LIST_PAGE).min(items.len());
+    let start = start.min(items.len());
+    let end = start.saturating_add(LIST_PAGE).min(items.len());
     let next = (end < items.len()).then(|| format!("o{end}"));
-    (&items[start.min(end)..end], next)
+    (&items[start..end], next)
 }
 
 pub fn list_tools(
@@ -808,28 +929,93 @@ pub fn list_prompts(
 mod tests {
     use super::*;
 
+    fn fill(
+        template: &str,
+        args: &[(&str, &str)],
+        budget: usize,
+    ) -> Result<String, PromptTooLarge> {
+        let mut budget = budget;
+        fill_placeholders(template, &PromptArgs::new(args), &mut budget)
+    }
+
     #[test]
     fn placeholders_take_json_strings_unquoted_and_other_json_as_written() {
         assert_eq!(
-            fill_placeholders(
+            fill(
                 "Hi {{name}}, you are {{age}}; {{missing}}",
-                &[("name", "\"Ada\""), ("age", "36")]
-            ),
+                &[("name", "\"Ada\""), ("age", "36")],
+                1 << 20
+            )
+            .unwrap(),
             "Hi Ada, you are 36; {{missing}}"
         );
     }
 
     #[test]
+    fn inserted_text_is_never_expanded_again() {
+        // Each argument refers to the next: one pass inserts `{{b}}` as text.
+        let args = [
+            ("a", "\"{{b}}{{b}}\""),
+            ("b", "\"{{c}}{{c}}\""),
+            ("c", "\"x\""),
+        ];
+        assert_eq!(
+            fill("{{a}}|{{b}}", &args, 1 << 20).unwrap(),
+            "{{b}}{{b}}|{{c}}{{c}}"
+        );
+        // The first of a repeated name wins; braces around a name stay.
+        let args = [("a", "1"), ("a", "2")];
+        assert_eq!(fill("{{{a}}} {{a", &args, 1 << 20).unwrap(), "{1} {{a");
+    }
+
+    #[test]
+    fn filled_text_past_the_cap_is_refused_before_it_grows() {
+        let big = format!("\"{}\"", "x".repeat(1000));
+        let args = [("a", big.as_str())];
+        let template = "{{a}}".repeat(100);
+        assert_eq!(fill(&template, &args, 100_000).unwrap().len(), 100_000);
+        assert_eq!(
+            fill(&template, &args, 99_999),
+            Err(PromptTooLarge { limit: 99_999 })
+        );
+        // The template's own text counts too.
+        assert!(fill(&"y".repeat(11), &[], 10).is_err());
+    }
+
+    #[test]
+    fn long_brace_runs_fill_in_linear_time() {
+        // Scanning to the end for each `{{` would be 10^9 steps here.
+        let template = "{{".repeat(50_000) + &"{{é".repeat(1_000);
+        let t0 = std::time::Instant::now();
+        assert_eq!(fill(&template, &[("a", "1")], 1 << 20).unwrap(), template);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
     fn cursors_are_opaque_offsets_and_bad_ones_are_refused() {
-        assert_eq!(parse_cursor(None), Some(0));
-        assert_eq!(parse_cursor(Some("")), Some(0));
-        assert_eq!(parse_cursor(Some("o100")), Some(100));
-        assert_eq!(parse_cursor(Some("100")), None);
+        assert_eq!(parse_cursor(None, 250), Some(0));
+        assert_eq!(parse_cursor(Some(""), 250), Some(0));
+        assert_eq!(parse_cursor(Some("o100"), 250), Some(100));
+        assert_eq!(parse_cursor(Some("o250"), 250), Some(250));
+        assert_eq!(parse_cursor(Some("100"), 250), None);
+        assert_eq!(parse_cursor(Some("o+1"), 250), None);
+        assert_eq!(parse_cursor(Some("o251"), 250), None);
         let items: Vec<u32> = (0..250).collect();
         let (p1, n1) = page(&items, 0);
         assert_eq!((p1.len(), n1.as_deref()), (100, Some("o100")));
         let (p3, n3) = page(&items, 200);
         assert_eq!((p3.len(), n3), (50, None));
         assert!(page(&items, 999).0.is_empty());
+    }
+
+    #[test]
+    fn a_cursor_at_the_largest_offset_is_refused_not_overflowed() {
+        let max = format!("o{}", usize::MAX);
+        assert_eq!(parse_cursor(Some(&max), 250), None);
+        assert_eq!(parse_cursor(Some("o18446744073709551616"), 250), None);
+        // Even a start no cursor can carry pages without overflow.
+        let items: Vec<u32> = (0..250).collect();
+        let (p, next) = page(&items, usize::MAX);
+        assert!(p.is_empty() && next.is_none());
     }
 }

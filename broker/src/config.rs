@@ -252,6 +252,10 @@ pub struct RouterConfig {
     /// instance is dropped (default `wasm::DEFAULT_SESSION_IDLE_TIMEOUT`).
     #[serde(default, with = "humantime_serde")]
     pub session_idle_timeout: Option<Duration>,
+    /// Host memory one answer may take as it is read out of the guest;
+    /// past it the call fails as a router fault (see `RouterSpec`).
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: usize,
     #[serde(default)]
     pub grants: GrantsConfig,
 }
@@ -274,6 +278,10 @@ impl RouterConfig {
     }
 }
 
+/// Upper bound of `max_result_bytes`: far above any frame, low enough that
+/// one answer cannot take the host's memory.
+pub const MAX_RESULT_BYTES_LIMIT: usize = 1 << 30;
+
 fn default_instances() -> u32 {
     crate::wasm::DEFAULT_INSTANCES_PER_SHARD
 }
@@ -282,6 +290,9 @@ fn default_queue_depth() -> u32 {
 }
 fn default_deadline() -> Duration {
     crate::wasm::DEFAULT_CALL_DEADLINE
+}
+fn default_max_result_bytes() -> usize {
+    crate::wasm::DEFAULT_MAX_RESULT_BYTES
 }
 
 /// The whole configuration.
@@ -499,6 +510,12 @@ impl Config {
             if r.call_deadline.is_zero() {
                 errors.push(format!("{at}.call_deadline: must be greater than zero"));
             }
+            if r.max_result_bytes == 0 || r.max_result_bytes > MAX_RESULT_BYTES_LIMIT {
+                errors.push(format!(
+                    "{at}.max_result_bytes: {} is outside 1..={MAX_RESULT_BYTES_LIMIT}",
+                    r.max_result_bytes
+                ));
+            }
             if r.prefix.as_deref() == Some("") {
                 errors.push(format!("{at}.prefix: must not be empty when set"));
             }
@@ -562,6 +579,7 @@ impl Config {
         spec.queue_depth = r.queue_depth;
         spec.call_deadline = r.call_deadline;
         spec.sessions = r.session_limits();
+        spec.max_result_bytes = r.max_result_bytes;
         spec.grants = crate::wasm::Grants {
             stdio_to_stderr: r.grants.stdio,
             env: r.grants.env.clone(),
@@ -608,6 +626,12 @@ mod tests {
         let names: Vec<_> = c.routers.iter().map(|r| r.name.as_str()).collect();
         // The chaos router is for tests only (tests/fixtures/chaos.toml).
         assert_eq!(names, ["echo", "kv", "library"]);
+        assert!(
+            c.routers
+                .iter()
+                .all(|r| r.max_result_bytes == crate::wasm::DEFAULT_MAX_RESULT_BYTES),
+            "the example states the default max_result_bytes"
+        );
         // The file states the same defaults the structs have.
         assert_eq!(c.frames, FramesSection::default());
         assert_eq!(c.broker, BrokerSection::default());
@@ -627,6 +651,7 @@ mod tests {
             name = "a b"
             wasm = "x.wasm"
             instances_per_shard = 0
+            max_result_bytes = 0
             [[routers]]
             wasm = "y.wasm"
             [extra]
@@ -639,6 +664,7 @@ mod tests {
             "naming.separator",
             "routers[0] (a b).name",
             "routers[0] (a b).instances_per_shard",
+            "routers[0] (a b).max_result_bytes: 0 is outside",
             "routers[1]: missing field `name`",
             "extra: unknown section",
         ] {

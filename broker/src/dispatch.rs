@@ -6,7 +6,8 @@
 //!   `out` (preceded, for a tool with progress, by its progress frames).
 //! - Payloads are never decoded here: the route key and arguments are read
 //!   through the verified view; arguments become the router's JSON object by
-//!   concatenation.
+//!   concatenation, after a scan (no allocation) that each value is exactly
+//!   one JSON value, so that no value can add keys (InvalidParams if not).
 //! - The shard's `ResponseEncoder` is borrowed only between awaits.
 
 use std::cell::RefCell;
@@ -14,10 +15,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_schema::args::InvalidArgument;
 use mcp_schema::encode::ReplyTo;
 use mcp_schema::fb::protocol as p;
 use mcp_schema::verify::VerifiedRequest;
-use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_arguments_json};
+use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_arguments_json_checked};
 
 use crate::adapt;
 use crate::config::Affinity;
@@ -161,8 +163,14 @@ pub async fn handle(
                     .and_then(|x| x.cursor()),
                 _ => r.payload_as_list_prompts_request().and_then(|x| x.cursor()),
             };
+            let len = match kind {
+                RequestKind::ListTools => table.tool_list.len(),
+                RequestKind::ListResources => table.resource_list.len(),
+                RequestKind::ListResourceTemplates => table.template_list.len(),
+                _ => table.prompt_list.len(),
+            };
             let mut enc = ctx.enc.borrow_mut();
-            let Some(start) = adapt::parse_cursor(cursor) else {
+            let Some(start) = adapt::parse_cursor(cursor, len) else {
                 out.extend_from_slice(enc.error(
                     &to,
                     ErrorCode::InvalidParams,
@@ -200,7 +208,9 @@ pub async fn handle(
                 return;
             }
             let tc = view.tool_call().expect("classified as a tool call");
-            write_arguments_json(Some(tc.arguments()), args);
+            if let Err(e) = write_arguments_json_checked(Some(tc.arguments()), args) {
+                return invalid_argument(ctx, out, &to, e);
+            }
             // Keys are escaped and values are verified UTF-8 strings, so the
             // object is UTF-8; checked anyway, it is cheap and never unsafe.
             let Ok(json) = std::str::from_utf8(args) else {
@@ -284,7 +294,11 @@ pub async fn handle(
             crate::metrics::record::wasm_call(ctx, router, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
-                Ok(r) => adapt::prompt_response(&mut enc, out, &to, name, &r, &prompt_args),
+                Ok(r) => {
+                    // The answer is one frame: its filled text cannot be more.
+                    let cap = ctx.shared.config.frames.max_frame_bytes as usize;
+                    adapt::prompt_response(&mut enc, out, &to, name, &r, &prompt_args, cap)
+                }
                 Err(e) => {
                     adapt::call_error(&mut enc, out, &to, None, &e);
                 }
@@ -323,7 +337,10 @@ pub async fn handle(
                 .request()
                 .payload_as_complete_request()
                 .expect("classified as a completion");
-            let input = completion_input(ref_type, &routed_name, c);
+            let input = match completion_input(ref_type, &routed_name, c) {
+                Ok(input) => input,
+                Err(e) => return invalid_argument(ctx, out, &to, e),
+            };
             let request = w::CompletionRequest {
                 input,
                 streaming: None,
@@ -366,8 +383,13 @@ fn call_deadline(pool: &RouterPool, client_ms: Option<u32>) -> Duration {
     }
 }
 
-/// The JSON the WIT `complete` receives (MCP `completion/complete` params).
-fn completion_input(ref_type: &str, name: &str, c: p::CompleteRequest<'_>) -> String {
+/// The JSON the WIT `complete` receives (MCP `completion/complete` params);
+/// refused like a tool call's when a context argument is not one JSON value.
+fn completion_input<'a>(
+    ref_type: &str,
+    name: &str,
+    c: p::CompleteRequest<'a>,
+) -> Result<String, InvalidArgument<'a>> {
     use mcp_schema::args::write_json_string;
     let mut s = Vec::with_capacity(128);
     s.extend_from_slice(b"{\"ref\":{\"type\":");
@@ -386,12 +408,22 @@ fn completion_input(ref_type: &str, name: &str, c: p::CompleteRequest<'_>) -> St
     if let Some(ctx) = c.context() {
         s.extend_from_slice(b",\"context\":{\"arguments\":");
         let mut obj = Vec::new();
-        write_arguments_json(Some(ctx), &mut obj);
+        write_arguments_json_checked(Some(ctx), &mut obj)?;
         s.extend_from_slice(&obj);
         s.extend_from_slice(b"}");
     }
     s.push(b'}');
-    String::from_utf8(s).unwrap_or_default()
+    Ok(String::from_utf8(s).unwrap_or_default())
+}
+
+/// The InvalidParams answer naming an argument that is not one JSON value.
+fn invalid_argument(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, e: InvalidArgument<'_>) {
+    let msg = e.to_string();
+    out.extend_from_slice(
+        ctx.enc
+            .borrow_mut()
+            .error(to, ErrorCode::InvalidParams, &msg, None),
+    );
 }
 
 fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<u8>) {
@@ -476,6 +508,50 @@ fn refused_handoff(e: &SubmitError) -> (ErrorCode, &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CompleteRequest for `ref/prompt` `p` with one context argument.
+    fn complete_with_context(value: &str) -> Vec<u8> {
+        use mcp_schema::fb::{KeyValue, KeyValueArgs};
+        let mut fbb = flatbuffers::FlatBufferBuilder::new();
+        let (k, v) = (fbb.create_string("a"), fbb.create_string(value));
+        let kv = KeyValue::create(
+            &mut fbb,
+            &KeyValueArgs {
+                key: Some(k),
+                value: Some(v),
+            },
+        );
+        let context = fbb.create_vector(&[kv]);
+        let (ref_name, argument_name, argument_value) = (
+            fbb.create_string("p"),
+            fbb.create_string("x"),
+            fbb.create_string("y"),
+        );
+        let c = p::CompleteRequest::create(
+            &mut fbb,
+            &p::CompleteRequestArgs {
+                ref_kind: p::CompletionRefKind::Prompt,
+                ref_name: Some(ref_name),
+                argument_name: Some(argument_name),
+                argument_value: Some(argument_value),
+                context: Some(context),
+            },
+        );
+        fbb.finish(c, None);
+        fbb.finished_data().to_vec()
+    }
+
+    #[test]
+    fn completion_context_values_that_add_keys_are_refused_naming_them() {
+        let buf = complete_with_context(r#"1,"admin":true"#);
+        let c = flatbuffers::root::<p::CompleteRequest>(&buf).unwrap();
+        assert_eq!(completion_input("ref/prompt", "p", c).unwrap_err().key, "a");
+        let buf = complete_with_context("[1]");
+        let c = flatbuffers::root::<p::CompleteRequest>(&buf).unwrap();
+        let input = completion_input("ref/prompt", "p", c).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&input).unwrap();
+        assert_eq!(v["context"]["arguments"]["a"], serde_json::json!([1]));
+    }
 
     #[test]
     fn negotiation_answers_the_clients_version_when_supported_else_the_latest() {

@@ -54,7 +54,7 @@ mod generated {
 /// `fb::protocol::{Request, Response, ToolCall, …}`.
 pub use generated::mcp::fbs::v_1 as fb;
 
-pub use args::write_arguments_json;
+pub use args::{write_arguments_json, write_arguments_json_checked};
 pub use encode::{Correlation, ResponseEncoder};
 pub use error::{ErrorCode, FrameError};
 pub use split::{DEFAULT_MAX_FRAME_LEN, FrameSplitter};

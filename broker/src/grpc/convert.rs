@@ -1,5 +1,5 @@
-//! Verified FlatBuffers response payloads → proto messages, and the few
-//! proto inputs that need parsing (JSON arguments, protocol versions).
+//! Verified FlatBuffers response payloads → proto messages (the way in,
+//! proto requests → frames, is `super::request`).
 //!
 //! Every field the proto cannot carry is named in proto/README.md
 //! ("Losses"); the functions here drop exactly those.
@@ -8,49 +8,6 @@ use base64::Engine;
 use mcp_proto::v1 as pb;
 use mcp_schema::content_vec::ContentRef;
 use mcp_schema::fb::protocol as p;
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
-
-/// Splits a JSON object into its top-level members as (key, JSON text of
-/// the value), in order, without re-serialising the values (so numbers and
-/// strings reach the router exactly as sent). `None`/empty is `{}`.
-pub fn split_object(json: Option<&[u8]>) -> Result<Vec<(String, &RawValue)>, String> {
-    let Some(json) = json.filter(|j| !j.iter().all(u8::is_ascii_whitespace)) else {
-        return Ok(Vec::new());
-    };
-    struct Members;
-    impl<'de> Visitor<'de> for Members {
-        type Value = Vec<(String, &'de RawValue)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::with_capacity(m.size_hint().unwrap_or(4));
-            while let Some((k, v)) = m.next_entry::<String, &'de RawValue>()? {
-                out.push((k, v));
-            }
-            Ok(out)
-        }
-    }
-    let mut de = serde_json::Deserializer::from_slice(json);
-    let members = de
-        .deserialize_map(Members)
-        .map_err(|e| format!("arguments must be a JSON object: {e}"))?;
-    de.end()
-        .map_err(|e| format!("arguments must be a JSON object: {e}"))?;
-    Ok(members)
-}
-
-/// MCP protocol version string → the wire enum (unknown → Unspecified,
-/// which negotiation answers with the latest supported version).
-pub fn version_from_str(v: &str) -> p::ProtocolVersion {
-    match v {
-        "2024-11-05" => p::ProtocolVersion::V2024_11_05,
-        "2025-01-01" => p::ProtocolVersion::V2025_01_01,
-        "2025-06-18" => p::ProtocolVersion::V2025_06_18,
-        _ => p::ProtocolVersion::Unspecified,
-    }
-}
 
 pub fn version_to_str(v: p::ProtocolVersion) -> String {
     match v {
@@ -58,19 +15,6 @@ pub fn version_to_str(v: p::ProtocolVersion) -> String {
         p::ProtocolVersion::V2025_01_01 => "2025-01-01".into(),
         p::ProtocolVersion::V2025_06_18 => "2025-06-18".into(),
         other => format!("{}", other.0),
-    }
-}
-
-/// Proto log level → the wire's coarser one (used for the frame; the edge
-/// keeps the exact level for filtering).
-pub fn log_level_to_wire(l: pb::LogLevel) -> p::LogLevel {
-    use pb::LogLevel as L;
-    match l {
-        L::Unspecified | L::Debug => p::LogLevel::Debug,
-        L::Info => p::LogLevel::Info,
-        L::Notice | L::Warning => p::LogLevel::Warning,
-        L::Error => p::LogLevel::Error,
-        L::Critical | L::Alert | L::Emergency => p::LogLevel::Critical,
     }
 }
 
@@ -501,34 +445,8 @@ pub fn notification(resp: p::Response<'_>) -> Option<pb::notification::Notificat
 
 #[cfg(test)]
 mod tests {
+    use super::super::request::version_from_str;
     use super::*;
-
-    #[test]
-    fn arguments_split_into_members_with_their_json_text_untouched() {
-        let m = split_object(Some(
-            br#" {"a": 1.50, "b": {"c": [1, "x"]}, "big": 123456789012345678901234567890} "#,
-        ))
-        .unwrap();
-        let got: Vec<_> = m.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
-        assert_eq!(
-            got,
-            [
-                ("a", "1.50"),
-                ("b", r#"{"c": [1, "x"]}"#),
-                ("big", "123456789012345678901234567890")
-            ]
-        );
-        assert!(split_object(None).unwrap().is_empty());
-        assert!(split_object(Some(b"  ")).unwrap().is_empty());
-    }
-
-    #[test]
-    fn arguments_that_are_not_one_json_object_are_refused() {
-        for bad in [&b"[1,2]"[..], b"{\"a\":", b"not json", b"{} {}", b"\"s\""] {
-            let e = split_object(Some(bad)).unwrap_err();
-            assert!(e.contains("JSON object"), "{e}");
-        }
-    }
 
     #[test]
     fn versions_round_trip_and_unknown_ones_negotiate_to_the_latest() {

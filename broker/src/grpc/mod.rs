@@ -18,6 +18,8 @@
 //!   to a shard: one routing path. Only ListRoots, CreateSamplingMessage and
 //!   Elicit are answered by the edge itself (nothing to route).
 //! - Only this module and `mcp-proto` know protobuf.
+//! - What a call does before its frame exists is pure (`request.rs`), and
+//!   fuzzed as such (`fuzz/fuzz_targets/grpc_convert.rs`).
 //! - Each call costs one frame copy into `Bytes` (the encoder is reused per
 //!   thread) and one task on the owning shard; nothing here blocks a shard.
 //! - Draining flips health to NOT_SERVING, refuses new calls with
@@ -30,6 +32,9 @@
 mod conn;
 mod convert;
 mod notify;
+// Also compiled, as this very file, by the fuzz crate (`#[path]`): see its
+// module docs.
+mod request;
 mod service;
 mod session;
 mod status;

@@ -35,6 +35,7 @@ use tonic::{Request, Response, Status};
 use super::conn::{ConnInfo, Identity};
 use super::convert;
 use super::notify::{Hub, SubscribeError, SubscriptionStream, Topics, is_resource_topic};
+use super::request::{self, Refused};
 use super::session::{SessionError, Sessions};
 use super::status;
 use crate::shared::{Shared, SubmitError};
@@ -227,15 +228,11 @@ impl CallMeta {
         let md = req.metadata();
         let session = match md.get(mcp_proto::SESSION_METADATA_KEY) {
             None => None,
-            Some(v) => match v.to_str() {
-                Ok(s) if !s.is_empty() && s.len() <= 256 => Some(s.to_string()),
-                _ => {
-                    return Err(status::edge(
-                        ErrorCode::InvalidRequest,
-                        "mcp-session-id must be 1 to 256 printable ASCII characters",
-                    ));
-                }
-            },
+            Some(v) => {
+                // Not visible ASCII: refused like an empty one.
+                let s = request::session_id(v.to_str().unwrap_or_default()).map_err(refused)?;
+                Some(s.to_string())
+            }
         };
         let deadline = md
             .get("grpc-timeout")
@@ -481,8 +478,8 @@ impl EdgeState {
     }
 }
 
-fn kvs<'a>(members: &'a [(String, &'a serde_json::value::RawValue)]) -> Vec<(&'a str, &'a str)> {
-    members.iter().map(|(k, v)| (k.as_str(), v.get())).collect()
+fn refused(r: Refused) -> Status {
+    status::edge(r.code, r.message)
 }
 
 type NotificationStream = Pin<Box<SubscriptionStream>>;
@@ -495,11 +492,6 @@ impl McpService for Edge {
     ) -> Result<Response<pb::InitializeResult>, Status> {
         let meta = CallMeta::of(&req)?;
         let r = req.into_inner();
-        let version = convert::version_from_str(&r.protocol_version);
-        let (name, ver) = r
-            .client_info
-            .as_ref()
-            .map_or(("", ""), |c| (c.name.as_str(), c.version.as_str()));
         // Initialize starts a session: a fresh unguessable id bound to this
         // caller, owned (by hash) by one shard, which answers this call
         // already. A session id the call may carry is ignored.
@@ -520,7 +512,7 @@ impl McpService for Edge {
         let reply = self
             .0
             .roundtrip(&meta, op, Some(&session), |e, h| {
-                Bytes::copy_from_slice(e.initialize(h, version, name, ver))
+                Bytes::copy_from_slice(request::initialize(e, h, &r))
             })
             .await?;
         let init = reply
@@ -577,9 +569,7 @@ impl McpService for Edge {
     ) -> Result<Response<pb::CallToolResult>, Status> {
         let meta = self.0.meta(&req)?;
         let r = req.get_ref();
-        let members = convert::split_object(r.arguments.as_deref())
-            .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
-        let args = kvs(&members);
+        let members = request::arguments(r.arguments.as_deref()).map_err(refused)?;
         let tool_call_id = next_id();
         let op = Op {
             method: "tools/call",
@@ -588,7 +578,7 @@ impl McpService for Edge {
         let reply = self
             .0
             .roundtrip(&meta, op, None, |e, h| {
-                Bytes::copy_from_slice(e.tool_call(h, tool_call_id, &r.name, &args))
+                Bytes::copy_from_slice(request::tool_call(e, h, tool_call_id, &r.name, &members))
             })
             .await?;
         let answer = reply.answer()?;
@@ -688,9 +678,7 @@ impl McpService for Edge {
     ) -> Result<Response<pb::GetPromptResult>, Status> {
         let meta = self.0.meta(&req)?;
         let r = req.get_ref();
-        let members = convert::split_object(r.arguments.as_deref())
-            .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
-        let args = kvs(&members);
+        let members = request::arguments(r.arguments.as_deref()).map_err(refused)?;
         let op = Op {
             method: "prompts/get",
             target: &r.name,
@@ -698,7 +686,7 @@ impl McpService for Edge {
         let reply = self
             .0
             .roundtrip(&meta, op, None, |e, h| {
-                Bytes::copy_from_slice(e.get_prompt(h, &r.name, &args))
+                Bytes::copy_from_slice(request::get_prompt(e, h, &r.name, &members))
             })
             .await?;
         let a = reply
@@ -712,25 +700,9 @@ impl McpService for Edge {
         &self,
         req: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResult>, Status> {
-        use pb::completion_reference::Reference;
         let meta = self.0.meta(&req)?;
         let r = req.get_ref();
-        let (kind, name) = match r.r#ref.as_ref().and_then(|x| x.reference.as_ref()) {
-            Some(Reference::Prompt(pr)) => (p::CompletionRefKind::Prompt, pr.name.as_str()),
-            Some(Reference::Resource(rr)) => (p::CompletionRefKind::Resource, rr.uri.as_str()),
-            None => {
-                return Err(status::edge(
-                    ErrorCode::InvalidParams,
-                    "`ref` (a prompt or a resource) is required",
-                ));
-            }
-        };
-        let Some(arg) = r.argument.as_ref() else {
-            return Err(status::edge(
-                ErrorCode::InvalidParams,
-                "`argument` is required",
-            ));
-        };
+        let (kind, name, arg) = request::completion_target(r).map_err(refused)?;
         let op = Op {
             method: "completion/complete",
             target: name,
@@ -738,7 +710,7 @@ impl McpService for Edge {
         let reply = self
             .0
             .roundtrip(&meta, op, None, |e, h| {
-                Bytes::copy_from_slice(e.complete(h, kind, name, &arg.name, &arg.value))
+                Bytes::copy_from_slice(request::complete(e, h, kind, name, arg))
             })
             .await?;
         let c = reply
@@ -808,20 +780,12 @@ impl McpService for Edge {
         req: Request<pb::SetLoggingLevelRequest>,
     ) -> Result<Response<pb::SetLoggingLevelResponse>, Status> {
         let meta = self.0.meta(&req)?;
-        let level = match pb::LogLevel::try_from(req.get_ref().level) {
-            Ok(pb::LogLevel::Unspecified) | Err(_) => {
-                return Err(status::edge(
-                    ErrorCode::InvalidParams,
-                    "level must be one of LOG_LEVEL_DEBUG..EMERGENCY",
-                ));
-            }
-            Ok(l) => l,
-        };
+        let level = request::log_level(req.get_ref().level).map_err(refused)?;
         let op = Op {
             method: "logging/setLevel",
             target: meta.session.as_deref().unwrap_or(""),
         };
-        let wire = convert::log_level_to_wire(level);
+        let wire = request::log_level_to_wire(level);
         let reply = self
             .0
             .roundtrip(&meta, op, None, |e, h| {

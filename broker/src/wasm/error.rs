@@ -53,6 +53,14 @@ pub enum CallError {
         /// The parser's message.
         error: String,
     },
+    /// The answer would take more than the router's `max_result_bytes` of
+    /// host memory; it was refused while being read out of the guest,
+    /// before the copy, and the instance was discarded. Not retryable.
+    #[error("router answer exceeds max_result_bytes ({limit} bytes)")]
+    ResultTooLarge {
+        /// The router's `max_result_bytes`.
+        limit: usize,
+    },
     /// Any other host-side failure of the call; the instance was discarded.
     #[error("router call failed: {0}")]
     Fault(String),

@@ -21,7 +21,9 @@ use std::task::{Context, Poll, Wake};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{
+    Component, ComponentExportIndex, Func, Linker, ResourceTable, TypedFunc,
+};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
     StoreLimits, StoreLimitsBuilder, UpdateDeadline,
@@ -31,7 +33,12 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use super::bindings::types::{McpResource, Prompt, ServerDescription, Tool};
 use super::bindings::{McpRouter, McpRouterPre, ROUTER_INTERFACE};
 use super::error::{CallError, HostError, LoadError};
+use super::metered::{
+    self, CallToolParams, CallToolResults, CompleteParams, CompleteResults, GetPromptParams,
+    GetPromptResults, ReadResourceParams, ReadResourceResults,
+};
 use super::spec::{HostConfig, RouterSpec};
+use super::types as w;
 
 /// Core instances, tables and memories one router store may create: a Rust
 /// `wasm32-wasip2` component is one main module plus a few `wit-component`
@@ -178,6 +185,24 @@ impl WasmHost {
                 message: format!("{e:#}"),
             })?;
         let pre = self.check(spec, &component)?;
+        // `check` found the interface and the bindings' own check passed,
+        // so these exports exist.
+        let export = |name: &str| {
+            component
+                .get_export_index(None, ROUTER_INTERFACE)
+                .and_then(|i| component.get_export_index(Some(&i), name))
+                .ok_or_else(|| LoadError::Incompatible {
+                    router: router.clone(),
+                    path: spec.wasm.clone(),
+                    problems: vec![format!("`{ROUTER_INTERFACE}` exports no `{name}`")],
+                })
+        };
+        let metered = MeteredExports {
+            call_tool: export("call-tool")?,
+            read_resource: export("read-resource")?,
+            get_prompt: export("get-prompt")?,
+            complete: export("complete")?,
+        };
         let env: Vec<(String, String)> = spec
             .grants
             .env
@@ -195,6 +220,7 @@ impl WasmHost {
         let mut router = Router {
             shared: self.shared.clone(),
             pre,
+            metered,
             spec: spec.clone(),
             env,
             meta: Arc::new(RouterMeta::default()),
@@ -283,6 +309,8 @@ pub struct RouterMeta {
 pub struct Router {
     pub(crate) shared: Arc<Shared>,
     pre: McpRouterPre<StoreState>,
+    /// The exports whose answers are read under `max_result_bytes`.
+    metered: MeteredExports<ComponentExportIndex>,
     pub(crate) spec: RouterSpec,
     env: Vec<(String, String)>,
     meta: Arc<RouterMeta>,
@@ -300,8 +328,18 @@ impl std::fmt::Debug for Router {
 pub(crate) struct Instance {
     pub(crate) store: Store<StoreState>,
     pub(crate) bindings: McpRouter,
-    /// Reused buffer for `call-tool` arguments (see `RouterPool::call_tool`).
-    pub(crate) scratch: String,
+    /// The metered exports, each type-checked against its `metered`
+    /// parameter and result types when the instance was made.
+    metered: MeteredExports<Func>,
+}
+
+/// The exports called through `metered`'s types: indices in a component,
+/// then functions of an instance.
+struct MeteredExports<T> {
+    call_tool: T,
+    read_resource: T,
+    get_prompt: T,
+    complete: T,
 }
 
 impl Router {
@@ -377,18 +415,49 @@ impl Router {
         store.data_mut().deadline = Instant::now() + self.spec.call_deadline;
         store.set_epoch_deadline(1);
         let deadline = store.data().deadline;
-        let bindings = drive(
+        let instance = drive(
             &self.shared.tokio,
             deadline,
-            self.pre.instantiate_async(&mut store),
+            self.pre.instance_pre().instantiate_async(&mut store),
         )
         .await
         .map_err(|_| CallError::Instantiate("start function exceeded the deadline".into()))?
         .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+        let failed = |e: wasmtime::Error| CallError::Instantiate(format!("{e:#}"));
+        let bindings = McpRouter::new(&mut store, &instance).map_err(failed)?;
+        let idx = &self.metered;
+        let mut func = |i: &ComponentExportIndex| {
+            instance
+                .get_func(&mut store, i)
+                .ok_or_else(|| CallError::Instantiate("a router export is missing".into()))
+        };
+        let metered = MeteredExports {
+            call_tool: func(&idx.call_tool)?,
+            read_resource: func(&idx.read_resource)?,
+            get_prompt: func(&idx.get_prompt)?,
+            complete: func(&idx.complete)?,
+        };
+        // The type checks that make the `Instance` calls sound.
+        metered
+            .call_tool
+            .typed::<CallToolParams<'_>, CallToolResults>(&store)
+            .map_err(failed)?;
+        metered
+            .read_resource
+            .typed::<ReadResourceParams<'_>, ReadResourceResults>(&store)
+            .map_err(failed)?;
+        metered
+            .get_prompt
+            .typed::<GetPromptParams<'_>, GetPromptResults>(&store)
+            .map_err(failed)?;
+        metered
+            .complete
+            .typed::<CompleteParams<'_>, CompleteResults>(&store)
+            .map_err(failed)?;
         Ok(Instance {
             store,
             bindings,
-            scratch: String::new(),
+            metered,
         })
     }
 
@@ -429,6 +498,74 @@ impl Router {
 }
 
 impl Instance {
+    /// `call-tool`, its answer read out of the guest under a budget of
+    /// `max_result_bytes` ([`CallError::ResultTooLarge`] past it, through
+    /// [`settle`]).
+    pub(crate) async fn call_tool(
+        &mut self,
+        tool: &str,
+        arguments: &str,
+        max_result_bytes: usize,
+    ) -> wasmtime::Result<Result<w::Response, w::ToolError>> {
+        // SAFETY: `instantiate` checked this function with `Func::typed`
+        // against exactly these parameter and result types.
+        let f = unsafe {
+            TypedFunc::<CallToolParams<'_>, CallToolResults>::new_unchecked(self.metered.call_tool)
+        };
+        let call = f.call_async(&mut self.store, (tool, arguments));
+        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
+    /// `read-resource`, metered as [`Self::call_tool`].
+    pub(crate) async fn read_resource(
+        &mut self,
+        uri: &str,
+        max_result_bytes: usize,
+    ) -> wasmtime::Result<Result<w::ReadResourceResult, w::ResourceError>> {
+        // SAFETY: as in `call_tool`, checked by `instantiate`.
+        let f = unsafe {
+            TypedFunc::<ReadResourceParams<'_>, ReadResourceResults>::new_unchecked(
+                self.metered.read_resource,
+            )
+        };
+        let call = f.call_async(&mut self.store, (uri,));
+        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
+    /// `get-prompt`, metered as [`Self::call_tool`].
+    pub(crate) async fn get_prompt(
+        &mut self,
+        name: &str,
+        max_result_bytes: usize,
+    ) -> wasmtime::Result<Result<w::GetPromptResult, w::PromptError>> {
+        // SAFETY: as in `call_tool`, checked by `instantiate`.
+        let f = unsafe {
+            TypedFunc::<GetPromptParams<'_>, GetPromptResults>::new_unchecked(
+                self.metered.get_prompt,
+            )
+        };
+        let call = f.call_async(&mut self.store, (name,));
+        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
+    /// `complete`, metered as [`Self::call_tool`].
+    pub(crate) async fn complete(
+        &mut self,
+        request: &w::CompletionRequest,
+        max_result_bytes: usize,
+    ) -> wasmtime::Result<Result<w::CompletionResponse, w::CompletionError>> {
+        // SAFETY: as in `call_tool`, checked by `instantiate`.
+        let f = unsafe {
+            TypedFunc::<CompleteParams<'_>, CompleteResults>::new_unchecked(self.metered.complete)
+        };
+        let call = f.call_async(&mut self.store, (request,));
+        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
     /// Arms the store for one call.
     pub(crate) fn begin(&mut self, deadline: Instant) {
         let data = self.store.data_mut();
@@ -497,6 +634,9 @@ pub(crate) fn settle<T>(
     };
     if e.downcast_ref::<DeadlinePassed>().is_some() {
         return Err(CallError::DeadlineExceeded(deadline));
+    }
+    if let Some(big) = e.downcast_ref::<metered::ResultTooLarge>() {
+        return Err(CallError::ResultTooLarge { limit: big.limit });
     }
     if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
         return Err(match trap {

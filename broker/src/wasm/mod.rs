@@ -17,11 +17,14 @@
 //!   wake the shard's task across threads (monoio needs its `sync` feature).
 //! - Every call has a deadline; a trap, deadline, out-of-memory or stack
 //!   overflow discards the instance and a fresh one replaces it.
+//! - A call's answer is measured while it is read out of the guest and
+//!   refused past `max_result_bytes` before it is copied (`metered`).
 //! - A router gets no WASI capability its [`Grants`] do not name.
 
 mod bindings;
 mod error;
 mod host;
+mod metered;
 mod pool;
 mod spec;
 
@@ -34,8 +37,9 @@ pub use host::{Router, RouterMeta, WasmHost};
 pub use pool::{Caller, PoolStats, RouterPool};
 pub use spec::{
     DEFAULT_CALL_DEADLINE, DEFAULT_INSTANCES_PER_SHARD, DEFAULT_MAX_MEMORY_BYTES,
-    DEFAULT_MAX_SESSIONS_PER_SHARD, DEFAULT_MAX_TABLE_ELEMENTS, DEFAULT_QUEUE_DEPTH,
-    DEFAULT_SESSION_IDLE_TIMEOUT, DirGrant, Grants, HostConfig, RouterSpec, SessionLimits,
+    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_SESSIONS_PER_SHARD, DEFAULT_MAX_TABLE_ELEMENTS,
+    DEFAULT_QUEUE_DEPTH, DEFAULT_SESSION_IDLE_TIMEOUT, DirGrant, Grants, HostConfig, RouterSpec,
+    SessionLimits,
 };
 
 /// Environment variable naming the directory of the bundled routers.

@@ -423,6 +423,10 @@ impl RouterPool {
         self.inner.router.spec.call_deadline
     }
 
+    fn max_result_bytes(&self) -> usize {
+        self.inner.router.spec.max_result_bytes
+    }
+
     /// Takes an instance (or waits for one), runs `f` on it under the
     /// deadline, and gives it back; a faulted instance is replaced.
     async fn run<T>(
@@ -510,22 +514,11 @@ impl Caller<'_> {
         arguments: &str,
         deadline: Duration,
     ) -> Result<Response, CallError> {
+        let max = self.pool.max_result_bytes();
         let response = self
             .pool
             .run(self.session, deadline, async |i| {
-                // The binding of the WIT `json` alias takes `&String`: copy
-                // into the instance's reused buffer rather than allocate.
-                i.scratch.clear();
-                i.scratch.push_str(arguments);
-                let Instance {
-                    store,
-                    bindings,
-                    scratch,
-                } = i;
-                bindings
-                    .wasix_mcp_router()
-                    .call_call_tool(store, tool, scratch)
-                    .await
+                i.call_tool(tool, arguments, max).await
             })
             .await?
             .map_err(CallError::Tool)?;
@@ -537,12 +530,10 @@ impl Caller<'_> {
 
     /// `read-resource`.
     pub async fn read_resource(self, uri: &str) -> Result<ReadResourceResult, CallError> {
+        let max = self.pool.max_result_bytes();
         self.pool
             .run(self.session, self.pool.deadline(), async |i| {
-                i.bindings
-                    .wasix_mcp_router()
-                    .call_read_resource(&mut i.store, uri)
-                    .await
+                i.read_resource(uri, max).await
             })
             .await?
             .map_err(CallError::Resource)
@@ -551,12 +542,10 @@ impl Caller<'_> {
     /// `get-prompt`. Messages may hold `{{arg}}` placeholders for the broker
     /// to fill (the WIT passes no arguments).
     pub async fn get_prompt(self, name: &str) -> Result<GetPromptResult, CallError> {
+        let max = self.pool.max_result_bytes();
         self.pool
             .run(self.session, self.pool.deadline(), async |i| {
-                i.bindings
-                    .wasix_mcp_router()
-                    .call_get_prompt(&mut i.store, name)
-                    .await
+                i.get_prompt(name, max).await
             })
             .await?
             .map_err(CallError::Prompt)
@@ -567,12 +556,10 @@ impl Caller<'_> {
         self,
         request: &CompletionRequest,
     ) -> Result<CompletionResponse, CallError> {
+        let max = self.pool.max_result_bytes();
         self.pool
             .run(self.session, self.pool.deadline(), async |i| {
-                i.bindings
-                    .wasix_mcp_router()
-                    .call_complete(&mut i.store, request)
-                    .await
+                i.complete(request, max).await
             })
             .await?
             .map_err(CallError::Completion)

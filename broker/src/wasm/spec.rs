@@ -34,6 +34,10 @@ pub const DEFAULT_MAX_SESSIONS_PER_SHARD: u32 = 64;
 /// dropped: long enough for an interactive session's pauses, short enough
 /// that abandoned sessions do not pin instances for long.
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default cap on the host memory one router answer may take: the
+/// default frame limit (`frames.max_frame_bytes`), since the answer has to
+/// fit in one response frame anyway.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 4 << 20;
 /// Default table-element cap per instance (function tables of Rust guests
 /// hold a few hundred entries).
 pub const DEFAULT_MAX_TABLE_ELEMENTS: usize = 20_000;
@@ -102,6 +106,12 @@ pub struct RouterSpec {
     pub max_memory_bytes: usize,
     /// Table elements cap per instance.
     pub max_table_elements: usize,
+    /// Host memory one answer (`call-tool`, `read-resource`, `get-prompt`,
+    /// `complete`) may take, strings and lists as read out of the guest; a
+    /// larger answer fails the call as a router fault before it is copied. Linear memory bounds what a guest holds,
+    /// not this: one string referenced a million times is copied a million
+    /// times.
+    pub max_result_bytes: usize,
     /// Check that every `json` field of an answer is JSON (costs a parse of
     /// structured content per call; keeps a broken router from sending
     /// broken JSON to clients).
@@ -125,6 +135,7 @@ impl RouterSpec {
             call_deadline: DEFAULT_CALL_DEADLINE,
             max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             max_table_elements: DEFAULT_MAX_TABLE_ELEMENTS,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             validate_json: true,
             grants: Grants::default(),
             sessions: None,

@@ -17,6 +17,7 @@
 //! | `read_file {"path"}` | `std::fs::read_to_string` | text, or `ToolError` without a grant |
 //! | `env {"name"}` | `std::env::var` | value, or `ToolError` when not granted |
 //! | `print {"text"}` | writes to stdout and stderr | completes (output discarded unless granted) |
+//! | `fanout {"blocks", "bytes"}` | `blocks` text blocks that all point at one string of `bytes` bytes | `ResultTooLarge` past `max_result_bytes`, instance replaced |
 //!
 //! # Invariants
 //! - Each tool misbehaves in exactly one way, so a test names its cause.
@@ -78,6 +79,37 @@ fn recurse(depth: u64) -> u64 {
     recurse(depth + 1).wrapping_mul(31).wrapping_add(depth)
 }
 
+/// `blocks` text blocks whose strings all point at one buffer of `bytes`
+/// bytes: what any guest that lowers its own answer can return, made here
+/// from Rust by aliasing. The guest holds `bytes` once; a host that lifted
+/// it naively would copy it `blocks` times.
+fn fanout(blocks: usize, bytes: usize) -> Response {
+    let mut text = std::mem::ManuallyDrop::new("x".repeat(bytes));
+    let (ptr, len, cap) = (text.as_mut_ptr(), text.len(), text.capacity());
+    let content = (0..blocks)
+        .map(|_| {
+            // SAFETY: deliberately not sound Rust: every block claims the
+            // same buffer. Nothing in this guest reads or drops them: the
+            // canonical ABI lowering only records each (ptr, len), and the
+            // post-return that would free them runs only after the host
+            // has accepted the answer, which it must not do for this one
+            // (`max_result_bytes`); the instance is discarded instead.
+            let text = unsafe { String::from_raw_parts(ptr, len, cap) };
+            ContentBlock::Text(TextContent {
+                text,
+                annotations: None,
+            })
+        })
+        .collect();
+    Response::Completed(ToolResult {
+        content,
+        structured_content: None,
+        progress: None,
+        meta: None,
+        is_error: None,
+    })
+}
+
 fn tool(name: &str, description: &str) -> Tool {
     Tool {
         name: name.into(),
@@ -101,7 +133,7 @@ impl Guest for Chaos {
 
     fn instructions() -> String {
         "Tools that misbehave on purpose: trap, panic, loop, alloc, recurse, sleep, spin, \
-         elicit, malformed, fail; read_file, env and print probe the WASI grants."
+         elicit, malformed, fail, fanout; read_file, env and print probe the WASI grants."
             .into()
     }
 
@@ -138,6 +170,10 @@ impl Guest for Chaos {
             tool("read_file", "Reads the file at `path`."),
             tool("env", "Reads the environment variable `name`."),
             tool("print", "Writes `text` to stdout and stderr."),
+            tool(
+                "fanout",
+                "Returns `blocks` text blocks that all point at one string of `bytes` bytes.",
+            ),
         ]
     }
 
@@ -208,6 +244,17 @@ impl Guest for Chaos {
                 out.and(err)
                     .map(|()| completed("printed".into(), None))
                     .map_err(|e| ToolError::ExecutionError(format!("print: {e}")))
+            }
+            "fanout" => {
+                let count = |name| {
+                    arg(&args, name)?
+                        .as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| {
+                            ToolError::InvalidParameters(format!("`{name}` must be a count"))
+                        })
+                };
+                Ok(fanout(count("blocks")?, count("bytes")?))
             }
             other => Err(ToolError::NotFound(format!("no tool `{other}`"))),
         }
