@@ -316,3 +316,24 @@ fn a_dead_shard_fails_readiness_and_exits_nonzero() {
 unsafe extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
 }
+
+/// Connections beyond `max_connections_per_shard` are accepted and closed
+/// at once (counted and logged); the ones within the bound are served.
+#[test]
+fn connections_beyond_the_shard_bound_are_closed_at_once() {
+    let mut broker =
+        Broker::start_with_config(&config("max_connections_per_shard = 2"), &["--shards", "1"]);
+    let mut a = broker.connect();
+    let mut b = broker.connect();
+    // Both are served before the third arrives, so both are counted open.
+    assert_eq!(tool_text(&a.call("echo", &[], None)), "{}");
+    assert_eq!(tool_text(&b.call("echo", &[], None)), "{}");
+    let mut c = broker.connect();
+    assert!(c.read_frame().is_none(), "the third connection is closed");
+    assert_eq!(broker.metric_sum("mcp_connections_refused_total"), 1.0);
+    assert_eq!(
+        tool_text(&a.call("echo", &[("x", "1")], None)),
+        r#"{"x":1}"#
+    );
+    assert!(broker.terminate(Duration::from_secs(15)).success());
+}
