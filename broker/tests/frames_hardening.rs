@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{Broker, Client, error_code, tool_text};
-use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
+use mcp_schema::client::ResponseView;
 
 /// The bundled echo router plus the chaos router (slow and failing tools),
 /// with frame-edge limits set by the test.
@@ -34,20 +34,6 @@ queue_depth = 16
 call_deadline = "5s"
 "#
     )
-}
-
-fn call_frame(enc: &mut RequestEncoder, n: u64, tool: &str, args: &[(&str, &str)]) -> Vec<u8> {
-    let corr = format!("c{n}");
-    let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&n.to_be_bytes());
-    let h = RequestHeader {
-        message_id: id,
-        correlation_id: Some(&corr),
-        session_id: None,
-        timeout_ms: 0,
-        unix_nanos: 0,
-    };
-    enc.tool_call(&h, id, tool, args).to_vec()
 }
 
 /// Reads final answers until `n` arrived or EOF; returns them by
@@ -146,8 +132,8 @@ fn in_flight_bound_holds_within_one_read() {
     let mut c = broker.connect();
     let mut batch = Vec::new();
     let n = 40;
-    for i in 1..=n {
-        batch.extend_from_slice(&call_frame(&mut c.enc, i, "sleep", &[("ms", "20")]));
+    for _ in 0..n {
+        batch.extend_from_slice(&c.tool_call_frame("sleep", &[("ms", "20")], None).1);
     }
     c.send_raw(&batch);
     let seen = read_answers(&mut c, n as usize);
@@ -170,7 +156,8 @@ fn steady_pipelining_is_not_mistaken_for_slowloris() {
         &config("partial_frame_timeout = \"300ms\""),
         &["--shards", "1"],
     );
-    let c = broker.connect();
+    let mut c = broker.connect();
+    let (_, frame) = c.tool_call_frame("echo", &[("pad", "\"0123456789abcdef\"")], None);
     let mut w = c.stream.try_clone().unwrap();
     let reader = std::thread::spawn(move || {
         let mut c = c;
@@ -180,8 +167,6 @@ fn steady_pipelining_is_not_mistaken_for_slowloris() {
         }
         n
     });
-    let mut enc = RequestEncoder::new();
-    let frame = call_frame(&mut enc, 1, "echo", &[("pad", "\"0123456789abcdef\"")]);
     // One frame and one byte every 10 ms for about 1.2 s: each read ends one
     // byte further into a frame, so a partial frame is always held (the
     // buffer would next be empty after `frame.len()` writes), yet every
@@ -219,8 +204,8 @@ fn drain_writes_every_answer_before_closing() {
     let n: u64 = 400;
     let pad = format!("\"{}\"", "x".repeat(16 << 10));
     let mut batch = Vec::new();
-    for i in 1..=n {
-        batch.extend_from_slice(&call_frame(&mut c.enc, i, "echo", &[("pad", &pad)]));
+    for _ in 0..n {
+        batch.extend_from_slice(&c.tool_call_frame("echo", &[("pad", &pad)], None).1);
     }
     // Written from another thread: the broker answers while we send, and
     // we do not read until it has drained.
@@ -286,12 +271,12 @@ fn a_dead_shard_fails_readiness_and_exits_nonzero() {
     // of 1 in 128), so the survivor has work to drain while readiness is
     // checked.
     let mut slow: Vec<Client> = (0..8).map(|_| broker.connect()).collect();
-    for (i, c) in slow.iter_mut().enumerate() {
-        let f = call_frame(&mut c.enc, i as u64 + 1, "sleep", &[("ms", "3000")]);
+    for c in slow.iter_mut() {
+        let f = c.tool_call_frame("sleep", &[("ms", "3000")], None).1;
         c.send_raw(&f);
     }
     let mut c = broker.connect();
-    let f = call_frame(&mut c.enc, 100, "die", &[]);
+    let f = c.tool_call_frame("die", &[], None).1;
     c.send_raw(&f);
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {

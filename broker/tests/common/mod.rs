@@ -297,13 +297,14 @@ impl Client {
         }
     }
 
-    /// Calls a tool and returns the final response frame.
-    pub fn call(
+    /// A tool-call frame with a fresh header, not sent; with its
+    /// correlation id.
+    pub fn tool_call_frame(
         &mut self,
         tool: &str,
         args: &[(&str, &str)],
-        session: Option<&'static str>,
-    ) -> Vec<u8> {
+        session: Option<&str>,
+    ) -> (String, Vec<u8>) {
         let (corr, id) = self.header();
         let h = RequestHeader {
             message_id: id,
@@ -313,6 +314,17 @@ impl Client {
             unix_nanos: 0,
         };
         let f = self.enc.tool_call(&h, id, tool, args).to_vec();
+        (corr, f)
+    }
+
+    /// Calls a tool and returns the final response frame.
+    pub fn call(
+        &mut self,
+        tool: &str,
+        args: &[(&str, &str)],
+        session: Option<&'static str>,
+    ) -> Vec<u8> {
+        let (corr, f) = self.tool_call_frame(tool, args, session);
         self.send_raw(&f);
         let resp = self.read_final();
         assert_eq!(ResponseView::parse(&resp).unwrap().correlation_id(), corr);
