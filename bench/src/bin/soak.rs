@@ -111,6 +111,10 @@ struct Args {
     /// must be answered (also mcp-loadgen's --drain).
     #[arg(long, default_value_t = 30.0)]
     answer_deadline: f64,
+    /// Seconds the checker keeps listening after the answer deadline, to
+    /// tell late answers (still counted lost) from missing ones.
+    #[arg(long, default_value_t = 10.0)]
+    grace: f64,
     /// Seconds of RSS samples after the abusers have closed.
     #[arg(long, default_value_t = 5.0)]
     after: f64,
@@ -515,7 +519,10 @@ const GARBAGE_KINDS: [&str; 5] = [
 struct GarbageStats {
     conn: ConnStats,
     sent_by_kind: [AtomicU64; 5],
-    closed_after_kind: [AtomicU64; 5],
+    /// Closes after an oversized prefix had been written on the connection
+    /// (the documented outcome) and closes without one.
+    closed_after_oversized: AtomicU64,
+    closed_otherwise: AtomicU64,
     answers: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -609,7 +616,10 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
         since: Instant,
         out: Vec<u8>,
         inbuf: Vec<u8>,
-        last_kind: usize,
+        appended: u64,
+        written: u64,
+        /// Stream offset just past the first oversized prefix appended.
+        oversized_at: Option<u64>,
     }
     const TICK: Duration = Duration::from_millis(10);
     // What may wait unwritten per connection before no more is generated.
@@ -631,7 +641,9 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
                     since: Instant::now(),
                     out: Vec::new(),
                     inbuf: Vec::new(),
-                    last_kind: 0,
+                    appended: 0,
+                    written: 0,
+                    oversized_at: None,
                 });
             }
         }
@@ -644,8 +656,12 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
                 Some(c) if c.out.len() < MAX_PENDING => {
                     let kind = next_kind % GARBAGE_KINDS.len();
                     next_kind += 1;
+                    let before = c.out.len();
                     garbage_frame(&mut rng, kind, &template, max_frame, &mut c.out);
-                    c.last_kind = kind;
+                    if kind == 4 && c.oversized_at.is_none() {
+                        c.oversized_at = Some(c.appended + 4);
+                    }
+                    c.appended += (c.out.len() - before) as u64;
                     gs.sent_by_kind[kind].fetch_add(1, Relaxed);
                     gs.conn.frames_sent.fetch_add(1, Relaxed);
                     due -= 1.0;
@@ -662,6 +678,7 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
                     Ok(w) => {
                         gs.conn.bytes_sent.fetch_add(w as u64, Relaxed);
                         c.out.drain(..w);
+                        c.written += w as u64;
                     }
                     Err(how) => res = Err(how),
                 }
@@ -677,7 +694,11 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
             }
             if let Err(how) = res {
                 count_answers(&mut c.inbuf, &gs);
-                gs.closed_after_kind[c.last_kind].fetch_add(1, Relaxed);
+                if c.oversized_at.is_some_and(|o| c.written >= o) {
+                    gs.closed_after_oversized.fetch_add(1, Relaxed);
+                } else {
+                    gs.closed_otherwise.fetch_add(1, Relaxed);
+                }
                 gs.conn.closed(how, c.since);
                 *slot = None;
             }
@@ -696,6 +717,8 @@ struct CheckerResult {
     unsent: u64,
     answered: u64,
     lost: u64,
+    /// Of the lost: answered after the deadline, within the grace period.
+    late: u64,
     duplicates: u64,
     unknown: u64,
     invalid: u64,
@@ -716,13 +739,13 @@ struct Entry {
 }
 
 /// One checker connection: `echo` calls with ids `c<idx>.<seq>` at `rate`
-/// until `send_until`, then waits for every answer until `drain_until`.
+/// until `send_until`, then waits for every answer until `drain_until`
+/// (missing then: lost), and until `grace_until` to tell late from never.
 fn run_checker(
     idx: usize,
     addr: SocketAddr,
     rate: f64,
-    send_until: Instant,
-    drain_until: Instant,
+    (send_until, drain_until, grace_until): (Instant, Instant, Instant),
     abort: Arc<AtomicBool>,
 ) -> CheckerResult {
     let mut r = CheckerResult::default();
@@ -741,7 +764,7 @@ fn run_checker(
     loop {
         let now = Instant::now();
         let sending = now < send_until;
-        if abort.load(Relaxed) || now >= drain_until || (!sending && outstanding == 0) {
+        if abort.load(Relaxed) || now >= grace_until || (!sending && outstanding == 0) {
             break;
         }
         if conn.is_none() {
@@ -833,6 +856,9 @@ fn run_checker(
                             if e.finals == 1 {
                                 r.answered += 1;
                                 outstanding -= 1;
+                                if now >= drain_until {
+                                    r.late += 1;
+                                }
                                 r.latencies_us.push((now - e.sent_at).as_micros() as u64);
                                 let k = match v.error() {
                                     Some((code, _)) => format!("error_{code}"),
@@ -880,7 +906,7 @@ fn run_checker(
         // SAFETY: one valid pollfd for a socket this function owns.
         unsafe { libc::poll(&mut pfd, 1, wait.as_millis() as libc::c_int) };
     }
-    r.lost = entries.values().filter(|e| e.finals == 0).count() as u64;
+    r.lost = entries.values().filter(|e| e.finals == 0).count() as u64 + r.late;
     r.latencies_us.sort_unstable();
     r
 }
@@ -950,8 +976,9 @@ fn start_broker(a: &Args, workdir: &Path, shards: usize) -> Result<Broker> {
         .stderr(logf)
         .stdin(Stdio::null())
         .env("NO_COLOR", "1");
+    // info: the broker logs each connection it closes, with the reason.
     if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
+        cmd.env("RUST_LOG", "info");
     }
     die_with_parent(&mut cmd);
     let mut child = cmd.spawn().context("starting mcp-broker")?;
@@ -1473,11 +1500,14 @@ fn main() -> Result<()> {
     let load_start = Instant::now();
     let send_until = load_start + dur;
     let drain_until = send_until + deadline;
+    let grace_until = drain_until + Duration::from_secs_f64(a.grace);
     let checkers: Vec<JoinHandle<CheckerResult>> = (0..a.checker_conns)
         .map(|i| {
             let (addr, ab) = (broker.frames, Arc::clone(&abort));
             let r = a.checker_rate as f64 / a.checker_conns.max(1) as f64;
-            thread::spawn(move || run_checker(i, addr, r, send_until, drain_until, ab))
+            thread::spawn(move || {
+                run_checker(i, addr, r, (send_until, drain_until, grace_until), ab)
+            })
         })
         .collect();
 
@@ -1488,7 +1518,7 @@ fn main() -> Result<()> {
     let mut lg_status = None;
     let mut next_sample = Instant::now();
     let mut abusers_stopped_at: Option<Instant> = None;
-    let hard_end = drain_until + Duration::from_secs(15);
+    let hard_end = grace_until + Duration::from_secs(15);
     loop {
         let now = Instant::now();
         if let Some(c) = lg.as_mut()
@@ -1633,6 +1663,7 @@ fn main() -> Result<()> {
         ck.unsent += c.unsent;
         ck.answered += c.answered;
         ck.lost += c.lost;
+        ck.late += c.late;
         ck.duplicates += c.duplicates;
         ck.unknown += c.unknown;
         ck.invalid += c.invalid;
@@ -1688,7 +1719,13 @@ fn main() -> Result<()> {
                 "0 (no final answer within {} s of the load's end)",
                 a.answer_deadline
             ),
-            format!("{} of {} sent", ck.lost, ck.sent - ck.unsent),
+            format!(
+                "{} of {} sent ({} of them answered within {} s after the deadline)",
+                ck.lost,
+                ck.sent - ck.unsent,
+                ck.late,
+                a.grace
+            ),
             Some(ck.lost == 0),
         ),
         (
@@ -1757,8 +1794,8 @@ fn main() -> Result<()> {
     let garbage_json = json!({
         "sent_by_kind": GARBAGE_KINDS.iter().zip(&garbage.sent_by_kind)
             .map(|(k, v)| (k.to_string(), v.load(Relaxed))).collect::<BTreeMap<_, _>>(),
-        "closed_after_kind": GARBAGE_KINDS.iter().zip(&garbage.closed_after_kind)
-            .map(|(k, v)| (k.to_string(), v.load(Relaxed))).collect::<BTreeMap<_, _>>(),
+        "closed_after_oversized_prefix": garbage.closed_after_oversized.load(Relaxed),
+        "closed_otherwise": garbage.closed_otherwise.load(Relaxed),
         "answers": garbage.answers.lock().map(|m| m.clone()).unwrap_or_default(),
     });
     let lat = |q| percentile(&ck.latencies_us, q);
@@ -1769,6 +1806,7 @@ fn main() -> Result<()> {
         "unsent_on_close": ck.unsent,
         "answered": ck.answered,
         "lost": ck.lost,
+        "lost_but_answered_in_grace": ck.late,
         "duplicates": ck.duplicates,
         "unknown_ids": ck.unknown,
         "invalid_frames": ck.invalid,
@@ -1809,7 +1847,7 @@ fn main() -> Result<()> {
             "never_reader_kib_per_s": a.never_reader_kib_per_s,
             "garbage_conns": a.garbage_conns, "garbage_rate": a.garbage_rate,
             "checker_conns": a.checker_conns, "checker_rate": a.checker_rate,
-            "answer_deadline_s": a.answer_deadline, "rss_limit_mb": a.rss_limit_mb,
+            "answer_deadline_s": a.answer_deadline, "grace_s": a.grace, "rss_limit_mb": a.rss_limit_mb,
             "max_frame_bytes": max_frame, "broker_ready_line": broker.ready_line,
         },
         "failure": failure,
@@ -1977,7 +2015,7 @@ fn markdown(d: &Value, name: &str) -> String {
     let _ = writeln!(
         o,
         "mcp-loadgen: scheduled {}, sent {}, requests ended {}, ok {}, errors {}; offered {} req/s, \
-         achieved {} req/s; kept up: {}; latency p50 {} µs, p99 {} µs, max {} µs; exit {}{}.",
+         achieved {} req/s; kept up: {}; latency p50 {} µs, p99 {} µs, max {} µs; {}{}.",
         fmt_n(&lg["scheduled"]),
         fmt_n(&lg["sent"]),
         fmt_n(&lg["requests"]),
@@ -2069,19 +2107,19 @@ fn markdown(d: &Value, name: &str) -> String {
         );
     }
     let g = &d["garbage"];
+    let kinds: Vec<String> = GARBAGE_KINDS
+        .iter()
+        .map(|k| format!("`{k}` {}", fmt_n(&g["sent_by_kind"][k])))
+        .collect();
     let _ = writeln!(
         o,
-        "\nGarbage frames by kind (sent / connections the broker closed right after one):\n"
+        "\nGarbage frames sent by kind: {}. Garbage connections the broker closed after an \
+         oversized prefix had been written on them (the documented outcome): {}; closed \
+         without one: {}.",
+        kinds.join(", "),
+        fmt_n(&g["closed_after_oversized_prefix"]),
+        fmt_n(&g["closed_otherwise"])
     );
-    let _ = writeln!(o, "| Kind | Sent | Closed after |\n|---|---|---|");
-    for k in GARBAGE_KINDS {
-        let _ = writeln!(
-            o,
-            "| `{k}` | {} | {} |",
-            fmt_n(&g["sent_by_kind"][k]),
-            fmt_n(&g["closed_after_kind"][k])
-        );
-    }
     if let Some(ans) = g["answers"].as_object() {
         let list: Vec<String> = ans
             .iter()
@@ -2121,7 +2159,7 @@ fn markdown(d: &Value, name: &str) -> String {
         .collect();
     let _ = writeln!(
         o,
-        "Lines by level (RUST_LOG=warn unless set): {}. Most frequent (digits as `#`):\n",
+        "Lines by level (RUST_LOG=info unless set: connection closes and their reasons are logged at info): {}. Most frequent (digits as `#`):\n",
         if levels.is_empty() {
             "none".into()
         } else {
