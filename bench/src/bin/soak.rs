@@ -10,7 +10,9 @@
 //!   answer (none before the answer deadline = lost, two = duplicated);
 //! - idle connections (connect, send nothing; reconnect when closed);
 //! - slowloris connections (one byte of a valid frame per interval);
-//! - never-readers (pipeline valid calls with large arguments, never read);
+//! - never-readers, never reading: half pipeline valid calls with large
+//!   arguments, half send zero bytes (each 4 a zero-length frame, each
+//!   answered with an error: the amplification of issue 18's defect 2);
 //! - garbage frames (random bodies, truncated and bit-flipped requests,
 //!   zero and oversized length prefixes; answers are read and counted);
 //!
@@ -101,6 +103,10 @@ struct Args {
     /// Garbage frames per second, over all garbage connections.
     #[arg(long, default_value_t = 500)]
     garbage_rate: u64,
+    /// One garbage frame in this many is an oversized prefix, which makes
+    /// the broker close the connection (0 = never).
+    #[arg(long, default_value_t = 50)]
+    garbage_close_every: usize,
     /// Checker connections.
     #[arg(long, default_value_t = 4)]
     checker_conns: usize,
@@ -600,6 +606,7 @@ struct GarbagePlan {
     template: Vec<u8>,
     max_frame: u32,
     seed: u64,
+    close_every: usize,
 }
 
 fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) {
@@ -610,6 +617,7 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
         template,
         max_frame,
         seed,
+        close_every,
     } = plan;
     struct Slot {
         s: TcpStream,
@@ -654,8 +662,15 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
             next_slot += 1;
             match &mut slots[i] {
                 Some(c) if c.out.len() < MAX_PENDING => {
-                    let kind = next_kind % GARBAGE_KINDS.len();
+                    // The four kinds the broker answers or drops in turn, and
+                    // every close_every-th frame an oversized prefix (which
+                    // closes the connection and loses what follows it).
                     next_kind += 1;
+                    let kind = if close_every > 0 && next_kind.is_multiple_of(close_every) {
+                        4
+                    } else {
+                        next_kind % 4
+                    };
                     let before = c.out.len();
                     garbage_frame(&mut rng, kind, &template, max_frame, &mut c.out);
                     if kind == 4 && c.oversized_at.is_none() {
@@ -1208,6 +1223,26 @@ fn run_loadgen(a: &Args, target: SocketAddr, extra: &[String], json_path: &Path)
     cmd.spawn().context("starting mcp-loadgen")
 }
 
+/// Stops mcp-loadgen so that it still writes its report: a first SIGINT
+/// ends its send phase, a second skips the drain (docs/loadgen.md); killed
+/// if it has not exited 15 s later.
+fn interrupt(mut c: Child) -> Option<std::process::ExitStatus> {
+    for _ in 0..2 {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+        thread::sleep(Duration::from_millis(200));
+    }
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let _ = c.kill();
+    c.wait().ok()
+}
+
 fn read_json(p: &Path) -> Value {
     std::fs::read_to_string(p)
         .ok()
@@ -1398,7 +1433,9 @@ fn main() -> Result<()> {
     let idle = Arc::new(ConnStats::default());
     let slow = Arc::new(ConnStats::default());
     let never = Arc::new(ConnStats::default());
+    let zeros = Arc::new(ConnStats::default());
     let stalled = Arc::new(AtomicU64::new(0));
+    let stalled_zeros = Arc::new(AtomicU64::new(0));
     let garbage = Arc::new(GarbageStats::default());
     let mut enc = RequestEncoder::new();
     let template = echo_frame(&mut enc, 0xA000, 1, "garbage.1", "garbage template");
@@ -1418,10 +1455,21 @@ fn main() -> Result<()> {
         abusers.push(thread::spawn(move || {
             run_slowloris(addr, n, iv, slow_frame, st, sp)
         }));
+        let bps = a.never_reader_kib_per_s * 1024;
         let (st, sp, stl) = (Arc::clone(&never), Arc::clone(&stop), Arc::clone(&stalled));
-        let (n, bps) = (a.never_readers, a.never_reader_kib_per_s * 1024);
+        let n = a.never_readers - a.never_readers / 2;
         abusers.push(thread::spawn(move || {
             run_never_readers(addr, n, never_frames, bps, st, stl, sp)
+        }));
+        let (st, sp, stl) = (
+            Arc::clone(&zeros),
+            Arc::clone(&stop),
+            Arc::clone(&stalled_zeros),
+        );
+        let n = a.never_readers / 2;
+        let zero_block = vec![vec![0u8; 64 * 1024]];
+        abusers.push(thread::spawn(move || {
+            run_never_readers(addr, n, zero_block, bps, st, stl, sp)
         }));
         let (gs, sp) = (Arc::clone(&garbage), Arc::clone(&stop));
         let plan = GarbagePlan {
@@ -1431,6 +1479,7 @@ fn main() -> Result<()> {
             template,
             max_frame,
             seed: a.seed,
+            close_every: a.garbage_close_every,
         };
         if plan.conns > 0 && plan.rate > 0 {
             abusers.push(thread::spawn(move || run_garbage(plan, gs, sp)));
@@ -1562,8 +1611,8 @@ fn main() -> Result<()> {
                     cpu_s: cpu,
                     idle_open: idle.open.load(Relaxed),
                     slowloris_open: slow.open.load(Relaxed),
-                    never_readers_open: never.open.load(Relaxed),
-                    never_readers_stalled: stalled.load(Relaxed),
+                    never_readers_open: never.open.load(Relaxed) + zeros.open.load(Relaxed),
+                    never_readers_stalled: stalled.load(Relaxed) + stalled_zeros.load(Relaxed),
                     garbage_frames: garbage.conn.frames_sent.load(Relaxed),
                 });
                 if phase == "load" && samples.len().is_multiple_of(5) {
@@ -1572,17 +1621,16 @@ fn main() -> Result<()> {
                         (now - t0).as_secs_f64(),
                         idle.open.load(Relaxed),
                         slow.open.load(Relaxed),
-                        never.open.load(Relaxed),
-                        stalled.load(Relaxed)
+                        never.open.load(Relaxed) + zeros.open.load(Relaxed),
+                        stalled.load(Relaxed) + stalled_zeros.load(Relaxed)
                     ));
                 }
             }
         }
         if failure.is_some() {
             abort.store(true, Relaxed);
-            if let Some(mut c) = lg.take() {
-                let _ = c.kill();
-                lg_status = c.wait().ok();
+            if let Some(c) = lg.take() {
+                lg_status = interrupt(c);
             }
             break;
         }
@@ -1590,9 +1638,8 @@ fn main() -> Result<()> {
             if !clients_done {
                 failure = Some("well-behaved clients did not finish by the hard deadline".into());
                 abort.store(true, Relaxed);
-                if let Some(mut c) = lg.take() {
-                    let _ = c.kill();
-                    lg_status = c.wait().ok();
+                if let Some(c) = lg.take() {
+                    lg_status = interrupt(c);
                 }
             }
             log("well-behaved clients done; closing the abusers");
@@ -1746,19 +1793,31 @@ fn main() -> Result<()> {
         (
             "Loadgen: lost answers",
             "0 `timeout` + `connection_lost`".into(),
-            format!("{lg_lost}"),
+            if lgrep.is_object() {
+                format!("{lg_lost}")
+            } else {
+                "no report".into()
+            },
             Some(lg_lost == 0 && lgrep.is_object()),
         ),
         (
             "Loadgen: duplicated answers",
             "0 `unknown_correlation`".into(),
-            format!("{lg_dup}"),
+            if lgrep.is_object() {
+                format!("{lg_dup}")
+            } else {
+                "no report".into()
+            },
             Some(lg_dup == 0 && lgrep.is_object()),
         ),
         (
             "Loadgen completed",
             "no `failure`".into(),
-            lg_failure.clone().unwrap_or_else(|| "completed".into()),
+            match (&lg_failure, lgrep.is_object()) {
+                (Some(f), _) => f.clone(),
+                (None, true) => "completed".into(),
+                (None, false) => "no report".into(),
+            },
             Some(lg_failure.is_none() && lgrep.is_object()),
         ),
         (
@@ -1788,7 +1847,8 @@ fn main() -> Result<()> {
     let abusers_json = vec![
         idle.report("idle", a.idle),
         slow.report("slowloris", a.slowloris),
-        never.report("never_reader", a.never_readers),
+        never.report("never_reader_calls", a.never_readers - a.never_readers / 2),
+        zeros.report("never_reader_zeros", a.never_readers / 2),
         garbage.conn.report("garbage", a.garbage_conns),
     ];
     let garbage_json = json!({
@@ -1846,6 +1906,7 @@ fn main() -> Result<()> {
             "never_readers": a.never_readers, "never_reader_arg_kib": a.never_reader_arg_kib,
             "never_reader_kib_per_s": a.never_reader_kib_per_s,
             "garbage_conns": a.garbage_conns, "garbage_rate": a.garbage_rate,
+            "garbage_close_every": a.garbage_close_every,
             "checker_conns": a.checker_conns, "checker_rate": a.checker_rate,
             "answer_deadline_s": a.answer_deadline, "grace_s": a.grace, "rss_limit_mb": a.rss_limit_mb,
             "max_frame_bytes": max_frame, "broker_ready_line": broker.ready_line,
@@ -1996,19 +2057,23 @@ fn markdown(d: &Value, name: &str) -> String {
     );
     let _ = writeln!(
         o,
-        "- abusers: {} idle connections; {} slowloris (one byte of a valid frame every {} s); \
-         {} never-readers (pipelined `echo` calls with {} KiB arguments, at most {} KiB/s each, \
-         0 = unbounded, never reading); {} garbage connections sending {} frames/s (random \
-         bodies, truncated and bit-flipped requests, zero-length and oversized prefixes, in \
-         turn). Every abuser reconnects when the broker closes it.",
-        fmt_n(&s["idle"]),
-        fmt_n(&s["slowloris"]),
-        fmt_n(&s["slowloris_interval_s"]),
-        fmt_n(&s["never_readers"]),
-        fmt_n(&s["never_reader_arg_kib"]),
-        fmt_n(&s["never_reader_kib_per_s"]),
-        fmt_n(&s["garbage_conns"]),
-        fmt_n(&s["garbage_rate"])
+        "- abusers: {idle} idle connections; {slow} slowloris (one byte of a valid frame every \
+         {iv} s); {nr} never-readers, never reading, each sending at most {kib} KiB/s \
+         (0 = unbounded): half pipelined `echo` calls with {arg} KiB arguments, half zero \
+         bytes (each 4 a zero-length frame that the broker answers with an error; the table \
+         counts 64 KiB blocks as their frames); {gc} garbage connections sending {gr} frames/s \
+         in all (random bodies, truncated and bit-flipped requests and zero-length frames in \
+         turn, and an oversized prefix every {ge}th frame). Every abuser reconnects when the \
+         broker closes it.",
+        idle = fmt_n(&s["idle"]),
+        slow = fmt_n(&s["slowloris"]),
+        iv = fmt_n(&s["slowloris_interval_s"]),
+        nr = fmt_n(&s["never_readers"]),
+        kib = fmt_n(&s["never_reader_kib_per_s"]),
+        arg = fmt_n(&s["never_reader_arg_kib"]),
+        gc = fmt_n(&s["garbage_conns"]),
+        gr = fmt_n(&s["garbage_rate"]),
+        ge = fmt_n(&s["garbage_close_every"]),
     );
     let lg = &d["loadgen"];
     let _ = writeln!(o, "\n## Well-behaved load\n");
@@ -2076,7 +2141,15 @@ fn markdown(d: &Value, name: &str) -> String {
             .iter()
             .map(|(k, v)| format!("`{k}` {}", fmt_n(v)))
             .collect();
-        let _ = writeln!(o, "Checker answers by kind: {}.", list.join(", "));
+        let _ = writeln!(
+            o,
+            "Checker answers by kind: {}.",
+            if list.is_empty() {
+                "none".into()
+            } else {
+                list.join(", ")
+            }
+        );
     }
     let _ = writeln!(o, "\n## Abusers\n");
     let _ = writeln!(
