@@ -43,8 +43,8 @@ use clap::Parser;
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 use serde_json::{Value, json};
 
-/// The overload and abuse soak (issue 18). See the module docs and
-/// bench/README.md.
+/// The overload and abuse soak (issue 18); see the module docs and
+/// README.md, "Overload and abuse soak".
 #[derive(Parser, Debug)]
 #[command(name = "soak")]
 struct Args {
