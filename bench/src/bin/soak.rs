@@ -2113,9 +2113,9 @@ fn markdown(d: &Value, name: &str) -> String {
     }
     let _ = writeln!(
         o,
-        "\nmcp-loadgen counts a response that arrives after `--timeout` both as `timeout` and \
-         as `unknown_correlation` (issue 18, item 13, until fixed), so its figures bound lost \
-         and duplicated answers from above; the checker below tells them apart."
+        "\nmcp-loadgen counts a request with no answer by `--timeout` once, as `timeout`, and \
+         an answer that comes later in `late_responses` (not as an error); the checker below \
+         tells late answers from missing ones for its own calls."
     );
     let c = &d["checker"];
     let _ = writeln!(
