@@ -651,8 +651,7 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
     let stats = shard.stats();
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     // Since when the broker has waited on the peer for the rest of the frame
-    // at the head of `buf`: from the read that brought its first bytes, or
-    // from when the broker resumed reading after its own backpressure.
+    // at the head of `buf` (see where it is set).
     let mut partial_since: Option<Instant> = None;
     let mut last_read = Instant::now();
     // One per connection; replaced only when it has cancelled a read.
@@ -697,12 +696,14 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
                 }
             }
         }
+        // The clock runs only while the broker waits on the peer for the
+        // rest of the frame at the head of the buffer: it restarts when that
+        // frame is a new one, or when the broker stopped reading meanwhile
+        // (its own backpressure, or a long turn under load).
         partial_since = if buf.is_empty() {
             None
-        } else if waited {
+        } else if waited || split_any || partial_since.is_none() {
             Some(Instant::now())
-        } else if split_any || partial_since.is_none() {
-            Some(last_read)
         } else {
             partial_since
         };
@@ -719,6 +720,16 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         };
         if draining {
             wait = wait.min(DRAIN_QUIET);
+        }
+        // Checked here as well as by the timer: monoio advances its timers
+        // only when the shard parks, which a saturated shard rarely does, so
+        // a peer trickling bytes is caught at its next byte past the
+        // deadline rather than whenever the timer gets to fire.
+        if wait.is_zero() && partial_since.is_some() {
+            return Err(format!(
+                "partial frame not completed within {:?}",
+                cfg.partial_frame_timeout
+            ));
         }
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(READ_CHUNK);
