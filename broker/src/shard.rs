@@ -14,6 +14,15 @@
 //!   without moving or allocating.
 //! - Responses are appended to the connection's write buffer and flushed by
 //!   the writer in batches: one `write` per batch, not one per frame.
+//! - What one connection holds is bounded before every frame is served:
+//!   requests in flight, unwritten answer bytes (errors included), and
+//!   frames per turn of the shard. A peer that reads nothing is cut off at
+//!   `write_timeout` and its answers freed.
+//! - A read is never dropped while it owns the buffer: timeouts, the drain
+//!   and a close cancel it and take the buffer back, partial frame intact.
+//! - Every request read gets exactly one answer written before its
+//!   connection closes (a panicking handler's is -32603), unless the peer
+//!   is gone or the drain deadline passed.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
