@@ -228,7 +228,11 @@ async fn answer(
             if is_ready(shared) {
                 text(StatusCode::OK, PLAIN, "ready\n")
             } else {
-                let why = if shared.is_draining() {
+                // A dead shard first: the process is about to exit
+                // non-zero, and that is what an operator must see.
+                let why = if shared.any_shard_dead() {
+                    "a shard thread died"
+                } else if shared.is_draining() {
                     "draining"
                 } else {
                     "starting"

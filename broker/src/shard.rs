@@ -102,12 +102,16 @@ struct Lifeline {
 impl Drop for Lifeline {
     fn drop(&mut self) {
         let stats = &self.shared.stats[self.index];
+        let died = std::thread::panicking();
+        // Dead before not ready, so `/readyz` never says "starting" for it.
+        if died {
+            stats.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         stats
             .ready
             .store(false, std::sync::atomic::Ordering::Relaxed);
         self.shared.close_inbox(self.index);
-        if std::thread::panicking() {
-            stats.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+        if died {
             tracing::error!(shard = self.index, "shard thread died");
             self.shared.report_death(self.index);
         }

@@ -282,6 +282,7 @@ fn a_dead_shard_fails_readiness_and_exits_nonzero() {
     loop {
         let (status, body) = broker.http_get("/readyz");
         if status == 503 {
+            assert_eq!(body, "not ready: a shard thread died\n");
             break;
         }
         assert!(Instant::now() < deadline, "/readyz still {status}: {body}");
