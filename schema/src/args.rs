@@ -44,28 +44,7 @@ pub fn write_arguments_json_checked<'a>(
     args: Option<Vector<'a, ForwardsUOffset<KeyValue<'a>>>>,
     out: &mut Vec<u8>,
 ) -> Result<(), InvalidArgument<'a>> {
-    out.clear();
-    out.push(b'{');
-    if let Some(args) = args {
-        for (i, kv) in args.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_json_string(kv.key(), out);
-            out.push(b':');
-            match kv.value() {
-                Some(v) if !v.trim_ascii().is_empty() => {
-                    if !is_one_json_value(v.as_bytes()) {
-                        return Err(InvalidArgument { key: kv.key() });
-                    }
-                    out.extend_from_slice(v.as_bytes());
-                }
-                _ => out.extend_from_slice(b"null"),
-            }
-        }
-    }
-    out.push(b'}');
-    Ok(())
+    write_object(args, out, is_one_json_value)
 }
 
 /// Writes the arguments as one JSON object into `out` (cleared first),
@@ -78,6 +57,16 @@ pub fn write_arguments_json(
     args: Option<Vector<'_, ForwardsUOffset<KeyValue<'_>>>>,
     out: &mut Vec<u8>,
 ) {
+    // Nothing is refused without a check.
+    let _ = write_object(args, out, |_| true);
+}
+
+/// The one concatenation both writers share; `accept` decides each value.
+fn write_object<'a>(
+    args: Option<Vector<'a, ForwardsUOffset<KeyValue<'a>>>>,
+    out: &mut Vec<u8>,
+    accept: impl Fn(&[u8]) -> bool,
+) -> Result<(), InvalidArgument<'a>> {
     out.clear();
     out.push(b'{');
     if let Some(args) = args {
@@ -88,12 +77,18 @@ pub fn write_arguments_json(
             write_json_string(kv.key(), out);
             out.push(b':');
             match kv.value() {
-                Some(v) if !v.trim_ascii().is_empty() => out.extend_from_slice(v.as_bytes()),
+                Some(v) if !v.trim_ascii().is_empty() => {
+                    if !accept(v.as_bytes()) {
+                        return Err(InvalidArgument { key: kv.key() });
+                    }
+                    out.extend_from_slice(v.as_bytes());
+                }
                 _ => out.extend_from_slice(b"null"),
             }
         }
     }
     out.push(b'}');
+    Ok(())
 }
 
 /// Whether `text` is exactly one JSON value (RFC 8259 `JSON-text`:
