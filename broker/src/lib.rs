@@ -10,8 +10,8 @@
 pub mod adapt;
 pub mod config;
 pub mod dispatch;
+pub mod edge;
 mod fault;
-pub mod grpc;
 mod local;
 pub mod metrics;
 pub mod process;

@@ -37,7 +37,7 @@ pub struct Running {
     /// Bound at start-up so port 0 resolves; served by the gRPC edge.
     pub grpc_listener: Option<std::net::TcpListener>,
     /// The gRPC edge serving `grpc_listener` (which it has taken).
-    grpc_edge: Option<crate::grpc::EdgeHandle>,
+    grpc_edge: Option<crate::edge::grpc::EdgeHandle>,
     shards: Vec<std::thread::JoinHandle<()>>,
     /// Owns the engine's epoch ticker: dropping it would stop every guest
     /// deadline and yield, so it lives as long as the shards.
@@ -249,8 +249,8 @@ pub fn start(config: Config) -> Result<Running> {
             .spawn(move || crate::metrics::serve(metrics_listener, shared, names))
             .context("spawning the admin thread")?;
     }
-    let grpc_edge =
-        crate::grpc::start(grpc_listener, shared.clone()).context("starting the gRPC edge")?;
+    let grpc_edge = crate::edge::grpc::start(grpc_listener, shared.clone())
+        .context("starting the gRPC edge")?;
     Ok(Running {
         shared,
         frames,

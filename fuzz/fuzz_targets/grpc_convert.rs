@@ -1,7 +1,7 @@
 //! libFuzzer target: gRPC request messages → the edge's conversion to a
 //! Request frame → `VerifiedRequest::verify`.
 //!
-//! The conversion is `broker/src/grpc/request.rs`, compiled here as the very
+//! The conversion is `broker/src/edge/grpc/request.rs`, compiled here as the very
 //! file the edge runs (it depends on nothing else of the broker, so this
 //! crate links no wasmtime).
 //!
@@ -32,7 +32,7 @@ use mcp_schema::verify::VerifiedRequest;
 use mcp_schema::{FrameError, RequestKind, RouteKey};
 use prost::Message;
 
-#[path = "../../broker/src/grpc/request.rs"]
+#[path = "../../broker/src/edge/grpc/request.rs"]
 #[allow(dead_code)]
 mod request;
 

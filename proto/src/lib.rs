@@ -3,7 +3,7 @@
 //! verbatim) by `tonic-prost-build` at build time.
 //!
 //! # API boundary
-//! Only this crate and `mcp-broker`'s gRPC edge (`broker/src/grpc`) know
+//! Only this crate and `mcp-broker`'s gRPC edge (`broker/src/edge/grpc`) know
 //! protobuf. The shards, the route table and the WASM host see FlatBuffers
 //! frames only; the edge translates. See `proto/README.md` for the mapping
 //! of each RPC and what the proto cannot carry.
