@@ -794,18 +794,36 @@ impl HttpDriver {
             .read_head(true, &mut never)
             .await
             .map_err(|e| format!("reading the initialize answer: {e}"))?;
-        let mut answer: Option<serde_json::Value> = None;
+        let answer = std::cell::RefCell::new(None::<serde_json::Value>);
         let mut on_msg = |m: &[u8], _: Instant| {
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(m)
                 && v.get("id") == Some(&serde_json::Value::from(0))
-                && answer.is_none()
+                && answer.borrow().is_none()
             {
-                answer = Some(v);
+                *answer.borrow_mut() = Some(v);
             }
         };
-        c.read_body(&mut head, self.max_body, &mut never, &mut on_msg)
+        // A stream left open after the answer is given a moment to end,
+        // then dropped with its connection (the session lives on).
+        let mut after_answer = || {
+            let answered = answer.borrow().is_some();
+            async move {
+                if answered {
+                    Monoio::sleep_until(Instant::now() + DELETE_TIMEOUT).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        match c
+            .read_body(&mut head, self.max_body, &mut after_answer, &mut on_msg)
             .await
-            .map_err(|e| format!("reading the initialize answer: {e}"))?;
+        {
+            Ok(()) => {}
+            Err(ReadErr::Abandoned) => c.drop_stream(),
+            Err(e) => return Err(format!("reading the initialize answer: {e}")),
+        }
+        let answer = answer.into_inner();
         if !(200..300).contains(&head.status) {
             return Err(format!("initialize answered HTTP {}", head.status));
         }

@@ -231,6 +231,9 @@ enum Bad {
     Hang,
     /// Answer over SSE: two progress notifications, then the response.
     ProgressThenOk,
+    /// Answer `initialize` and every call over SSE, and never end the
+    /// stream (no last chunk).
+    OpenStream,
 }
 
 struct Counters {
@@ -284,13 +287,19 @@ fn respond(w: &mut TcpStream, status: &str, ctype: &str, extra: &str, body: &str
 }
 
 fn chunked(w: &mut TcpStream, pieces: &[&str]) -> bool {
-    let mut msg = String::from(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+    chunked_with(w, "", pieces, true)
+}
+
+fn chunked_with(w: &mut TcpStream, extra: &str, pieces: &[&str], end: bool) -> bool {
+    let mut msg = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{extra}Transfer-Encoding: chunked\r\n\r\n",
     );
     for p in pieces {
         msg.push_str(&format!("{:x}\r\n{p}\r\n", p.len()));
     }
-    msg.push_str("0\r\n\r\n");
+    if end {
+        msg.push_str("0\r\n\r\n");
+    }
     w.write_all(msg.as_bytes()).is_ok()
 }
 
@@ -311,7 +320,12 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
                 v["id"]
             );
             let extra = format!("Mcp-Session-Id: {SESSION}\r\n");
-            if !respond(&mut w, "200 OK", "application/json", &extra, &ok) {
+            let alive = if matches!(bad, Bad::OpenStream) {
+                chunked_with(&mut w, &extra, &[&format!("data: {ok}\n\n")], false)
+            } else {
+                respond(&mut w, "200 OK", "application/json", &extra, &ok)
+            };
+            if !alive {
                 return;
             }
             continue;
@@ -368,6 +382,12 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
                     "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\r\ndata: \"params\":{\"level\":\"info\",\"data\":\"x\"}}\r\n\r\n",
                     &format!("id: 3\r\ndata: {ok_result}\r\n\r\n"),
                 ],
+            ),
+            Bad::OpenStream => chunked_with(
+                &mut w,
+                "",
+                &[&format!("data: {ok_result}\n\n"), ": still here\n\n"],
+                false,
             ),
         };
         if !alive {
@@ -507,4 +527,21 @@ fn a_server_that_never_answers_times_out_and_the_run_ends_on_time() {
         took < Duration::from_secs(5),
         "1 s + 0.5 s drain + 1 s DELETE bound, took {took:?}"
     );
+}
+
+#[test]
+fn sse_streams_left_open_after_the_answer_are_ok_and_their_connections_replaced() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let (r, c, _) = run_bad(
+        Bad::OpenStream,
+        "http-open-stream",
+        &["--requests", "6", "--timeout", "200ms"],
+    );
+    assert_eq!(n(&r["ok"]), 6, "{r:#}");
+    assert_eq!(n(&r["errors"]), 0, "{r:#}");
+    // Latency ends at the answer, not when the stream is given up.
+    assert!(n(&r["latency_us"]["max"]) < 150_000, "{r:#}");
+    assert_eq!(c.calls.load(Ordering::SeqCst), 6);
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 }
