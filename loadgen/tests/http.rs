@@ -186,6 +186,35 @@ fn fastmcp_json_answers_and_a_mixed_workload_are_checked_per_method() {
 }
 
 #[test]
+fn fastmcp_answers_pipelined_requests_in_order() {
+    let _g = serial();
+    let server = FastMcp::start(&["--json"]);
+    let json = json_path("http-fastmcp-pipeline");
+    let out = loadgen(
+        &[
+            "--target",
+            &server.target(),
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"text":"hello"}"#,
+            "--connections",
+            "2",
+            "--pipeline",
+            "4",
+            "--requests",
+            "200",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    assert_eq!(n(&r["concurrency"]), 8);
+    assert_eq!(n(&r["ok"]), 200, "{r:#}");
+    assert_eq!(n(&r["errors"]), 0, "{r:#}");
+}
+
+#[test]
 fn fastmcp_open_loop_keeps_its_schedule() {
     let _g = serial();
     let server = FastMcp::start(&[]);
@@ -479,6 +508,20 @@ fn a_server_closing_connections_is_counted_and_the_generator_reconnects() {
     let (r, c, _) = run_bad(Bad::Close, "http-close", &["--requests", "30"]);
     assert_eq!(n(&r["errors_by_kind"]["connection_closed"]), 30, "{r:#}");
     assert_eq!(c.calls.load(Ordering::SeqCst), 30, "each request was sent");
+}
+
+#[test]
+fn pipelined_requests_on_a_closed_connection_all_end_as_closed() {
+    let _g = serial();
+    let (r, c, _) = run_bad(
+        Bad::Close,
+        "http-close-pipelined",
+        &["--requests", "32", "--pipeline", "4"],
+    );
+    assert_eq!(n(&r["errors_by_kind"]["connection_closed"]), 32, "{r:#}");
+    assert_eq!(n(&r["requests"]), 32, "{r:#}");
+    // The server reads one request per connection before closing it.
+    assert!(c.calls.load(Ordering::SeqCst) >= 8);
 }
 
 #[test]
