@@ -79,6 +79,12 @@ impl<'a> Id<'a> {
     pub fn get(&self) -> &'a str {
         self.0.get()
     }
+
+    /// The id's value when it is a string (unescaped), e.g. to match a
+    /// client's answer to our own `elicitation/create` id.
+    pub fn as_string(&self) -> Option<Cow<'a, str>> {
+        string_of(self.0)
+    }
 }
 
 impl PartialEq for Id<'_> {
@@ -312,7 +318,9 @@ fn message(text: &str) -> Result<Message<'_>, RpcError<'_>> {
             None => Message::Notification { method, params },
         });
     }
-    match (id, env.result, env.error) {
+    // `"error": null` beside a result is no error.
+    let error = env.error.filter(|e| e.get() != "null");
+    match (id, env.result, error) {
         (Some(id), Some(result), None) => Ok(Message::Response {
             id,
             result: Some(result),
@@ -412,9 +420,9 @@ impl Method {
 ///
 /// Names are unescaped (`Cow`): an auth rule on the tool `put` must see
 /// `"p\u0075t"` as `put`, as the frame does.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RequestInfo<'a> {
-    pub method: Option<Method>,
+    pub method: Method,
     /// `params._meta.progressToken` (string or number), raw JSON text.
     pub progress_token: Option<&'a RawValue>,
     /// initialize: `params.protocolVersion`.
@@ -428,6 +436,21 @@ pub struct RequestInfo<'a> {
     /// resources/read, subscribe, unsubscribe: `params.uri` (for the
     /// "resource not found" error's `data`).
     pub uri: Option<Cow<'a, str>>,
+}
+
+impl RequestInfo<'_> {
+    /// What is known of a request of `method` before its params are read.
+    pub fn new(method: Method) -> Self {
+        Self {
+            method,
+            progress_token: None,
+            protocol_version: None,
+            client_elicitation: false,
+            log_level: None,
+            tool_name: None,
+            uri: None,
+        }
+    }
 }
 
 /// MCP's log levels (RFC 5424 severities), least severe first.
@@ -663,11 +686,8 @@ pub fn request_frame<'e, 'a>(
             "Invalid params: `_meta.progressToken` must be a string or a number",
         ));
     }
-    let mut info = RequestInfo {
-        method: Some(method),
-        progress_token: meta.progress_token,
-        ..RequestInfo::default()
-    };
+    let mut info = RequestInfo::new(method);
+    info.progress_token = meta.progress_token;
     let frame = match method {
         Method::Initialize => {
             let version = required_string(ps.protocol_version, "protocolVersion")?;
@@ -882,6 +902,33 @@ fn json_value(text: &str) -> Option<&str> {
 /// `text` trimmed, if it is exactly one JSON object.
 fn json_object(text: &str) -> Option<&str> {
     json_value(text).filter(|t| t.starts_with('{'))
+}
+
+/// The schema text for MCP's `inputSchema`, `outputSchema` or
+/// `requestedSchema`, which must be object schemas (`"type":"object"`; the
+/// TypeScript SDK refuses a whole tool listing otherwise): the text when it
+/// says so, with `"type":"object"` put first when it names no type; `None`
+/// when it is not one JSON object or names another type (the callers say
+/// what they substitute).
+fn object_schema(text: &str) -> Option<Cow<'_, str>> {
+    #[derive(Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, default, rename = "type", deserialize_with = "present")]
+        ty: Option<&'a RawValue>,
+    }
+    let t = json_object(text)?;
+    let typed: Typed<'_> = serde_json::from_str(t).ok()?;
+    match typed.ty {
+        Some(ty) => (string_of(ty)? == "object").then_some(Cow::Borrowed(t)),
+        None => {
+            let rest = t[1..].trim_ascii_start();
+            Some(Cow::Owned(if rest.starts_with('}') {
+                "{\"type\":\"object\"}".to_owned()
+            } else {
+                format!("{{\"type\":\"object\",{rest}")
+            }))
+        }
+    }
 }
 
 /// A float as a JSON number; JSON has no NaN or infinity, so those are 0.
@@ -1110,10 +1157,7 @@ pub fn error_code_for(method: Method, frame_code: i32) -> i32 {
 /// `protocolVersion`). A "resource not found" error has no `data.uri`
 /// here: [`write_response_for`] has the URI.
 pub fn write_response(out: &mut Vec<u8>, id: &Id<'_>, method: Method, frame: &[u8], version: &str) {
-    let info = RequestInfo {
-        method: Some(method),
-        ..RequestInfo::default()
-    };
+    let info = RequestInfo::new(method);
     write_response_for(out, id, &info, frame, version);
 }
 
@@ -1126,7 +1170,7 @@ pub fn write_response_for(
     frame: &[u8],
     version: &str,
 ) {
-    let method = info.method.unwrap_or(Method::Ping);
+    let method = info.method;
     let resp = match ResponseView::parse(frame) {
         Ok(v) => v.response,
         Err(e) => {
@@ -1301,17 +1345,17 @@ fn write_tools(out: &mut Vec<u8>, r: p::ListToolsResult<'_>) {
         if !t.description().is_empty() {
             to.str("description", t.description());
         }
-        // MCP requires an object schema; a router's broken one is replaced
-        // by the schema that accepts any object.
-        let input = t
-            .input_schema()
-            .and_then(json_object)
-            .unwrap_or("{\"type\":\"object\"}");
-        to.raw("inputSchema", input);
+        // MCP requires an object schema; a router's broken one (or one of
+        // another type) is replaced by the schema of any object.
+        let input = t.input_schema().and_then(object_schema);
+        to.raw(
+            "inputSchema",
+            input.as_deref().unwrap_or("{\"type\":\"object\"}"),
+        );
         // A broken output schema is dropped: without it clients do not
         // validate structured content, which is what a broken one means.
-        if let Some(s) = t.output_schema().and_then(json_object) {
-            to.raw("outputSchema", s);
+        if let Some(s) = t.output_schema().and_then(object_schema) {
+            to.raw("outputSchema", &s);
         }
         if let Some(a) = t.annotations() {
             // `streaming` and `experimental` have no MCP hint: lost.
@@ -1606,6 +1650,21 @@ pub fn log_level_name(l: p::LogLevel) -> &'static str {
     }
 }
 
+/// The rank of an MCP log level (debug 0 .. emergency 7), to compare a
+/// message's level with a session's `logging/setLevel` minimum.
+pub fn level_rank(name: &str) -> Option<usize> {
+    LOG_LEVELS.iter().position(|l| *l == name)
+}
+
+/// The MCP level of a LogMessage frame (`None` for any other frame).
+pub fn log_level_of(frame: &[u8]) -> Option<&'static str> {
+    let l = ResponseView::parse(frame)
+        .ok()?
+        .response
+        .payload_as_log_message()?;
+    Some(log_level_name(l.level()))
+}
+
 /// A LogMessage frame → `notifications/message {level, logger?, data}`,
 /// `data` the message text (the frame's metadata is not carried). Returns
 /// `false` (nothing written) when the frame is not a log message.
@@ -1645,7 +1704,7 @@ pub fn write_resource_updated(out: &mut Vec<u8>, frame: &[u8]) -> bool {
 
 /// An ElicitationRequest frame → the server's request `elicitation/create`
 /// with our own string `id`: params `message`, `requestedSchema` (the
-/// frame's schema when it is one JSON object, else the empty form
+/// frame's schema when it is one JSON object schema, else the empty form
 /// `{"type":"object","properties":{}}`) and `_meta`. `mode` is left out:
 /// 2025-11-25 makes it optional with "form" the default, and 2025-06-18
 /// clients do not know it. Returns `false` (nothing written) for any other
@@ -1663,8 +1722,13 @@ pub fn write_elicitation_create(out: &mut Vec<u8>, id: &str, frame: &[u8]) -> bo
     o.raw("method", "\"elicitation/create\"");
     let mut ps = Obj::new(o.key("params"));
     ps.str("message", e.message());
-    let schema = json_object(e.schema()).unwrap_or("{\"type\":\"object\",\"properties\":{}}");
-    ps.raw("requestedSchema", schema);
+    let schema = object_schema(e.schema());
+    ps.raw(
+        "requestedSchema",
+        schema
+            .as_deref()
+            .unwrap_or("{\"type\":\"object\",\"properties\":{}}"),
+    );
     write_meta(&mut ps, e.meta());
     ps.end();
     o.end();
@@ -2020,7 +2084,7 @@ mod tests {
                 ("nul", Some("null")),
             ]
         );
-        assert_eq!(info.method, Some(Method::CallTool));
+        assert_eq!(info.method, Method::CallTool);
         assert_eq!(info.tool_name.as_deref(), Some("echo"));
         assert_eq!(info.progress_token.map(RawValue::get), Some("\"tok-1\""));
         // The router gets them as one object, exactly.
@@ -2957,6 +3021,86 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn schemas_that_mcp_clients_would_refuse_are_made_object_schemas() {
+        for (given, sent) in [
+            ("{}", Some(r#"{"type":"object"}"#)),
+            ("  { }  ", Some(r#"{"type":"object"}"#)),
+            (
+                r#"{"properties":{"a":{}}}"#,
+                Some(r#"{"type":"object","properties":{"a":{}}}"#),
+            ),
+            (r#" {"type":"object"} "#, Some(r#"{"type":"object"}"#)),
+            (
+                r#"{"type":"obj\u0065ct","x":1}"#,
+                Some(r#"{"type":"obj\u0065ct","x":1}"#),
+            ),
+            (r#"{"type":"string"}"#, None),
+            (r#"{"type":null}"#, None),
+            (r#"{"type":["object"]}"#, None),
+            (r#"{"type":"object","type":"object"}"#, None),
+            ("[]", None),
+            ("{", None),
+            (r#"{"a":1},{"b":2}"#, None),
+        ] {
+            assert_eq!(object_schema(given).as_deref(), sent, "{given}");
+        }
+        let l = tool("s", r#"{"properties":{}}"#, Some(r#"{"type":"array"}"#));
+        let mut enc = ResponseEncoder::new(1);
+        let mut out = Vec::new();
+        adapt::list_tools(&mut enc, &mut out, &TO, &[l], 0);
+        let v = response("1", Method::ListTools, &out);
+        assert_eq!(
+            v["result"]["tools"][0]["inputSchema"],
+            json!({"type":"object","properties":{}})
+        );
+        assert!(v["result"]["tools"][0].get("outputSchema").is_none());
+    }
+
+    #[test]
+    fn log_levels_rank_and_read_from_frames() {
+        assert!(level_rank("debug") < level_rank("warning"));
+        assert_eq!(level_rank("emergency"), Some(7));
+        assert_eq!(level_rank("loud"), None);
+        let mut enc = ResponseEncoder::new(1);
+        let fbb = enc.begin();
+        let message = fbb.create_string("m");
+        let l = p::LogMessage::create(
+            fbb,
+            &p::LogMessageArgs {
+                level: p::LogLevel::Error,
+                message: Some(message),
+                ..Default::default()
+            },
+        );
+        let f = enc
+            .finish(
+                &TO,
+                p::ResponsePayload::LogMessage,
+                l.as_union_value(),
+                true,
+            )
+            .to_vec();
+        assert_eq!(log_level_of(&f), Some("error"));
+        assert_eq!(log_level_of(enc.pong(&TO)), None);
+        let mut out = Vec::new();
+        assert!(write_log(&mut out, &f));
+        // No source: no logger.
+        assert_eq!(json_of(&out)["params"], json!({"level":"error","data":"m"}));
+    }
+
+    #[test]
+    fn client_answers_match_our_string_ids() {
+        let Message::Response { id, error, .. } =
+            one(r#"{"jsonrpc":"2.0","id":"el-\u0031","result":{"action":"cancel"},"error":null}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(id.as_string().as_deref(), Some("el-1"));
+        assert!(error.is_none());
+        assert_eq!(Id(raw("12")).as_string(), None);
     }
 
     #[test]
