@@ -906,27 +906,72 @@ fn json_object(text: &str) -> Option<&str> {
 
 /// The schema text for MCP's `inputSchema`, `outputSchema` or
 /// `requestedSchema`, which must be object schemas (`"type":"object"`; the
-/// TypeScript SDK refuses a whole tool listing otherwise): the text when it
-/// says so, with `"type":"object"` put first when it names no type; `None`
-/// when it is not one JSON object or names another type (the callers say
-/// what they substitute).
-fn object_schema(text: &str) -> Option<Cow<'_, str>> {
+/// TypeScript SDK refuses a whole tool listing otherwise; a requested
+/// schema needs `properties` too): the text when it says so, with the
+/// missing members put first (`"type":"object"`, `"properties":{}`);
+/// `None` when it is not one JSON object, names another type or has
+/// `properties` that are not an object (the callers say what they
+/// substitute).
+fn object_schema(text: &str, need_properties: bool) -> Option<Cow<'_, str>> {
     #[derive(Deserialize)]
     struct Typed<'a> {
         #[serde(borrow, default, rename = "type", deserialize_with = "present")]
         ty: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        properties: Option<&'a RawValue>,
     }
     let t = json_object(text)?;
     let typed: Typed<'_> = serde_json::from_str(t).ok()?;
-    match typed.ty {
-        Some(ty) => (string_of(ty)? == "object").then_some(Cow::Borrowed(t)),
-        None => {
-            let rest = t[1..].trim_ascii_start();
-            Some(Cow::Owned(if rest.starts_with('}') {
-                "{\"type\":\"object\"}".to_owned()
-            } else {
-                format!("{{\"type\":\"object\",{rest}")
-            }))
+    if let Some(ty) = typed.ty
+        && string_of(ty)? != "object"
+    {
+        return None;
+    }
+    if let Some(ps) = typed.properties
+        && need_properties
+        && first_byte(ps) != b'{'
+    {
+        return None;
+    }
+    let add_type = typed.ty.is_none();
+    let add_properties = need_properties && typed.properties.is_none();
+    if !add_type && !add_properties {
+        return Some(Cow::Borrowed(t));
+    }
+    let rest = t[1..].trim_ascii_start();
+    let mut s = String::with_capacity(t.len() + 32);
+    s.push('{');
+    let mut added = Vec::with_capacity(2);
+    if add_type {
+        added.push("\"type\":\"object\"");
+    }
+    if add_properties {
+        added.push("\"properties\":{}");
+    }
+    s.push_str(&added.join(","));
+    if !rest.starts_with('}') {
+        s.push(',');
+    }
+    s.push_str(rest);
+    Some(Cow::Owned(s))
+}
+
+/// What the negotiated protocol version's content blocks can be: audio
+/// came with 2025-03-26, resource links with 2025-06-18. A client of an
+/// older version refuses the whole result over an unknown block type, so
+/// those are rewritten (see [`write_content`]). An unknown version string
+/// is taken as the newest.
+#[derive(Clone, Copy, Debug)]
+struct Compat {
+    audio: bool,
+    resource_link: bool,
+}
+
+impl Compat {
+    fn of(version: &str) -> Self {
+        Compat {
+            audio: version != "2024-11-05",
+            resource_link: !matches!(version, "2024-11-05" | "2025-03-26"),
         }
     }
 }
@@ -1032,8 +1077,10 @@ fn write_resource_contents(
 }
 
 /// One content block as an MCP `ContentBlock`; `false` (nothing written)
-/// for a member of a newer schema.
-fn write_content(out: &mut Vec<u8>, c: ContentRef<'_>) -> bool {
+/// for a member of a newer schema. For a client of a version without them,
+/// audio becomes an embedded blob resource (`uri` `"audio:"`, its MIME type
+/// and data kept) and a resource link a text block naming the link.
+fn write_content(out: &mut Vec<u8>, c: ContentRef<'_>, compat: Compat) -> bool {
     if matches!(c, ContentRef::Unknown(_)) {
         return false;
     }
@@ -1049,6 +1096,28 @@ fn write_content(out: &mut Vec<u8>, c: ContentRef<'_>) -> bool {
             o.str("data", i.data());
             o.str("mimeType", i.mime_type());
             write_annotations(&mut o, i.annotations());
+        }
+        ContentRef::Audio(a) if !compat.audio => {
+            o.raw("type", "\"resource\"");
+            write_resource_contents(
+                o.key("resource"),
+                "audio:",
+                Some(a.mime_type()),
+                None,
+                Some(a.data()),
+            );
+            write_annotations(&mut o, a.annotations());
+        }
+        ContentRef::ResourceLink(l) if !compat.resource_link => {
+            o.raw("type", "\"text\"");
+            let text = match (l.title(), l.description()) {
+                (Some(t), Some(d)) => format!("{t} ({}): {d}", l.uri()),
+                (Some(t), None) => format!("{t} ({})", l.uri()),
+                (None, Some(d)) => format!("{}: {d}", l.uri()),
+                (None, None) => l.uri().to_owned(),
+            };
+            o.str("text", &text);
+            write_annotations(&mut o, l.annotations());
         }
         ContentRef::Audio(a) => {
             o.raw("type", "\"audio\"");
@@ -1192,7 +1261,7 @@ pub fn write_response_for(
             }
         };
         let mut o = envelope_start(out, Some(id));
-        write_tool_result(o.key("result"), tr, blocks);
+        write_tool_result(o.key("result"), tr, blocks, Compat::of(version));
         return o.end();
     }
     let mut o = envelope_start(out, Some(id));
@@ -1208,7 +1277,7 @@ pub fn write_response_for(
     } else if let Some(x) = resp.payload_as_resource_data() {
         write_resource_data(r, x);
     } else if let Some(x) = resp.payload_as_applied_prompt() {
-        write_applied_prompt(r, x);
+        write_applied_prompt(r, x, Compat::of(version));
     } else if let Some(x) = resp.payload_as_complete_result() {
         write_completion(r, x);
     } else if let Some(x) = resp.payload_as_initialize_response() {
@@ -1297,6 +1366,7 @@ fn write_tool_result(
     out: &mut Vec<u8>,
     tr: p::ToolResult<'_>,
     blocks: mcp_schema::content_vec::ContentVec<'_>,
+    compat: Compat,
 ) {
     let structured = tr.structured_content();
     let structured_object = structured.and_then(json_object);
@@ -1308,7 +1378,7 @@ fn write_tool_result(
         if matches!(b, ContentRef::Unknown(_)) {
             continue;
         }
-        any |= write_content(c.item(), b);
+        any |= write_content(c.item(), b, compat);
     }
     let text_block = |c: &mut Arr<'_>, text: &str| {
         let mut b = Obj::new(c.item());
@@ -1347,14 +1417,14 @@ fn write_tools(out: &mut Vec<u8>, r: p::ListToolsResult<'_>) {
         }
         // MCP requires an object schema; a router's broken one (or one of
         // another type) is replaced by the schema of any object.
-        let input = t.input_schema().and_then(object_schema);
+        let input = t.input_schema().and_then(|s| object_schema(s, false));
         to.raw(
             "inputSchema",
             input.as_deref().unwrap_or("{\"type\":\"object\"}"),
         );
         // A broken output schema is dropped: without it clients do not
         // validate structured content, which is what a broken one means.
-        if let Some(s) = t.output_schema().and_then(object_schema) {
+        if let Some(s) = t.output_schema().and_then(|s| object_schema(s, false)) {
             to.raw("outputSchema", &s);
         }
         if let Some(a) = t.annotations() {
@@ -1494,7 +1564,7 @@ fn write_resource_data(out: &mut Vec<u8>, d: p::ResourceData<'_>) {
 /// MCP `GetPromptResult`. A seed router's prompt with only
 /// `filled_content` is one user message. MCP roles are user and assistant:
 /// any other role (the seed's "system") is sent as "user".
-fn write_applied_prompt(out: &mut Vec<u8>, a: p::AppliedPrompt<'_>) {
+fn write_applied_prompt(out: &mut Vec<u8>, a: p::AppliedPrompt<'_>, compat: Compat) {
     let mut o = Obj::new(out);
     o.opt_str("description", a.description());
     let mut arr = Arr::new(o.key("messages"));
@@ -1511,7 +1581,7 @@ fn write_applied_prompt(out: &mut Vec<u8>, a: p::AppliedPrompt<'_>) {
                 "\"user\""
             },
         );
-        write_content(m.key("content"), c);
+        write_content(m.key("content"), c, compat);
         m.end();
     };
     let messages = a.messages().filter(|m| !m.is_empty());
@@ -1722,7 +1792,7 @@ pub fn write_elicitation_create(out: &mut Vec<u8>, id: &str, frame: &[u8]) -> bo
     o.raw("method", "\"elicitation/create\"");
     let mut ps = Obj::new(o.key("params"));
     ps.str("message", e.message());
-    let schema = object_schema(e.schema());
+    let schema = object_schema(e.schema(), true);
     ps.raw(
         "requestedSchema",
         schema
@@ -1864,8 +1934,12 @@ mod tests {
     }
 
     fn response(id: &str, method: Method, frame: &[u8]) -> Value {
+        response_in("2025-06-18", id, method, frame)
+    }
+
+    fn response_in(version: &str, id: &str, method: Method, frame: &[u8]) -> Value {
         let mut out = Vec::new();
-        write_response(&mut out, &Id(raw(id)), method, frame, "2025-06-18");
+        write_response(&mut out, &Id(raw(id)), method, frame, version);
         json_of(&out)
     }
 
@@ -3045,7 +3119,7 @@ mod tests {
             ("{", None),
             (r#"{"a":1},{"b":2}"#, None),
         ] {
-            assert_eq!(object_schema(given).as_deref(), sent, "{given}");
+            assert_eq!(object_schema(given, false).as_deref(), sent, "{given}");
         }
         let l = tool("s", r#"{"properties":{}}"#, Some(r#"{"type":"array"}"#));
         let mut enc = ResponseEncoder::new(1);
@@ -3057,6 +3131,63 @@ mod tests {
             json!({"type":"object","properties":{}})
         );
         assert!(v["result"]["tools"][0].get("outputSchema").is_none());
+    }
+
+    #[test]
+    fn requested_schemas_get_the_members_mcp_requires() {
+        for (given, sent) in [
+            ("{}", Some(r#"{"type":"object","properties":{}}"#)),
+            (
+                r#"{"type":"object"}"#,
+                Some(r#"{"properties":{},"type":"object"}"#),
+            ),
+            (
+                r#"{"properties":{"a":{"type":"string"}}}"#,
+                Some(r#"{"type":"object","properties":{"a":{"type":"string"}}}"#),
+            ),
+            (
+                r#"{"required":["a"]}"#,
+                Some(r#"{"type":"object","properties":{},"required":["a"]}"#),
+            ),
+            (r#"{"type":"object","properties":[]}"#, None),
+        ] {
+            assert_eq!(object_schema(given, true).as_deref(), sent, "{given}");
+        }
+    }
+
+    #[test]
+    fn older_clients_get_blocks_their_version_knows() {
+        let r = completed(
+            vec![
+                w::ContentBlock::Audio(w::AudioContent {
+                    data: "YXU=".into(),
+                    mime_type: "audio/wav".into(),
+                    annotations: None,
+                }),
+                w::ContentBlock::ResourceLink(w::ResourceLinkContent {
+                    uri: "file:///x".into(),
+                    title: Some("X".into()),
+                    description: None,
+                    mime_type: None,
+                    annotations: None,
+                }),
+            ],
+            None,
+        );
+        let f = tool_frames(&r);
+        let audio = json!({"type":"audio","data":"YXU=","mimeType":"audio/wav"});
+        let link = json!({"type":"resource_link","uri":"file:///x","name":"X","title":"X"});
+        let audio_old = json!({"type":"resource","resource":{"uri":"audio:","mimeType":"audio/wav","blob":"YXU="}});
+        let link_old = json!({"type":"text","text":"X (file:///x)"});
+        for (v, want) in [
+            ("2025-11-25", [&audio, &link]),
+            ("2025-06-18", [&audio, &link]),
+            ("2025-03-26", [&audio, &link_old]),
+            ("2024-11-05", [&audio_old, &link_old]),
+        ] {
+            let got = response_in(v, "1", Method::CallTool, &f);
+            assert_eq!(got["result"]["content"], json!(want), "{v}");
+        }
     }
 
     #[test]
