@@ -649,6 +649,10 @@ fn members<'a>(raw: Option<&'a RawValue>) -> Result<Members<'a>, RpcError<'a>> {
         .map_err(|e| RpcError::invalid_params(format!("Invalid params: `arguments`: {e}")))
 }
 
+/// The tool argument that carries a client's answer to an elicitation
+/// into the re-called tool (docs/http.md); reserved in every tool call.
+pub const ELICITATION_ARG: &str = "_elicitation";
+
 /// Builds the Request frame for `method` with `params` into `enc` (header
 /// `h` carries message id, correlation id, session id, timeout; a tool
 /// call's id is the message id). Bad params → -32602 naming what is wrong
@@ -658,7 +662,7 @@ fn members<'a>(raw: Option<&'a RawValue>) -> Result<Members<'a>, RpcError<'a>> {
 /// text the client sent. A prompt argument's JSON string arrives quoted,
 /// as from the gRPC edge: `adapt::PromptArgs` unquotes it when filling.
 /// `extra` is appended to a tool call's arguments (the elicitation answer,
-/// `_elicitation`); a client argument of the same name is refused.
+/// [`ELICITATION_ARG`]); a client argument of that name is always refused.
 /// `completion/complete`'s `context` is not carried (the frame encoder
 /// has no slot for it yet).
 pub fn request_frame<'e, 'a>(
@@ -715,12 +719,16 @@ pub fn request_frame<'e, 'a>(
             let args = members(ps.arguments)?;
             let mut kvs: Vec<(&str, &str)> = Vec::with_capacity(args.len() + 1);
             kvs.extend(args.iter().map(|(k, v)| (&**k, v.get())));
-            if let Some((key, value)) = extra {
+            // Reserved whether or not this call carries an answer: a client
+            // must not be able to forge the answer to an elicitation.
+            for key in std::iter::once(ELICITATION_ARG).chain(extra.map(|e| e.0)) {
                 if kvs.iter().any(|(k, _)| *k == key) {
                     return Err(RpcError::invalid_params(format!(
                         "Invalid params: the argument name `{key}` is reserved"
                     )));
                 }
+            }
+            if let Some((key, value)) = extra {
                 kvs.push((key, value));
             }
             let frame = enc.tool_call(h, h.message_id, &name, &kvs);
@@ -2245,6 +2253,9 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.code, -32602);
         assert!(e.message.contains("_elicitation"));
+        // Refused on a first call too: the answer cannot be forged.
+        let e = request_frame(&mut enc, &header(), Method::CallTool, Some(p), None).unwrap_err();
+        assert_eq!(e.code, -32602);
     }
 
     #[test]

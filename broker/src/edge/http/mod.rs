@@ -914,7 +914,7 @@ impl HttpEdge {
                                 c.method.name(),
                                 params.as_deref(),
                                 c.arrived,
-                                Some(("_elicitation", &answer)),
+                                Some((jsonrpc::ELICITATION_ARG, &answer)),
                             )
                             .await;
                         match next {
