@@ -15,7 +15,6 @@
 mod common;
 
 use std::io::Read;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,32 +43,14 @@ fn installed(path: PathBuf, what: &str) -> PathBuf {
     path
 }
 
-/// The embedded default config with the HTTP edge on any free loopback
-/// port, run on two shards so that a session's requests arriving on either
-/// shard's listener are exercised even on a one-CPU machine.
+/// The broker on the embedded default config (the harness puts every edge,
+/// HTTP included, on a free loopback port), on two shards so that a
+/// session's requests arriving on either shard's listener are exercised
+/// even on a one-CPU machine.
 fn start_broker() -> (Broker, String) {
-    let mut config: toml::Table =
-        toml::from_str(mcp_broker::config::DEFAULT_TOML).expect("the embedded default parses");
-    let http = config
-        .entry("http")
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-        .as_table_mut()
-        .expect("[http] is a table");
-    http.insert("listen".into(), "127.0.0.1:0".into());
-    let toml = toml::to_string(&config).expect("config serialises");
-    let broker = Broker::start_with_config(&toml, &["--shards", "2"]);
-    let addr = http_addr(&broker.ready_line);
-    (broker, format!("http://{addr}/mcp"))
-}
-
-/// The HTTP edge's address from the ready line's `http=HOST:PORT` field.
-fn http_addr(ready_line: &str) -> SocketAddr {
-    ready_line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap_or_else(|| panic!("no http= in the ready line {ready_line:?}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("http= in {ready_line:?}: {e}"))
+    let broker = Broker::start_default(&["--shards", "2"]);
+    let url = broker.mcp_url();
+    (broker, url)
 }
 
 /// Runs `program args...` to completion within [`CLIENT_DEADLINE`] and

@@ -2,7 +2,7 @@
 MCP Streamable HTTP endpoint serving the bundled routers.
 
 Usage: python3 inspector.py http://127.0.0.1:PORT/mcp
-Runs tools/list, tools/call (arguments as `--tool-arg k=v` and as
+Runs tools/list (also after a `server/discover` probe), tools/call (arguments as `--tool-arg k=v` and as
 `--tool-args-json`), resources/list, resources/templates/list,
 resources/read, prompts/list and prompts/get, and checks each JSON answer.
 Prints one `ok:` line per check and `inspector client: ok` at the end;
@@ -95,6 +95,13 @@ def scenario(cli: Inspector) -> None:
     tools = cli.result("--method", "tools/list")
     names = {t["name"] for t in tools.get("tools", [])}
     expect("tools/list has the bundled tools", BUNDLED_TOOLS <= names, sorted(BUNDLED_TOOLS), sorted(names))
+
+    # `--protocol-era auto` makes the CLI's TypeScript SDK probe
+    # `server/discover` first, as 2.x Python does; the broker refuses it and
+    # the CLI falls back to `initialize`.
+    tools = cli.result("--method", "tools/list", "--protocol-era", "auto")
+    names = {t["name"] for t in tools.get("tools", [])}
+    expect("tools/list after the server/discover probe", BUNDLED_TOOLS <= names, sorted(BUNDLED_TOOLS), sorted(names))
 
     # `--tool-arg` coerces numbers and JSON values; the echo answers them back.
     r = cli.result("--method", "tools/call", "--tool-name", "echo",
