@@ -139,6 +139,29 @@ fn every_method_is_served_through_the_routers_on_one_kept_alive_connection() {
         .as_str()
         .unwrap();
     assert!(text.contains("dune") && text.contains("terse"), "{text}");
+    // A required argument missing is invalid params; an optional one
+    // missing leaves no placeholder behind.
+    let v = c.call(
+        &s,
+        101,
+        "prompts/get",
+        r#"{"name":"summarize_book","arguments":{}}"#,
+    );
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("book_id"),
+        "{v}"
+    );
+    let v = c.call(
+        &s,
+        102,
+        "prompts/get",
+        r#"{"name":"summarize_book","arguments":{"book_id":"dune"}}"#,
+    );
+    let text = v["result"]["messages"][0]["content"]["text"]
+        .as_str()
+        .unwrap();
+    assert!(!text.contains("{{"), "{text}");
     let v = c.call(
         &s,
         11,

@@ -1367,9 +1367,10 @@ fn write_frame_error(
 
 /// MCP `CallToolResult`. Structured content goes out as
 /// `structuredContent` when it is one JSON object; one that is not (MCP
-/// requires an object) goes out as a text block instead. With no content
-/// blocks, the structured content (MCP's advice for older clients) or the
-/// error's message becomes the one text block.
+/// requires an object) is dropped when the router sent content blocks
+/// (which, by MCP's advice, already carry it as text: repeating it would
+/// show the model the value twice). With no content blocks, the structured
+/// content or the error's message becomes the one text block.
 fn write_tool_result(
     out: &mut Vec<u8>,
     tr: p::ToolResult<'_>,
@@ -1395,8 +1396,7 @@ fn write_tool_result(
         b.end();
     };
     match (structured, structured_object) {
-        (Some(s), None) => text_block(&mut c, s),
-        (Some(s), Some(_)) if !any => text_block(&mut c, s),
+        (Some(s), _) if !any => text_block(&mut c, s),
         _ if !any => {
             if let Some(e) = tr.error() {
                 text_block(&mut c, e.message());
@@ -2555,7 +2555,7 @@ mod tests {
     }
 
     #[test]
-    fn structured_content_that_is_not_an_object_goes_out_as_text() {
+    fn structured_content_that_is_not_an_object_goes_out_as_text_only_without_content() {
         for bad in ["[1,2]", "{\"a\":", "1,\"admin\":true"] {
             let v = response(
                 "1",
@@ -2564,7 +2564,14 @@ mod tests {
             );
             let r = &v["result"];
             assert!(r.get("structuredContent").is_none(), "{bad}: {r}");
-            assert_eq!(r["content"][1], json!({"type":"text","text":bad}));
+            // The router's own text is not repeated.
+            assert_eq!(r["content"], json!([{"type":"text","text":"t"}]), "{bad}");
+            let v = response(
+                "1",
+                Method::CallTool,
+                &tool_frames(&completed(vec![], Some(bad))),
+            );
+            assert_eq!(v["result"]["content"], json!([{"type":"text","text":bad}]));
         }
         // No content: the structured content is also the text block.
         let v = response(
