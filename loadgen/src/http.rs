@@ -59,7 +59,7 @@ use crate::workload::Next;
 
 /// The protocol revision offered in `initialize`; the server's answer
 /// decides the `MCP-Protocol-Version` of every later request.
-pub const PROTOCOL_VERSION: &str = "2025-06-18";
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
@@ -510,9 +510,13 @@ impl HttpConn {
             if line.is_empty() {
                 if self.has_data {
                     // The data lines, joined by `\n` (the last one's
-                    // newline removed).
+                    // newline removed). An empty one is not dispatched
+                    // (the SSE rules): a 2025-11-25 priming event is just
+                    // an id and an empty `data:`.
                     self.data.pop();
-                    on_msg(&self.data, self.read_at);
+                    if !self.data.is_empty() {
+                        on_msg(&self.data, self.read_at);
+                    }
                 }
                 self.data.clear();
                 self.has_data = false;
