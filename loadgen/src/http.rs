@@ -165,6 +165,10 @@ pub struct HttpConn {
     jbuf: Vec<u8>,
     session: Option<String>,
     version: String,
+    /// The server answered 404 to a request of this session: it expired
+    /// (or was evicted), and a new one must be initialised before the
+    /// next request (the Streamable HTTP rules).
+    expired: bool,
 }
 
 async fn tcp_connect(addr: SocketAddr) -> io::Result<TcpStream> {
@@ -286,6 +290,7 @@ impl HttpConn {
             jbuf: Vec::with_capacity(1024),
             session: None,
             version: PROTOCOL_VERSION.to_owned(),
+            expired: false,
         }
     }
 
@@ -788,6 +793,10 @@ fn end(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, outcome: Outcome, at: Instant) {
 impl HttpDriver {
     /// `initialize` and `notifications/initialized` on a fresh connection.
     async fn handshake(&self, c: &mut HttpConn) -> Result<(), String> {
+        c.head.clear();
+        c.session = None;
+        c.version = PROTOCOL_VERSION.to_owned();
+        c.expired = false;
         let mut body = Vec::new();
         let _ = write!(
             body,
@@ -912,6 +921,9 @@ impl HttpDriver {
         let result = async {
             let mut head = c.read_head(false, &mut stop).await?;
             let ok_status = (200..300).contains(&head.status);
+            if head.status == 404 && c.session.is_some() {
+                c.expired = true;
+            }
             if !ok_status {
                 answered.set(Some(c.read_at));
                 end(
@@ -1007,6 +1019,29 @@ impl HttpDriver {
         c.drop_stream();
     }
 
+    /// A new session in place of an expired one, within the connect
+    /// timeout.
+    async fn renew(&self, c: &mut HttpConn) -> Result<(), String> {
+        let work = async {
+            c.ensure_stream().await.map_err(|e| e.to_string())?;
+            self.handshake(c).await
+        };
+        match race(work, Monoio::sleep_until(Instant::now() + CONNECT_TIMEOUT)).await {
+            Either::Left(Ok(())) => Ok(()),
+            Either::Left(Err(e)) => Err(format!(
+                "the session on {} expired (404) and a new one could not be set up: {e}",
+                self.path
+            )),
+            Either::Right(()) => {
+                c.drop_stream();
+                Err(format!(
+                    "the session on {} expired (404) and a new one was not set up within {CONNECT_TIMEOUT:?}",
+                    self.path
+                ))
+            }
+        }
+    }
+
     /// Ends the session, within [`DELETE_TIMEOUT`]; its answer does not
     /// matter (405 is a server that does not let clients end sessions).
     async fn delete(&self, c: &mut HttpConn) {
@@ -1057,16 +1092,23 @@ impl Driver for HttpDriver {
         loop {
             let now = Instant::now();
             match pacer.step(&ctx, &cc, now) {
+                // Nothing more goes out on an expired session: read what
+                // is in flight, then start a new one.
+                Step::Send(_) if c.expired && !in_flight.is_empty() => {}
                 Step::Send(room) => {
-                    if in_flight.is_empty()
-                        && let Err(e) = c.ensure_stream().await
-                    {
+                    let ready = if !in_flight.is_empty() {
+                        Ok(())
+                    } else if c.expired {
+                        self.renew(&mut c).await
+                    } else {
+                        c.ensure_stream()
+                            .await
+                            .map_err(|e| format!("cannot reconnect to {}: {e}", ctx.cfg.target))
+                    };
+                    if let Err(e) = ready {
                         pacer.finish(&ctx, &cc);
                         cc.sending_done.set(true);
-                        ctx.conn_failed(
-                            &cc,
-                            format!("cannot reconnect to {}: {e}", ctx.cfg.target),
-                        );
+                        ctx.conn_failed(&cc, e);
                         cc.finished.set(true);
                         return;
                     }

@@ -267,9 +267,15 @@ enum Bad {
     /// Answer `initialize` and every call over SSE, and never end the
     /// stream (no last chunk).
     OpenStream,
+    /// Answer calls, but a session's calls after this many get 404 (the
+    /// session expired); `initialize` makes a new session each time.
+    Expire(usize),
 }
 
 struct Counters {
+    inits: AtomicUsize,
+    /// Calls per session id (`Expire`).
+    per_session: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     deletes: AtomicUsize,
     calls: AtomicUsize,
     /// Requests that lacked the session or protocol-version header.
@@ -347,12 +353,21 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
         }
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let method = v["method"].as_str().unwrap_or_default();
+        let session = match bad {
+            Bad::Expire(_) => header(&head, "mcp-session-id").unwrap_or_default(),
+            _ => SESSION,
+        };
         if method == "initialize" {
+            let k = c.inits.fetch_add(1, Ordering::SeqCst);
+            let session = match bad {
+                Bad::Expire(_) => format!("sess-{k}"),
+                _ => SESSION.to_owned(),
+            };
             let ok = format!(
                 r#"{{"jsonrpc":"2.0","id":{},"result":{{"protocolVersion":"2025-06-18","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"bad","version":"0"}}}}}}"#,
                 v["id"]
             );
-            let extra = format!("Mcp-Session-Id: {SESSION}\r\n");
+            let extra = format!("Mcp-Session-Id: {session}\r\n");
             let alive = if matches!(bad, Bad::OpenStream) {
                 chunked_with(&mut w, &extra, &[&format!("data: {ok}\n\n")], false)
             } else {
@@ -363,7 +378,8 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
             }
             continue;
         }
-        if header(&head, "mcp-session-id") != Some(SESSION)
+        if header(&head, "mcp-session-id") != Some(session)
+            || !session.starts_with("sess-")
             || header(&head, "mcp-protocol-version") != Some("2025-06-18")
         {
             c.unsessioned.fetch_add(1, Ordering::SeqCst);
@@ -418,6 +434,19 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
                     &format!("id: 3\r\ndata: {ok_result}\r\n\r\n"),
                 ],
             ),
+            Bad::Expire(after) => {
+                let calls = {
+                    let mut m = c.per_session.lock().unwrap();
+                    let n = m.entry(session.to_owned()).or_default();
+                    *n += 1;
+                    *n
+                };
+                if calls > after {
+                    respond(&mut w, "404 Not Found", "text/plain", "", "no such session")
+                } else {
+                    respond(&mut w, "200 OK", "application/json", "", &ok_result)
+                }
+            }
             Bad::OpenStream => chunked_with(
                 &mut w,
                 "",
@@ -435,6 +464,8 @@ fn bad_server(bad: Bad) -> (SocketAddr, Arc<Counters>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let c = Arc::new(Counters {
+        inits: AtomicUsize::new(0),
+        per_session: Default::default(),
         deletes: AtomicUsize::new(0),
         calls: AtomicUsize::new(0),
         unsessioned: AtomicUsize::new(0),
@@ -506,6 +537,39 @@ fn non_2xx_statuses_are_counted_by_status_and_the_session_is_deleted() {
             "one DELETE per session"
         );
     }
+}
+
+#[test]
+fn an_expired_session_is_counted_as_404_and_replaced_by_a_new_one() {
+    let _g = serial();
+    // One connection: 5 calls per session succeed, the 6th is a 404.
+    let (addr, c) = bad_server(Bad::Expire(5));
+    let json = json_path("http-expire");
+    let target = format!("http://{addr}/mcp");
+    let out = loadgen(
+        &[
+            "--target",
+            &target,
+            "--tool",
+            "echo",
+            "--connections",
+            "1",
+            "--requests",
+            "24",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    // Sessions 0..3 each serve 5 and refuse the 6th (4 × 6 = 24).
+    assert_eq!(n(&r["ok"]), 20, "{r:#}");
+    assert_eq!(n(&r["errors_by_kind"]["http_404"]), 4, "{r:#}");
+    assert_eq!(
+        c.inits.load(Ordering::SeqCst),
+        4,
+        "one initialize per session"
+    );
+    assert_eq!(c.unsessioned.load(Ordering::SeqCst), 0);
 }
 
 #[test]
