@@ -27,7 +27,9 @@ fn duration(s: &str) -> Result<Duration, String> {
              loop, coordinated-omission-free latency",
     after_help = "Open loop (--rate) is the honest measurement: latency is taken from each \
                   request's intended send time, so a stalled server cannot hide behind a \
-                  generator that waited for it. See docs/loadgen.md."
+                  generator that waited for it. http:// loads any MCP Streamable HTTP \
+                  server: one session per connection, one request in flight per connection \
+                  unless --pipeline. See docs/loadgen.md."
 )]
 pub struct Args {
     /// frames://HOST:PORT (the frame edge), grpc://HOST:PORT (the gRPC
@@ -51,8 +53,8 @@ pub struct Args {
     #[arg(long)]
     pub workload: Option<PathBuf>,
 
-    /// TCP connections, spread over the worker threads. http://: also the
-    /// number of requests in flight (one per connection, no pipelining).
+    /// TCP connections, spread over the worker threads. http://: one MCP
+    /// session each, and the requests in flight (times --pipeline).
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
 
