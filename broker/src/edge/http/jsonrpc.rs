@@ -19,7 +19,7 @@
 //!
 //! | frame code            | method                                 | JSON-RPC error            | why |
 //! |-----------------------|----------------------------------------|---------------------------|-----|
-//! | NotFound -32601       | `tools/call`                           | -32602, frame message     | MCP: an unknown tool is invalid params |
+//! | NotFound -32601       | `tools/call`                           | -32602, `Unknown tool: <name>` | MCP: an unknown tool is invalid params (MCP's wording) |
 //! | NotFound -32601       | `prompts/get`, `completion/complete`   | -32602, frame message     | MCP: an unknown prompt (or completion ref) is invalid params |
 //! | NotFound -32601       | `resources/read`, `resources/(un)subscribe` | -32002, data `{"uri":…}` | MCP: resource not found |
 //! | NotFound -32601       | any other                              | -32601                    | no router serves that kind of request: method not found |
@@ -988,6 +988,29 @@ fn envelope_start<'o>(out: &'o mut Vec<u8>, id: Option<&Id<'_>>) -> Obj<'o> {
     o
 }
 
+/// `{"jsonrpc":"2.0","id":…,"result":{}}`: the answer to a `ping` the edge
+/// answers itself.
+pub fn write_empty_result(out: &mut Vec<u8>, id: &Id<'_>) {
+    let mut o = envelope_start(out, Some(id));
+    o.raw("result", "{}");
+    o.end();
+}
+
+#[derive(Deserialize)]
+struct Cancelled<'a> {
+    #[serde(borrow, default, rename = "requestId")]
+    request_id: Option<&'a RawValue>,
+}
+
+/// The `requestId` of a `notifications/cancelled`'s params, as its raw
+/// JSON text (compare with a request's [`Id::get`]); `None` when absent or
+/// not a string or number.
+pub fn cancelled_request_id(params: Option<&RawValue>) -> Option<Id<'_>> {
+    let params = params.filter(|p| first_byte(p) == b'{')?;
+    let c: Cancelled<'_> = serde_json::from_str(params.get()).ok()?;
+    c.request_id.filter(|r| is_string_or_number(r)).map(Id)
+}
+
 /// A JSON-RPC error message: `{"jsonrpc":"2.0","id":…,"error":{…}}`.
 /// `data` is inserted raw if it is one JSON value, else as a string.
 pub fn write_error(
@@ -1354,7 +1377,16 @@ fn write_frame_error(
             _ => None,
         }
     };
-    write_error(out, Some(id), rpc_code, e.message(), data);
+    // MCP's own wording for an unknown tool, when the request named it.
+    let unknown_tool;
+    let message = match (&info.tool_name, ErrorCode::from_code(frame_code)) {
+        (Some(name), Some(ErrorCode::NotFound)) if method == Method::CallTool => {
+            unknown_tool = format!("Unknown tool: {name}");
+            &unknown_tool
+        }
+        _ => e.message(),
+    };
+    write_error(out, Some(id), rpc_code, message, data);
 }
 
 /// MCP `CallToolResult`. Structured content goes out as
@@ -2607,6 +2639,14 @@ mod tests {
         let nf = enc
             .error(&TO, ErrorCode::NotFound, "unknown tool `x`", None)
             .to_vec();
+        // With the request's tool name: MCP's wording.
+        let (_, info) = build(Method::CallTool, Some(r#"{"name":"no\"pe"}"#), None).unwrap();
+        let mut out = Vec::new();
+        write_response_for(&mut out, &Id(raw("4")), &info, &nf, "2025-06-18");
+        assert_eq!(
+            json_of(&out),
+            json!({"jsonrpc":"2.0","id":4,"error":{"code":-32602,"message":"Unknown tool: no\"pe"}})
+        );
         let v = response("1", Method::CallTool, &nf);
         assert_eq!(
             v["error"],
@@ -3232,6 +3272,24 @@ mod tests {
         assert_eq!(id.as_string().as_deref(), Some("el-1"));
         assert!(error.is_none());
         assert_eq!(Id(raw("12")).as_string(), None);
+    }
+
+    #[test]
+    fn cancellations_name_the_request_and_pings_get_an_empty_result() {
+        let p = raw(r#"{"requestId":"r-1","reason":"user"}"#);
+        assert_eq!(
+            cancelled_request_id(Some(p)).map(|i| i.get()),
+            Some("\"r-1\"")
+        );
+        let p = raw(r#"{"requestId":12}"#);
+        assert_eq!(cancelled_request_id(Some(p)), Some(Id(raw("12"))));
+        for bad in [r#"{"requestId":{}}"#, r#"{"reason":"x"}"#, "[1]"] {
+            assert_eq!(cancelled_request_id(Some(raw(bad))), None, "{bad}");
+        }
+        assert_eq!(cancelled_request_id(None), None);
+        let mut out = Vec::new();
+        write_empty_result(&mut out, &Id(raw("\"p\"")));
+        assert_eq!(out, br#"{"jsonrpc":"2.0","id":"p","result":{}}"#);
     }
 
     #[test]
