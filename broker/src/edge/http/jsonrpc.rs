@@ -48,6 +48,10 @@
 //! - Every string is written escaped ([`write_json_string`]).
 //! - Tool and prompt arguments reach the frame as the raw JSON text the
 //!   client sent (one `KeyValue` each), never re-serialised.
+//! - Outside its tests the module uses only `mcp_schema`, `serde` and
+//!   `serde_json` (no `crate::` or `super::` paths), so that a fuzz target
+//!   can compile this very file by `#[path]`, as `grpc_convert` does with
+//!   `edge::grpc::request`.
 //! - No `serde_json::Value` tree is built on the request or the response
 //!   path; results are written directly into `out`.
 
@@ -60,6 +64,7 @@ use mcp_schema::client::{Listing, RequestEncoder, RequestHeader, ResponseView};
 use mcp_schema::content_vec::ContentRef;
 use mcp_schema::fb::KeyValue;
 use mcp_schema::fb::protocol as p;
+use mcp_schema::flatbuffers::{ForwardsUOffset, Vector};
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -1036,10 +1041,7 @@ pub fn write_error(
 
 /// `[KeyValue]` (values JSON text) as a `_meta` object; a value that is not
 /// one JSON value goes out as a JSON string rather than breaking the JSON.
-fn write_meta<'f>(
-    o: &mut Obj<'_>,
-    kvs: Option<flatbuffers::Vector<'f, flatbuffers::ForwardsUOffset<KeyValue<'f>>>>,
-) {
+fn write_meta<'f>(o: &mut Obj<'_>, kvs: Option<Vector<'f, ForwardsUOffset<KeyValue<'f>>>>) {
     let Some(kvs) = kvs.filter(|k| !k.is_empty()) else {
         return;
     };
@@ -3290,6 +3292,140 @@ mod tests {
         let mut out = Vec::new();
         write_empty_result(&mut out, &Id(raw("\"p\"")));
         assert_eq!(out, br#"{"jsonrpc":"2.0","id":"p","result":{}}"#);
+    }
+
+    /// A small deterministic PRNG (xorshift64*): mutations that are the
+    /// same on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Every body, however broken, is either refused with an error that is
+    /// one JSON-RPC message, or parsed into messages whose requests build
+    /// frames that verify as the method asked (or are refused the same way).
+    fn check_body(body: &[u8], enc: &mut RequestEncoder) {
+        let mut out = Vec::new();
+        let messages = match parse(body) {
+            Err(e) => {
+                assert!(matches!(e.code, -32700 | -32600), "{e:?}");
+                e.write(&mut out);
+                json_of(&out);
+                return;
+            }
+            Ok(Body::One(m)) => vec![Ok(m)],
+            Ok(Body::Batch(ms)) => ms,
+        };
+        for m in messages {
+            let (id, method, params) = match m {
+                Ok(Message::Request { id, method, params }) => (id, method, params),
+                Ok(_) => continue,
+                Err(e) => {
+                    out.clear();
+                    e.write(&mut out);
+                    json_of(&out);
+                    continue;
+                }
+            };
+            let Some(method) = Method::from_name(&method) else {
+                continue;
+            };
+            match request_frame(enc, &header(), method, params, Some(("_elicitation", "{}"))) {
+                Ok((frame, info)) => {
+                    let v = VerifiedRequest::verify(Bytes::copy_from_slice(frame));
+                    // Only an empty routing name is refused by verification.
+                    if let Ok(v) = v {
+                        assert_eq!(info.method, method);
+                        if let Some(name) = &info.tool_name {
+                            assert_eq!(v.view().route_key(), RouteKey::Tool(name));
+                        }
+                    }
+                }
+                Err(e) => {
+                    assert_eq!(e.code, -32602, "{e:?}");
+                    out.clear();
+                    e.with_id(Some(id)).write(&mut out);
+                    assert_eq!(
+                        json_of(&out)["id"],
+                        serde_json::from_str::<Value>(id.get()).unwrap()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_bodies_are_answered_or_refused_never_mishandled() {
+        let seeds: [&[u8]; 6] = [
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi","n":[1,2,{"a":null}]},"_meta":{"progressToken":"t"}}}"#,
+            br#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{}},"clientInfo":{"name":"c","version":"1"}}}"#,
+            br#"[{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":"p","arguments":{"a":"b"}}},{"jsonrpc":"2.0","method":"notifications/initialized"}]"#,
+            br#"{"jsonrpc":"2.0","id":3,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"a","value":"x"}}}"#,
+            br#"{"jsonrpc":"2.0","id":4,"method":"logging/setLevel","params":{"level":"info"}}"#,
+            br#"{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{"uri":"file:///\u00e9"}}"#,
+        ];
+        const SPECIAL: &[u8] = b"{}[]\",:\\u0-1e9 nulltruefalse\x00\xff";
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut enc = RequestEncoder::new();
+        for seed in seeds {
+            check_body(seed, &mut enc);
+            for _ in 0..1500 {
+                let mut b = seed.to_vec();
+                for _ in 0..1 + rng.below(4) {
+                    let i = rng.below(b.len() + 1);
+                    match rng.below(4) {
+                        0 if i < b.len() => {
+                            b.remove(i);
+                        }
+                        1 if i < b.len() => b[i] = SPECIAL[rng.below(SPECIAL.len())],
+                        2 => b.insert(i, SPECIAL[rng.below(SPECIAL.len())]),
+                        _ => b.truncate(i.max(1)),
+                    }
+                }
+                check_body(&b, &mut enc);
+            }
+        }
+    }
+
+    #[test]
+    fn broken_frames_become_internal_errors_not_broken_json() {
+        let good = tool_frames(&completed(vec![text("t")], Some(r#"{"a":1}"#)));
+        let mut rng = Rng(7);
+        for _ in 0..3000 {
+            let mut f = good.clone();
+            for _ in 0..1 + rng.below(3) {
+                let i = rng.below(f.len());
+                f[i] = rng.next() as u8;
+            }
+            if rng.below(4) == 0 {
+                f.truncate(rng.below(f.len()) + 1);
+            }
+            for m in [Method::CallTool, Method::ListTools, Method::Initialize] {
+                let v = response("1", m, &f);
+                assert!(
+                    v.get("result").is_some() || v["error"]["code"].is_i64(),
+                    "{v}"
+                );
+            }
+            let mut out = Vec::new();
+            if write_progress(&mut out, raw("1"), &f) || write_log(&mut out, &f) {
+                json_of(&out);
+            }
+            out.clear();
+            if write_elicitation_create(&mut out, "e", &f) {
+                json_of(&out);
+            }
+        }
     }
 
     #[test]
