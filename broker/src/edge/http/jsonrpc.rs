@@ -39,6 +39,21 @@
 //! could be read); bad params of a known method -32602 with a message
 //! naming what is wrong.
 //!
+//! # Losses
+//! What the frames carry and MCP's JSON here does not:
+//! - an embedded resource's `title` and `description` (MCP's resource
+//!   contents have neither); tool annotations `streaming` and
+//!   `experimental` (no MCP hint);
+//! - a progress frame's `current_step`/`total_steps` (its fraction is sent,
+//!   with `total: 1`); a log frame's `timestamp` and `metadata`; an
+//!   elicitation's `title` and `annotations`;
+//! - for clients of older versions: audio (before 2025-03-26) and resource
+//!   links (before 2025-06-18), rewritten as blocks they know.
+//!
+//! And what MCP's requests carry that the frames do not: the client's
+//! capabilities other than elicitation (read into [`RequestInfo`]),
+//! `completion/complete`'s `context`.
+//!
 //! # Invariants
 //! - Every JSON text taken from a frame (schemas, structured content, meta
 //!   values, elicitation schema, error data) is inserted raw only after it
