@@ -447,7 +447,8 @@ pub struct RequestInfo<'a> {
     pub progress_token: Option<&'a RawValue>,
     /// initialize: `params.protocolVersion`.
     pub protocol_version: Option<Cow<'a, str>>,
-    /// initialize: `params.capabilities.elicitation` present.
+    /// initialize: `params.capabilities.elicitation` covers form mode
+    /// (present, and not `{"url":{}}` alone).
     pub client_elicitation: bool,
     /// logging/setLevel: `params.level`, one of [`LOG_LEVELS`].
     pub log_level: Option<&'static str>,
@@ -547,6 +548,25 @@ struct Meta<'a> {
 struct Capabilities<'a> {
     #[serde(borrow, default)]
     elicitation: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct ElicitationModes<'a> {
+    #[serde(borrow, default)]
+    form: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    url: Option<&'a RawValue>,
+}
+
+/// Whether a client's `capabilities.elicitation` covers form mode, the one
+/// routers use: 2025-06-18's `{}` does, and so does 2025-11-25's
+/// `{"form":{}}`; `{"url":{}}` alone does not.
+fn form_elicitation(elicitation: Option<&RawValue>) -> bool {
+    let Some(e) = elicitation.filter(|e| first_byte(e) == b'{') else {
+        return false;
+    };
+    serde_json::from_str::<ElicitationModes<'_>>(e.get())
+        .is_ok_and(|m| m.form.is_some() || m.url.is_none())
 }
 
 #[derive(Deserialize, Default)]
@@ -715,7 +735,7 @@ pub fn request_frame<'e, 'a>(
             let client: ClientInfo<'a> = object(ps.client_info, "clientInfo")?;
             let name = opt_string(client.name, "clientInfo.name")?;
             let ver = opt_string(client.version, "clientInfo.version")?;
-            info.client_elicitation = caps.elicitation.is_some();
+            info.client_elicitation = form_elicitation(caps.elicitation);
             let frame = enc.initialize(
                 h,
                 frame_version(&version),
@@ -2315,6 +2335,17 @@ mod tests {
         )
         .unwrap();
         assert!(!info.client_elicitation);
+        for (caps, form) in [
+            (r#"{"elicitation":{"form":{}}}"#, true),
+            (r#"{"elicitation":{"form":{},"url":{}}}"#, true),
+            (r#"{"elicitation":{"url":{}}}"#, false),
+            (r#"{"elicitation":null}"#, false),
+            (r#"{"elicitation":true}"#, false),
+        ] {
+            let p = format!(r#"{{"protocolVersion":"2025-11-25","capabilities":{caps}}}"#);
+            let (_, info) = build(Method::Initialize, Some(&p), None).unwrap();
+            assert_eq!(info.client_elicitation, form, "{caps}");
+        }
         let e = refused(Method::Initialize, r#"{"capabilities":{}}"#);
         assert!(e.message.contains("protocolVersion"), "{}", e.message);
         let e = refused(
