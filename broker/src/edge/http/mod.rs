@@ -825,7 +825,7 @@ impl HttpEdge {
             session.set_level(level);
         }
         let mut more = false;
-        let mut failed = false;
+        let mut last = None;
         for f in frames(&called.frames) {
             match jsonrpc::frame_kind(f) {
                 FrameKind::Progress => more |= progress_token.is_some(),
@@ -834,15 +834,17 @@ impl HttpEdge {
                 // Resource updates belong on the standalone GET stream, not
                 // to one request.
                 FrameKind::ResourceUpdated => {}
-                FrameKind::Final => {
-                    failed = mcp_schema::client::ResponseView::parse(f)
-                        .is_ok_and(|v| v.error().is_some());
-                }
+                FrameKind::Final => last = Some(f),
             }
         }
         // A failed call is also told on the log stream of a session that
-        // asked for logs, as an MCP server would.
-        more |= failed && session.level().is_some_and(|l| level_allows(l, "warning"));
+        // asked for logs, as an MCP server would. (Checked only then: each
+        // look into a frame verifies it again.)
+        if !more && session.level().is_some_and(|l| level_allows(l, "warning")) {
+            more = last.is_some_and(|f| {
+                mcp_schema::client::ResponseView::parse(f).is_ok_and(|v| v.error().is_some())
+            });
+        }
         if !more {
             if let Some(fin) = frames(&called.frames).last() {
                 jsonrpc::write_response_for(&mut out, id, &info, fin, session.version);
