@@ -157,6 +157,70 @@ impl Default for GrpcSection {
     }
 }
 
+/// The MCP Streamable HTTP edge (`[http]`), served on the shard threads.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSection {
+    /// Address of the edge; the endpoint path is `/mcp`.
+    pub listen: SocketAddr,
+    /// `Origin` values accepted besides loopback ones (`http://localhost`,
+    /// `http://127.0.0.1:…`, `http://[::1]…`); any other Origin gets 403.
+    /// A request without `Origin` (not a browser) is accepted.
+    pub allowed_origins: Vec<String>,
+    /// Largest request body, in bytes; a larger `Content-Length` is refused
+    /// with 413 before the body is read, a chunked body when it passes it.
+    pub max_body_bytes: usize,
+    /// Largest request head (request line and headers), in bytes.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request.
+    pub max_headers: usize,
+    /// Time for a request's whole head to arrive, from its first byte (or,
+    /// on a kept-alive connection, from the end of the previous answer).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time for a request's whole body to arrive once its head is in.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Connections per shard on this edge; beyond it new ones are closed.
+    pub max_connections_per_shard: usize,
+    /// Sessions alive at once across the edge; an `initialize` beyond it
+    /// gets 503 (nothing is evicted: each session may hold a router instance).
+    pub max_sessions: usize,
+    /// A session with no request and no open stream for this long is ended
+    /// (its id then gets 404, and the client starts a new one).
+    #[serde(with = "humantime_serde")]
+    pub session_idle_timeout: Duration,
+    /// Interval of SSE keep-alive comments on open streams.
+    #[serde(with = "humantime_serde")]
+    pub sse_keepalive: Duration,
+    /// Events kept per SSE stream for `Last-Event-ID` resumption.
+    pub sse_replay_events: usize,
+    /// How long the broker waits for a client's answer to a request it sent
+    /// (elicitation) before the call fails with a deadline error.
+    #[serde(with = "humantime_serde")]
+    pub client_answer_timeout: Duration,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7403)),
+            allowed_origins: Vec::new(),
+            max_body_bytes: 4 << 20,
+            max_header_bytes: 16 << 10,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections_per_shard: 10_000,
+            max_sessions: 100_000,
+            session_idle_timeout: Duration::from_secs(1800),
+            sse_keepalive: Duration::from_secs(15),
+            sse_replay_events: 64,
+            client_answer_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSection {
@@ -301,6 +365,7 @@ pub struct Config {
     pub broker: BrokerSection,
     pub frames: FramesSection,
     pub grpc: GrpcSection,
+    pub http: HttpSection,
     pub metrics: MetricsSection,
     pub naming: NamingSection,
     pub bench: BenchSection,
@@ -312,6 +377,7 @@ pub struct Config {
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub grpc_listen: Option<SocketAddr>,
+    pub http_listen: Option<SocketAddr>,
     pub metrics_listen: Option<SocketAddr>,
     pub shards: Option<usize>,
 }
@@ -344,6 +410,7 @@ impl Config {
                 "broker" => section(&key, value, &mut config.broker, &mut errors),
                 "frames" => section(&key, value, &mut config.frames, &mut errors),
                 "grpc" => section(&key, value, &mut config.grpc, &mut errors),
+                "http" => section(&key, value, &mut config.http, &mut errors),
                 "metrics" => section(&key, value, &mut config.metrics, &mut errors),
                 "naming" => section(&key, value, &mut config.naming, &mut errors),
                 "bench" => section(&key, value, &mut config.bench, &mut errors),
@@ -359,7 +426,7 @@ impl Config {
                     _ => errors.push("routers: must be an array of tables ([[routers]])".into()),
                 },
                 other => errors.push(format!(
-                    "{other}: unknown section (expected broker, frames, grpc, metrics, naming, bench, routers)"
+                    "{other}: unknown section (expected broker, frames, grpc, http, metrics, naming, bench, routers)"
                 )),
             }
         }
@@ -393,6 +460,9 @@ impl Config {
         }
         if let Some(a) = o.grpc_listen {
             config.grpc.listen = a;
+        }
+        if let Some(a) = o.http_listen {
+            config.http.listen = a;
         }
         if let Some(a) = o.metrics_listen {
             config.metrics.listen = a;
@@ -476,6 +546,50 @@ impl Config {
         for (i, r) in g.roots.iter().enumerate() {
             if r.uri.is_empty() {
                 errors.push(format!("grpc.roots[{i}].uri: must not be empty"));
+            }
+        }
+        let h = &self.http;
+        if h.max_body_bytes < 1024 || h.max_body_bytes > MAX_FRAME_BYTES_LIMIT as usize {
+            errors.push(format!(
+                "http.max_body_bytes: {} is outside 1024..={MAX_FRAME_BYTES_LIMIT}",
+                h.max_body_bytes
+            ));
+        }
+        if h.max_header_bytes < 8192 {
+            errors.push(format!(
+                "http.max_header_bytes: {} is below 8192 (hyper's smallest read buffer)",
+                h.max_header_bytes
+            ));
+        }
+        for (name, n) in [
+            ("http.max_headers", h.max_headers),
+            (
+                "http.max_connections_per_shard",
+                h.max_connections_per_shard,
+            ),
+            ("http.max_sessions", h.max_sessions),
+            ("http.sse_replay_events", h.sse_replay_events),
+        ] {
+            if n == 0 {
+                errors.push(format!("{name}: must be at least 1"));
+            }
+        }
+        for (name, d) in [
+            ("http.header_timeout", h.header_timeout),
+            ("http.body_timeout", h.body_timeout),
+            ("http.session_idle_timeout", h.session_idle_timeout),
+            ("http.sse_keepalive", h.sse_keepalive),
+            ("http.client_answer_timeout", h.client_answer_timeout),
+        ] {
+            if d.is_zero() {
+                errors.push(format!("{name}: must be greater than zero"));
+            }
+        }
+        for (i, o) in h.allowed_origins.iter().enumerate() {
+            if o.is_empty() || o.ends_with('/') {
+                errors.push(format!(
+                    "http.allowed_origins[{i}]: `{o}` is not an origin (scheme://host[:port], no path)"
+                ));
             }
         }
         if self.broker.shards > 1024 {

@@ -280,12 +280,38 @@ pub async fn handle(
                 .request()
                 .payload_as_prompt_request()
                 .expect("classified as a prompt request");
-            let prompt_args: Vec<(&str, &str)> = pr
+            let mut prompt_args: Vec<(&str, &str)> = pr
                 .arguments()
                 .iter()
                 .flatten()
                 .map(|kv| (kv.key(), kv.value().unwrap_or("null")))
                 .collect();
+            // The prompt's declared arguments: a required one missing is the
+            // client's error (MCP: invalid params), an optional one missing
+            // fills its placeholders with nothing rather than leaving
+            // `{{name}}` in the text.
+            let declared = table
+                .prompt_list
+                .iter()
+                .find(|l| &*l.exposed == name)
+                .and_then(|l| l.item.arguments.as_deref())
+                .unwrap_or_default();
+            for a in declared {
+                if prompt_args.iter().any(|(k, _)| *k == a.name) {
+                    continue;
+                }
+                if a.required == Some(true) {
+                    let msg = format!("prompt `{name}` needs the argument `{}`", a.name);
+                    out.extend_from_slice(ctx.enc.borrow_mut().error(
+                        &to,
+                        ErrorCode::InvalidParams,
+                        &msg,
+                        None,
+                    ));
+                    return;
+                }
+                prompt_args.push((&a.name, "\"\""));
+            }
             let t0 = std::time::Instant::now();
             let result = ctx.pools[router]
                 .caller(view.session_id())

@@ -26,6 +26,10 @@ struct Cli {
     /// gRPC edge address (overrides grpc.listen).
     #[arg(long)]
     grpc_listen: Option<SocketAddr>,
+    /// MCP Streamable HTTP edge address (overrides http.listen); the
+    /// endpoint is `/mcp`.
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
     /// Metrics/admin HTTP address (overrides metrics.listen).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
     let overrides = Overrides {
         listen: cli.listen,
         grpc_listen: cli.grpc_listen,
+        http_listen: cli.http_listen,
         metrics_listen: cli.metrics_listen,
         shards: cli.shards,
     };

@@ -33,6 +33,7 @@ pub struct Running {
     pub frames: SocketAddr,
     pub metrics: SocketAddr,
     pub grpc: SocketAddr,
+    pub http: SocketAddr,
     pub routers: Vec<String>,
     /// Bound at start-up so port 0 resolves; served by the gRPC edge.
     pub grpc_listener: Option<std::net::TcpListener>,
@@ -48,9 +49,10 @@ impl Running {
     /// The ready line of the brief, exactly.
     pub fn ready_line(&self) -> String {
         format!(
-            "mcp-broker ready frames={} grpc={} metrics={} shards={} routers={}",
+            "mcp-broker ready frames={} grpc={} http={} metrics={} shards={} routers={}",
             self.frames,
             self.grpc,
+            self.http,
             self.metrics,
             self.shards.len(),
             self.routers.join(",")
@@ -195,6 +197,16 @@ pub fn start(config: Config) -> Result<Running> {
                 .with_context(|| format!("binding shard listener on {frames}"))?,
         );
     }
+    let http_first = bind_reuseport(config.http.listen)
+        .with_context(|| format!("binding the HTTP edge on {}", config.http.listen))?;
+    let http = http_first.local_addr()?;
+    let mut http_listeners = vec![http_first];
+    for _ in 1..shards {
+        http_listeners.push(
+            bind_reuseport(http)
+                .with_context(|| format!("binding shard HTTP listener on {http}"))?,
+        );
+    }
     let metrics_listener = std::net::TcpListener::bind(config.metrics.listen)
         .with_context(|| format!("binding the metrics endpoint on {}", config.metrics.listen))?;
     let metrics = metrics_listener.local_addr()?;
@@ -213,13 +225,15 @@ pub fn start(config: Config) -> Result<Running> {
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut handles = Vec::new();
-    for (index, listener) in listeners.into_iter().enumerate() {
+    for (index, (listener, http_listener)) in listeners.into_iter().zip(http_listeners).enumerate()
+    {
         let cpu = placement.cpus.get(index).copied().flatten();
         let start = ShardStart {
             index,
             shared: shared.clone(),
             routers: routers.clone(),
             listener,
+            http_listener,
             cpu,
         };
         let tx = ready_tx.clone();
@@ -256,6 +270,7 @@ pub fn start(config: Config) -> Result<Running> {
         frames,
         metrics,
         grpc,
+        http,
         grpc_listener: None,
         grpc_edge: Some(grpc_edge),
         routers: names,

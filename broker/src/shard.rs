@@ -57,6 +57,9 @@ pub struct ShardStart {
     pub shared: Arc<Shared>,
     pub routers: Vec<Arc<Router>>,
     pub listener: std::net::TcpListener,
+    /// This shard's listener of the MCP HTTP edge (same address on every
+    /// shard, `SO_REUSEPORT`).
+    pub http_listener: std::net::TcpListener,
     pub cpu: Option<usize>,
 }
 
@@ -141,7 +144,8 @@ fn build_runtime(defer: bool) -> std::io::Result<Runtime> {
 /// Shard-wide state of the running loop.
 struct Shard {
     ctx: Rc<ShardCtx>,
-    draining: Latch,
+    /// Shared with the HTTP edge, which drains on the same signal.
+    draining: Rc<Latch>,
     drain_expired: Latch,
     connections: Cell<usize>,
     yields: YieldQueue,
@@ -178,6 +182,13 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
             return;
         }
     };
+    let http_listener = match TcpListener::from_std(s.http_listener) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(format!("shard {index}: HTTP listener: {e}")));
+            return;
+        }
+    };
     let shard = Rc::new(Shard {
         ctx: Rc::new(ShardCtx {
             index,
@@ -185,7 +196,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
             pools,
             enc: RefCell::new(ResponseEncoder::new(index as u64)),
         }),
-        draining: Latch::default(),
+        draining: Rc::default(),
         drain_expired: Latch::default(),
         connections: Cell::new(0),
         yields: YieldQueue::default(),
@@ -196,6 +207,9 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         monoio::spawn(async move { shard.yields.run().await });
     }
     monoio::spawn(expire_sessions(shard.ctx.clone()));
+    let http = crate::edge::http::HttpEdge::new(shard.ctx.clone(), shard.draining.clone());
+    monoio::spawn(crate::edge::http::accept_loop(http.clone(), http_listener));
+    monoio::spawn(crate::edge::http::expire_sessions(http.clone()));
     shard
         .stats()
         .ready
@@ -211,6 +225,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
     // the shutting-down answers it sends then to reach the wire.
     poll_until(&shard.drain_expired, || {
         shard.connections.get() == 0
+            && http.connections() == 0
             && shard
                 .stats()
                 .in_flight
@@ -221,7 +236,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
     if shard.drain_expired.is_set() {
         let grace = Instant::now() + DRAIN_FLUSH_GRACE;
         poll_until(&Latch::default(), || {
-            shard.connections.get() == 0 || Instant::now() >= grace
+            (shard.connections.get() == 0 && http.connections() == 0) || Instant::now() >= grace
         })
         .await;
     }

@@ -138,6 +138,9 @@ pub struct Shared {
     draining: AtomicBool,
     /// Shards that died, for `main` (which then exits non-zero).
     deaths: (Sender<usize>, Receiver<usize>),
+    /// The HTTP edge's sessions, striped by owner shard
+    /// (`edge/http/session.rs`).
+    pub http_sessions: crate::edge::http::session::Sessions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,7 +172,14 @@ impl Shared {
             })
             .collect();
         let layout = Arc::new(crate::metrics::Layout::new(&table));
+        let http_sessions = crate::edge::http::session::Sessions::new(
+            shards,
+            config.http.max_sessions,
+            config.http.session_idle_timeout,
+            config.http.sse_replay_events,
+        );
         Self {
+            http_sessions,
             config,
             table: Arc::new(table),
             affinity,
@@ -186,9 +196,16 @@ impl Shared {
         self.inboxes.len()
     }
 
-    /// The shard that owns a session: FNV-1a of the id, so every edge and
-    /// every shard agree without coordination.
+    /// The shard that owns a session: the one an HTTP edge session id
+    /// names (the shard that created it, where its session-affine router
+    /// instances then live), else FNV-1a of the id, so every edge and every
+    /// shard agree without coordination.
     pub fn owner_of(&self, session: &str) -> usize {
+        if let Some(owner) = crate::edge::http::session::owner_of_id(session)
+            && owner < self.shards()
+        {
+            return owner;
+        }
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in session.as_bytes() {
             h ^= *b as u64;

@@ -23,13 +23,17 @@ fn duration(s: &str) -> Result<Duration, String> {
 #[command(
     name = "mcp-loadgen",
     version,
-    about = "Load generator for mcp-broker: closed or open loop, coordinated-omission-free latency",
+    about = "Load generator for mcp-broker and any MCP Streamable HTTP server: closed or open \
+             loop, coordinated-omission-free latency",
     after_help = "Open loop (--rate) is the honest measurement: latency is taken from each \
                   request's intended send time, so a stalled server cannot hide behind a \
                   generator that waited for it. See docs/loadgen.md."
 )]
 pub struct Args {
-    /// frames://HOST:PORT (the frame edge) or grpc://HOST:PORT.
+    /// frames://HOST:PORT (the frame edge), grpc://HOST:PORT (the gRPC
+    /// edge) or http://HOST:PORT/PATH (any MCP Streamable HTTP server;
+    /// PATH defaults to /mcp): one MCP session per connection, JSON and
+    /// SSE answers.
     #[arg(long)]
     pub target: String,
 
@@ -47,12 +51,13 @@ pub struct Args {
     #[arg(long)]
     pub workload: Option<PathBuf>,
 
-    /// TCP connections, spread over the worker threads.
+    /// TCP connections, spread over the worker threads. http://: also the
+    /// number of requests in flight (one per connection, no pipelining).
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
 
     /// Closed loop: total requests in flight (split over connections). With
-    /// --rate: a cap on requests in flight.
+    /// --rate: a cap on requests in flight. http://: always --connections.
     #[arg(long)]
     pub concurrency: Option<u64>,
 
@@ -78,8 +83,8 @@ pub struct Args {
     #[arg(long, value_parser = duration, default_value = "0s")]
     pub warmup: Duration,
 
-    /// Worker threads (one monoio runtime each). Default 1, or one per
-    /// CPU given to --cpus.
+    /// Worker threads (one monoio runtime each; grpc://: one tokio runtime
+    /// each). Default 1, or one per CPU given to --cpus.
     #[arg(long)]
     pub threads: Option<usize>,
 
@@ -89,7 +94,8 @@ pub struct Args {
     pub cpus: Option<String>,
 
     /// A request without a final response after this long counts as a
-    /// timeout error (and frees its window slot).
+    /// timeout error (and frees its window slot; http://: its connection is
+    /// dropped and reopened, the session kept).
     #[arg(long, value_parser = duration, default_value = "30s")]
     pub timeout: Duration,
 
@@ -113,7 +119,8 @@ pub struct Args {
     #[arg(long, value_parser = duration, default_value = "200us")]
     pub spin: Duration,
 
-    /// Largest response frame body accepted, in bytes.
+    /// Largest response frame body accepted, in bytes (gRPC: message;
+    /// http://: response body or SSE event).
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: u32,
 
@@ -178,7 +185,19 @@ impl Args {
                 self.connections
             ));
         }
-        if let Some(c) = self.concurrency
+        let http = target
+            .as_ref()
+            .is_some_and(|t| t.scheme == crate::target::Scheme::Http);
+        if http
+            && let Some(c) = self.concurrency
+            && c != self.connections as u64
+        {
+            problems.push(format!(
+                "--concurrency {c}: an http:// connection carries one request at a time \
+                 (HTTP/1.1, no pipelining), so the concurrency is --connections; \
+                 use --connections {c}"
+            ));
+        } else if let Some(c) = self.concurrency
             && c < self.connections as u64
         {
             problems.push(format!(
@@ -225,6 +244,9 @@ impl Args {
             bail!("{}", problems.join("\n"));
         };
         let concurrency = match (self.concurrency, self.rate) {
+            // One request in flight per HTTP/1.1 connection, in every
+            // mode: with --rate that is the rate-limited closed loop.
+            _ if target.scheme == crate::target::Scheme::Http => Some(self.connections as u64),
             (None, None) => Some(self.connections as u64),
             (c, _) => c,
         };
@@ -300,6 +322,27 @@ mod tests {
         for needle in ["unknown scheme", "--concurrency 1", "--rate", "--tool NAME"] {
             assert!(e.contains(needle), "missing {needle:?} in {e}");
         }
+    }
+
+    #[test]
+    fn http_concurrency_is_the_connection_count() {
+        let parse = |extra: &[&str]| {
+            let mut v = vec!["mcp-loadgen", "--target", "http://127.0.0.1:8000/mcp"];
+            v.extend_from_slice(extra);
+            Args::try_parse_from(v).unwrap().validate()
+        };
+        let c = parse(&["--tool", "echo", "--connections", "8", "--rate", "100"]).unwrap();
+        assert_eq!(c.concurrency, Some(8));
+        assert_eq!(c.mode(), crate::engine::Mode::RateLimited);
+        let c = parse(&["--tool", "echo", "--connections", "3"]).unwrap();
+        assert_eq!(
+            (c.concurrency, c.mode()),
+            (Some(3), crate::engine::Mode::Closed)
+        );
+        let e = parse(&["--tool", "echo", "--concurrency", "64"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use --connections 64"), "{e}");
     }
 
     #[test]

@@ -357,12 +357,7 @@ impl ThreadCtx {
     pub fn on_end(&self, p: &Pending, now: Instant, outcome: Result<(), (ErrorKind, Option<i32>)>) {
         {
             let mut t = self.totals.borrow_mut();
-            if outcome.is_ok()
-                || matches!(
-                    outcome,
-                    Err((ErrorKind::ErrorResponse | ErrorKind::GrpcStatus, _))
-                )
-            {
+            if outcome.is_ok() || matches!(outcome, Err((k, _)) if k.is_answer()) {
                 t.last_response = t
                     .last_response
                     .max(now.saturating_duration_since(self.start));
@@ -382,10 +377,10 @@ impl ThreadCtx {
             Err((kind, code)) => {
                 i.1.error(kind);
                 if let Some(code) = code {
-                    let codes = if kind == ErrorKind::GrpcStatus {
-                        &mut i.1.grpc_codes
-                    } else {
-                        &mut i.1.error_codes
+                    let codes = match kind {
+                        ErrorKind::GrpcStatus => &mut i.1.grpc_codes,
+                        ErrorKind::HttpStatus => &mut i.1.http_statuses,
+                        _ => &mut i.1.error_codes,
                     };
                     *codes.entry(code).or_default() += 1;
                 }

@@ -1,10 +1,10 @@
-//! `mcp-loadgen`: drives an MCP broker's frame edge or its gRPC edge with
-//! closed- or open-loop load and reports latency percentiles that can be
+//! `mcp-loadgen`: drives an MCP broker's frame edge or its gRPC edge, or
+//! any MCP server over Streamable HTTP, with closed- or open-loop load and reports latency percentiles that can be
 //! trusted. See `docs/loadgen.md`.
 //!
 //! Threads: the main thread parses, starts the engine, prints progress and
-//! writes the reports; worker threads (one monoio runtime each for frames,
-//! one current-thread tokio runtime each for gRPC) own all connections and
+//! writes the reports; worker threads (one monoio runtime each for frames
+//! and HTTP, one current-thread tokio runtime each for gRPC) own all connections and
 //! measurements and only send the main thread one interval report per
 //! second.
 //!
@@ -21,6 +21,7 @@ mod duration;
 mod engine;
 mod frames;
 mod grpc;
+mod http;
 mod interrupt;
 mod notify;
 mod progress;
@@ -74,6 +75,15 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
             .spawn(move || match cfg.target.scheme {
                 Scheme::Frames => engine::run(cfg, frames::FramesDriver, tx, shared),
                 Scheme::Grpc => engine::run(cfg, grpc::GrpcDriver { max_message }, tx, shared),
+                Scheme::Http => {
+                    let driver = http::HttpDriver {
+                        authority: cfg.target.authority.clone(),
+                        path: cfg.target.path.clone(),
+                        max_body: max_message,
+                        timeout: cfg.timeout,
+                    };
+                    engine::run(cfg, driver, tx, shared)
+                }
             })
             .context("cannot start the engine thread")?
     };

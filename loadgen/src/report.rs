@@ -129,8 +129,11 @@ impl Report {
             }
         };
         let responses = c.ok
-            + c.errors[crate::stats::ErrorKind::ErrorResponse as usize]
-            + c.errors[crate::stats::ErrorKind::GrpcStatus as usize];
+            + crate::stats::ErrorKind::ALL
+                .iter()
+                .filter(|k| k.is_answer())
+                .map(|k| c.errors[*k as usize])
+                .sum::<u64>();
         let offered_rps = per_s(c.intended, send_window);
         let achieved_rps = per_s(responses, run_window);
         let mode = cfg.map(RunConfig::mode);

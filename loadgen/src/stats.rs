@@ -53,10 +53,22 @@ pub enum ErrorKind {
     /// gRPC: a call ended with a non-OK status; also counted by code in
     /// `grpc_codes` (reported as `grpc_<code name>`).
     GrpcStatus,
+    /// HTTP: a non-2xx status; also counted by status in `http_statuses`
+    /// (reported as `http_<status>`).
+    HttpStatus,
+    /// HTTP: a `tools/call` result with `isError: true`.
+    ToolError,
+    /// HTTP: an answer that is no answer to the request: not HTTP, a body
+    /// that is not JSON-RPC, garbage SSE, the wrong id, no `result` and no
+    /// `error`, or an SSE stream that ended without the response.
+    InvalidResponse,
+    /// HTTP: the server closed the connection before the answer was
+    /// complete. The generator reconnects (same session) and goes on.
+    ConnectionClosed,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 7] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::ErrorResponse,
         ErrorKind::KindMismatch,
         ErrorKind::UnknownCorrelation,
@@ -64,6 +76,10 @@ impl ErrorKind {
         ErrorKind::Timeout,
         ErrorKind::ConnectionLost,
         ErrorKind::GrpcStatus,
+        ErrorKind::HttpStatus,
+        ErrorKind::ToolError,
+        ErrorKind::InvalidResponse,
+        ErrorKind::ConnectionClosed,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -75,7 +91,23 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::ConnectionLost => "connection_lost",
             ErrorKind::GrpcStatus => "grpc",
+            ErrorKind::HttpStatus => "http",
+            ErrorKind::ToolError => "tool_error",
+            ErrorKind::InvalidResponse => "invalid_response",
+            ErrorKind::ConnectionClosed => "connection_closed",
         }
+    }
+
+    /// Whether this error is the server's well-formed answer (counted in
+    /// `achieved_rps`), as opposed to no answer or a broken one.
+    pub const fn is_answer(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::ErrorResponse
+                | ErrorKind::GrpcStatus
+                | ErrorKind::HttpStatus
+                | ErrorKind::ToolError
+        )
     }
 
     /// Whether this error ends a request (as opposed to a stray frame that
@@ -104,6 +136,8 @@ pub struct Counts {
     pub error_codes: BTreeMap<i32, u64>,
     /// gRPC status codes of `GrpcStatus` errors.
     pub grpc_codes: BTreeMap<i32, u64>,
+    /// HTTP statuses of `HttpStatus` errors.
+    pub http_statuses: BTreeMap<i32, u64>,
     /// Progress/log frames seen for outstanding requests.
     pub progress_frames: u64,
     /// Final answers that came after their request had timed out (each
@@ -143,6 +177,9 @@ impl Counts {
         for (c, n) in &o.grpc_codes {
             *self.grpc_codes.entry(*c).or_default() += n;
         }
+        for (c, n) in &o.http_statuses {
+            *self.http_statuses.entry(*c).or_default() += n;
+        }
         self.progress_frames += o.progress_frames;
         self.late += o.late;
     }
@@ -153,7 +190,12 @@ impl Counts {
         let mut m = BTreeMap::new();
         for k in ErrorKind::ALL {
             let n = self.errors[k as usize];
-            if n > 0 && !matches!(k, ErrorKind::ErrorResponse | ErrorKind::GrpcStatus) {
+            if n > 0
+                && !matches!(
+                    k,
+                    ErrorKind::ErrorResponse | ErrorKind::GrpcStatus | ErrorKind::HttpStatus
+                )
+            {
                 m.insert(k.as_str().to_owned(), n);
             }
         }
@@ -166,6 +208,9 @@ impl Counts {
         for (code, n) in &self.grpc_codes {
             *m.entry(format!("grpc_{}", grpc_code_name(*code)))
                 .or_default() += n;
+        }
+        for (status, n) in &self.http_statuses {
+            *m.entry(format!("http_{status}")).or_default() += n;
         }
         m
     }
@@ -270,6 +315,22 @@ mod tests {
         assert_eq!(k["grpc_code_99"], 1);
         assert!(!k.contains_key("grpc"));
         assert_eq!(c.total_errors(), 4);
+        assert_eq!(c.completed(), 4);
+    }
+
+    #[test]
+    fn http_statuses_are_reported_by_status() {
+        let mut c = Counts::default();
+        for status in [404, 404, 500] {
+            c.error(ErrorKind::HttpStatus);
+            *c.http_statuses.entry(status).or_default() += 1;
+        }
+        c.error(ErrorKind::InvalidResponse);
+        let k = c.by_kind();
+        assert_eq!(k["http_404"], 2);
+        assert_eq!(k["http_500"], 1);
+        assert_eq!(k["invalid_response"], 1);
+        assert!(!k.contains_key("http"));
         assert_eq!(c.completed(), 4);
     }
 

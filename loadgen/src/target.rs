@@ -11,9 +11,12 @@ use std::net::{SocketAddr, ToSocketAddrs};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub scheme: Scheme,
-    /// `HOST:PORT` as given (for the report).
+    /// `HOST:PORT` as given (for the report, and the HTTP `Host` header).
     pub authority: String,
     pub addr: SocketAddr,
+    /// `http://` only: the MCP endpoint's path, `/mcp` when none is given.
+    /// Empty for the other schemes, which take no path.
+    pub path: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +25,9 @@ pub enum Scheme {
     Frames,
     /// `turbomcp.mcp.v1.McpService` over HTTP/2.
     Grpc,
+    /// MCP Streamable HTTP (JSON-RPC over HTTP/1.1 POST, JSON or SSE
+    /// answers): any MCP server, not only the broker.
+    Http,
 }
 
 impl Scheme {
@@ -29,31 +35,60 @@ impl Scheme {
         match self {
             Scheme::Frames => "frames",
             Scheme::Grpc => "grpc",
+            Scheme::Http => "http",
         }
     }
 }
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}", self.scheme.as_str(), self.authority)
+        write!(
+            f,
+            "{}://{}{}",
+            self.scheme.as_str(),
+            self.authority,
+            self.path
+        )
     }
 }
 
 impl Target {
     pub fn parse(s: &str) -> Result<Self, String> {
         let (scheme, rest) = s.split_once("://").ok_or_else(|| {
-            format!("bad target `{s}`: expected frames://HOST:PORT or grpc://HOST:PORT")
+            format!(
+                "bad target `{s}`: expected frames://HOST:PORT, grpc://HOST:PORT or http://HOST:PORT/PATH"
+            )
         })?;
         let scheme = match scheme {
             "frames" => Scheme::Frames,
             "grpc" => Scheme::Grpc,
+            "http" => Scheme::Http,
+            "https" => {
+                return Err(format!(
+                    "bad target `{s}`: https is not supported (plaintext http:// only)"
+                ));
+            }
             other => {
                 return Err(format!(
-                    "bad target `{s}`: unknown scheme `{other}` (expected `frames` or `grpc`)"
+                    "bad target `{s}`: unknown scheme `{other}` (expected `frames`, `grpc` or `http`)"
                 ));
             }
         };
-        let authority = rest.trim_end_matches('/');
+        let (authority, path) = match scheme {
+            Scheme::Http => {
+                let (a, p) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                let p = if p.is_empty() || p == "/" { "/mcp" } else { p };
+                // The path goes into the request line as is: it must not be
+                // able to break the request out of its line.
+                if p.bytes().any(|b| b <= b' ' || b == 0x7f || b == b'#') {
+                    return Err(format!(
+                        "bad target `{s}`: the path must be printable ASCII without spaces or `#`"
+                    ));
+                }
+                (a, p)
+            }
+            _ => (rest.trim_end_matches('/'), ""),
+        };
         if authority.is_empty() || authority.contains('/') {
             return Err(format!(
                 "bad target `{s}`: expected {}://HOST:PORT with no path",
@@ -78,6 +113,7 @@ impl Target {
             scheme,
             authority: authority.to_owned(),
             addr,
+            path: path.to_owned(),
         })
     }
 }
@@ -99,10 +135,28 @@ mod tests {
     }
 
     #[test]
+    fn http_targets_keep_their_path_and_default_to_mcp() {
+        let t = Target::parse("http://127.0.0.1:8000/mcp/v1?x=1").unwrap();
+        assert_eq!(t.scheme, Scheme::Http);
+        assert_eq!(t.authority, "127.0.0.1:8000");
+        assert_eq!(t.path, "/mcp/v1?x=1");
+        assert_eq!(t.to_string(), "http://127.0.0.1:8000/mcp/v1?x=1");
+        assert_eq!(Target::parse("http://127.0.0.1:8000").unwrap().path, "/mcp");
+        assert_eq!(
+            Target::parse("http://localhost:8000/").unwrap().path,
+            "/mcp"
+        );
+        assert_eq!(Target::parse("grpc://127.0.0.1:1").unwrap().path, "");
+    }
+
+    #[test]
     fn bad_targets_say_what_is_wrong() {
         for (t, needle) in [
             ("127.0.0.1:7400", "expected frames://"),
-            ("http://127.0.0.1:7400", "unknown scheme `http`"),
+            ("tcp://127.0.0.1:7400", "unknown scheme `tcp`"),
+            ("https://127.0.0.1:7400/mcp", "https is not supported"),
+            ("http://127.0.0.1:7400/a b", "printable ASCII"),
+            ("http://127.0.0.1/mcp", "missing `:PORT`"),
             ("frames://127.0.0.1", "missing `:PORT`"),
             ("frames://127.0.0.1:99999", "not a port number"),
             ("frames://:7400", "missing host"),

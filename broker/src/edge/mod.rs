@@ -9,3 +9,4 @@
 //! through `crate::dispatch::handle`.
 
 pub mod grpc;
+pub mod http;

@@ -25,14 +25,16 @@ use crate::route::RouteTable;
 pub enum Edge {
     Frames = 0,
     Grpc = 1,
+    Http = 2,
 }
 
 impl Edge {
-    pub const ALL: [Edge; 2] = [Edge::Frames, Edge::Grpc];
+    pub const ALL: [Edge; 3] = [Edge::Frames, Edge::Grpc, Edge::Http];
     pub const fn as_str(self) -> &'static str {
         match self {
             Edge::Frames => "frames",
             Edge::Grpc => "grpc",
+            Edge::Http => "http",
         }
     }
 }

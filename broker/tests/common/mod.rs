@@ -8,12 +8,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+pub mod http;
+
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 
 pub struct Broker {
     pub child: Child,
     pub frames: SocketAddr,
     pub grpc: SocketAddr,
+    /// The MCP Streamable HTTP edge; its endpoint is [`Broker::mcp_url`].
+    pub http: SocketAddr,
     pub metrics: SocketAddr,
     pub shards: usize,
     pub routers: Vec<String>,
@@ -54,6 +58,27 @@ pub fn default_with_chaos() -> String {
         mcp_broker::config::DEFAULT_TOML,
         include_str!("../fixtures/chaos.toml")
     )
+}
+
+/// `toml` with the `key = value` lines of `keys` set in its `[http]`
+/// table (replacing the table's own lines for those keys).
+pub fn with_http_keys(toml: &str, keys: &str) -> String {
+    let start = toml.find("\n[http]\n").expect("an [http] table") + 1;
+    let end = toml[start + 1..]
+        .find("\n[")
+        .map_or(toml.len(), |i| start + 1 + i + 1);
+    let mut table: Vec<String> = toml[start..end]
+        .lines()
+        .filter(|l| {
+            !keys.lines().any(|k| {
+                let name = k.split('=').next().unwrap().trim();
+                l.split('=').next().unwrap().trim() == name
+            })
+        })
+        .map(String::from)
+        .collect();
+    table.extend(keys.lines().map(String::from));
+    format!("{}{}\n{}", &toml[..start], table.join("\n"), &toml[end..])
 }
 
 impl Broker {
@@ -99,6 +124,8 @@ impl Broker {
             "--listen",
             "127.0.0.1:0",
             "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
             "127.0.0.1:0",
             "--metrics-listen",
             "127.0.0.1:0",
@@ -148,6 +175,7 @@ impl Broker {
         Broker {
             frames: field("frames").parse().unwrap(),
             grpc: field("grpc").parse().unwrap(),
+            http: field("http").parse().unwrap(),
             metrics: field("metrics").parse().unwrap(),
             shards: field("shards").parse().unwrap(),
             routers: field("routers").split(',').map(String::from).collect(),
@@ -155,6 +183,11 @@ impl Broker {
             child,
             _config: config,
         }
+    }
+
+    /// `http://HOST:PORT/mcp`: the URL a stock MCP client connects to.
+    pub fn mcp_url(&self) -> String {
+        format!("http://{}/mcp", self.http)
     }
 
     pub fn connect(&self) -> Client {

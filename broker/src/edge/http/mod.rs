@@ -1,0 +1,1333 @@
+//! The MCP Streamable HTTP edge (spec revisions 2024-11-05 to 2025-11-25),
+//! served on the shard threads.
+//!
+//! Every shard has its own `SO_REUSEPORT` listener on `[http] listen`; a
+//! connection is served by hyper's HTTP/1.1 server on the shard that
+//! accepted it (`rt`: hyper's I/O and timer on monoio), and each JSON-RPC
+//! request becomes a Request frame ([`jsonrpc`]), verified like network
+//! input and run through [`crate::dispatch::handle`] right there: no hop to
+//! another runtime. Its response frames become one JSON answer, or an SSE
+//! stream when there is more than the answer to send (progress, log
+//! notifications, an elicitation round trip). docs/http.md has the rules.
+//!
+//! # Invariants
+//! - Each JSON-RPC request gets exactly one final answer: its JSON body, the
+//!   last event of its SSE stream, or its member of a batch's array.
+//! - A request body is never read past `max_body_bytes` (413), nor waited
+//!   for past `body_timeout` (408); a head past `max_header_bytes` or
+//!   `max_headers` gets 431 and one slower than `header_timeout` is cut off
+//!   (hyper).
+//! - Sessions are unguessable, bounded and expire ([`session`]).
+//! - On drain: no new connections; each connection finishes the request
+//!   it is serving and closes; open SSE streams end.
+
+pub mod jsonrpc;
+mod rt;
+pub mod session;
+
+use std::cell::{Cell, RefCell};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use futures_channel::mpsc;
+use futures_core::Stream;
+use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method as HttpMethod, Request, Response, StatusCode};
+use mcp_schema::ErrorCode;
+use mcp_schema::client::{RequestEncoder, RequestHeader};
+use mcp_schema::uuid::IdGenerator;
+use mcp_schema::verify::VerifiedRequest;
+use monoio::net::{TcpListener, TcpStream};
+use serde_json::value::RawValue;
+
+use self::jsonrpc::{Body as RpcBody, FrameKind, Id, Message, Method, RpcError};
+use self::session::{Cancel, Session, StreamId};
+use crate::config::HttpSection;
+use crate::dispatch::ShardCtx;
+use crate::local::Latch;
+use crate::metrics;
+
+/// Protocol versions the edge speaks, oldest first.
+pub const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// The version the edge answers with when the client asks for one it does
+/// not know.
+pub const LATEST: &str = "2025-11-25";
+
+/// Most elicitation round trips one tool call may make.
+const MAX_ELICITATIONS: usize = 8;
+
+/// The JSON-RPC code of a request the client cancelled
+/// (`notifications/cancelled`): the code LSP uses; MCP says the server
+/// should not answer, but an HTTP request must still end.
+pub const REQUEST_CANCELLED: i32 = -32800;
+
+/// The version negotiated for a client that asked for `asked`.
+pub fn negotiate(asked: Option<&str>) -> &'static str {
+    asked
+        .and_then(|a| VERSIONS.iter().find(|v| **v == a))
+        .copied()
+        .unwrap_or(LATEST)
+}
+
+/// One shard's HTTP edge.
+pub struct HttpEdge {
+    ctx: Rc<ShardCtx>,
+    cfg: HttpSection,
+    draining: Rc<Latch>,
+    connections: Cell<usize>,
+    builder: hyper::server::conn::http1::Builder,
+    enc: RefCell<RequestEncoder>,
+    ids: RefCell<IdGenerator>,
+}
+
+impl HttpEdge {
+    pub fn new(ctx: Rc<ShardCtx>, draining: Rc<Latch>) -> Rc<Self> {
+        let cfg = ctx.shared.config.http.clone();
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(rt::ShardTimer)
+            .header_read_timeout(cfg.header_timeout)
+            .max_buf_size(cfg.max_header_bytes.max(8192))
+            .max_header_size(cfg.max_header_bytes)
+            .keep_alive(true);
+        // hyper parses at most 100 headers on the stack; another limit moves
+        // them to the heap for every request, so set it only when asked.
+        if cfg.max_headers != 100 {
+            builder.max_headers(cfg.max_headers);
+        }
+        let seed = 0x4854_5450_0000_0000 ^ ctx.index as u64;
+        Rc::new(Self {
+            ctx,
+            cfg,
+            draining,
+            connections: Cell::new(0),
+            builder,
+            enc: RefCell::new(RequestEncoder::new()),
+            ids: RefCell::new(IdGenerator::new(seed)),
+        })
+    }
+
+    /// Open connections on this shard's edge.
+    pub fn connections(&self) -> usize {
+        self.connections.get()
+    }
+
+    fn sessions(&self) -> &session::Sessions {
+        &self.ctx.shared.http_sessions
+    }
+}
+
+/// Accepts connections until the drain begins.
+pub async fn accept_loop(edge: Rc<HttpEdge>, listener: TcpListener) {
+    let max = edge.cfg.max_connections_per_shard;
+    loop {
+        let accepted = monoio::select! {
+            r = listener.accept() => Some(r),
+            _ = edge.draining.wait() => None,
+        };
+        let Some(accepted) = accepted else { return };
+        match accepted {
+            Ok((stream, peer)) => {
+                if edge.connections.get() >= max {
+                    tracing::warn!(shard = edge.ctx.index, %peer, max, "HTTP connection refused: http.max_connections_per_shard reached");
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                monoio::spawn(connection(edge.clone(), stream, peer));
+            }
+            Err(e) => {
+                tracing::warn!(shard = edge.ctx.index, error = %e, "HTTP accept failed");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Ends every session this shard owns that has idled out, a few times per
+/// timeout.
+pub async fn expire_sessions(edge: Rc<HttpEdge>) {
+    let every = (edge.cfg.session_idle_timeout / 4)
+        .clamp(Duration::from_millis(10), Duration::from_secs(30));
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(every) => {}
+            // Calls in flight finish during the drain; open GET streams end
+            // by themselves (`keep_alive`); the sessions go with the process.
+            _ = edge.draining.wait() => return,
+        }
+        let n = edge.sessions().sweep(edge.ctx.index);
+        if n > 0 {
+            tracing::debug!(
+                shard = edge.ctx.index,
+                ended = n,
+                "idle HTTP sessions ended"
+            );
+        }
+    }
+}
+
+struct ConnGuard(Rc<HttpEdge>);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.connections.set(self.0.connections.get() - 1);
+    }
+}
+
+async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
+    edge.connections.set(edge.connections.get() + 1);
+    let _guard = ConnGuard(edge.clone());
+    let io = match stream.try_into_poll_io() {
+        Ok(io) => hyper_util::rt::TokioIo::new(io),
+        Err((e, _)) => {
+            tracing::warn!(%peer, error = %e, "HTTP connection: cannot switch to poll I/O");
+            return;
+        }
+    };
+    let svc_edge = edge.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let edge = svc_edge.clone();
+        async move { Ok::<_, Infallible>(edge.serve(req).await) }
+    });
+    let conn = edge.builder.serve_connection(io, service);
+    let mut conn = std::pin::pin!(conn);
+    let done = monoio::select! {
+        r = conn.as_mut() => Some(r),
+        _ = edge.draining.wait() => None,
+    };
+    let result = match done {
+        Some(r) => r,
+        None => {
+            // Finish the request in progress (if any), then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+    }
+}
+
+/// A response body: nothing, one buffer, or an SSE stream.
+pub enum Body {
+    Empty,
+    Full(Option<Bytes>),
+    Sse(mpsc::UnboundedReceiver<Bytes>),
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            Body::Empty => Poll::Ready(None),
+            Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Body::Sse(rx) => Pin::new(rx)
+                .poll_next(cx)
+                .map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Empty => true,
+            Body::Full(b) => b.is_none(),
+            Body::Sse(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Body::Empty => hyper::body::SizeHint::with_exact(0),
+            Body::Full(Some(b)) => hyper::body::SizeHint::with_exact(b.len() as u64),
+            Body::Full(None) => hyper::body::SizeHint::with_exact(0),
+            Body::Sse(_) => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, JSON);
+    r
+}
+
+/// An HTTP-level refusal: `status` with a JSON-RPC error body (id null),
+/// as the SDKs send it, so a client shows the reason.
+fn refuse(status: StatusCode, code: i32, message: &str) -> Response<Body> {
+    let mut out = Vec::with_capacity(96 + message.len());
+    jsonrpc::write_error(&mut out, None, code, message, None);
+    json_response(status, out)
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    let mut r = Response::new(Body::Empty);
+    *r.status_mut() = status;
+    r
+}
+
+fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>, session: Option<&str>) -> Response<Body> {
+    let mut r = Response::new(Body::Sse(rx));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, SSE);
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(s) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
+        h.insert(SESSION_HEADER, s);
+    }
+    r
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Whether `Accept` admits `mime` (`type/subtype`, `type/*` or `*/*`).
+fn accepts(h: &HeaderMap, mime: &str) -> bool {
+    let (ty, _) = mime.split_once('/').unwrap_or((mime, ""));
+    h.get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|r| r.split(';').next().unwrap_or("").trim())
+        .any(|r| {
+            r.eq_ignore_ascii_case(mime)
+                || r == "*/*"
+                || r.strip_suffix("/*")
+                    .is_some_and(|t| t.eq_ignore_ascii_case(ty))
+        })
+}
+
+fn is_json_content(h: &HeaderMap) -> bool {
+    header_str(h, header::CONTENT_TYPE.as_str()).is_some_and(|v| {
+        v.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    })
+}
+
+/// Origins that are always accepted: the loopback host names (the broker's
+/// default address is loopback; DNS rebinding reaches it under another
+/// name, which is what the check refuses).
+fn is_loopback_origin(origin: &str) -> bool {
+    let Some((_, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    let host = if let Some(v6) = rest.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => {
+                return h == "::1";
+            }
+            _ => return false,
+        }
+    } else {
+        rest.split(':').next().unwrap_or("")
+    };
+    host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1"
+}
+
+fn unix_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Why a request body could not be read.
+enum BodyError {
+    TooLarge,
+    Broken(hyper::Error),
+}
+
+/// Reads a body of at most `max` bytes, refusing it as soon as it passes.
+async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, BodyError> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Broken)?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(BodyError::TooLarge);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// What [`HttpEdge::call`] produced for one request.
+struct Called {
+    frames: Vec<u8>,
+    arrived: Instant,
+}
+
+/// The size-prefixed frames in `buf`, in order.
+fn frames(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let len = buf.get(at..at + 4)?;
+        let n = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let f = buf.get(at..at + 4 + n)?;
+        at += 4 + n;
+        Some(f)
+    })
+}
+
+impl HttpEdge {
+    async fn serve(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+        if req.uri().path() != "/mcp" {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                ErrorCode::InvalidRequest.code(),
+                "not found: the MCP endpoint is /mcp",
+            );
+        }
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let ok = origin.to_str().is_ok_and(|o| {
+                is_loopback_origin(o) || self.cfg.allowed_origins.iter().any(|a| a == o)
+            });
+            if !ok {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    ErrorCode::InvalidRequest.code(),
+                    "forbidden: this Origin is not allowed (http.allowed_origins)",
+                );
+            }
+        }
+        if let Some(v) = header_str(req.headers(), VERSION_HEADER)
+            && !VERSIONS.contains(&v)
+        {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest.code(),
+                &format!(
+                    "unsupported MCP-Protocol-Version `{v}` (supported: {})",
+                    VERSIONS.join(", ")
+                ),
+            );
+        }
+        if self.ctx.shared.is_draining() {
+            let mut r = refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::ShuttingDown.code(),
+                "the broker is shutting down",
+            );
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+        match *req.method() {
+            HttpMethod::POST => self.post(req).await,
+            HttpMethod::GET => self.get(req),
+            HttpMethod::DELETE => self.delete(req),
+            _ => {
+                let mut r = refuse(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    ErrorCode::InvalidRequest.code(),
+                    "method not allowed: /mcp takes POST, GET and DELETE",
+                );
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                r
+            }
+        }
+    }
+
+    /// The session a request names.
+    fn session_of(&self, id: Option<&str>) -> Result<Arc<Session>, NoSession> {
+        let id = id.ok_or(NoSession::Missing)?;
+        self.sessions().get(id).ok_or(NoSession::Unknown)
+    }
+
+    async fn post(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let arrived = Instant::now();
+        let h = req.headers();
+        if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
+            return refuse(
+                StatusCode::NOT_ACCEPTABLE,
+                ErrorCode::InvalidRequest.code(),
+                "not acceptable: the client must accept both application/json and text/event-stream",
+            );
+        }
+        if !is_json_content(h) {
+            return refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::InvalidRequest.code(),
+                "unsupported media type: the body must be application/json",
+            );
+        }
+        let max = self.cfg.max_body_bytes;
+        let too_large = || {
+            refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::InvalidRequest.code(),
+                &format!("payload too large: the body limit is {max} bytes (http.max_body_bytes)"),
+            )
+        };
+        if header_str(h, header::CONTENT_LENGTH.as_str())
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n > max as u64)
+        {
+            return too_large();
+        }
+        let session_header = header_str(h, SESSION_HEADER).map(str::to_owned);
+        let read = monoio::time::timeout(self.cfg.body_timeout, read_body(req.into_body(), max));
+        let body = match read.await {
+            Ok(Ok(b)) => b,
+            Ok(Err(BodyError::TooLarge)) => return too_large(),
+            Ok(Err(BodyError::Broken(e))) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::InvalidRequest.code(),
+                    &format!("bad request: the body could not be read: {e}"),
+                );
+            }
+            Err(_) => {
+                let mut r = refuse(
+                    StatusCode::REQUEST_TIMEOUT,
+                    ErrorCode::InvalidRequest.code(),
+                    "request timeout: the body did not arrive within http.body_timeout",
+                );
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return r;
+            }
+        };
+        let parsed = match jsonrpc::parse(&body) {
+            Ok(p) => p,
+            Err(e) => {
+                let mut out = Vec::new();
+                jsonrpc::write_error(
+                    &mut out,
+                    e.id.as_ref(),
+                    e.code,
+                    &e.message,
+                    e.data.as_deref(),
+                );
+                return json_response(StatusCode::BAD_REQUEST, out);
+            }
+        };
+        // Requests that need no session first.
+        if let RpcBody::One(Message::Request { id, method, params }) = &parsed {
+            match method.as_ref() {
+                "initialize" => return self.initialize(id, *params, arrived).await,
+                // A 2026-07-28 client probes with server/discover; until the
+                // edge serves that revision the probe gets a clean 4xx and
+                // the client falls back to initialize.
+                "server/discover" => {
+                    let mut out = Vec::new();
+                    jsonrpc::write_error(
+                        &mut out,
+                        Some(id),
+                        ErrorCode::NotFound.code(),
+                        "method not found: server/discover (protocol 2026-07-28) is not served; use initialize",
+                        None,
+                    );
+                    return json_response(StatusCode::BAD_REQUEST, out);
+                }
+                _ => {}
+            }
+        }
+        let session = match self.session_of(session_header.as_deref()) {
+            Ok(s) => s,
+            Err(e) => return e.response(),
+        };
+        let _busy = session.busy();
+        match parsed {
+            RpcBody::One(Message::Request { id, method, params }) => {
+                self.request(&session, &id, &method, params, arrived).await
+            }
+            RpcBody::One(Message::Notification { method, params }) => {
+                self.notification(&session, &method, params);
+                empty(StatusCode::ACCEPTED)
+            }
+            RpcBody::One(Message::Response { id, .. }) => {
+                self.client_answer(&session, &id, &body);
+                empty(StatusCode::ACCEPTED)
+            }
+            RpcBody::Batch(items) => self.batch(&session, items, &body, arrived).await,
+        }
+    }
+
+    async fn initialize(
+        self: Rc<Self>,
+        id: &Id<'_>,
+        params: Option<&RawValue>,
+        arrived: Instant,
+    ) -> Response<Body> {
+        // Build and run the frame first: bad params are refused before a
+        // session exists.
+        let mut out = Vec::new();
+        let (info_version, elicitation, called) = {
+            let h = self.header(None);
+            let built = {
+                let mut enc = self.enc.borrow_mut();
+                jsonrpc::request_frame(&mut enc, &h, Method::Initialize, params, None)
+                    .map(|(f, info)| (Bytes::copy_from_slice(f), info))
+            };
+            match built {
+                Err(e) => {
+                    jsonrpc::write_error(&mut out, Some(id), e.code, &e.message, e.data.as_deref());
+                    return json_response(StatusCode::OK, out);
+                }
+                Ok((frame, info)) => {
+                    let version = negotiate(info.protocol_version.as_deref());
+                    let elicitation = info.client_elicitation;
+                    (version, elicitation, self.run(frame, arrived, None).await)
+                }
+            }
+        };
+        let Some(fin) = frames(&called.frames).last() else {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::Internal.code(),
+                "no answer",
+                None,
+            );
+            return json_response(StatusCode::OK, out);
+        };
+        if mcp_schema::client::ResponseView::parse(fin).is_ok_and(|v| v.error().is_some()) {
+            jsonrpc::write_response(&mut out, id, Method::Initialize, fin, info_version);
+            return json_response(StatusCode::OK, out);
+        }
+        let session = match self
+            .sessions()
+            .create(self.ctx.index, info_version, elicitation)
+        {
+            Ok(s) => s,
+            Err(e @ session::SessionError::Full(_)) => {
+                let mut r = refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    ErrorCode::Overloaded.code(),
+                    &e.to_string(),
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            }
+            Err(e) => {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    ErrorCode::Internal.code(),
+                    &e.to_string(),
+                );
+            }
+        };
+        jsonrpc::write_response(&mut out, id, Method::Initialize, fin, info_version);
+        let mut r = json_response(StatusCode::OK, out);
+        if let Ok(v) = HeaderValue::from_str(&session.id) {
+            r.headers_mut().insert(SESSION_HEADER, v);
+        }
+        r
+    }
+
+    fn header<'a>(&self, session: Option<&'a str>) -> RequestHeader<'a> {
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        RequestHeader {
+            message_id: self.ids.borrow_mut().next(millis).0,
+            correlation_id: None,
+            session_id: session,
+            timeout_ms: 0,
+            unix_nanos: unix_nanos(),
+        }
+    }
+
+    /// Verifies `frame` and runs it through dispatch on this shard, racing
+    /// `cancel`. Every path yields exactly one final frame.
+    async fn run(&self, frame: Bytes, arrived: Instant, cancel: Option<&Cancel>) -> Called {
+        let started = Instant::now();
+        let mut out = Vec::new();
+        let req = match VerifiedRequest::verify(frame) {
+            Ok(r) => r,
+            Err(e) => {
+                // The codec built this frame; a refusal here is a defect in
+                // it (or an empty name the JSON allowed), answered as such.
+                let to = mcp_schema::encode::ReplyTo {
+                    correlation: mcp_schema::encode::Correlation::Text(""),
+                    session_id: None,
+                };
+                out.extend_from_slice(self.ctx.enc.borrow_mut().error(
+                    &to,
+                    e.code(),
+                    &e.to_string(),
+                    None,
+                ));
+                return Called {
+                    frames: out,
+                    arrived,
+                };
+            }
+        };
+        let stats = &self.ctx.shared.stats[self.ctx.index];
+        crate::shared::ShardStats::add(&stats.in_flight, 1);
+        let mut args = Vec::new();
+        let cancelled = {
+            let handle = crate::dispatch::handle(&self.ctx, &req, &mut args, &mut out);
+            match cancel {
+                None => {
+                    handle.await;
+                    false
+                }
+                Some(c) => monoio::select! {
+                    _ = handle => false,
+                    _ = c.cancelled() => true,
+                },
+            }
+        };
+        crate::shared::ShardStats::sub(&stats.in_flight, 1);
+        if cancelled {
+            // Dropping the handler stopped the guest call; the request still
+            // gets its one final answer.
+            out.clear();
+            let to = req.view().reply_to();
+            out.extend_from_slice(self.ctx.enc.borrow_mut().error(
+                &to,
+                ErrorCode::InvalidRequest,
+                "request cancelled by the client",
+                None,
+            ));
+        }
+        metrics::record::request(&self.ctx, metrics::Edge::Http, &req, arrived, started, &out);
+        Called {
+            frames: out,
+            arrived,
+        }
+    }
+
+    /// One request of a session: its answer as JSON, or as an SSE stream
+    /// when there is more to send than the answer.
+    async fn request(
+        self: &Rc<Self>,
+        session: &Arc<Session>,
+        id: &Id<'_>,
+        method: &str,
+        params: Option<&RawValue>,
+        arrived: Instant,
+    ) -> Response<Body> {
+        let mut out = Vec::new();
+        match self
+            .answer(session, id, method, params, arrived, None)
+            .await
+        {
+            Answer::Json(buf) => {
+                out = buf;
+                json_response(StatusCode::OK, out)
+            }
+            Answer::Stream(cont) => {
+                let (tx, rx) = mpsc::unbounded();
+                let stream = session.open_stream(tx, false);
+                if session.version >= "2025-11-25" {
+                    session.emit(stream, None);
+                }
+                let edge = self.clone();
+                let session = session.clone();
+                monoio::spawn(async move {
+                    edge.stream(session, stream, cont).await;
+                });
+                drop(out);
+                sse_response(rx, None)
+            }
+        }
+    }
+
+    /// Runs one request; `Answer::Json` when its whole answer is one JSON
+    /// message, else what the SSE stream must carry.
+    async fn answer(
+        self: &Rc<Self>,
+        session: &Arc<Session>,
+        id: &Id<'_>,
+        method: &str,
+        params: Option<&RawValue>,
+        arrived: Instant,
+        extra: Option<(&str, &str)>,
+    ) -> Answer {
+        let mut out = Vec::with_capacity(256);
+        let Some(m) = Method::from_name(method) else {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::NotFound.code(),
+                &format!("method not found: {method}"),
+                None,
+            );
+            return Answer::Json(out);
+        };
+        if m == Method::Initialize {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::InvalidRequest.code(),
+                "this session is already initialized; start a new one without Mcp-Session-Id",
+                None,
+            );
+            return Answer::Json(out);
+        }
+        let id_text = id.0.get();
+        let Some(cancel) = session.start_call(id_text) else {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::InvalidRequest.code(),
+                "a request with this id is already in flight in this session",
+                None,
+            );
+            return Answer::Json(out);
+        };
+        let built = {
+            let h = self.header(Some(&session.id));
+            let mut enc = self.enc.borrow_mut();
+            jsonrpc::request_frame(&mut enc, &h, m, params, extra).map(|(f, info)| {
+                (
+                    Bytes::copy_from_slice(f),
+                    info.progress_token.map(|t| t.get().to_owned()),
+                    info.log_level.map(str::to_owned),
+                )
+            })
+        };
+        let (frame, progress_token, level) = match built {
+            Ok(b) => b,
+            Err(e) => {
+                session.end_call(id_text);
+                jsonrpc::write_error(&mut out, Some(id), e.code, &e.message, e.data.as_deref());
+                return Answer::Json(out);
+            }
+        };
+        let called = self.run(frame, arrived, Some(&cancel)).await;
+        session.end_call(id_text);
+        if cancel.is_cancelled() {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                REQUEST_CANCELLED,
+                "request cancelled by the client",
+                None,
+            );
+            return Answer::Json(out);
+        }
+        if let Some(level) = level.as_deref() {
+            // Validated by the codec; the frame's answer is empty.
+            session.set_level(level);
+        }
+        let mut more = false;
+        let mut failed = false;
+        for f in frames(&called.frames) {
+            match jsonrpc::frame_kind(f) {
+                FrameKind::Progress => more |= progress_token.is_some(),
+                FrameKind::Log => more |= session.level().is_some(),
+                FrameKind::Elicitation => more = true,
+                // Resource updates belong on the standalone GET stream, not
+                // to one request.
+                FrameKind::ResourceUpdated => {}
+                FrameKind::Final => {
+                    failed = mcp_schema::client::ResponseView::parse(f)
+                        .is_ok_and(|v| v.error().is_some());
+                }
+            }
+        }
+        // A failed call is also told on the log stream of a session that
+        // asked for logs, as an MCP server would.
+        more |= failed && session.level().is_some_and(|l| level_allows(l, "warning"));
+        if !more {
+            if let Some(fin) = frames(&called.frames).last() {
+                jsonrpc::write_response(&mut out, id, m, fin, session.version);
+            }
+            return Answer::Json(out);
+        }
+        Answer::Stream(Continuation {
+            id: id_text.to_owned(),
+            method: m,
+            params: params.map(|p| p.get().to_owned()),
+            progress_token,
+            frames: called.frames,
+            arrived: called.arrived,
+        })
+    }
+
+    /// Sends a streamed answer's events: progress and log notifications,
+    /// elicitation round trips, then the final answer; then ends the stream.
+    async fn stream(self: Rc<Self>, session: Arc<Session>, stream: StreamId, mut c: Continuation) {
+        let _busy = session.busy();
+        let id_raw = RawValue::from_string(c.id.clone()).ok();
+        let Some(id_raw) = id_raw else {
+            session.close_stream(stream);
+            return;
+        };
+        let id = Id(&id_raw);
+        let mut buf = Vec::with_capacity(256);
+        let mut rounds = 0;
+        loop {
+            let mut elicit: Option<Vec<u8>> = None;
+            let mut fin: Option<Vec<u8>> = None;
+            for f in frames(&c.frames) {
+                buf.clear();
+                match jsonrpc::frame_kind(f) {
+                    FrameKind::Progress => {
+                        if let Some(t) = c.progress_token.as_deref()
+                            && let Ok(t) = RawValue::from_string(t.to_owned())
+                        {
+                            jsonrpc::write_progress(&mut buf, &t, f);
+                            session.emit(stream, Some(&buf));
+                        }
+                    }
+                    FrameKind::Log => {
+                        if session.level().is_some() {
+                            jsonrpc::write_log(&mut buf, f);
+                            session.emit(stream, Some(&buf));
+                        }
+                    }
+                    FrameKind::ResourceUpdated => {}
+                    FrameKind::Elicitation => elicit = Some(f.to_vec()),
+                    FrameKind::Final => fin = Some(f.to_vec()),
+                }
+            }
+            if let Some(f) = elicit {
+                rounds += 1;
+                match self.elicit(&session, stream, &f, rounds).await {
+                    Ok(answer) => {
+                        let params = c
+                            .params
+                            .as_deref()
+                            .and_then(|p| RawValue::from_string(p.to_owned()).ok());
+                        let next = self
+                            .answer(
+                                &session,
+                                &id,
+                                c.method.name(),
+                                params.as_deref(),
+                                c.arrived,
+                                Some((jsonrpc::ELICITATION_ARG, &answer)),
+                            )
+                            .await;
+                        match next {
+                            Answer::Json(b) => {
+                                session.emit(stream, Some(&b));
+                                break;
+                            }
+                            Answer::Stream(next) => {
+                                c = Continuation {
+                                    progress_token: c.progress_token.take(),
+                                    ..next
+                                };
+                                continue;
+                            }
+                        }
+                    }
+                    Err((code, msg)) => {
+                        jsonrpc::write_error(&mut buf, Some(&id), code, &msg, None);
+                        session.emit(stream, Some(&buf));
+                        break;
+                    }
+                }
+            }
+            if let Some(f) = fin {
+                if let Some(level) = session.level()
+                    && level_allows(level, "warning")
+                    && let Ok(v) = mcp_schema::client::ResponseView::parse(&f)
+                    && let Some((code, message)) = v.error()
+                {
+                    buf.clear();
+                    write_failure_log(&mut buf, c.method, code, message);
+                    session.emit(stream, Some(&buf));
+                }
+                buf.clear();
+                jsonrpc::write_response(&mut buf, &id, c.method, &f, session.version);
+                session.emit(stream, Some(&buf));
+            }
+            break;
+        }
+        session.close_stream(stream);
+    }
+
+    /// One elicitation round trip: `elicitation/create` to the client on
+    /// `stream`, then its answer as the `_elicitation` argument's JSON.
+    async fn elicit(
+        &self,
+        session: &Arc<Session>,
+        stream: StreamId,
+        frame: &[u8],
+        round: usize,
+    ) -> Result<String, (i32, String)> {
+        if !session.client_elicitation {
+            return Err((
+                ErrorCode::InvalidRequest.code(),
+                "the tool asks the user for input (elicitation), but this client did not declare the elicitation capability".into(),
+            ));
+        }
+        if round > MAX_ELICITATIONS {
+            return Err((
+                ErrorCode::RouterFault.code(),
+                format!("the tool asked for input more than {MAX_ELICITATIONS} times in one call"),
+            ));
+        }
+        let (ask_id, rx) = session.ask();
+        let mut buf = Vec::with_capacity(256);
+        jsonrpc::write_elicitation_create(&mut buf, &ask_id, frame);
+        session.emit(stream, Some(&buf));
+        let answer = monoio::time::timeout(self.cfg.client_answer_timeout, rx).await;
+        session.forget_ask(&ask_id);
+        let message = match answer {
+            Ok(Ok(m)) => m,
+            Ok(Err(_)) => {
+                return Err((
+                    ErrorCode::ShuttingDown.code(),
+                    "the session ended while waiting for the client's answer".into(),
+                ));
+            }
+            Err(_) => {
+                return Err((
+                    ErrorCode::DeadlineExceeded.code(),
+                    "the client did not answer the elicitation within http.client_answer_timeout"
+                        .into(),
+                ));
+            }
+        };
+        match jsonrpc::parse(&message) {
+            Ok(RpcBody::One(Message::Response {
+                result: Some(result),
+                ..
+            })) => jsonrpc::elicitation_answer(result).map_err(|e| (e.code, e.message)),
+            Ok(RpcBody::One(Message::Response { error: Some(e), .. })) => Err((
+                ErrorCode::InvalidRequest.code(),
+                format!("the client refused the elicitation: {}", e.get()),
+            )),
+            _ => Err((
+                ErrorCode::InvalidRequest.code(),
+                "the client's answer to the elicitation is not a JSON-RPC response".into(),
+            )),
+        }
+    }
+
+    fn notification(&self, session: &Session, method: &str, params: Option<&RawValue>) {
+        match method {
+            "notifications/initialized" => {
+                session
+                    .initialized
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            "notifications/cancelled" => {
+                if let Some(id) = params.and_then(cancelled_request_id) {
+                    session.cancel_call(id);
+                }
+            }
+            // Other notifications (roots/list_changed, progress of
+            // client-side work) carry nothing the broker acts on.
+            _ => {}
+        }
+    }
+
+    /// A client's JSON-RPC response: the answer to a request the broker sent.
+    fn client_answer(&self, session: &Session, id: &Id<'_>, message: &Bytes) {
+        let key = id.0.get();
+        // Our ids are JSON strings: match on their text without quotes.
+        let key = key.trim_matches('"');
+        if !session.answer(key, message.clone()) {
+            tracing::debug!(session = %session.id, id = key, "a response to no outstanding request");
+        }
+    }
+
+    async fn batch(
+        self: &Rc<Self>,
+        session: &Arc<Session>,
+        items: Vec<Result<Message<'_>, RpcError<'_>>>,
+        body: &Bytes,
+        arrived: Instant,
+    ) -> Response<Body> {
+        if session.version != "2025-03-26" {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest.code(),
+                &format!(
+                    "JSON-RPC batches are accepted only in protocol version 2025-03-26 (this session negotiated {})",
+                    session.version
+                ),
+            );
+        }
+        let mut out = Vec::with_capacity(256);
+        let mut any = false;
+        out.push(b'[');
+        for item in items {
+            let mut one = None;
+            match item {
+                Err(e) => {
+                    let mut b = Vec::new();
+                    jsonrpc::write_error(
+                        &mut b,
+                        e.id.as_ref(),
+                        e.code,
+                        &e.message,
+                        e.data.as_deref(),
+                    );
+                    one = Some(b);
+                }
+                Ok(Message::Request { id, method, params }) => {
+                    // Batched requests are answered as JSON: progress and
+                    // elicitation need a stream of their own.
+                    match self
+                        .answer(session, &id, &method, params, arrived, None)
+                        .await
+                    {
+                        Answer::Json(b) => one = Some(b),
+                        Answer::Stream(c) => {
+                            let mut b = Vec::new();
+                            if let Some(f) = frames(&c.frames).last() {
+                                jsonrpc::write_response(&mut b, &id, c.method, f, session.version);
+                            }
+                            one = Some(b);
+                        }
+                    }
+                }
+                Ok(Message::Notification { method, params }) => {
+                    self.notification(session, &method, params)
+                }
+                Ok(Message::Response { id, .. }) => self.client_answer(session, &id, body),
+            }
+            if let Some(b) = one {
+                if any {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&b);
+                any = true;
+            }
+        }
+        out.push(b']');
+        if any {
+            json_response(StatusCode::OK, out)
+        } else {
+            empty(StatusCode::ACCEPTED)
+        }
+    }
+
+    /// GET: the session's standalone SSE stream (server notifications), or
+    /// the resumption of a stream after `Last-Event-ID`.
+    fn get(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let h = req.headers();
+        if !accepts(h, "text/event-stream") {
+            return refuse(
+                StatusCode::NOT_ACCEPTABLE,
+                ErrorCode::InvalidRequest.code(),
+                "not acceptable: GET /mcp opens an SSE stream; accept text/event-stream",
+            );
+        }
+        let session = match self.session_of(header_str(h, SESSION_HEADER)) {
+            Ok(s) => s,
+            Err(e) => return e.response(),
+        };
+        let (tx, rx) = mpsc::unbounded();
+        let stream = match header_str(h, "last-event-id") {
+            Some(last) => match session.resume(last, tx) {
+                Some(s) => s,
+                None => {
+                    return refuse(
+                        StatusCode::NOT_FOUND,
+                        ErrorCode::InvalidRequest.code(),
+                        "cannot resume: the stream of this Last-Event-ID is unknown or its events are no longer kept",
+                    );
+                }
+            },
+            None => {
+                let s = session.open_stream(tx, true);
+                if session.version >= "2025-11-25" {
+                    session.emit(s, None);
+                }
+                s
+            }
+        };
+        monoio::spawn(keep_alive(self.clone(), session.clone(), stream));
+        sse_response(rx, Some(&session.id))
+    }
+
+    fn delete(&self, req: Request<Incoming>) -> Response<Body> {
+        let h = req.headers();
+        let Some(id) = header_str(h, SESSION_HEADER) else {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest.code(),
+                "bad request: DELETE needs the Mcp-Session-Id header of the session to end",
+            );
+        };
+        if self.sessions().remove(id) {
+            empty(StatusCode::OK)
+        } else {
+            refuse(
+                StatusCode::NOT_FOUND,
+                ErrorCode::InvalidRequest.code(),
+                "session not found (ended or expired)",
+            )
+        }
+    }
+}
+
+/// Keeps an open SSE stream alive with comments until its client goes, the
+/// session ends or the drain begins; then ends it.
+async fn keep_alive(edge: Rc<HttpEdge>, session: Arc<Session>, stream: StreamId) {
+    let _busy = session.busy();
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(edge.cfg.sse_keepalive) => {}
+            _ = edge.draining.wait() => break,
+        }
+        if session.is_ended() || !session.comment(stream) {
+            break;
+        }
+    }
+    session.close_stream(stream);
+}
+
+/// Why a request has no session.
+enum NoSession {
+    /// No `Mcp-Session-Id`: 400.
+    Missing,
+    /// An id that is not (or no longer) a live session: 404, and the
+    /// client starts a new one.
+    Unknown,
+}
+
+impl NoSession {
+    fn response(self) -> Response<Body> {
+        match self {
+            NoSession::Missing => refuse(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest.code(),
+                "bad request: the Mcp-Session-Id header is required (send initialize first)",
+            ),
+            NoSession::Unknown => refuse(
+                StatusCode::NOT_FOUND,
+                ErrorCode::InvalidRequest.code(),
+                "session not found (ended or expired): send initialize to start a new one",
+            ),
+        }
+    }
+}
+
+/// A request's answer: one JSON message, or a stream to continue.
+enum Answer {
+    Json(Vec<u8>),
+    Stream(Continuation),
+}
+
+/// What a streamed answer still has to send.
+struct Continuation {
+    id: String,
+    method: Method,
+    params: Option<String>,
+    progress_token: Option<String>,
+    frames: Vec<u8>,
+    arrived: Instant,
+}
+
+/// The `requestId` of a `notifications/cancelled`, as its JSON text (the
+/// form [`Session::start_call`] registered it under).
+fn cancelled_request_id(params: &RawValue) -> Option<&str> {
+    #[derive(serde::Deserialize)]
+    struct Cancelled<'a> {
+        #[serde(borrow, rename = "requestId")]
+        request_id: &'a RawValue,
+    }
+    serde_json::from_str::<Cancelled<'_>>(params.get())
+        .ok()
+        .map(|c| c.request_id.get())
+}
+
+/// Whether a session logging at `level` receives messages of `severity`.
+fn level_allows(level: &str, severity: &str) -> bool {
+    let rank = |l: &str| session::LEVELS.iter().position(|x| *x == l).unwrap_or(0);
+    rank(severity) >= rank(level)
+}
+
+/// `notifications/message` telling a session's log that a request failed.
+fn write_failure_log(out: &mut Vec<u8>, method: Method, code: i32, message: &str) {
+    let level = if code == ErrorCode::RouterFault.code() || code == ErrorCode::Internal.code() {
+        "error"
+    } else {
+        "warning"
+    };
+    out.extend_from_slice(
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"",
+    );
+    out.extend_from_slice(level.as_bytes());
+    out.extend_from_slice(b"\",\"logger\":\"mcp-broker\",\"data\":{\"method\":");
+    mcp_schema::args::write_json_string(method.name(), out);
+    out.extend_from_slice(b",\"code\":");
+    out.extend_from_slice(code.to_string().as_bytes());
+    out.extend_from_slice(b",\"message\":");
+    mcp_schema::args::write_json_string(message, out);
+    out.extend_from_slice(b"}}}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_lists_are_read_with_wildcards_and_parameters() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json;q=0.9, text/event-stream"),
+        );
+        assert!(accepts(&h, "application/json") && accepts(&h, "text/event-stream"));
+        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        assert!(!accepts(&h, "text/event-stream"));
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        assert!(accepts(&h, "text/event-stream"));
+        h.insert(header::ACCEPT, HeaderValue::from_static("text/*"));
+        assert!(accepts(&h, "text/event-stream") && !accepts(&h, "application/json"));
+        assert!(!accepts(&HeaderMap::new(), "application/json"));
+    }
+
+    #[test]
+    fn only_loopback_origins_pass_without_configuration() {
+        for ok in [
+            "http://localhost",
+            "http://localhost:6274",
+            "https://127.0.0.1:7403",
+            "http://[::1]:80",
+            "http://[::1]",
+        ] {
+            assert!(is_loopback_origin(ok), "{ok}");
+        }
+        for bad in [
+            "null",
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.evil.example",
+            "http://[::1].evil",
+            "localhost",
+        ] {
+            assert!(!is_loopback_origin(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn negotiation_keeps_a_known_version_and_else_offers_the_latest() {
+        assert_eq!(negotiate(Some("2025-03-26")), "2025-03-26");
+        assert_eq!(negotiate(Some("2026-07-28")), LATEST);
+        assert_eq!(negotiate(None), LATEST);
+    }
+
+    #[test]
+    fn frames_are_split_at_their_size_prefixes() {
+        let buf = [2u8, 0, 0, 0, 9, 9, 1, 0, 0, 0, 7, 3, 0];
+        let got: Vec<_> = frames(&buf).collect();
+        assert_eq!(got, [&[2u8, 0, 0, 0, 9, 9][..], &[1, 0, 0, 0, 7]]);
+    }
+}

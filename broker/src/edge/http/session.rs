@@ -1,0 +1,620 @@
+//! Streamable HTTP sessions: the edge's one piece of state shared by shards.
+//!
+//! A session is created by `initialize` on the shard that read it (its
+//! owner) and named by an unguessable id that encodes the owner:
+//! `<owner hex>-<128 random bits hex>`. Any shard may then serve the
+//! session's requests (a client's connections land on shards at the
+//! kernel's choice), so the registry is striped by owner: a lookup locks the
+//! owner's stripe for one hash probe and returns the session's `Arc`.
+//! Session-affine routers run the session's calls on its owner shard
+//! (`Shared::owner_of` reads the owner from the id), where its own router
+//! instance lives.
+//!
+//! # Invariants
+//! - Ids come from the operating system's CSPRNG; nothing is derived from
+//!   time, counters or the client.
+//! - A stripe's lock is held only for a map probe, insert or removal, never
+//!   across an await; a session's own lock only to register a call or an
+//!   outstanding client request, or to append to a replay log.
+//! - The number of live sessions is bounded (`http.max_sessions`); a session
+//!   idle past `http.session_idle_timeout` with nothing in flight and no
+//!   open stream is ended by its owner shard's sweep.
+//! - Replay logs are bounded: `MAX_STREAM_LOGS` streams per session, each
+//!   `http.sse_replay_events` events.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use atomic_waker::AtomicWaker;
+use bytes::Bytes;
+use futures_channel::{mpsc, oneshot};
+
+/// Streams whose events a session keeps for `Last-Event-ID` resumption; the
+/// oldest finished one is forgotten first.
+pub const MAX_STREAM_LOGS: usize = 16;
+
+/// Longest session id accepted in `Mcp-Session-Id` (ours are at most 37).
+pub const MAX_ID_LEN: usize = 64;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a session lock leaves plain data behind (maps
+    // and counters), still consistent enough to serve or to end.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A cancellation signal that crosses threads: the call runs on the shard
+/// that read it, `notifications/cancelled` may arrive on any shard.
+#[derive(Default)]
+pub struct Cancel {
+    flag: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+
+    /// Resolves once [`Self::cancel`] was called.
+    pub async fn cancelled(&self) {
+        poll_fn(|cx| {
+            if self.is_cancelled() {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            if self.is_cancelled() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// One SSE stream's recent events, kept for resumption, and its live
+/// receiver when a client is attached.
+struct StreamLog {
+    id: u64,
+    events: VecDeque<(u64, Bytes)>,
+    next_seq: u64,
+    live: Option<mpsc::UnboundedSender<Bytes>>,
+    /// The stream ended (its request answered, or the session closing): a
+    /// client resuming it gets the rest, then the end of the stream.
+    done: bool,
+    /// The session's standalone GET stream (server notifications).
+    standalone: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests in flight, by their JSON-RPC id text: what
+    /// `notifications/cancelled` stops.
+    calls: HashMap<String, Arc<Cancel>>,
+    /// Requests the broker sent to the client (elicitation), by the id the
+    /// broker gave them: where the client's answer goes.
+    asks: HashMap<String, oneshot::Sender<Bytes>>,
+    logs: VecDeque<StreamLog>,
+    next_stream: u64,
+}
+
+/// One live session.
+pub struct Session {
+    pub id: String,
+    pub owner: usize,
+    /// The random part of `id`, this session's key in its stripe.
+    pub key: u128,
+    /// The protocol version negotiated at `initialize`.
+    pub version: &'static str,
+    /// The client declared the `elicitation` capability.
+    pub client_elicitation: bool,
+    /// `notifications/initialized` arrived.
+    pub initialized: AtomicBool,
+    last_used_ms: AtomicU64,
+    /// Open SSE streams and requests in flight: while non-zero the session
+    /// is in use and never idles out.
+    busy: AtomicUsize,
+    /// `logging/setLevel`: 0 = not set, else 1 + index into [`LEVELS`].
+    level: AtomicU8,
+    ended: AtomicBool,
+    next_ask: AtomicU64,
+    replay_events: usize,
+    epoch: Instant,
+    state: Mutex<State>,
+}
+
+/// MCP log levels, least severe first (RFC 5424 order).
+pub const LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// Where an SSE event goes: a stream of a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamId(pub u64);
+
+impl Session {
+    pub fn touch(&self) {
+        self.last_used_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    pub fn set_level(&self, level: &str) -> bool {
+        match LEVELS.iter().position(|l| *l == level) {
+            Some(i) => {
+                self.level.store(i as u8 + 1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The level set by `logging/setLevel`, if any.
+    pub fn level(&self) -> Option<&'static str> {
+        match self.level.load(Ordering::Relaxed) {
+            0 => None,
+            n => LEVELS.get(n as usize - 1).copied(),
+        }
+    }
+
+    /// Marks the session in use until the guard drops.
+    pub fn busy(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        Busy(self.clone())
+    }
+
+    /// Registers request `id` as cancellable; `None` when a request with the
+    /// same id is already in flight in this session (ids must be unique).
+    pub fn start_call(&self, id: &str) -> Option<Arc<Cancel>> {
+        let mut st = lock(&self.state);
+        if st.calls.contains_key(id) {
+            return None;
+        }
+        let c = Arc::new(Cancel::default());
+        st.calls.insert(id.to_string(), c.clone());
+        Some(c)
+    }
+
+    pub fn end_call(&self, id: &str) {
+        lock(&self.state).calls.remove(id);
+    }
+
+    /// `notifications/cancelled` for `id`: `true` if it was in flight.
+    pub fn cancel_call(&self, id: &str) -> bool {
+        match lock(&self.state).calls.get(id) {
+            Some(c) => {
+                c.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A new id for a request the broker sends to the client, and where
+    /// the client's answer will arrive.
+    pub fn ask(&self) -> (String, oneshot::Receiver<Bytes>) {
+        let n = self.next_ask.fetch_add(1, Ordering::Relaxed);
+        let id = format!("mcp-broker-{n}");
+        let (tx, rx) = oneshot::channel();
+        lock(&self.state).asks.insert(id.clone(), tx);
+        (id, rx)
+    }
+
+    pub fn forget_ask(&self, id: &str) {
+        lock(&self.state).asks.remove(id);
+    }
+
+    /// A client's answer (its whole JSON-RPC message) to request `id`;
+    /// `false` when no such request is outstanding.
+    pub fn answer(&self, id: &str, message: Bytes) -> bool {
+        match lock(&self.state).asks.remove(id) {
+            Some(tx) => tx.send(message).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Opens a new SSE stream whose events go to `live`.
+    pub fn open_stream(&self, live: mpsc::UnboundedSender<Bytes>, standalone: bool) -> StreamId {
+        let mut st = lock(&self.state);
+        if standalone {
+            // One standalone stream per session: a new GET replaces the old,
+            // whose client has most likely gone.
+            for l in st.logs.iter_mut().filter(|l| l.standalone) {
+                l.live = None;
+                l.done = true;
+            }
+        }
+        let id = st.next_stream;
+        st.next_stream += 1;
+        while st.logs.len() >= MAX_STREAM_LOGS {
+            // Oldest finished first; else the oldest.
+            let at = st.logs.iter().position(|l| l.done).unwrap_or(0);
+            st.logs.remove(at);
+        }
+        st.logs.push_back(StreamLog {
+            id,
+            events: VecDeque::new(),
+            next_seq: 1,
+            live: Some(live),
+            done: false,
+            standalone,
+        });
+        StreamId(id)
+    }
+
+    /// Appends one event (a JSON-RPC message, or `None` for the priming
+    /// event with empty data) to `stream`, sends it to the attached client,
+    /// and returns whether a client is attached.
+    pub fn emit(&self, stream: StreamId, message: Option<&[u8]>) -> bool {
+        let mut st = lock(&self.state);
+        let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0) else {
+            return false;
+        };
+        let seq = log.next_seq;
+        log.next_seq += 1;
+        let event = sse_event(stream.0, seq, message);
+        if log.events.len() >= self.replay_events {
+            log.events.pop_front();
+        }
+        log.events.push_back((seq, event.clone()));
+        match &log.live {
+            Some(tx) if tx.unbounded_send(event).is_ok() => true,
+            _ => {
+                log.live = None;
+                false
+            }
+        }
+    }
+
+    /// Sends an SSE comment (keep-alive) to `stream`'s client; not logged.
+    pub fn comment(&self, stream: StreamId) -> bool {
+        let mut st = lock(&self.state);
+        let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0) else {
+            return false;
+        };
+        match &log.live {
+            Some(tx)
+                if tx
+                    .unbounded_send(Bytes::from_static(b": keep-alive\n\n"))
+                    .is_ok() =>
+            {
+                true
+            }
+            _ => {
+                log.live = None;
+                false
+            }
+        }
+    }
+
+    /// The stream's last event was sent: its client's body ends.
+    pub fn close_stream(&self, stream: StreamId) {
+        let mut st = lock(&self.state);
+        if let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0) {
+            log.done = true;
+            log.live = None;
+        }
+    }
+
+    /// `GET` with `Last-Event-ID: <stream>-<seq>`: re-attaches that stream
+    /// to `live`, replaying the events after `seq` first. `None` when the
+    /// stream is unknown or its events are no longer kept.
+    pub fn resume(
+        &self,
+        last_event_id: &str,
+        live: mpsc::UnboundedSender<Bytes>,
+    ) -> Option<StreamId> {
+        let (stream, seq) = parse_event_id(last_event_id)?;
+        let mut st = lock(&self.state);
+        let log = st.logs.iter_mut().find(|l| l.id == stream)?;
+        // Events after `seq` must all still be kept.
+        let oldest = log.events.front().map_or(log.next_seq, |e| e.0);
+        if seq + 1 < oldest {
+            return None;
+        }
+        for (_, ev) in log.events.iter().filter(|(s, _)| *s > seq) {
+            let _ = live.unbounded_send(ev.clone());
+        }
+        if !log.done {
+            log.live = Some(live);
+        }
+        Some(StreamId(stream))
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        let mut st = lock(&self.state);
+        for c in st.calls.values() {
+            c.cancel();
+        }
+        st.asks.clear();
+        for l in st.logs.iter_mut() {
+            l.live = None;
+            l.done = true;
+        }
+    }
+}
+
+/// Keeps a session in use (see [`Session::busy`]).
+pub struct Busy(Arc<Session>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn sse_event(stream: u64, seq: u64, message: Option<&[u8]>) -> Bytes {
+    let mut b = Vec::with_capacity(32 + message.map_or(0, <[u8]>::len));
+    b.extend_from_slice(format!("id: {stream}-{seq}\ndata: ").as_bytes());
+    // A JSON-RPC message written by the codec has no raw newline (JSON
+    // escapes them inside strings), so it is one `data:` line.
+    if let Some(m) = message {
+        b.extend_from_slice(m);
+    }
+    b.extend_from_slice(b"\n\n");
+    Bytes::from(b)
+}
+
+fn parse_event_id(id: &str) -> Option<(u64, u64)> {
+    let (s, n) = id.trim().split_once('-')?;
+    Some((s.parse().ok()?, n.parse().ok()?))
+}
+
+/// Why no session was created.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("too many sessions ({0}); retry later")]
+    Full(usize),
+    #[error("the operating system's random source failed: {0}")]
+    Random(String),
+}
+
+/// One owner shard's sessions, by key.
+type Stripe = Mutex<HashMap<u128, Arc<Session>>>;
+
+/// The edge's sessions, striped by owner shard.
+pub struct Sessions {
+    stripes: Box<[Stripe]>,
+    count: AtomicUsize,
+    max: usize,
+    ttl: Duration,
+    replay_events: usize,
+    epoch: Instant,
+}
+
+impl Sessions {
+    pub fn new(shards: usize, max: usize, ttl: Duration, replay_events: usize) -> Self {
+        Self {
+            stripes: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
+            count: AtomicUsize::new(0),
+            max,
+            ttl,
+            replay_events,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Creates a session owned by shard `owner`.
+    pub fn create(
+        &self,
+        owner: usize,
+        version: &'static str,
+        client_elicitation: bool,
+    ) -> Result<Arc<Session>, SessionError> {
+        if self.count.fetch_add(1, Ordering::AcqRel) >= self.max {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            return Err(SessionError::Full(self.max));
+        }
+        let mut raw = [0u8; 16];
+        if let Err(e) = getrandom::fill(&mut raw) {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            return Err(SessionError::Random(e.to_string()));
+        }
+        let key = u128::from_le_bytes(raw);
+        let s = Arc::new(Session {
+            id: format!("{owner:x}-{key:032x}"),
+            owner,
+            key,
+            version,
+            client_elicitation,
+            initialized: AtomicBool::new(false),
+            last_used_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
+            busy: AtomicUsize::new(0),
+            level: AtomicU8::new(0),
+            ended: AtomicBool::new(false),
+            next_ask: AtomicU64::new(1),
+            replay_events: self.replay_events,
+            epoch: self.epoch,
+            state: Mutex::default(),
+        });
+        lock(&self.stripes[owner % self.stripes.len()]).insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// The live session named `id`, marked used.
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        let (owner, key) = parse_id(id)?;
+        let s = lock(self.stripes.get(owner)?).get(&key).cloned()?;
+        s.touch();
+        Some(s)
+    }
+
+    /// Ends session `id` (DELETE); `false` if it was not live.
+    pub fn remove(&self, id: &str) -> bool {
+        let Some((owner, key)) = parse_id(id) else {
+            return false;
+        };
+        let Some(stripe) = self.stripes.get(owner) else {
+            return false;
+        };
+        let Some(s) = lock(stripe).remove(&key) else {
+            return false;
+        };
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        s.end();
+        true
+    }
+
+    /// Ends the sessions of `owner` idle past the timeout with nothing in
+    /// flight; returns how many.
+    pub fn sweep(&self, owner: usize) -> usize {
+        let Some(stripe) = self.stripes.get(owner) else {
+            return 0;
+        };
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let ttl = self.ttl.as_millis() as u64;
+        let mut ended = Vec::new();
+        lock(stripe).retain(|_, s| {
+            let idle = now.saturating_sub(s.last_used_ms.load(Ordering::Relaxed)) >= ttl
+                && s.busy.load(Ordering::Acquire) == 0;
+            if idle {
+                ended.push(s.clone());
+            }
+            !idle
+        });
+        self.count.fetch_sub(ended.len(), Ordering::AcqRel);
+        for s in &ended {
+            s.end();
+        }
+        ended.len()
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// The owner shard named by a session id of this edge, if `id` is one.
+pub fn owner_of_id(id: &str) -> Option<usize> {
+    parse_id(id).map(|(owner, _)| owner)
+}
+
+fn parse_id(id: &str) -> Option<(usize, u128)> {
+    if id.len() > MAX_ID_LEN {
+        return None;
+    }
+    let (owner, key) = id.split_once('-')?;
+    if key.len() != 32 || owner.is_empty() || owner.len() > 4 {
+        return None;
+    }
+    Some((
+        usize::from_str_radix(owner, 16).ok()?,
+        u128::from_str_radix(key, 16).ok()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_random_encode_their_owner_and_resolve_only_while_live() {
+        let s = Sessions::new(4, 10, Duration::from_secs(60), 8);
+        let a = s.create(3, "2025-06-18", false).unwrap();
+        let b = s.create(3, "2025-06-18", false).unwrap();
+        assert_ne!(a.id, b.id);
+        assert_ne!(a.key, b.key);
+        assert_eq!(owner_of_id(&a.id), Some(3));
+        assert!(s.get(&a.id).is_some());
+        // A forged id with the right shape but another key is unknown.
+        let forged = format!("3-{:032x}", a.key ^ 1);
+        assert!(s.get(&forged).is_none());
+        for bad in [
+            "",
+            "3",
+            "3-xyz",
+            "99999-0",
+            &format!("3-{}", "f".repeat(40)),
+        ] {
+            assert!(s.get(bad).is_none(), "{bad}");
+        }
+        assert!(s.remove(&a.id));
+        assert!(a.is_ended());
+        assert!(s.get(&a.id).is_none());
+        assert!(!s.remove(&a.id));
+        assert_eq!(s.count(), 1);
+    }
+
+    #[test]
+    fn sessions_are_capped_and_idle_ones_are_swept_unless_busy() {
+        let s = Sessions::new(1, 2, Duration::from_millis(1), 8);
+        let a = s.create(0, "2025-06-18", false).unwrap();
+        let b = s.create(0, "2025-06-18", false).unwrap();
+        assert!(matches!(
+            s.create(0, "2025-06-18", false),
+            Err(SessionError::Full(2))
+        ));
+        let _busy = b.busy();
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(s.sweep(0), 1);
+        assert!(a.is_ended() && !b.is_ended());
+        assert!(s.create(0, "2025-06-18", false).is_ok());
+    }
+
+    #[test]
+    fn a_stream_replays_what_its_client_missed_after_last_event_id() {
+        let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
+        let a = s.create(0, "2025-11-25", false).unwrap();
+        let (tx, rx) = mpsc::unbounded();
+        let st = a.open_stream(tx, false);
+        a.emit(st, None);
+        drop(rx); // the client went away
+        for m in [&b"{\"a\":1}"[..], b"{\"a\":2}", b"{\"a\":3}"] {
+            assert!(!a.emit(st, Some(m)));
+        }
+        a.close_stream(st);
+        // Kept: seq 2, 3, 4 (the priming event fell out of the buffer).
+        let (tx, mut rx) = mpsc::unbounded();
+        assert_eq!(a.resume(&format!("{}-1", st.0), tx), Some(st));
+        let mut got = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            got.push(String::from_utf8(ev.to_vec()).unwrap());
+        }
+        assert_eq!(got.len(), 3);
+        assert!(got[0].starts_with(&format!("id: {}-2\ndata: {{\"a\":1}}", st.0)));
+        // The stream was done: nothing stays attached, the body ends.
+        assert!(matches!(rx.try_recv(), Err(mpsc::TryRecvError::Closed)));
+        // Too old: seq 1 is gone, so resuming from 0 cannot be complete.
+        let (tx, _rx) = mpsc::unbounded();
+        assert_eq!(a.resume(&format!("{}-0", st.0), tx), None);
+        let (tx, _rx) = mpsc::unbounded();
+        assert_eq!(a.resume("99-1", tx), None);
+    }
+
+    #[test]
+    fn cancel_and_answers_reach_their_request() {
+        let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
+        let a = s.create(0, "2025-06-18", true).unwrap();
+        let c = a.start_call("7").unwrap();
+        assert!(a.start_call("7").is_none(), "duplicate ids are refused");
+        assert!(a.cancel_call("7"));
+        assert!(c.is_cancelled());
+        a.end_call("7");
+        assert!(!a.cancel_call("7"));
+        let (id, mut rx) = a.ask();
+        assert!(a.answer(&id, Bytes::from_static(b"{}")));
+        assert_eq!(rx.try_recv().unwrap().unwrap(), Bytes::from_static(b"{}"));
+        assert!(!a.answer(&id, Bytes::new()));
+    }
+}

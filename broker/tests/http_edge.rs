@@ -1,0 +1,689 @@
+//! The MCP Streamable HTTP edge, driven over real sockets against the real
+//! binary: the protocol, the transport rules, and every bad input's answer.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use common::http::{ACCEPT_BOTH, Conn, JSON, eventually};
+use serde_json::json;
+
+fn broker() -> Broker {
+    Broker::start(&[])
+}
+
+/// The broker on the embedded default (plus chaos) with `keys` added to its
+/// `[http]` table.
+fn with_http(keys: &str) -> Broker {
+    Broker::start_with_config(
+        &common::with_http_keys(&common::default_with_chaos(), keys),
+        &[],
+    )
+}
+
+#[test]
+fn the_ready_line_names_the_http_edge_and_initialize_issues_a_session() {
+    let b = broker();
+    assert!(
+        b.ready_line.contains(&format!(" http={} ", b.http)),
+        "{}",
+        b.ready_line
+    );
+    let mut c = Conn::connect(b.http);
+    let r = c.post(
+        None,
+        r#"{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["id"], "init");
+    assert_eq!(v["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(v["result"]["serverInfo"]["name"], "mcp-broker");
+    assert!(v["result"]["capabilities"]["tools"].is_object());
+    let id = r.header("mcp-session-id").unwrap();
+    // Visible ASCII, the owner shard, then 128 random bits in hex.
+    let (owner, key) = id.split_once('-').unwrap();
+    assert!(usize::from_str_radix(owner, 16).unwrap() < b.shards);
+    assert_eq!(key.len(), 32);
+    // A second session gets another id.
+    let other = c.initialize("2025-06-18");
+    assert_ne!(other, id);
+    // An unknown version is answered with the latest one.
+    let r = c.post(
+        None,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"1999-01-01","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    assert_eq!(r.json()["result"]["protocolVersion"], "2025-11-25");
+}
+
+#[test]
+fn every_method_is_served_through_the_routers_on_one_kept_alive_connection() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let v = c.call(&s, 1, "ping", "{}");
+    assert_eq!(v["result"], json!({}));
+    let v = c.call(&s, 2, "tools/list", "{}");
+    let names: Vec<_> = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    for n in ["echo", "put", "get", "search"] {
+        assert!(names.iter().any(|x| x == n), "{n} not in {names:?}");
+    }
+    // Arguments reach the router as the client wrote them.
+    let v = c.call(
+        &s,
+        3,
+        "tools/call",
+        r#"{"name":"echo","arguments":{"n":1.50,"big":123456789012345678901234567890,"s":"é\n"}}"#,
+    );
+    let text = v["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("1.50") && text.contains("123456789012345678901234567890"),
+        "{text}"
+    );
+    // kv state lives in the session.
+    let v = c.call(
+        &s,
+        4,
+        "tools/call",
+        r#"{"name":"put","arguments":{"key":"k","value":"v1"}}"#,
+    );
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let v = c.call(
+        &s,
+        5,
+        "tools/call",
+        r#"{"name":"get","arguments":{"key":"k"}}"#,
+    );
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("v1"),
+        "{v}"
+    );
+    let v = c.call(&s, 6, "resources/list", "{}");
+    assert!(
+        v["result"]["resources"].as_array().unwrap().len() >= 2,
+        "{v}"
+    );
+    let v = c.call(&s, 7, "resources/templates/list", "{}");
+    assert!(
+        !v["result"]["resourceTemplates"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{v}"
+    );
+    let v = c.call(&s, 8, "resources/read", r#"{"uri":"library://readme"}"#);
+    assert_eq!(v["result"]["contents"][0]["uri"], "library://readme", "{v}");
+    let v = c.call(&s, 9, "prompts/list", "{}");
+    assert!(
+        !v["result"]["prompts"].as_array().unwrap().is_empty(),
+        "{v}"
+    );
+    let v = c.call(
+        &s,
+        10,
+        "prompts/get",
+        r#"{"name":"summarize_book","arguments":{"book_id":"dune","style":"terse"}}"#,
+    );
+    let text = v["result"]["messages"][0]["content"]["text"]
+        .as_str()
+        .unwrap();
+    assert!(text.contains("dune") && text.contains("terse"), "{text}");
+    // A required argument missing is invalid params; an optional one
+    // missing leaves no placeholder behind.
+    let v = c.call(
+        &s,
+        101,
+        "prompts/get",
+        r#"{"name":"summarize_book","arguments":{}}"#,
+    );
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("book_id"),
+        "{v}"
+    );
+    let v = c.call(
+        &s,
+        102,
+        "prompts/get",
+        r#"{"name":"summarize_book","arguments":{"book_id":"dune"}}"#,
+    );
+    let text = v["result"]["messages"][0]["content"]["text"]
+        .as_str()
+        .unwrap();
+    assert!(!text.contains("{{"), "{text}");
+    let v = c.call(
+        &s,
+        11,
+        "completion/complete",
+        r#"{"ref":{"type":"ref/prompt","name":"summarize_book"},"argument":{"name":"book_id","value":""}}"#,
+    );
+    assert!(v["result"]["completion"]["values"].is_array(), "{v}");
+    let v = c.call(&s, 12, "logging/setLevel", r#"{"level":"warning"}"#);
+    assert_eq!(v["result"], json!({}), "{v}");
+    let v = c.call(
+        &s,
+        13,
+        "resources/subscribe",
+        r#"{"uri":"library://readme"}"#,
+    );
+    assert_eq!(v["result"], json!({}), "{v}");
+    let v = c.call(
+        &s,
+        14,
+        "resources/unsubscribe",
+        r#"{"uri":"library://readme"}"#,
+    );
+    assert_eq!(v["result"], json!({}), "{v}");
+    // Another session has its own kv instance.
+    let s2 = c.initialize("2025-06-18");
+    let v = c.call(
+        &s2,
+        1,
+        "tools/call",
+        r#"{"name":"get","arguments":{"key":"k"}}"#,
+    );
+    assert!(!v.to_string().contains("v1"), "{v}");
+    assert!(b.metric_sum("mcp_requests_total{edge=\"http\"") >= 0.0);
+}
+
+#[test]
+fn listings_are_paged_with_cursors_and_a_bad_cursor_is_invalid_params() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let v = c.call(&s, 1, "tools/list", r#"{"cursor":"not-a-cursor"}"#);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    let mut seen = 0;
+    let mut cursor: Option<String> = None;
+    for i in 0..100 {
+        let params = match &cursor {
+            Some(c) => format!(r#"{{"cursor":"{c}"}}"#),
+            None => "{}".into(),
+        };
+        let v = c.call(&s, 10 + i, "tools/list", &params);
+        seen += v["result"]["tools"].as_array().unwrap().len();
+        match v["result"]["nextCursor"].as_str() {
+            Some(n) => cursor = Some(n.to_string()),
+            None => break,
+        }
+    }
+    assert!(seen >= 10, "{seen}");
+}
+
+#[test]
+fn json_rpc_errors_have_their_codes() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let cases = [
+        // (body, HTTP status, JSON-RPC code)
+        ("{not json", 400, -32700),
+        (r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, 400, -32600),
+        (
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#,
+            400,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#,
+            200,
+            -32601,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+            200,
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":[1]}}"#,
+            200,
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"no_such_tool"}}"#,
+            200,
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"nope://x"}}"#,
+            200,
+            -32002,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"loud"}}"#,
+            200,
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#,
+            200,
+            -32602,
+        ),
+    ];
+    for (body, status, code) in cases {
+        let r = c.post(Some(&s), body);
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["error"]["code"], code, "{body}: {v}");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+        assert!(v.get("result").is_none());
+    }
+}
+
+#[test]
+fn transport_rules_have_their_statuses() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let sid = ("Mcp-Session-Id", s.as_str());
+    // (method, path, headers, status)
+    type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, u16);
+    let cases: Vec<Case<'_>> = vec![
+        ("POST", "/mcp", vec![ACCEPT_BOTH, JSON], 400), // no session
+        (
+            "POST",
+            "/mcp",
+            vec![
+                ACCEPT_BOTH,
+                JSON,
+                ("Mcp-Session-Id", "0-00000000000000000000000000000000"),
+            ],
+            404,
+        ),
+        (
+            "POST",
+            "/mcp",
+            vec![ACCEPT_BOTH, JSON, ("Mcp-Session-Id", "garbage")],
+            404,
+        ),
+        (
+            "POST",
+            "/mcp",
+            vec![("Accept", "application/json"), JSON, sid],
+            406,
+        ),
+        (
+            "POST",
+            "/mcp",
+            vec![ACCEPT_BOTH, ("Content-Type", "text/plain"), sid],
+            415,
+        ),
+        (
+            "POST",
+            "/mcp",
+            vec![
+                ACCEPT_BOTH,
+                JSON,
+                sid,
+                ("MCP-Protocol-Version", "2099-01-01"),
+            ],
+            400,
+        ),
+        (
+            "POST",
+            "/mcp",
+            vec![ACCEPT_BOTH, JSON, sid, ("Origin", "http://evil.example")],
+            403,
+        ),
+        (
+            "POST",
+            "/mcp",
+            vec![ACCEPT_BOTH, JSON, sid, ("Origin", "http://localhost:6274")],
+            200,
+        ),
+        (
+            "POST",
+            "/mcp",
+            vec![
+                ACCEPT_BOTH,
+                JSON,
+                sid,
+                ("MCP-Protocol-Version", "2025-06-18"),
+            ],
+            200,
+        ),
+        ("PUT", "/mcp", vec![sid], 405),
+        ("POST", "/other", vec![ACCEPT_BOTH, JSON, sid], 404),
+        (
+            "GET",
+            "/mcp",
+            vec![("Accept", "application/json"), sid],
+            406,
+        ),
+        ("GET", "/mcp", vec![("Accept", "text/event-stream")], 400),
+        ("DELETE", "/mcp", vec![], 400),
+    ];
+    for (method, path, headers, status) in cases {
+        let r = c.request(method, path, &headers, ping);
+        assert_eq!(
+            r.status,
+            status,
+            "{method} {path} {headers:?}: {}",
+            r.text()
+        );
+        if status >= 400 {
+            assert!(r.json()["error"]["message"].is_string(), "{}", r.text());
+        }
+        if status == 405 {
+            assert_eq!(r.header("allow"), Some("GET, POST, DELETE"));
+        }
+    }
+    // Notifications and responses are accepted with 202 and no body.
+    let r = c.post(
+        Some(&s),
+        r#"{"jsonrpc":"2.0","method":"notifications/roots/list_changed"}"#,
+    );
+    assert_eq!((r.status, r.body.len()), (202, 0));
+    let r = c.post(Some(&s), r#"{"jsonrpc":"2.0","id":"x","result":{}}"#);
+    assert_eq!(r.status, 202);
+    // DELETE ends the session; its id is then unknown.
+    let r = c.request("DELETE", "/mcp", &[sid], b"");
+    assert_eq!(r.status, 200);
+    let r = c.post(Some(&s), std::str::from_utf8(ping).unwrap());
+    assert_eq!(r.status, 404);
+    let r = c.request("DELETE", "/mcp", &[sid], b"");
+    assert_eq!(r.status, 404);
+}
+
+#[test]
+fn a_2026_discovery_probe_gets_a_clean_4xx() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = c.post(
+        None,
+        r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], -32601);
+    let r = c.request(
+        "POST",
+        "/mcp",
+        &[ACCEPT_BOTH, JSON, ("MCP-Protocol-Version", "2026-07-28")],
+        br#"{"jsonrpc":"2.0","id":1,"method":"server/discover"}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    // The client then falls back to initialize on the same connection.
+    c.initialize("2025-11-25");
+}
+
+#[test]
+fn batches_are_served_only_in_a_2025_03_26_session() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":2,"method":"no/such"},{"jsonrpc":"1","id":3}]"#;
+    let s = c.initialize("2025-06-18");
+    let r = c.post(Some(&s), batch);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("2025-03-26"));
+    let s = c.initialize("2025-03-26");
+    let r = c.post(Some(&s), batch);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let a = v.as_array().unwrap();
+    assert_eq!(a.len(), 3, "{v}");
+    assert_eq!(a[0]["result"], json!({}));
+    assert_eq!(a[1]["error"]["code"], -32601);
+    assert_eq!(a[2]["error"]["code"], -32600);
+    let r = c.post(Some(&s), "[]");
+    assert_eq!(r.status, 400);
+    let r = c.post(
+        Some(&s),
+        r#"[{"jsonrpc":"2.0","method":"notifications/initialized"}]"#,
+    );
+    assert_eq!(r.status, 202);
+}
+
+#[test]
+fn an_oversized_body_is_refused_before_it_is_read() {
+    let b = with_http("max_body_bytes = 2048\n");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    // Announced too large: answered at once, the body never sent.
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Session-Id: {s}\r\nContent-Length: 1000000000\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    let r = c.read_reply();
+    assert_eq!(r.status, 413, "{}", r.text());
+    // Chunked past the limit: refused when it passes.
+    let mut c = Conn::connect(b.http);
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"echo","arguments":{{"x":"{}"}}}}}}"#,
+        "a".repeat(4000)
+    );
+    let mut msg = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Session-Id: {s}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for part in big.as_bytes().chunks(1000) {
+        msg.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        msg.extend_from_slice(part);
+        msg.extend_from_slice(b"\r\n");
+    }
+    msg.extend_from_slice(b"0\r\n\r\n");
+    c.send_raw(&msg);
+    let r = c.read_reply();
+    assert_eq!(r.status, 413, "{}", r.text());
+}
+
+#[test]
+fn slow_heads_and_slow_bodies_are_cut_off_and_huge_heads_refused() {
+    let b = with_http(
+        "header_timeout = \"300ms\"\nbody_timeout = \"300ms\"\nmax_header_bytes = 8192\n",
+    );
+    // Half a head, then silence: the connection is closed.
+    let mut s = TcpStream::connect(b.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "held {:?}",
+        t0.elapsed()
+    );
+    // A head, then half the body: 408.
+    let mut c = Conn::connect(b.http);
+    let sid = c.initialize("2025-06-18");
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Session-Id: {sid}\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\""
+        )
+        .as_bytes(),
+    );
+    let r = c.read_reply();
+    assert_eq!(r.status, 408, "{}", r.text());
+    // A head over the limit: 431.
+    let mut c = Conn::connect(b.http);
+    let big = "x".repeat(9000);
+    c.send_raw(format!("GET /mcp HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").as_bytes());
+    let (status, _) = c.read_head();
+    assert_eq!(status, 431);
+    // The edge still serves.
+    Conn::connect(b.http).initialize("2025-06-18");
+}
+
+#[test]
+fn the_get_stream_is_primed_kept_alive_and_resumable() {
+    let b = with_http("sse_keepalive = \"100ms\"\n");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-11-25");
+    let mut g = Conn::connect(b.http);
+    g.send_raw(
+        format!("GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n")
+            .as_bytes(),
+    );
+    let (status, headers) = g.read_head();
+    assert_eq!(status, 200);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream")
+    );
+    let (body, ended) = g.read_chunked(Some(&|t: &str| t.contains(": keep-alive")));
+    assert!(!ended);
+    let text = String::from_utf8(body).unwrap();
+    // The priming event: an id and empty data, before anything else.
+    let first = text.split("\n\n").next().unwrap();
+    assert!(
+        first.starts_with("id: ") && first.ends_with("data: "),
+        "{text:?}"
+    );
+    let event_id = first.lines().next().unwrap()[4..].to_string();
+    // Reconnect with Last-Event-ID: the stream resumes (nothing missed).
+    drop(g);
+    let mut g = Conn::connect(b.http);
+    g.send_raw(
+        format!("GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\nLast-Event-ID: {event_id}\r\n\r\n")
+            .as_bytes(),
+    );
+    let (status, _) = g.read_head();
+    assert_eq!(status, 200);
+    let (_, ended) = g.read_chunked(Some(&|t: &str| t.contains(": keep-alive")));
+    assert!(!ended);
+    // An unknown stream cannot be resumed.
+    let r = c.request(
+        "GET",
+        "/mcp",
+        &[
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", &s),
+            ("Last-Event-ID", "999-1"),
+        ],
+        b"",
+    );
+    assert_eq!(r.status, 404);
+    // DELETE ends the session, and its open stream ends.
+    let r = c.request("DELETE", "/mcp", &[("Mcp-Session-Id", &s)], b"");
+    assert_eq!(r.status, 200);
+    let (_, ended) = g.read_chunked(None);
+    assert!(ended);
+}
+
+#[test]
+fn notifications_cancelled_stops_the_call_in_the_guest() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let sid = s.clone();
+    let addr = b.http;
+    let t0 = Instant::now();
+    let call = std::thread::spawn(move || {
+        let mut c = Conn::connect(addr);
+        c.post(
+            Some(&sid),
+            r#"{"jsonrpc":"2.0","id":"slow","method":"tools/call","params":{"name":"spin","arguments":{"ms":1500}}}"#,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let r = c.post(
+        Some(&s),
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow","reason":"user"}}"#,
+    );
+    assert_eq!(r.status, 202);
+    let r = call.join().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(1400),
+        "{:?}",
+        t0.elapsed()
+    );
+    let v = r.json();
+    assert_eq!(v["id"], "slow");
+    assert_eq!(v["error"]["code"], -32800, "{v}");
+    // The session goes on.
+    let v = c.call(&s, 2, "ping", "{}");
+    assert_eq!(v["result"], json!({}));
+}
+
+#[test]
+fn an_elicitation_without_the_client_capability_is_refused_clearly() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = c.post(
+        None,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    let s = r.header("mcp-session-id").unwrap().to_string();
+    let r = c.post(
+        Some(&s),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"elicit","arguments":{}}}"#,
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let msgs = r.sse_messages();
+    let last = msgs.last().unwrap();
+    assert_eq!(last["id"], 1);
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("elicitation"),
+        "{last}"
+    );
+}
+
+#[test]
+fn sessions_are_capped_and_idle_ones_expire() {
+    let b = with_http("max_sessions = 2\nsession_idle_timeout = \"300ms\"\n");
+    let mut c = Conn::connect(b.http);
+    let s1 = c.initialize("2025-06-18");
+    let _s2 = c.initialize("2025-06-18");
+    let r = c.post(
+        None,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.header("retry-after").is_some());
+    // Polled less often than the timeout: each request keeps it alive.
+    assert!(eventually(Duration::from_secs(10), || {
+        std::thread::sleep(Duration::from_millis(600));
+        c.post(Some(&s1), r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+            .status
+            == 404
+    }));
+    // Expired sessions free their places.
+    c.initialize("2025-06-18");
+}
+
+#[test]
+fn a_drain_finishes_the_http_call_in_flight_and_refuses_new_work() {
+    let mut b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let addr = b.http;
+    let sid = s.clone();
+    let call = std::thread::spawn(move || {
+        let mut c = Conn::connect(addr);
+        c.post(
+            Some(&sid),
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":500}}}"#,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let status = b.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let r = call.join().unwrap();
+    let v = r.json();
+    assert_eq!(v["id"], 7);
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("slept")),
+        "{v}"
+    );
+}

@@ -1,0 +1,1204 @@
+//! The `http://` driver: MCP Streamable HTTP, against any MCP server.
+//!
+//! A hand-written HTTP/1.1 client on the monoio runtime the frame target
+//! uses (why not hyper: `docs/loadgen.md`, "HTTP target"). Per connection:
+//!
+//! ```text
+//! connect ─▶ POST initialize ─▶ POST notifications/initialized ─▶ start line
+//!   ─▶ POST request, read its answer ─▶ POST … ─▶ DELETE the session
+//! ```
+//!
+//! One request at a time per connection (HTTP/1.1 without pipelining), so a
+//! connection's window is 1 and `--connections` is the concurrency. A
+//! request is one `write_all` (head and body in one buffer) and its answer
+//! is parsed where it lands in the read buffer: `httparse` for the head,
+//! a chunked decoder, an SSE line parser, and serde_json into borrowed
+//! shapes that skip everything the check does not need.
+//!
+//! # Invariants
+//! - A request is registered as outstanding before its bytes are written,
+//!   and ends exactly once: by its answer (at the time the read that
+//!   completed it returned), by a broken or closed response, by its
+//!   timeout or by the run stopping.
+//! - Before the next request is written, the previous response has been
+//!   read to its end, or the TCP connection has been dropped: a byte of an
+//!   old response is never taken for the head of a new one.
+//! - A read is cancelled only when its connection is dropped right after
+//!   (cancelling loses the buffer, and whatever the kernel put in it).
+//! - Losing a TCP connection does not end the session: the generator
+//!   reconnects and goes on with the same `Mcp-Session-Id`. Only a failed
+//!   reconnect stops the run (the server is gone).
+
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::future::Future;
+use std::io::{self, Write as _};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use mcp_schema::client::Listing;
+use mcp_schema::fb::protocol::ResponsePayload;
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
+use crate::notify::{Either, race};
+use crate::rt::{Monoio, Runtime};
+use crate::stats::ErrorKind;
+use crate::workload::Next;
+
+/// The protocol revision offered in `initialize`; the server's answer
+/// decides the `MCP-Protocol-Version` of every later request.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// Read buffer growth step.
+const READ_CHUNK: usize = 64 * 1024;
+/// Largest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+/// Most headers in a response head.
+const MAX_HEADERS: usize = 64;
+/// Longest chunk-size or trailer line.
+const MAX_LINE: usize = 4096;
+/// How long the closing `DELETE` of a session may take: the run's end must
+/// not wait on a server that does not answer it.
+const DELETE_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug)]
+pub struct HttpDriver {
+    /// `HOST:PORT`, the `Host` header.
+    pub authority: String,
+    /// The MCP endpoint, e.g. `/mcp`.
+    pub path: String,
+    /// Largest response body (or SSE event) accepted (`--max-frame`).
+    pub max_body: usize,
+    /// A response body still open this long after its answer is dropped
+    /// with its connection (`--timeout`).
+    pub timeout: Duration,
+}
+
+/// Why reading a response stopped before its end.
+enum ReadErr {
+    /// The server closed the connection (or reset it).
+    Closed(String),
+    /// Not HTTP, or not a body we can follow.
+    Bad(String),
+    /// The caller's stop future won: the request ended without its answer.
+    Abandoned,
+}
+
+impl std::fmt::Display for ReadErr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadErr::Closed(e) => write!(f, "connection lost: {e}"),
+            ReadErr::Bad(e) => f.write_str(e),
+            ReadErr::Abandoned => f.write_str("abandoned"),
+        }
+    }
+}
+
+/// What a response body carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wire {
+    /// `application/json`: one JSON-RPC message.
+    Json,
+    /// `text/event-stream`: JSON-RPC messages as SSE events.
+    Sse,
+    /// Anything else (or no content type).
+    Other,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chunk {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailer,
+}
+
+/// How the body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    /// `Content-Length` (this many bytes still to come).
+    Length(u64),
+    Chunked(Chunk),
+    /// Neither: the body ends when the server closes the connection.
+    UntilClose,
+}
+
+#[derive(Debug)]
+struct Head {
+    status: u16,
+    wire: Wire,
+    framing: Framing,
+    /// The server will close the connection after this response.
+    close: bool,
+    /// `Mcp-Session-Id`, when asked for.
+    session: Option<String>,
+}
+
+/// One MCP session over one (replaceable) TCP connection.
+pub struct HttpConn {
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+    rbuf: BytesMut,
+    /// When the last read returned: the arrival time of what it read.
+    read_at: Instant,
+    /// Decoded body bytes not yet parsed (a JSON body, or SSE lines).
+    body: Vec<u8>,
+    /// The data of the SSE event being read.
+    data: Vec<u8>,
+    has_data: bool,
+    /// The request head up to `Content-Length: ` (session and protocol
+    /// version included), built once after the handshake.
+    head: Vec<u8>,
+    wbuf: Vec<u8>,
+    jbuf: Vec<u8>,
+    session: Option<String>,
+    version: String,
+}
+
+async fn tcp_connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_addr(addr).await?;
+    // Requests are latency-measured one by one: never let Nagle hold one
+    // back.
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+fn find(hay: &[u8], b: u8) -> Option<usize> {
+    hay.iter().position(|&x| x == b)
+}
+
+fn trim_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+impl Framing {
+    /// Moves decoded body bytes from `buf` to `out`; true when the body is
+    /// complete.
+    fn decode(
+        &mut self,
+        buf: &mut BytesMut,
+        out: &mut Vec<u8>,
+        max: usize,
+    ) -> Result<bool, String> {
+        let too_big = || format!("response body larger than --max-frame ({max} bytes)");
+        loop {
+            match self {
+                Framing::Length(0) => return Ok(true),
+                Framing::Length(n) | Framing::Chunked(Chunk::Data(n)) => {
+                    let k = (*n).min(buf.len() as u64) as usize;
+                    if k == 0 {
+                        return Ok(false);
+                    }
+                    if out.len() + k > max {
+                        return Err(too_big());
+                    }
+                    out.extend_from_slice(&buf[..k]);
+                    buf.advance(k);
+                    *n -= k as u64;
+                    if *n == 0
+                        && let Framing::Chunked(c) = self
+                    {
+                        *c = Chunk::DataEnd;
+                    }
+                }
+                Framing::UntilClose => {
+                    if out.len() + buf.len() > max {
+                        return Err(too_big());
+                    }
+                    out.extend_from_slice(buf);
+                    buf.clear();
+                    return Ok(false);
+                }
+                Framing::Chunked(Chunk::DataEnd) => {
+                    if buf.len() < 2 {
+                        return Ok(false);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err("bad chunked body: no CRLF after a chunk".into());
+                    }
+                    buf.advance(2);
+                    *self = Framing::Chunked(Chunk::Size);
+                }
+                Framing::Chunked(c @ (Chunk::Size | Chunk::Trailer)) => {
+                    let Some(nl) = find(&buf[..buf.len().min(MAX_LINE)], b'\n') else {
+                        if buf.len() >= MAX_LINE {
+                            return Err("bad chunked body: line too long".into());
+                        }
+                        return Ok(false);
+                    };
+                    let line = trim_cr(&buf[..nl]);
+                    if *c == Chunk::Trailer {
+                        let end = line.is_empty();
+                        buf.advance(nl + 1);
+                        if end {
+                            *self = Framing::Length(0);
+                        }
+                        continue;
+                    }
+                    let hex = line.split(|&b| b == b';').next().unwrap_or_default();
+                    let size = std::str::from_utf8(hex)
+                        .ok()
+                        .map(str::trim)
+                        .filter(|h| !h.is_empty() && h.len() <= 15)
+                        .and_then(|h| u64::from_str_radix(h, 16).ok())
+                        .ok_or_else(|| {
+                            format!(
+                                "bad chunked body: chunk size `{}`",
+                                String::from_utf8_lossy(&line[..line.len().min(40)])
+                            )
+                        })?;
+                    buf.advance(nl + 1);
+                    *c = if size == 0 {
+                        Chunk::Trailer
+                    } else {
+                        Chunk::Data(size)
+                    };
+                }
+            }
+        }
+    }
+}
+
+impl HttpConn {
+    fn new(addr: SocketAddr, stream: TcpStream) -> Self {
+        Self {
+            addr,
+            stream: Some(stream),
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            read_at: Instant::now(),
+            body: Vec::new(),
+            data: Vec::new(),
+            has_data: false,
+            head: Vec::new(),
+            wbuf: Vec::with_capacity(4096),
+            jbuf: Vec::with_capacity(1024),
+            session: None,
+            version: PROTOCOL_VERSION.to_owned(),
+        }
+    }
+
+    /// Drops the TCP connection (the session lives on).
+    fn drop_stream(&mut self) {
+        self.stream = None;
+        self.rbuf = BytesMut::new();
+        self.body.clear();
+        self.data.clear();
+        self.has_data = false;
+    }
+
+    /// A fresh TCP connection for the same session, unless one is open.
+    async fn ensure_stream(&mut self) -> io::Result<()> {
+        if self.stream.is_some() {
+            return Ok(());
+        }
+        let deadline = Monoio::sleep_until(Instant::now() + CONNECT_TIMEOUT);
+        match race(tcp_connect(self.addr), deadline).await {
+            Either::Left(s) => {
+                self.stream = Some(s?);
+                self.rbuf = BytesMut::with_capacity(READ_CHUNK);
+                Ok(())
+            }
+            Either::Right(()) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {CONNECT_TIMEOUT:?}"),
+            )),
+        }
+    }
+
+    /// Writes `self.wbuf`.
+    async fn send(&mut self) -> io::Result<()> {
+        let Some(s) = self.stream.as_mut() else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        let (res, b) = s.write_all(std::mem::take(&mut self.wbuf)).await;
+        self.wbuf = b;
+        self.wbuf.clear();
+        res.map(drop)
+    }
+
+    /// One read into `rbuf`, unless `stop` completes first.
+    async fn fill(&mut self, stop: impl Future<Output = ()>) -> Result<(), ReadErr> {
+        let Some(s) = self.stream.as_mut() else {
+            return Err(ReadErr::Closed("not connected".into()));
+        };
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        // monoio reads into the start of an `IoBufMut`: read into the
+        // spare capacity, so bytes already buffered are kept.
+        let buf = std::mem::take(&mut self.rbuf);
+        let len = buf.len();
+        match race(s.read(buf.slice_mut(len..)), stop).await {
+            Either::Left((res, b)) => {
+                self.rbuf = b.into_inner();
+                self.read_at = Instant::now();
+                match res {
+                    Ok(0) => Err(ReadErr::Closed("closed by the server".into())),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(ReadErr::Closed(e.to_string())),
+                }
+            }
+            // The buffer went with the cancelled read; the caller drops
+            // the connection.
+            Either::Right(()) => Err(ReadErr::Abandoned),
+        }
+    }
+
+    /// Parses a response head out of `rbuf`, if it is all there.
+    fn parse_head(&mut self, want_session: bool) -> Result<Option<Head>, String> {
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut r = httparse::Response::new(&mut headers);
+            let n = match r.parse(&self.rbuf) {
+                Ok(httparse::Status::Complete(n)) => n,
+                Ok(httparse::Status::Partial) if self.rbuf.len() > MAX_HEAD => {
+                    return Err(format!("response head longer than {MAX_HEAD} bytes"));
+                }
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(e) => {
+                    let shown = &self.rbuf[..self.rbuf.len().min(40)];
+                    return Err(format!(
+                        "not an HTTP response ({e}): {:?}",
+                        String::from_utf8_lossy(shown)
+                    ));
+                }
+            };
+            let status = r.code.unwrap_or(0);
+            if (100..200).contains(&status) && status != 101 {
+                // An interim response (100 Continue, 103): the real one
+                // follows.
+                self.rbuf.advance(n);
+                continue;
+            }
+            let mut head = Head {
+                status,
+                wire: Wire::Other,
+                framing: Framing::UntilClose,
+                close: r.version == Some(0),
+                session: None,
+            };
+            let mut length = None;
+            let mut chunked = false;
+            for h in r.headers.iter() {
+                let v = h.value;
+                if h.name.eq_ignore_ascii_case("content-type") {
+                    let v = v.trim_ascii_start();
+                    head.wire = if starts_with_ci(v, b"application/json") {
+                        Wire::Json
+                    } else if starts_with_ci(v, b"text/event-stream") {
+                        Wire::Sse
+                    } else {
+                        Wire::Other
+                    };
+                } else if h.name.eq_ignore_ascii_case("content-length") {
+                    let n = std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u64>().ok())
+                        .ok_or("bad Content-Length")?;
+                    length = Some(n);
+                } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                    chunked = contains_token(v, b"chunked");
+                } else if h.name.eq_ignore_ascii_case("connection") {
+                    if contains_token(v, b"close") {
+                        head.close = true;
+                    } else if contains_token(v, b"keep-alive") {
+                        head.close = false;
+                    }
+                } else if want_session && h.name.eq_ignore_ascii_case("mcp-session-id") {
+                    // Sent back verbatim in a header: visible ASCII only.
+                    if v.is_empty() || !v.iter().all(|b| (0x21..=0x7e).contains(b)) {
+                        return Err("Mcp-Session-Id is not visible ASCII".into());
+                    }
+                    head.session = Some(String::from_utf8_lossy(v).into_owned());
+                }
+            }
+            head.framing = if matches!(status, 204 | 304) {
+                Framing::Length(0)
+            } else if chunked {
+                Framing::Chunked(Chunk::Size)
+            } else if let Some(n) = length {
+                Framing::Length(n)
+            } else {
+                head.close = true;
+                Framing::UntilClose
+            };
+            self.rbuf.advance(n);
+            return Ok(Some(head));
+        }
+    }
+
+    async fn read_head<S: Future<Output = ()>>(
+        &mut self,
+        want_session: bool,
+        stop: &mut impl FnMut() -> S,
+    ) -> Result<Head, ReadErr> {
+        loop {
+            if let Some(h) = self.parse_head(want_session).map_err(ReadErr::Bad)? {
+                return Ok(h);
+            }
+            self.fill(stop()).await?;
+        }
+    }
+
+    /// Reads the body to its end. Each JSON-RPC message in it (the JSON
+    /// body, or each SSE event's data) goes to `on_msg` with the time the
+    /// read that completed it returned.
+    async fn read_body<S: Future<Output = ()>>(
+        &mut self,
+        head: &mut Head,
+        max: usize,
+        stop: &mut impl FnMut() -> S,
+        on_msg: &mut impl FnMut(&[u8], Instant),
+    ) -> Result<(), ReadErr> {
+        self.body.clear();
+        self.data.clear();
+        self.has_data = false;
+        loop {
+            let done = head
+                .framing
+                .decode(&mut self.rbuf, &mut self.body, max)
+                .map_err(ReadErr::Bad)?;
+            if head.wire == Wire::Sse {
+                self.sse_events(max, on_msg).map_err(ReadErr::Bad)?;
+            }
+            if done {
+                break;
+            }
+            match self.fill(stop()).await {
+                Ok(()) => {}
+                Err(ReadErr::Closed(_)) if head.framing == Framing::UntilClose => {
+                    // The close is the end of this body.
+                    head.close = true;
+                    if head.wire == Wire::Sse {
+                        self.sse_events(max, on_msg).map_err(ReadErr::Bad)?;
+                    }
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if head.wire == Wire::Json && !self.body.is_empty() {
+            on_msg(&self.body, self.read_at);
+        }
+        self.body.clear();
+        Ok(())
+    }
+
+    /// Dispatches every complete SSE event in `body` and drops the lines
+    /// it used.
+    fn sse_events(
+        &mut self,
+        max: usize,
+        on_msg: &mut impl FnMut(&[u8], Instant),
+    ) -> Result<(), String> {
+        let mut start = 0;
+        while let Some(nl) = find(&self.body[start..], b'\n') {
+            let line = trim_cr(&self.body[start..start + nl]);
+            start += nl + 1;
+            if line.is_empty() {
+                if self.has_data {
+                    // The data lines, joined by `\n` (the last one's
+                    // newline removed).
+                    self.data.pop();
+                    on_msg(&self.data, self.read_at);
+                }
+                self.data.clear();
+                self.has_data = false;
+                continue;
+            }
+            if line[0] == b':' {
+                continue; // a comment (keep-alive)
+            }
+            let (field, value) = match find(line, b':') {
+                Some(c) => {
+                    let v = &line[c + 1..];
+                    (&line[..c], v.strip_prefix(b" ").unwrap_or(v))
+                }
+                None => (line, &b""[..]),
+            };
+            // `event`, `id` and `retry` do not matter to the check.
+            if field == b"data" {
+                if self.data.len() + value.len() + 1 > max {
+                    return Err(format!("SSE event larger than --max-frame ({max} bytes)"));
+                }
+                self.data.extend_from_slice(value);
+                self.data.push(b'\n');
+                self.has_data = true;
+            }
+        }
+        self.body.drain(..start);
+        if self.body.len() > max {
+            return Err(format!("SSE line longer than --max-frame ({max} bytes)"));
+        }
+        Ok(())
+    }
+
+    /// Appends a POST with `body` (JSON) to `wbuf`, headers from `head`
+    /// (empty: the handshake's own headers).
+    fn put_post(&mut self, d: &HttpDriver, body: &[u8], with_session: bool) {
+        if with_session {
+            self.wbuf.extend_from_slice(&self.head);
+        } else {
+            let _ = write!(
+                self.wbuf,
+                "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mcp-loadgen\r\n\
+                 Accept: application/json, text/event-stream\r\n\
+                 Content-Type: application/json\r\nContent-Length: ",
+                d.path, d.authority
+            );
+        }
+        let _ = write!(self.wbuf, "{}\r\n\r\n", body.len());
+        self.wbuf.extend_from_slice(body);
+    }
+
+    fn session_headers(&self) -> String {
+        let mut h = String::new();
+        if let Some(s) = &self.session {
+            h.push_str("Mcp-Session-Id: ");
+            h.push_str(s);
+            h.push_str("\r\n");
+        }
+        h.push_str("MCP-Protocol-Version: ");
+        h.push_str(&self.version);
+        h.push_str("\r\n");
+        h
+    }
+}
+
+fn starts_with_ci(v: &[u8], prefix: &[u8]) -> bool {
+    v.len() >= prefix.len() && v[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
+fn contains_token(v: &[u8], token: &[u8]) -> bool {
+    v.split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A JSON-RPC message, as much of it as the check needs; the rest is
+/// skipped without being built.
+#[derive(Deserialize)]
+struct Msg<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<Cow<'a, str>>,
+    id: Option<Id>,
+    method: Option<IgnoredAny>,
+    result: Option<Shape>,
+    error: Option<RpcError>,
+}
+
+#[derive(Deserialize)]
+struct RpcError {
+    code: i64,
+}
+
+/// The members of a result that tell its kind.
+#[derive(Deserialize)]
+struct Shape {
+    #[serde(rename = "isError")]
+    is_error: Option<bool>,
+    content: Option<IgnoredAny>,
+    contents: Option<IgnoredAny>,
+    messages: Option<IgnoredAny>,
+    tools: Option<IgnoredAny>,
+    resources: Option<IgnoredAny>,
+    #[serde(rename = "resourceTemplates")]
+    resource_templates: Option<IgnoredAny>,
+    prompts: Option<IgnoredAny>,
+}
+
+/// A JSON-RPC id: ours are non-negative integers.
+enum Id {
+    Num(u64),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Id {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Id;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON-RPC id")
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Id, E> {
+                Ok(Id::Num(n))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Id, E> {
+                Ok(u64::try_from(n).map_or(Id::Other, Id::Num))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Id, E> {
+                Ok(Id::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Id, E> {
+                Ok(Id::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+type Outcome = Result<(), (ErrorKind, Option<i32>)>;
+
+/// What one JSON-RPC message of a response is, for request `id`.
+enum Class {
+    /// The final answer to the request, checked.
+    Answer(Outcome),
+    /// A notification or a server request (progress, logs, elicitation):
+    /// counted, never answered.
+    Notification,
+    /// A response to some other id.
+    OtherId,
+    /// Not a JSON-RPC 2.0 message.
+    Garbage,
+}
+
+fn classify(data: &[u8], id: u64, expect: ResponsePayload) -> Class {
+    let Ok(m) = serde_json::from_slice::<Msg<'_>>(data) else {
+        return Class::Garbage;
+    };
+    if m.jsonrpc.as_deref() != Some("2.0") {
+        return Class::Garbage;
+    }
+    if m.method.is_some() {
+        return Class::Notification;
+    }
+    match m.id {
+        Some(Id::Num(n)) if n == id => {}
+        // A JSON-RPC error with a null id: the server could not read the
+        // request's id, so it answers the request it was sent.
+        None if m.error.is_some() && m.result.is_none() => {}
+        _ => return Class::OtherId,
+    }
+    Class::Answer(match (m.result, m.error) {
+        (None, Some(e)) => Err((
+            ErrorKind::ErrorResponse,
+            Some(e.code.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
+        )),
+        (Some(r), None) => check(&r, expect),
+        _ => Err((ErrorKind::InvalidResponse, None)),
+    })
+}
+
+/// Whether `r` is the result `expect` calls for.
+fn check(r: &Shape, expect: ResponsePayload) -> Outcome {
+    let right = match expect {
+        ResponsePayload::ToolResult => r.content.is_some(),
+        ResponsePayload::ResourceData => r.contents.is_some(),
+        ResponsePayload::AppliedPrompt => r.messages.is_some(),
+        ResponsePayload::ListToolsResult => r.tools.is_some(),
+        ResponsePayload::ListResourcesResult => r.resources.is_some(),
+        ResponsePayload::ListResourceTemplatesResult => r.resource_templates.is_some(),
+        ResponsePayload::ListPromptsResult => r.prompts.is_some(),
+        // `ping` answers an empty object.
+        _ => true,
+    };
+    if !right {
+        Err((ErrorKind::KindMismatch, None))
+    } else if expect == ResponsePayload::ToolResult && r.is_error == Some(true) {
+        Err((ErrorKind::ToolError, None))
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes the JSON-RPC request `id` for `next` into `out`.
+fn put_request(out: &mut Vec<u8>, id: u64, next: &Next<'_>) {
+    let _ = write!(out, r#"{{"jsonrpc":"2.0","id":{id},"method":"#);
+    // Strings always serialise.
+    let string = |out: &mut Vec<u8>, s: &str| {
+        let _ = serde_json::to_writer(&mut *out, s);
+    };
+    match next {
+        Next::Tool { name, args } | Next::Prompt { name, args } => {
+            out.extend_from_slice(if matches!(next, Next::Tool { .. }) {
+                br#""tools/call","params":{"name":"#
+            } else {
+                br#""prompts/get","params":{"name":"#
+            });
+            string(out, name);
+            out.extend_from_slice(br#","arguments":"#);
+            out.extend_from_slice(args);
+            out.extend_from_slice(b"}}");
+        }
+        Next::Resource { uri } => {
+            out.extend_from_slice(br#""resources/read","params":{"uri":"#);
+            string(out, uri);
+            out.extend_from_slice(b"}}");
+        }
+        Next::List(l) => {
+            out.extend_from_slice(match l {
+                Listing::Tools => br#""tools/list"}"#.as_slice(),
+                Listing::Resources => br#""resources/list"}"#,
+                Listing::ResourceTemplates => br#""resources/templates/list"}"#,
+                Listing::Prompts => br#""prompts/list"}"#,
+            });
+        }
+        Next::Ping => out.extend_from_slice(br#""ping"}"#),
+    }
+}
+
+/// Completes when request `seq` no longer waits for its answer (its
+/// timeout, or the run stopping): its connection is then dropped, as an
+/// HTTP/1.1 connection cannot carry another request before the answer.
+async fn abandoned(cc: &ConnCtx, seq: u64) {
+    loop {
+        if cc.reader_stop.is_raised() || !cc.outstanding.borrow().contains_key(&seq) {
+            return;
+        }
+        race(cc.writer_wake.notified(), cc.reader_stop.wait()).await;
+    }
+}
+
+/// The stop condition while reading a request's response: before its
+/// answer, the request ending; after it, the run stopping or the rest of
+/// the body taking longer than `timeout`.
+async fn request_stop(cc: &ConnCtx, seq: u64, answered: Option<Instant>, timeout: Duration) {
+    match answered {
+        None => abandoned(cc, seq).await,
+        Some(t) => {
+            race(cc.reader_stop.wait(), Monoio::sleep_until(t + timeout)).await;
+        }
+    }
+}
+
+fn end(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, outcome: Outcome, at: Instant) {
+    let p = cc.outstanding.borrow_mut().remove(&seq);
+    match p {
+        Some(p) => ctx.on_end(&p, at, outcome),
+        None => ctx.on_unmatched(cc, seq, at),
+    }
+}
+
+impl HttpDriver {
+    /// `initialize` and `notifications/initialized` on a fresh connection.
+    async fn handshake(&self, c: &mut HttpConn) -> Result<(), String> {
+        let mut body = Vec::new();
+        let _ = write!(
+            body,
+            r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"{PROTOCOL_VERSION}","capabilities":{{}},"clientInfo":{{"name":"mcp-loadgen","version":"{}"}}}}}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        c.put_post(self, &body, false);
+        c.send()
+            .await
+            .map_err(|e| format!("sending initialize: {e}"))?;
+        let mut never = std::future::pending::<()>;
+        let mut head = c
+            .read_head(true, &mut never)
+            .await
+            .map_err(|e| format!("reading the initialize answer: {e}"))?;
+        let answer = std::cell::RefCell::new(None::<serde_json::Value>);
+        let mut on_msg = |m: &[u8], _: Instant| {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(m)
+                && v.get("id") == Some(&serde_json::Value::from(0))
+                && answer.borrow().is_none()
+            {
+                *answer.borrow_mut() = Some(v);
+            }
+        };
+        // A stream left open after the answer is given a moment to end,
+        // then dropped with its connection (the session lives on).
+        let mut after_answer = || {
+            let answered = answer.borrow().is_some();
+            async move {
+                if answered {
+                    Monoio::sleep_until(Instant::now() + DELETE_TIMEOUT).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        match c
+            .read_body(&mut head, self.max_body, &mut after_answer, &mut on_msg)
+            .await
+        {
+            Ok(()) => {}
+            Err(ReadErr::Abandoned) => c.drop_stream(),
+            Err(e) => return Err(format!("reading the initialize answer: {e}")),
+        }
+        let answer = answer.into_inner();
+        if !(200..300).contains(&head.status) {
+            return Err(format!("initialize answered HTTP {}", head.status));
+        }
+        let answer = answer.ok_or_else(|| {
+            format!(
+                "initialize answered HTTP {} without a JSON-RPC response with id 0 ({:?} body)",
+                head.status, head.wire
+            )
+        })?;
+        if let Some(e) = answer.get("error") {
+            return Err(format!("initialize failed: {e}"));
+        }
+        let version = answer
+            .pointer("/result/protocolVersion")
+            .and_then(serde_json::Value::as_str)
+            .ok_or("the initialize result has no protocolVersion")?;
+        if version.is_empty() || !version.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(format!("bad protocolVersion {version:?}"));
+        }
+        c.version = version.to_owned();
+        c.session = head.session.take();
+        if head.close {
+            c.drop_stream();
+        }
+        let _ = write!(
+            c.head,
+            "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mcp-loadgen\r\n\
+             Accept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\n{}Content-Length: ",
+            self.path,
+            self.authority,
+            c.session_headers()
+        );
+        c.ensure_stream()
+            .await
+            .map_err(|e| format!("reconnecting: {e}"))?;
+        c.put_post(
+            self,
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            true,
+        );
+        c.send()
+            .await
+            .map_err(|e| format!("sending notifications/initialized: {e}"))?;
+        let mut head = c
+            .read_head(false, &mut never)
+            .await
+            .map_err(|e| format!("reading the notifications/initialized answer: {e}"))?;
+        c.read_body(&mut head, self.max_body, &mut never, &mut |_, _| {})
+            .await
+            .map_err(|e| format!("reading the notifications/initialized answer: {e}"))?;
+        if !(200..300).contains(&head.status) {
+            return Err(format!(
+                "notifications/initialized answered HTTP {} (expected 202)",
+                head.status
+            ));
+        }
+        if head.close {
+            c.drop_stream();
+        }
+        Ok(())
+    }
+
+    /// Sends request `seq` (already in `c.wbuf`) and reads its response to
+    /// the end, ending the request on the way.
+    async fn exchange(
+        &self,
+        ctx: &ThreadCtx,
+        cc: &ConnCtx,
+        c: &mut HttpConn,
+        seq: u64,
+        expect: ResponsePayload,
+    ) {
+        if c.send().await.is_err() {
+            end(
+                ctx,
+                cc,
+                seq,
+                Err((ErrorKind::ConnectionClosed, None)),
+                Instant::now(),
+            );
+            c.drop_stream();
+            return;
+        }
+        let answered = Cell::new(None::<Instant>);
+        let mut stop = || request_stop(cc, seq, answered.get(), self.timeout);
+        let result = async {
+            let mut head = c.read_head(false, &mut stop).await?;
+            let ok_status = (200..300).contains(&head.status);
+            if !ok_status {
+                answered.set(Some(c.read_at));
+                end(
+                    ctx,
+                    cc,
+                    seq,
+                    Err((ErrorKind::HttpStatus, Some(i32::from(head.status)))),
+                    c.read_at,
+                );
+            }
+            let json = head.wire == Wire::Json;
+            let mut on_msg = |m: &[u8], at: Instant| {
+                if !ok_status {
+                    return;
+                }
+                match classify(m, seq, expect) {
+                    Class::Answer(outcome) if answered.get().is_none() => {
+                        answered.set(Some(at));
+                        end(ctx, cc, seq, outcome, at);
+                    }
+                    Class::Answer(_) => ctx.on_stray(ErrorKind::UnknownCorrelation, at),
+                    Class::Notification => {
+                        if answered.get().is_none() {
+                            ctx.on_progress();
+                        }
+                    }
+                    // A JSON body is the answer: a wrong one ends the
+                    // request.
+                    Class::OtherId | Class::Garbage if json && answered.get().is_none() => {
+                        answered.set(Some(at));
+                        end(ctx, cc, seq, Err((ErrorKind::InvalidResponse, None)), at);
+                    }
+                    Class::OtherId => ctx.on_stray(ErrorKind::UnknownCorrelation, at),
+                    Class::Garbage => ctx.on_stray(ErrorKind::InvalidFrame, at),
+                }
+            };
+            c.read_body(&mut head, self.max_body, &mut stop, &mut on_msg)
+                .await?;
+            Ok::<Head, ReadErr>(head)
+        }
+        .await;
+        let unanswered = answered.get().is_none();
+        match result {
+            Ok(head) => {
+                if unanswered {
+                    // 2xx without the answer: 202, an empty or non-JSON
+                    // body, or an SSE stream that ended without it.
+                    end(
+                        ctx,
+                        cc,
+                        seq,
+                        Err((ErrorKind::InvalidResponse, None)),
+                        c.read_at,
+                    );
+                }
+                if head.close {
+                    c.drop_stream();
+                }
+            }
+            Err(e) => {
+                if unanswered {
+                    let kind = match e {
+                        ReadErr::Closed(_) => Some(ErrorKind::ConnectionClosed),
+                        ReadErr::Bad(_) => Some(ErrorKind::InvalidResponse),
+                        // Already ended by its timeout or the stop.
+                        ReadErr::Abandoned => None,
+                    };
+                    if let Some(kind) = kind {
+                        end(ctx, cc, seq, Err((kind, None)), Instant::now());
+                    }
+                }
+                c.drop_stream();
+            }
+        }
+    }
+
+    /// Ends the session, within [`DELETE_TIMEOUT`]; its answer does not
+    /// matter (405 is a server that does not let clients end sessions).
+    async fn delete(&self, c: &mut HttpConn) {
+        let Some(session) = c.session.clone() else {
+            return;
+        };
+        let deadline = Instant::now() + DELETE_TIMEOUT;
+        let work = async {
+            c.ensure_stream().await.ok()?;
+            let _ = write!(
+                c.wbuf,
+                "DELETE {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mcp-loadgen\r\n\
+                 Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: {}\r\n\
+                 Content-Length: 0\r\n\r\n",
+                self.path, self.authority, c.version
+            );
+            c.send().await.ok()?;
+            let mut stop = || Monoio::sleep_until(deadline);
+            let mut head = c.read_head(false, &mut stop).await.ok()?;
+            c.read_body(&mut head, self.max_body, &mut stop, &mut |_, _| {})
+                .await
+                .ok()
+        };
+        let _ = race(work, Monoio::sleep_until(deadline)).await;
+        c.drop_stream();
+    }
+}
+
+impl Driver for HttpDriver {
+    type Rt = Monoio;
+    type Conn = HttpConn;
+
+    async fn connect(&self, addr: SocketAddr) -> io::Result<HttpConn> {
+        let s = tcp_connect(addr).await?;
+        let mut c = HttpConn::new(addr, s);
+        self.handshake(&mut c)
+            .await
+            .map_err(|e| io::Error::other(format!("MCP session setup on {}: {e}", self.path)))?;
+        Ok(c)
+    }
+
+    async fn drive(&self, mut c: HttpConn, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
+        let mut generator = Pacer::generator(&ctx, &cc);
+        let mut pacer = Pacer::new(&ctx, &cc);
+        loop {
+            let now = Instant::now();
+            match pacer.step(&ctx, &cc, now) {
+                Step::Stop => break,
+                Step::WaitUntil(t) => {
+                    wait_until::<Monoio>(t, ctx.cfg.spin, &cc.writer_wake).await;
+                    continue;
+                }
+                Step::WindowFull => {
+                    cc.writer_wake.notified().await;
+                    continue;
+                }
+                Step::Send(_) => {}
+            }
+            let Some(intended) = pacer.intended(&ctx, now) else {
+                continue;
+            };
+            if let Err(e) = c.ensure_stream().await {
+                pacer.finish(&ctx, &cc);
+                cc.sending_done.set(true);
+                ctx.conn_failed(&cc, format!("cannot reconnect to {}: {e}", ctx.cfg.target));
+                cc.finished.set(true);
+                return;
+            }
+            let seq = pacer.seq();
+            let (next, expect) = generator.next_json();
+            c.jbuf.clear();
+            put_request(&mut c.jbuf, seq, &next);
+            let body = std::mem::take(&mut c.jbuf);
+            c.put_post(self, &body, true);
+            c.jbuf = body;
+            pacer.sent(&ctx, &cc, intended, now, expect);
+            self.exchange(&ctx, &cc, &mut c, seq, expect).await;
+        }
+        pacer.finish(&ctx, &cc);
+        cc.sending_done.set(true);
+        if !ctx.shared.aborted() {
+            self.delete(&mut c).await;
+        }
+        cc.finished.set(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(framing: Framing, pieces: &[&[u8]]) -> Result<(Vec<u8>, bool), String> {
+        let mut f = framing;
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut done = false;
+        for p in pieces {
+            buf.extend_from_slice(p);
+            done = f.decode(&mut buf, &mut out, 1 << 20)?;
+        }
+        Ok((out, done))
+    }
+
+    #[test]
+    fn chunked_bodies_decode_across_any_split() {
+        let wire = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nX-T: 1\r\n\r\n";
+        for cut in 0..wire.len() {
+            let (a, b) = wire.split_at(cut);
+            let (out, done) = decode_all(Framing::Chunked(Chunk::Size), &[a, b]).unwrap();
+            assert_eq!(out, b"hello, world", "cut at {cut}");
+            assert!(done, "cut at {cut}");
+        }
+        let (out, done) = decode_all(Framing::Chunked(Chunk::Size), &[b"5\r\nhel"]).unwrap();
+        assert_eq!((out.as_slice(), done), (&b"hel"[..], false));
+        for bad in [&b"zz\r\n"[..], b"5\r\nhelloXY", b"\r\n"] {
+            assert!(decode_all(Framing::Chunked(Chunk::Size), &[bad]).is_err());
+        }
+    }
+
+    #[test]
+    fn length_bodies_stop_at_their_length_and_respect_the_limit() {
+        let mut f = Framing::Length(3);
+        let mut buf = BytesMut::from(&b"abcHTTP"[..]);
+        let mut out = Vec::new();
+        assert!(f.decode(&mut buf, &mut out, 10).unwrap());
+        assert_eq!((&out[..], &buf[..]), (&b"abc"[..], &b"HTTP"[..]));
+        let mut f = Framing::Length(30);
+        let mut buf = BytesMut::from(&[b'x'; 30][..]);
+        assert!(f.decode(&mut buf, &mut Vec::new(), 10).is_err());
+    }
+
+    #[test]
+    fn answers_are_classified_by_id_result_and_kind() {
+        let tool = ResponsePayload::ToolResult;
+        let ok = br#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"x"}],"structuredContent":{"a":1}}}"#;
+        assert!(matches!(classify(ok, 7, tool), Class::Answer(Ok(()))));
+        assert!(matches!(classify(ok, 8, tool), Class::OtherId));
+        let is_err = br#"{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":true}}"#;
+        assert!(matches!(
+            classify(is_err, 7, tool),
+            Class::Answer(Err((ErrorKind::ToolError, None)))
+        ));
+        let err = br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"bad"}}"#;
+        assert!(matches!(
+            classify(err, 7, tool),
+            Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32602))))
+        ));
+        let null_id = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#;
+        assert!(matches!(
+            classify(null_id, 7, tool),
+            Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32700))))
+        ));
+        let wrong_kind = br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[]}}"#;
+        assert!(matches!(
+            classify(wrong_kind, 7, tool),
+            Class::Answer(Err((ErrorKind::KindMismatch, None)))
+        ));
+        assert!(matches!(
+            classify(wrong_kind, 7, ResponsePayload::ListToolsResult),
+            Class::Answer(Ok(()))
+        ));
+        let neither = br#"{"jsonrpc":"2.0","id":7}"#;
+        assert!(matches!(
+            classify(neither, 7, tool),
+            Class::Answer(Err((ErrorKind::InvalidResponse, None)))
+        ));
+        let note =
+            br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}"#;
+        assert!(matches!(classify(note, 7, tool), Class::Notification));
+        for garbage in [
+            &b"{"[..],
+            b"[]",
+            br#"{"jsonrpc":"1.0","id":7,"result":{}}"#,
+            b"hello",
+        ] {
+            assert!(matches!(classify(garbage, 7, tool), Class::Garbage));
+        }
+        let string_id = br#"{"jsonrpc":"2.0","id":"7","result":{"content":[]}}"#;
+        assert!(matches!(classify(string_id, 7, tool), Class::OtherId));
+    }
+
+    #[test]
+    fn requests_are_json_rpc_with_escaped_names() {
+        let mut out = Vec::new();
+        put_request(
+            &mut out,
+            42,
+            &Next::Tool {
+                name: "ec\"ho",
+                args: br#"{"text":"hi"}"#,
+            },
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"jsonrpc":"2.0","id":42,"method":"tools/call",
+                "params":{"name":"ec\"ho","arguments":{"text":"hi"}}})
+        );
+        for (next, method) in [
+            (Next::Ping, "ping"),
+            (
+                Next::List(Listing::ResourceTemplates),
+                "resources/templates/list",
+            ),
+            (Next::Resource { uri: "kv://a" }, "resources/read"),
+        ] {
+            out.clear();
+            put_request(&mut out, 1, &next);
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v["method"], method);
+        }
+    }
+}
