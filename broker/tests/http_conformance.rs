@@ -25,14 +25,6 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The `http=HOST:PORT` field of the broker's ready line.
-fn http_addr(ready_line: &str) -> &str {
-    ready_line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap_or_else(|| panic!("no http= in the ready line {ready_line:?}"))
-}
-
 /// Fails (never skips) when `scripts/setup` has not installed the Node tools.
 fn node_tools_installed(root: &Path) {
     for tool in [
@@ -58,7 +50,7 @@ fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
         "{}: the fixture serves the conformance router alone, so its names are unqualified",
         broker.ready_line
     );
-    let url = format!("http://{}/mcp", http_addr(&broker.ready_line));
+    let url = broker.mcp_url();
     let out = Command::new(root.join("scripts/conformance"))
         .arg(&url)
         // Bounds the run: the script kills the suite past this many seconds.
@@ -200,6 +192,6 @@ fn conformance_router_sends_progress_with_its_result() {
         panic!("progress tool completes");
     };
     let steps: Vec<Option<f32>> = t.progress.unwrap().iter().map(|p| p.progress).collect();
-    assert_eq!(steps, [Some(0.0), Some(50.0), Some(100.0)]);
+    assert_eq!(steps, [Some(0.0), Some(0.5), Some(1.0)]);
     assert!(matches!(t.content.first(), Some(ContentBlock::Text(_))));
 }

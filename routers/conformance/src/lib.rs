@@ -14,10 +14,11 @@
 //!   `isError` saying so.
 //! - **Closing the SSE stream mid-call** (`test_reconnection`): a transport
 //!   matter; the tool simply completes, on the request's stream.
-//! - **Progress** (`test_tool_with_progress`): the world has no `total`, and
-//!   the progress entries travel with the result (the broker sends them as
-//!   `notifications/progress` before it), so the ~50 ms gaps of the reference
-//!   server do not exist.
+//! - **Progress** (`test_tool_with_progress`): entries are fractions (the
+//!   broker sends them with `total: 1`, where the reference server sends
+//!   0, 50 and 100 of 100), and they travel with the result (the broker sends
+//!   them as `notifications/progress` before it), so the ~50 ms gaps of the
+//!   reference server do not exist.
 //! - **Prompt arguments** are `{{name}}` placeholders that the broker fills in
 //!   text messages only (`routers/README.md`), so the embedded resource of
 //!   `test_prompt_with_embedded_resource` has a fixed URI and the argument
@@ -294,10 +295,12 @@ fn completed_text(action: &str, content: &Value) -> String {
     format!("Elicitation completed: action={action}, content={content}")
 }
 
-fn progress(step: f32) -> ProgressNotification {
+/// Progress is a fraction of the work (the broker sends it with `total: 1`,
+/// `docs/http.md`); the message says the reference server's steps of 100.
+fn progress(percent: u8) -> ProgressNotification {
     ProgressNotification {
-        progress: Some(step),
-        message: Some(format!("Completed step {step} of 100")),
+        progress: Some(f32::from(percent) / 100.0),
+        message: Some(format!("Completed step {percent} of 100")),
         annotations: None,
     }
 }
@@ -470,9 +473,9 @@ impl Guest for Conformance {
                 "Tool with logging executed successfully",
             )])),
             "test_tool_with_progress" => Ok(Response::Completed(ToolResult {
-                content: vec![text("Progress reported: 0, 50 and 100 of 100")],
+                content: vec![text("Progress reported: 0%, 50% and 100%")],
                 structured_content: None,
-                progress: Some(vec![progress(0.0), progress(50.0), progress(100.0)]),
+                progress: Some(vec![progress(0), progress(50), progress(100)]),
                 meta: None,
                 is_error: None,
             })),
