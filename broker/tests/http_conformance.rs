@@ -43,6 +43,8 @@ fn node_tools_installed(root: &Path) {
 fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
     let root = repo_root();
     node_tools_installed(&root);
+    // Fails with "run scripts/build-routers" when conformance.wasm is missing.
+    support::bundled("conformance");
     let broker = Broker::start_with_config(include_str!("fixtures/conformance.toml"), &[]);
     assert_eq!(
         broker.routers,
@@ -132,10 +134,7 @@ fn conformance_router_elicits_first_and_reports_the_answer_on_the_second_call() 
         };
         assert_eq!(e.message, "Who are you?");
         let schema: serde_json::Value = serde_json::from_str(&e.schema).unwrap();
-        assert_eq!(
-            schema["required"],
-            serde_json::json!(["username", "email"])
-        );
+        assert_eq!(schema["required"], serde_json::json!(["username", "email"]));
         let second = pool
             .call_tool(
                 "test_elicitation",
@@ -178,8 +177,15 @@ fn conformance_router_fills_its_template_and_refuses_other_uris() {
             v,
             serde_json::json!({"id":"123","templateTest":true,"data":"Data for ID: 123"})
         );
-        for bad in ["test://template//data", "test://template/1/2/data", "test://nope"] {
-            assert!(pool.read_resource(bad).await.is_err(), "{bad} must not read");
+        for bad in [
+            "test://template//data",
+            "test://template/1/2/data",
+            "test://nope",
+        ] {
+            assert!(
+                pool.read_resource(bad).await.is_err(),
+                "{bad} must not read"
+            );
         }
     });
 }
