@@ -27,7 +27,9 @@ fn duration(s: &str) -> Result<Duration, String> {
              loop, coordinated-omission-free latency",
     after_help = "Open loop (--rate) is the honest measurement: latency is taken from each \
                   request's intended send time, so a stalled server cannot hide behind a \
-                  generator that waited for it. See docs/loadgen.md."
+                  generator that waited for it. http:// loads any MCP Streamable HTTP \
+                  server: one session per connection, one request in flight per connection \
+                  unless --pipeline. See docs/loadgen.md."
 )]
 pub struct Args {
     /// frames://HOST:PORT (the frame edge), grpc://HOST:PORT (the gRPC
@@ -51,15 +53,23 @@ pub struct Args {
     #[arg(long)]
     pub workload: Option<PathBuf>,
 
-    /// TCP connections, spread over the worker threads. http://: also the
-    /// number of requests in flight (one per connection, no pipelining).
+    /// TCP connections, spread over the worker threads. http://: one MCP
+    /// session each, and the requests in flight (times --pipeline).
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
 
     /// Closed loop: total requests in flight (split over connections). With
-    /// --rate: a cap on requests in flight. http://: always --connections.
+    /// --rate: a cap on requests in flight. http://: always --connections ×
+    /// --pipeline.
     #[arg(long)]
     pub concurrency: Option<u64>,
+
+    /// http:// only: requests in flight per connection (HTTP/1.1
+    /// pipelining, answers in order). Default 1: no pipelining, so
+    /// --connections is the concurrency. The server must answer pipelined
+    /// requests (RFC 9112 requires it; not every server does).
+    #[arg(long, default_value_t = 1)]
+    pub pipeline: u64,
 
     /// Open loop: requests per second over all connections, sent on
     /// schedule whatever the server does.
@@ -188,14 +198,21 @@ impl Args {
         let http = target
             .as_ref()
             .is_some_and(|t| t.scheme == crate::target::Scheme::Http);
+        let per_conn = self.pipeline.max(1);
+        if self.pipeline == 0 {
+            problems.push("--pipeline must be at least 1".into());
+        } else if self.pipeline > 1 && !http && target.is_some() {
+            problems.push("--pipeline is for http:// targets only".into());
+        }
         if http
             && let Some(c) = self.concurrency
-            && c != self.connections as u64
+            && c != self.connections as u64 * per_conn
         {
             problems.push(format!(
-                "--concurrency {c}: an http:// connection carries one request at a time \
-                 (HTTP/1.1, no pipelining), so the concurrency is --connections; \
-                 use --connections {c}"
+                "--concurrency {c}: an http:// connection carries --pipeline {per_conn} \
+                 request(s) at a time (HTTP/1.1), so the concurrency is --connections × \
+                 --pipeline = {}; set --connections (and --pipeline) instead",
+                self.connections as u64 * per_conn
             ));
         } else if let Some(c) = self.concurrency
             && c < self.connections as u64
@@ -246,7 +263,9 @@ impl Args {
         let concurrency = match (self.concurrency, self.rate) {
             // One request in flight per HTTP/1.1 connection, in every
             // mode: with --rate that is the rate-limited closed loop.
-            _ if target.scheme == crate::target::Scheme::Http => Some(self.connections as u64),
+            _ if target.scheme == crate::target::Scheme::Http => {
+                Some(self.connections as u64 * self.pipeline)
+            }
             (None, None) => Some(self.connections as u64),
             (c, _) => c,
         };
@@ -342,7 +361,23 @@ mod tests {
         let e = parse(&["--tool", "echo", "--concurrency", "64"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("use --connections 64"), "{e}");
+        assert!(e.contains("--connections × --pipeline = 1"), "{e}");
+        let c = parse(&["--tool", "echo", "--connections", "4", "--pipeline", "8"]).unwrap();
+        assert_eq!(c.concurrency, Some(32));
+        let e = Args::try_parse_from([
+            "mcp-loadgen",
+            "--target",
+            "frames://127.0.0.1:7400",
+            "--tool",
+            "echo",
+            "--pipeline",
+            "2",
+        ])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("http:// targets only"), "{e}");
     }
 
     #[test]

@@ -8,9 +8,11 @@
 //!   ─▶ POST request, read its answer ─▶ POST … ─▶ DELETE the session
 //! ```
 //!
-//! One request at a time per connection (HTTP/1.1 without pipelining), so a
-//! connection's window is 1 and `--connections` is the concurrency. A
-//! request is one `write_all` (head and body in one buffer) and its answer
+//! By default one request at a time per connection (HTTP/1.1 without
+//! pipelining), so a connection's window is 1 and `--connections` is the
+//! concurrency; `--pipeline N` lets N requests be in flight per connection,
+//! answered in order as HTTP/1.1 requires. Requests that may go out
+//! together are one `write_all` (heads and bodies in one buffer); an answer
 //! is parsed where it lands in the read buffer: `httparse` for the head,
 //! a chunked decoder, an SSE line parser, and serde_json into borrowed
 //! shapes that skip everything the check does not need.
@@ -20,9 +22,11 @@
 //!   and ends exactly once: by its answer (at the time the read that
 //!   completed it returned), by a broken or closed response, by its
 //!   timeout or by the run stopping.
-//! - Before the next request is written, the previous response has been
-//!   read to its end, or the TCP connection has been dropped: a byte of an
-//!   old response is never taken for the head of a new one.
+//! - Responses are read strictly in request order, each to its end before
+//!   the next, and a connection is dropped at the first answer it cannot
+//!   be trusted to frame: a byte of one response is never taken for the
+//!   head of another. The requests still in flight on a dropped connection
+//!   end as `connection_closed`.
 //! - A read is cancelled only when its connection is dropped right after
 //!   (cancelling loses the buffer, and whatever the kernel put in it).
 //! - Losing a TCP connection does not end the session: the generator
@@ -31,6 +35,7 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{self, Write as _};
 use std::net::SocketAddr;
@@ -54,7 +59,7 @@ use crate::workload::Next;
 
 /// The protocol revision offered in `initialize`; the server's answer
 /// decides the `MCP-Protocol-Version` of every later request.
-pub const PROTOCOL_VERSION: &str = "2025-06-18";
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
@@ -160,6 +165,10 @@ pub struct HttpConn {
     jbuf: Vec<u8>,
     session: Option<String>,
     version: String,
+    /// The server answered 404 to a request of this session: it expired
+    /// (or was evicted), and a new one must be initialised before the
+    /// next request (the Streamable HTTP rules).
+    expired: bool,
 }
 
 async fn tcp_connect(addr: SocketAddr) -> io::Result<TcpStream> {
@@ -281,6 +290,7 @@ impl HttpConn {
             jbuf: Vec::with_capacity(1024),
             session: None,
             version: PROTOCOL_VERSION.to_owned(),
+            expired: false,
         }
     }
 
@@ -505,9 +515,13 @@ impl HttpConn {
             if line.is_empty() {
                 if self.has_data {
                     // The data lines, joined by `\n` (the last one's
-                    // newline removed).
+                    // newline removed). An empty one is not dispatched
+                    // (the SSE rules): a 2025-11-25 priming event is just
+                    // an id and an empty `data:`.
                     self.data.pop();
-                    on_msg(&self.data, self.read_at);
+                    if !self.data.is_empty() {
+                        on_msg(&self.data, self.read_at);
+                    }
                 }
                 self.data.clear();
                 self.has_data = false;
@@ -779,6 +793,10 @@ fn end(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, outcome: Outcome, at: Instant) {
 impl HttpDriver {
     /// `initialize` and `notifications/initialized` on a fresh connection.
     async fn handshake(&self, c: &mut HttpConn) -> Result<(), String> {
+        c.head.clear();
+        c.session = None;
+        c.version = PROTOCOL_VERSION.to_owned();
+        c.expired = false;
         let mut body = Vec::new();
         let _ = write!(
             body,
@@ -887,32 +905,25 @@ impl HttpDriver {
         Ok(())
     }
 
-    /// Sends request `seq` (already in `c.wbuf`) and reads its response to
-    /// the end, ending the request on the way.
-    async fn exchange(
+    /// Reads the response to request `seq` (the oldest in flight) to its
+    /// end, ending the request on the way. False when the connection was
+    /// dropped (the requests behind this one have no answer coming).
+    async fn read_one(
         &self,
         ctx: &ThreadCtx,
         cc: &ConnCtx,
         c: &mut HttpConn,
         seq: u64,
         expect: ResponsePayload,
-    ) {
-        if c.send().await.is_err() {
-            end(
-                ctx,
-                cc,
-                seq,
-                Err((ErrorKind::ConnectionClosed, None)),
-                Instant::now(),
-            );
-            c.drop_stream();
-            return;
-        }
+    ) -> bool {
         let answered = Cell::new(None::<Instant>);
         let mut stop = || request_stop(cc, seq, answered.get(), self.timeout);
         let result = async {
             let mut head = c.read_head(false, &mut stop).await?;
             let ok_status = (200..300).contains(&head.status);
+            if head.status == 404 && c.session.is_some() {
+                c.expired = true;
+            }
             if !ok_status {
                 answered.set(Some(c.read_at));
                 end(
@@ -987,6 +998,48 @@ impl HttpDriver {
                 c.drop_stream();
             }
         }
+        c.stream.is_some()
+    }
+
+    /// The connection is gone with requests still in flight on it: none
+    /// of them will be answered.
+    fn lose(
+        &self,
+        ctx: &ThreadCtx,
+        cc: &ConnCtx,
+        c: &mut HttpConn,
+        in_flight: &mut VecDeque<(u64, ResponsePayload)>,
+    ) {
+        let now = Instant::now();
+        for (seq, _) in in_flight.drain(..) {
+            if cc.outstanding.borrow().contains_key(&seq) {
+                end(ctx, cc, seq, Err((ErrorKind::ConnectionClosed, None)), now);
+            }
+        }
+        c.drop_stream();
+    }
+
+    /// A new session in place of an expired one, within the connect
+    /// timeout.
+    async fn renew(&self, c: &mut HttpConn) -> Result<(), String> {
+        let work = async {
+            c.ensure_stream().await.map_err(|e| e.to_string())?;
+            self.handshake(c).await
+        };
+        match race(work, Monoio::sleep_until(Instant::now() + CONNECT_TIMEOUT)).await {
+            Either::Left(Ok(())) => Ok(()),
+            Either::Left(Err(e)) => Err(format!(
+                "the session on {} expired (404) and a new one could not be set up: {e}",
+                self.path
+            )),
+            Either::Right(()) => {
+                c.drop_stream();
+                Err(format!(
+                    "the session on {} expired (404) and a new one was not set up within {CONNECT_TIMEOUT:?}",
+                    self.path
+                ))
+            }
+        }
     }
 
     /// Ends the session, within [`DELETE_TIMEOUT`]; its answer does not
@@ -1033,39 +1086,76 @@ impl Driver for HttpDriver {
     async fn drive(&self, mut c: HttpConn, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
         let mut generator = Pacer::generator(&ctx, &cc);
         let mut pacer = Pacer::new(&ctx, &cc);
+        // Requests written and not yet read, oldest first: HTTP/1.1
+        // answers in request order. At most the window (`--pipeline`).
+        let mut in_flight: VecDeque<(u64, ResponsePayload)> = VecDeque::new();
         loop {
             let now = Instant::now();
             match pacer.step(&ctx, &cc, now) {
-                Step::Stop => break,
-                Step::WaitUntil(t) => {
+                // Nothing more goes out on an expired session: read what
+                // is in flight, then start a new one.
+                Step::Send(_) if c.expired && !in_flight.is_empty() => {}
+                Step::Send(room) => {
+                    let ready = if !in_flight.is_empty() {
+                        Ok(())
+                    } else if c.expired {
+                        self.renew(&mut c).await
+                    } else {
+                        c.ensure_stream()
+                            .await
+                            .map_err(|e| format!("cannot reconnect to {}: {e}", ctx.cfg.target))
+                    };
+                    if let Err(e) = ready {
+                        pacer.finish(&ctx, &cc);
+                        cc.sending_done.set(true);
+                        ctx.conn_failed(&cc, e);
+                        cc.finished.set(true);
+                        return;
+                    }
+                    for _ in 0..room {
+                        let Some(intended) = pacer.intended(&ctx, now) else {
+                            break;
+                        };
+                        let seq = pacer.seq();
+                        let (next, expect) = generator.next_json();
+                        c.jbuf.clear();
+                        put_request(&mut c.jbuf, seq, &next);
+                        let body = std::mem::take(&mut c.jbuf);
+                        c.put_post(self, &body, true);
+                        c.jbuf = body;
+                        pacer.sent(&ctx, &cc, intended, now, expect);
+                        in_flight.push_back((seq, expect));
+                    }
+                    if !c.wbuf.is_empty() && c.send().await.is_err() {
+                        self.lose(&ctx, &cc, &mut c, &mut in_flight);
+                        continue;
+                    }
+                }
+                Step::Stop if in_flight.is_empty() => break,
+                Step::WaitUntil(t) if in_flight.is_empty() => {
                     wait_until::<Monoio>(t, ctx.cfg.spin, &cc.writer_wake).await;
                     continue;
                 }
-                Step::WindowFull => {
+                Step::WindowFull if in_flight.is_empty() => {
                     cc.writer_wake.notified().await;
                     continue;
                 }
-                Step::Send(_) => {}
+                // Answers are due first: a send the schedule calls for
+                // meanwhile goes out after the oldest answer, measured
+                // from its intended time.
+                Step::Stop | Step::WaitUntil(_) | Step::WindowFull => {}
             }
-            let Some(intended) = pacer.intended(&ctx, now) else {
-                continue;
-            };
-            if let Err(e) = c.ensure_stream().await {
-                pacer.finish(&ctx, &cc);
-                cc.sending_done.set(true);
-                ctx.conn_failed(&cc, format!("cannot reconnect to {}: {e}", ctx.cfg.target));
-                cc.finished.set(true);
-                return;
+            // The oldest answer, then every one already buffered, so that
+            // the next sends go out as one write.
+            while let Some((seq, expect)) = in_flight.pop_front() {
+                if !self.read_one(&ctx, &cc, &mut c, seq, expect).await {
+                    self.lose(&ctx, &cc, &mut c, &mut in_flight);
+                    break;
+                }
+                if c.rbuf.is_empty() {
+                    break;
+                }
             }
-            let seq = pacer.seq();
-            let (next, expect) = generator.next_json();
-            c.jbuf.clear();
-            put_request(&mut c.jbuf, seq, &next);
-            let body = std::mem::take(&mut c.jbuf);
-            c.put_post(self, &body, true);
-            c.jbuf = body;
-            pacer.sent(&ctx, &cc, intended, now, expect);
-            self.exchange(&ctx, &cc, &mut c, seq, expect).await;
         }
         pacer.finish(&ctx, &cc);
         cc.sending_done.set(true);

@@ -4,8 +4,12 @@
 //! wrong ids, no answer at all): each is counted as what it is, nothing
 //! hangs, and the run ends on time.
 //!
+//! And against the real broker's HTTP edge (`mcp-broker --http-listen`).
+//!
 //! The FastMCP tests need Python with the `mcp` package: the venv
-//! `.tools/mcp1` that `scripts/setup` creates, else `python3`.
+//! `.tools/mcp1` that `scripts/setup` creates, else `python3`. The broker
+//! tests need `mcp-broker` built beside `mcp-loadgen` and the routers built
+//! (`scripts/build-routers`).
 
 mod common;
 
@@ -186,6 +190,35 @@ fn fastmcp_json_answers_and_a_mixed_workload_are_checked_per_method() {
 }
 
 #[test]
+fn fastmcp_answers_pipelined_requests_in_order() {
+    let _g = serial();
+    let server = FastMcp::start(&["--json"]);
+    let json = json_path("http-fastmcp-pipeline");
+    let out = loadgen(
+        &[
+            "--target",
+            &server.target(),
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"text":"hello"}"#,
+            "--connections",
+            "2",
+            "--pipeline",
+            "4",
+            "--requests",
+            "200",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    assert_eq!(n(&r["concurrency"]), 8);
+    assert_eq!(n(&r["ok"]), 200, "{r:#}");
+    assert_eq!(n(&r["errors"]), 0, "{r:#}");
+}
+
+#[test]
 fn fastmcp_open_loop_keeps_its_schedule() {
     let _g = serial();
     let server = FastMcp::start(&[]);
@@ -234,9 +267,15 @@ enum Bad {
     /// Answer `initialize` and every call over SSE, and never end the
     /// stream (no last chunk).
     OpenStream,
+    /// Answer calls, but a session's calls after this many get 404 (the
+    /// session expired); `initialize` makes a new session each time.
+    Expire(usize),
 }
 
 struct Counters {
+    inits: AtomicUsize,
+    /// Calls per session id (`Expire`).
+    per_session: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     deletes: AtomicUsize,
     calls: AtomicUsize,
     /// Requests that lacked the session or protocol-version header.
@@ -314,12 +353,21 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
         }
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let method = v["method"].as_str().unwrap_or_default();
+        let session = match bad {
+            Bad::Expire(_) => header(&head, "mcp-session-id").unwrap_or_default(),
+            _ => SESSION,
+        };
         if method == "initialize" {
+            let k = c.inits.fetch_add(1, Ordering::SeqCst);
+            let session = match bad {
+                Bad::Expire(_) => format!("sess-{k}"),
+                _ => SESSION.to_owned(),
+            };
             let ok = format!(
                 r#"{{"jsonrpc":"2.0","id":{},"result":{{"protocolVersion":"2025-06-18","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"bad","version":"0"}}}}}}"#,
                 v["id"]
             );
-            let extra = format!("Mcp-Session-Id: {SESSION}\r\n");
+            let extra = format!("Mcp-Session-Id: {session}\r\n");
             let alive = if matches!(bad, Bad::OpenStream) {
                 chunked_with(&mut w, &extra, &[&format!("data: {ok}\n\n")], false)
             } else {
@@ -330,7 +378,8 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
             }
             continue;
         }
-        if header(&head, "mcp-session-id") != Some(SESSION)
+        if header(&head, "mcp-session-id") != Some(session)
+            || !session.starts_with("sess-")
             || header(&head, "mcp-protocol-version") != Some("2025-06-18")
         {
             c.unsessioned.fetch_add(1, Ordering::SeqCst);
@@ -378,11 +427,26 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
             Bad::ProgressThenOk => chunked(
                 &mut w,
                 &[
+                    // A 2025-11-25 priming event: an id and empty data.
+                    "id: 7-0\r\ndata:\r\n\r\n",
                     "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\r\n\r\n",
                     "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\r\ndata: \"params\":{\"level\":\"info\",\"data\":\"x\"}}\r\n\r\n",
                     &format!("id: 3\r\ndata: {ok_result}\r\n\r\n"),
                 ],
             ),
+            Bad::Expire(after) => {
+                let calls = {
+                    let mut m = c.per_session.lock().unwrap();
+                    let n = m.entry(session.to_owned()).or_default();
+                    *n += 1;
+                    *n
+                };
+                if calls > after {
+                    respond(&mut w, "404 Not Found", "text/plain", "", "no such session")
+                } else {
+                    respond(&mut w, "200 OK", "application/json", "", &ok_result)
+                }
+            }
             Bad::OpenStream => chunked_with(
                 &mut w,
                 "",
@@ -400,6 +464,8 @@ fn bad_server(bad: Bad) -> (SocketAddr, Arc<Counters>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let c = Arc::new(Counters {
+        inits: AtomicUsize::new(0),
+        per_session: Default::default(),
         deletes: AtomicUsize::new(0),
         calls: AtomicUsize::new(0),
         unsessioned: AtomicUsize::new(0),
@@ -474,11 +540,58 @@ fn non_2xx_statuses_are_counted_by_status_and_the_session_is_deleted() {
 }
 
 #[test]
+fn an_expired_session_is_counted_as_404_and_replaced_by_a_new_one() {
+    let _g = serial();
+    // One connection: 5 calls per session succeed, the 6th is a 404.
+    let (addr, c) = bad_server(Bad::Expire(5));
+    let json = json_path("http-expire");
+    let target = format!("http://{addr}/mcp");
+    let out = loadgen(
+        &[
+            "--target",
+            &target,
+            "--tool",
+            "echo",
+            "--connections",
+            "1",
+            "--requests",
+            "24",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    // Sessions 0..3 each serve 5 and refuse the 6th (4 × 6 = 24).
+    assert_eq!(n(&r["ok"]), 20, "{r:#}");
+    assert_eq!(n(&r["errors_by_kind"]["http_404"]), 4, "{r:#}");
+    assert_eq!(
+        c.inits.load(Ordering::SeqCst),
+        4,
+        "one initialize per session"
+    );
+    assert_eq!(c.unsessioned.load(Ordering::SeqCst), 0);
+}
+
+#[test]
 fn a_server_closing_connections_is_counted_and_the_generator_reconnects() {
     let _g = serial();
     let (r, c, _) = run_bad(Bad::Close, "http-close", &["--requests", "30"]);
     assert_eq!(n(&r["errors_by_kind"]["connection_closed"]), 30, "{r:#}");
     assert_eq!(c.calls.load(Ordering::SeqCst), 30, "each request was sent");
+}
+
+#[test]
+fn pipelined_requests_on_a_closed_connection_all_end_as_closed() {
+    let _g = serial();
+    let (r, c, _) = run_bad(
+        Bad::Close,
+        "http-close-pipelined",
+        &["--requests", "32", "--pipeline", "4"],
+    );
+    assert_eq!(n(&r["errors_by_kind"]["connection_closed"]), 32, "{r:#}");
+    assert_eq!(n(&r["requests"]), 32, "{r:#}");
+    // The server reads one request per connection before closing it.
+    assert!(c.calls.load(Ordering::SeqCst) >= 8);
 }
 
 #[test]
@@ -544,4 +657,189 @@ fn sse_streams_left_open_after_the_answer_are_ok_and_their_connections_replaced(
     assert!(n(&r["latency_us"]["max"]) < 150_000, "{r:#}");
     assert_eq!(c.calls.load(Ordering::SeqCst), 6);
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+}
+
+// ---- the real broker's HTTP edge ----------------------------------------------
+
+/// `mcp-broker` on port 0 everywhere, killed on drop.
+struct Broker {
+    child: Child,
+    http: String,
+}
+
+impl Broker {
+    fn start() -> Self {
+        let bin = PathBuf::from(env!("CARGO_BIN_EXE_mcp-loadgen")).with_file_name("mcp-broker");
+        assert!(
+            bin.exists(),
+            "{} is missing: build it first (`cargo build -p mcp-broker`, or run the tests with \
+             `cargo test --workspace` / scripts/test)",
+            bin.display()
+        );
+        let echo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../routers/target/wasm32-wasip2/release/echo.wasm");
+        assert!(
+            echo.exists(),
+            "{} is missing: run scripts/build-routers first",
+            echo.display()
+        );
+        let mut child = Command::new(bin)
+            .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+            .args(["--http-listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "127.0.0.1:0", "--shards", "2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mcp-broker");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            // Keep draining so the broker never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("mcp-broker printed no ready line within 120 s");
+            }
+        };
+        assert!(line.starts_with("mcp-broker ready "), "{line}");
+        let http = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .unwrap_or_else(|| panic!("no http= in the ready line {line:?}"))
+            .to_owned();
+        Self { child, http }
+    }
+
+    fn target(&self) -> String {
+        format!("http://{}/mcp", self.http)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn broker_http_edge_closed_loop_echo_calls_have_zero_errors() {
+    let _g = serial();
+    let b = Broker::start();
+    let json = json_path("http-broker-closed");
+    let out = loadgen(
+        &[
+            "--target",
+            &b.target(),
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"text":"hello","n":1}"#,
+            "--connections",
+            "8",
+            "--threads",
+            "2",
+            "--requests",
+            "3000",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    assert_eq!(n(&r["ok"]), 3000, "{r:#}");
+    assert_eq!(n(&r["errors"]), 0, "{r:#}");
+}
+
+#[test]
+fn broker_http_edge_open_loop_offers_the_asked_rate_pipelined() {
+    let _g = serial();
+    let b = Broker::start();
+    let json = json_path("http-broker-open");
+    let out = loadgen(
+        &[
+            "--target",
+            &b.target(),
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"text":"hello"}"#,
+            "--connections",
+            "4",
+            "--pipeline",
+            "4",
+            "--rate",
+            "500",
+            "--duration",
+            "2s",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    assert_eq!(r["mode"], "rate_limited_closed");
+    assert_eq!(n(&r["scheduled"]), 1000, "{r:#}");
+    assert_eq!(n(&r["errors"]), 0, "{r:#}");
+    // Every request sent is answered; on a busy machine a few scheduled
+    // at the very end may not have gone out (reported, not hidden).
+    assert_eq!(n(&r["ok"]), n(&r["sent"]), "{r:#}");
+    assert!(n(&r["sent"]) >= 900, "{r:#}");
+}
+
+#[test]
+fn broker_http_edge_mixed_workload_is_checked_per_method_and_errors_counted_by_code() {
+    let _g = serial();
+    let b = Broker::start();
+    let wl = json_path("http-broker-workload").with_extension("toml");
+    std::fs::write(
+        &wl,
+        r#"
+        [[op]]
+        kind = "tool"
+        name = "echo"
+        args = { text = { random = "string", len = [4, 64] } }
+        [[op]]
+        kind = "list"
+        list = "tools"
+        [[op]]
+        kind = "ping"
+        [[op]]
+        kind = "tool"
+        name = "no_such_tool"
+        "#,
+    )
+    .unwrap();
+    let json = json_path("http-broker-mixed");
+    let out = loadgen(
+        &[
+            "--target",
+            &b.target(),
+            "--workload",
+            wl.to_str().unwrap(),
+            "--connections",
+            "4",
+            "--requests",
+            "800",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    let k = r["errors_by_kind"].as_object().unwrap();
+    // The unknown tool is the only error, and it is a JSON-RPC error or an
+    // isError result: an answer either way, never a broken one.
+    let errors = n(&r["errors"]);
+    assert!(errors > 100, "{r:#}");
+    assert!(
+        k.keys()
+            .all(|key| key.starts_with("error_response.") || key == "tool_error"),
+        "{r:#}"
+    );
+    assert_eq!(n(&r["ok"]) + errors, 800, "{r:#}");
 }

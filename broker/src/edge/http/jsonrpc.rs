@@ -19,7 +19,7 @@
 //!
 //! | frame code            | method                                 | JSON-RPC error            | why |
 //! |-----------------------|----------------------------------------|---------------------------|-----|
-//! | NotFound -32601       | `tools/call`                           | -32602, frame message     | MCP: an unknown tool is invalid params |
+//! | NotFound -32601       | `tools/call`                           | -32602, `Unknown tool: <name>` | MCP: an unknown tool is invalid params (MCP's wording) |
 //! | NotFound -32601       | `prompts/get`, `completion/complete`   | -32602, frame message     | MCP: an unknown prompt (or completion ref) is invalid params |
 //! | NotFound -32601       | `resources/read`, `resources/(un)subscribe` | -32002, data `{"uri":…}` | MCP: resource not found |
 //! | NotFound -32601       | any other                              | -32601                    | no router serves that kind of request: method not found |
@@ -39,6 +39,21 @@
 //! could be read); bad params of a known method -32602 with a message
 //! naming what is wrong.
 //!
+//! # Losses
+//! What the frames carry and MCP's JSON here does not:
+//! - an embedded resource's `title` and `description` (MCP's resource
+//!   contents have neither); tool annotations `streaming` and
+//!   `experimental` (no MCP hint);
+//! - a progress frame's `current_step`/`total_steps` (its fraction is sent,
+//!   with `total: 1`); a log frame's `timestamp` and `metadata`; an
+//!   elicitation's `title` and `annotations`;
+//! - for clients of older versions: audio (before 2025-03-26) and resource
+//!   links (before 2025-06-18), rewritten as blocks they know.
+//!
+//! And what MCP's requests carry that the frames do not: the client's
+//! capabilities other than elicitation (read into [`RequestInfo`]),
+//! `completion/complete`'s `context`.
+//!
 //! # Invariants
 //! - Every JSON text taken from a frame (schemas, structured content, meta
 //!   values, elicitation schema, error data) is inserted raw only after it
@@ -48,6 +63,10 @@
 //! - Every string is written escaped ([`write_json_string`]).
 //! - Tool and prompt arguments reach the frame as the raw JSON text the
 //!   client sent (one `KeyValue` each), never re-serialised.
+//! - Outside its tests the module uses only `mcp_schema`, `serde` and
+//!   `serde_json` (no `crate::` or `super::` paths), so that a fuzz target
+//!   can compile this very file by `#[path]`, as `grpc_convert` does with
+//!   `edge::grpc::request`.
 //! - No `serde_json::Value` tree is built on the request or the response
 //!   path; results are written directly into `out`.
 
@@ -60,6 +79,7 @@ use mcp_schema::client::{Listing, RequestEncoder, RequestHeader, ResponseView};
 use mcp_schema::content_vec::ContentRef;
 use mcp_schema::fb::KeyValue;
 use mcp_schema::fb::protocol as p;
+use mcp_schema::flatbuffers::{ForwardsUOffset, Vector};
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -427,7 +447,8 @@ pub struct RequestInfo<'a> {
     pub progress_token: Option<&'a RawValue>,
     /// initialize: `params.protocolVersion`.
     pub protocol_version: Option<Cow<'a, str>>,
-    /// initialize: `params.capabilities.elicitation` present.
+    /// initialize: `params.capabilities.elicitation` covers form mode
+    /// (present, and not `{"url":{}}` alone).
     pub client_elicitation: bool,
     /// logging/setLevel: `params.level`, one of [`LOG_LEVELS`].
     pub log_level: Option<&'static str>,
@@ -527,6 +548,25 @@ struct Meta<'a> {
 struct Capabilities<'a> {
     #[serde(borrow, default)]
     elicitation: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct ElicitationModes<'a> {
+    #[serde(borrow, default)]
+    form: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    url: Option<&'a RawValue>,
+}
+
+/// Whether a client's `capabilities.elicitation` covers form mode, the one
+/// routers use: 2025-06-18's `{}` does, and so does 2025-11-25's
+/// `{"form":{}}`; `{"url":{}}` alone does not.
+fn form_elicitation(elicitation: Option<&RawValue>) -> bool {
+    let Some(e) = elicitation.filter(|e| first_byte(e) == b'{') else {
+        return false;
+    };
+    serde_json::from_str::<ElicitationModes<'_>>(e.get())
+        .is_ok_and(|m| m.form.is_some() || m.url.is_none())
 }
 
 #[derive(Deserialize, Default)]
@@ -699,7 +739,7 @@ pub fn request_frame<'e, 'a>(
             let client: ClientInfo<'a> = object(ps.client_info, "clientInfo")?;
             let name = opt_string(client.name, "clientInfo.name")?;
             let ver = opt_string(client.version, "clientInfo.version")?;
-            info.client_elicitation = caps.elicitation.is_some();
+            info.client_elicitation = form_elicitation(caps.elicitation);
             let frame = enc.initialize(
                 h,
                 frame_version(&version),
@@ -996,6 +1036,29 @@ fn envelope_start<'o>(out: &'o mut Vec<u8>, id: Option<&Id<'_>>) -> Obj<'o> {
     o
 }
 
+/// `{"jsonrpc":"2.0","id":…,"result":{}}`: the answer to a `ping` the edge
+/// answers itself.
+pub fn write_empty_result(out: &mut Vec<u8>, id: &Id<'_>) {
+    let mut o = envelope_start(out, Some(id));
+    o.raw("result", "{}");
+    o.end();
+}
+
+#[derive(Deserialize)]
+struct Cancelled<'a> {
+    #[serde(borrow, default, rename = "requestId")]
+    request_id: Option<&'a RawValue>,
+}
+
+/// The `requestId` of a `notifications/cancelled`'s params, as its raw
+/// JSON text (compare with a request's [`Id::get`]); `None` when absent or
+/// not a string or number.
+pub fn cancelled_request_id(params: Option<&RawValue>) -> Option<Id<'_>> {
+    let params = params.filter(|p| first_byte(p) == b'{')?;
+    let c: Cancelled<'_> = serde_json::from_str(params.get()).ok()?;
+    c.request_id.filter(|r| is_string_or_number(r)).map(Id)
+}
+
 /// A JSON-RPC error message: `{"jsonrpc":"2.0","id":…,"error":{…}}`.
 /// `data` is inserted raw if it is one JSON value, else as a string.
 pub fn write_error(
@@ -1021,10 +1084,7 @@ pub fn write_error(
 
 /// `[KeyValue]` (values JSON text) as a `_meta` object; a value that is not
 /// one JSON value goes out as a JSON string rather than breaking the JSON.
-fn write_meta<'f>(
-    o: &mut Obj<'_>,
-    kvs: Option<flatbuffers::Vector<'f, flatbuffers::ForwardsUOffset<KeyValue<'f>>>>,
-) {
+fn write_meta<'f>(o: &mut Obj<'_>, kvs: Option<Vector<'f, ForwardsUOffset<KeyValue<'f>>>>) {
     let Some(kvs) = kvs.filter(|k| !k.is_empty()) else {
         return;
     };
@@ -1362,7 +1422,16 @@ fn write_frame_error(
             _ => None,
         }
     };
-    write_error(out, Some(id), rpc_code, e.message(), data);
+    // MCP's own wording for an unknown tool, when the request named it.
+    let unknown_tool;
+    let message = match (&info.tool_name, ErrorCode::from_code(frame_code)) {
+        (Some(name), Some(ErrorCode::NotFound)) if method == Method::CallTool => {
+            unknown_tool = format!("Unknown tool: {name}");
+            &unknown_tool
+        }
+        _ => e.message(),
+    };
+    write_error(out, Some(id), rpc_code, message, data);
 }
 
 /// MCP `CallToolResult`. Structured content goes out as
@@ -2277,6 +2346,17 @@ mod tests {
         )
         .unwrap();
         assert!(!info.client_elicitation);
+        for (caps, form) in [
+            (r#"{"elicitation":{"form":{}}}"#, true),
+            (r#"{"elicitation":{"form":{},"url":{}}}"#, true),
+            (r#"{"elicitation":{"url":{}}}"#, false),
+            (r#"{"elicitation":null}"#, false),
+            (r#"{"elicitation":true}"#, false),
+        ] {
+            let p = format!(r#"{{"protocolVersion":"2025-11-25","capabilities":{caps}}}"#);
+            let (_, info) = build(Method::Initialize, Some(&p), None).unwrap();
+            assert_eq!(info.client_elicitation, form, "{caps}");
+        }
         let e = refused(Method::Initialize, r#"{"capabilities":{}}"#);
         assert!(e.message.contains("protocolVersion"), "{}", e.message);
         let e = refused(
@@ -2625,6 +2705,14 @@ mod tests {
         let nf = enc
             .error(&TO, ErrorCode::NotFound, "unknown tool `x`", None)
             .to_vec();
+        // With the request's tool name: MCP's wording.
+        let (_, info) = build(Method::CallTool, Some(r#"{"name":"no\"pe"}"#), None).unwrap();
+        let mut out = Vec::new();
+        write_response_for(&mut out, &Id(raw("4")), &info, &nf, "2025-06-18");
+        assert_eq!(
+            json_of(&out),
+            json!({"jsonrpc":"2.0","id":4,"error":{"code":-32602,"message":"Unknown tool: no\"pe"}})
+        );
         let v = response("1", Method::CallTool, &nf);
         assert_eq!(
             v["error"],
@@ -3250,6 +3338,158 @@ mod tests {
         assert_eq!(id.as_string().as_deref(), Some("el-1"));
         assert!(error.is_none());
         assert_eq!(Id(raw("12")).as_string(), None);
+    }
+
+    #[test]
+    fn cancellations_name_the_request_and_pings_get_an_empty_result() {
+        let p = raw(r#"{"requestId":"r-1","reason":"user"}"#);
+        assert_eq!(
+            cancelled_request_id(Some(p)).map(|i| i.get()),
+            Some("\"r-1\"")
+        );
+        let p = raw(r#"{"requestId":12}"#);
+        assert_eq!(cancelled_request_id(Some(p)), Some(Id(raw("12"))));
+        for bad in [r#"{"requestId":{}}"#, r#"{"reason":"x"}"#, "[1]"] {
+            assert_eq!(cancelled_request_id(Some(raw(bad))), None, "{bad}");
+        }
+        assert_eq!(cancelled_request_id(None), None);
+        let mut out = Vec::new();
+        write_empty_result(&mut out, &Id(raw("\"p\"")));
+        assert_eq!(out, br#"{"jsonrpc":"2.0","id":"p","result":{}}"#);
+    }
+
+    /// A small deterministic PRNG (xorshift64*): mutations that are the
+    /// same on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Every body, however broken, is either refused with an error that is
+    /// one JSON-RPC message, or parsed into messages whose requests build
+    /// frames that verify as the method asked (or are refused the same way).
+    fn check_body(body: &[u8], enc: &mut RequestEncoder) {
+        let mut out = Vec::new();
+        let messages = match parse(body) {
+            Err(e) => {
+                assert!(matches!(e.code, -32700 | -32600), "{e:?}");
+                e.write(&mut out);
+                json_of(&out);
+                return;
+            }
+            Ok(Body::One(m)) => vec![Ok(m)],
+            Ok(Body::Batch(ms)) => ms,
+        };
+        for m in messages {
+            let (id, method, params) = match m {
+                Ok(Message::Request { id, method, params }) => (id, method, params),
+                Ok(_) => continue,
+                Err(e) => {
+                    out.clear();
+                    e.write(&mut out);
+                    json_of(&out);
+                    continue;
+                }
+            };
+            let Some(method) = Method::from_name(&method) else {
+                continue;
+            };
+            match request_frame(enc, &header(), method, params, Some(("_elicitation", "{}"))) {
+                Ok((frame, info)) => {
+                    let v = VerifiedRequest::verify(Bytes::copy_from_slice(frame));
+                    // Only an empty routing name is refused by verification.
+                    if let Ok(v) = v {
+                        assert_eq!(info.method, method);
+                        if let Some(name) = &info.tool_name {
+                            assert_eq!(v.view().route_key(), RouteKey::Tool(name));
+                        }
+                    }
+                }
+                Err(e) => {
+                    assert_eq!(e.code, -32602, "{e:?}");
+                    out.clear();
+                    e.with_id(Some(id)).write(&mut out);
+                    assert_eq!(
+                        json_of(&out)["id"],
+                        serde_json::from_str::<Value>(id.get()).unwrap()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_bodies_are_answered_or_refused_never_mishandled() {
+        let seeds: [&[u8]; 6] = [
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi","n":[1,2,{"a":null}]},"_meta":{"progressToken":"t"}}}"#,
+            br#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{}},"clientInfo":{"name":"c","version":"1"}}}"#,
+            br#"[{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":"p","arguments":{"a":"b"}}},{"jsonrpc":"2.0","method":"notifications/initialized"}]"#,
+            br#"{"jsonrpc":"2.0","id":3,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"a","value":"x"}}}"#,
+            br#"{"jsonrpc":"2.0","id":4,"method":"logging/setLevel","params":{"level":"info"}}"#,
+            br#"{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{"uri":"file:///\u00e9"}}"#,
+        ];
+        const SPECIAL: &[u8] = b"{}[]\",:\\u0-1e9 nulltruefalse\x00\xff";
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut enc = RequestEncoder::new();
+        for seed in seeds {
+            check_body(seed, &mut enc);
+            for _ in 0..1500 {
+                let mut b = seed.to_vec();
+                for _ in 0..1 + rng.below(4) {
+                    let i = rng.below(b.len() + 1);
+                    match rng.below(4) {
+                        0 if i < b.len() => {
+                            b.remove(i);
+                        }
+                        1 if i < b.len() => b[i] = SPECIAL[rng.below(SPECIAL.len())],
+                        2 => b.insert(i, SPECIAL[rng.below(SPECIAL.len())]),
+                        _ => b.truncate(i.max(1)),
+                    }
+                }
+                check_body(&b, &mut enc);
+            }
+        }
+    }
+
+    #[test]
+    fn broken_frames_become_internal_errors_not_broken_json() {
+        let good = tool_frames(&completed(vec![text("t")], Some(r#"{"a":1}"#)));
+        let mut rng = Rng(7);
+        for _ in 0..3000 {
+            let mut f = good.clone();
+            for _ in 0..1 + rng.below(3) {
+                let i = rng.below(f.len());
+                f[i] = rng.next() as u8;
+            }
+            if rng.below(4) == 0 {
+                f.truncate(rng.below(f.len()) + 1);
+            }
+            for m in [Method::CallTool, Method::ListTools, Method::Initialize] {
+                let v = response("1", m, &f);
+                assert!(
+                    v.get("result").is_some() || v["error"]["code"].is_i64(),
+                    "{v}"
+                );
+            }
+            let mut out = Vec::new();
+            if write_progress(&mut out, raw("1"), &f) || write_log(&mut out, &f) {
+                json_of(&out);
+            }
+            out.clear();
+            if write_elicitation_create(&mut out, "e", &f) {
+                json_of(&out);
+            }
+        }
     }
 
     #[test]

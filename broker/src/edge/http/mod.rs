@@ -25,6 +25,7 @@ pub mod jsonrpc;
 mod rt;
 pub mod session;
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -795,15 +796,10 @@ impl HttpEdge {
         let built = {
             let h = self.header(Some(&session.id));
             let mut enc = self.enc.borrow_mut();
-            jsonrpc::request_frame(&mut enc, &h, m, params, extra).map(|(f, info)| {
-                (
-                    Bytes::copy_from_slice(f),
-                    info.progress_token.map(|t| t.get().to_owned()),
-                    info.log_level.map(str::to_owned),
-                )
-            })
+            jsonrpc::request_frame(&mut enc, &h, m, params, extra)
+                .map(|(f, info)| (Bytes::copy_from_slice(f), info))
         };
-        let (frame, progress_token, level) = match built {
+        let (frame, info) = match built {
             Ok(b) => b,
             Err(e) => {
                 session.end_call(id_text);
@@ -823,7 +819,8 @@ impl HttpEdge {
             );
             return Answer::Json(out);
         }
-        if let Some(level) = level.as_deref() {
+        let progress_token = info.progress_token;
+        if let Some(level) = info.log_level {
             // Validated by the codec; the frame's answer is empty.
             session.set_level(level);
         }
@@ -848,7 +845,7 @@ impl HttpEdge {
         more |= failed && session.level().is_some_and(|l| level_allows(l, "warning"));
         if !more {
             if let Some(fin) = frames(&called.frames).last() {
-                jsonrpc::write_response(&mut out, id, m, fin, session.version);
+                jsonrpc::write_response_for(&mut out, id, &info, fin, session.version);
             }
             return Answer::Json(out);
         }
@@ -856,7 +853,9 @@ impl HttpEdge {
             id: id_text.to_owned(),
             method: m,
             params: params.map(|p| p.get().to_owned()),
-            progress_token,
+            progress_token: progress_token.map(|t| t.get().to_owned()),
+            name: info.tool_name.map(Cow::into_owned),
+            uri: info.uri.map(Cow::into_owned),
             frames: called.frames,
             arrived: called.arrived,
         })
@@ -949,7 +948,7 @@ impl HttpEdge {
                     session.emit(stream, Some(&buf));
                 }
                 buf.clear();
-                jsonrpc::write_response(&mut buf, &id, c.method, &f, session.version);
+                jsonrpc::write_response_for(&mut buf, &id, &c.info(), &f, session.version);
                 session.emit(stream, Some(&buf));
             }
             break;
@@ -1024,8 +1023,8 @@ impl HttpEdge {
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             }
             "notifications/cancelled" => {
-                if let Some(id) = params.and_then(cancelled_request_id) {
-                    session.cancel_call(id);
+                if let Some(id) = jsonrpc::cancelled_request_id(params) {
+                    session.cancel_call(id.get());
                 }
             }
             // Other notifications (roots/list_changed, progress of
@@ -1089,7 +1088,13 @@ impl HttpEdge {
                         Answer::Stream(c) => {
                             let mut b = Vec::new();
                             if let Some(f) = frames(&c.frames).last() {
-                                jsonrpc::write_response(&mut b, &id, c.method, f, session.version);
+                                jsonrpc::write_response_for(
+                                    &mut b,
+                                    &id,
+                                    &c.info(),
+                                    f,
+                                    session.version,
+                                );
                             }
                             one = Some(b);
                         }
@@ -1230,21 +1235,21 @@ struct Continuation {
     method: Method,
     params: Option<String>,
     progress_token: Option<String>,
+    /// The tool name or resource URI the request named (for the wording
+    /// and `data` of a not-found error).
+    name: Option<String>,
+    uri: Option<String>,
     frames: Vec<u8>,
     arrived: Instant,
 }
 
-/// The `requestId` of a `notifications/cancelled`, as its JSON text (the
-/// form [`Session::start_call`] registered it under).
-fn cancelled_request_id(params: &RawValue) -> Option<&str> {
-    #[derive(serde::Deserialize)]
-    struct Cancelled<'a> {
-        #[serde(borrow, rename = "requestId")]
-        request_id: &'a RawValue,
+impl Continuation {
+    fn info(&self) -> jsonrpc::RequestInfo<'_> {
+        let mut info = jsonrpc::RequestInfo::new(self.method);
+        info.tool_name = self.name.as_deref().map(Cow::Borrowed);
+        info.uri = self.uri.as_deref().map(Cow::Borrowed);
+        info
     }
-    serde_json::from_str::<Cancelled<'_>>(params.get())
-        .ok()
-        .map(|c| c.request_id.get())
 }
 
 /// Whether a session logging at `level` receives messages of `severity`.
