@@ -687,3 +687,117 @@ fn a_drain_finishes_the_http_call_in_flight_and_refuses_new_work() {
         "{v}"
     );
 }
+
+/// The broker serving the `conformance` router (which elicits and reports
+/// progress), with `keys` in its `[http]` table.
+fn conformance(keys: &str) -> Broker {
+    let toml = include_str!("fixtures/conformance.toml");
+    Broker::start_with_config(&common::with_http_keys(toml, keys), &[])
+}
+
+/// POSTs `body` and returns the connection with the SSE answer's head read.
+fn open_stream(b: &Broker, session: &str, body: &str) -> Conn {
+    let mut c = Conn::connect(b.http);
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let (status, headers) = c.read_head();
+    assert_eq!(status, 200);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
+        "{headers:?}"
+    );
+    c
+}
+
+#[test]
+fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
+    );
+    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("elicitation/create")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let ask = msgs.last().unwrap();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    assert!(ask["params"]["requestedSchema"].is_object(), "{ask}");
+    // The answer arrives on another connection (any shard), as 202.
+    let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}});
+    let r = c.post(Some(&s), &answer.to_string());
+    assert_eq!(r.status, 202, "{}", r.text());
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended, "the stream ends with the answer");
+    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], 5, "{fin}");
+    assert!(fin["result"].to_string().contains("accept"), "{fin}");
+}
+
+#[test]
+fn an_elicitation_the_client_never_answers_fails_at_the_timeout() {
+    let b = conformance("client_answer_timeout = \"300ms\"");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
+    );
+    let t0 = Instant::now();
+    let (body, ended) = stream.read_chunked(None);
+    assert!(ended);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], 6);
+    assert_eq!(fin["error"]["code"], -32001, "{fin}");
+}
+
+#[test]
+fn progress_reaches_a_client_that_asked_for_it_before_the_result() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-11-25");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"test_tool_with_progress","arguments":{},"_meta":{"progressToken":"tok-1"}}}"#,
+    );
+    let (body, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let text = String::from_utf8(body).unwrap();
+    // Primed first (2025-11-25), then progress, then the result.
+    assert!(text.starts_with("id: "), "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let progress: Vec<_> = msgs
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert!(progress.len() >= 2, "{msgs:?}");
+    assert!(
+        progress
+            .iter()
+            .all(|m| m["params"]["progressToken"] == "tok-1")
+    );
+    assert_eq!(msgs.last().unwrap()["id"], 7);
+    assert!(msgs.last().unwrap()["result"].is_object());
+    // Without a token the same call is one JSON answer.
+    let v = c.call(
+        &s,
+        8,
+        "tools/call",
+        r#"{"name":"test_tool_with_progress","arguments":{}}"#,
+    );
+    assert!(v["result"].is_object(), "{v}");
+}
