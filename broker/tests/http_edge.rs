@@ -801,3 +801,44 @@ fn progress_reaches_a_client_that_asked_for_it_before_the_result() {
     );
     assert!(v["result"].is_object(), "{v}");
 }
+
+#[test]
+fn what_a_tool_logged_reaches_a_session_that_set_a_level_filtered_by_it() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let call = r#"{"name":"test_tool_with_logging","arguments":{}}"#;
+    // No level set: one JSON answer, no logs, and no broker key in _meta.
+    let v = c.call(&s, 1, "tools/call", call);
+    assert!(v["result"]["content"].is_array(), "{v}");
+    assert!(!v.to_string().contains("mcp-broker/log"), "{v}");
+    // Level info: the three info messages, then the answer.
+    c.call(&s, 2, "logging/setLevel", r#"{"level":"info"}"#);
+    let mut stream = open_stream(
+        &b,
+        &s,
+        &format!(r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{call}}}"#),
+    );
+    let (body, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let logs: Vec<_> = msgs
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .collect();
+    assert_eq!(logs.len(), 3, "{msgs:?}");
+    assert_eq!(logs[0]["params"]["level"], "info");
+    assert_eq!(logs[0]["params"]["data"], "Tool execution started");
+    assert_eq!(msgs.last().unwrap()["id"], 3);
+    // Level error: info messages are filtered out.
+    c.call(&s, 4, "logging/setLevel", r#"{"level":"error"}"#);
+    let mut stream = open_stream(
+        &b,
+        &s,
+        &format!(r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{call}}}"#),
+    );
+    let (body, _) = stream.read_chunked(None);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert_eq!(msgs[0]["id"], 5);
+}

@@ -38,11 +38,11 @@ wit_bindgen::generate!({ path: "../../wit", world: "mcp-router" });
 use exports::wasix::mcp::router::{
     AudioContent, BlobResourceContents, CompletionError, CompletionRequest, CompletionResponse,
     CompletionsCapability, ContentBlock, ElicitationRequest, EmbeddedResource, GetPromptResult,
-    Guest, ImageContent, McpResource, ProgressNotification, Prompt, PromptArgument, PromptError,
-    PromptMessage, PromptMessageContent, PromptMessageRole, PromptsCapability, ReadResourceResult,
-    ResourceContents, ResourceError, ResourcesCapability, Response, ServerCapabilities,
-    ServerDescription, TextContent, TextResourceContents, Tool, ToolError, ToolResult,
-    ToolsCapability,
+    Guest, ImageContent, McpResource, MetaEntry, ProgressNotification, Prompt, PromptArgument,
+    PromptError, PromptMessage, PromptMessageContent, PromptMessageRole, PromptsCapability,
+    ReadResourceResult, ResourceContents, ResourceError, ResourcesCapability, Response,
+    ServerCapabilities, ServerDescription, TextContent, TextResourceContents, Tool, ToolError,
+    ToolResult, ToolsCapability,
 };
 use serde_json::{Value, json};
 
@@ -469,9 +469,19 @@ impl Guest for Conformance {
                     r#"{"test":"data","value":123}"#,
                 )),
             ])),
-            "test_tool_with_logging" => Ok(completed(vec![text(
-                "Tool with logging executed successfully",
-            )])),
+            // The router world has no logging import: what the tool logs
+            // rides in the result's meta under the broker's key, and the
+            // broker sends it as notifications/message before the result.
+            "test_tool_with_logging" => Ok(Response::Completed(ToolResult {
+                content: vec![text("Tool with logging executed successfully")],
+                structured_content: None,
+                progress: None,
+                meta: Some(vec![MetaEntry {
+                    key: "mcp-broker/log".into(),
+                    value: r#"[{"level":"info","logger":"conformance","data":"Tool execution started"},{"level":"info","logger":"conformance","data":"Tool processing data"},{"level":"info","logger":"conformance","data":"Tool execution completed"}]"#.into(),
+                }]),
+                is_error: None,
+            })),
             "test_tool_with_progress" => Ok(Response::Completed(ToolResult {
                 content: vec![text("Progress reported: 0%, 50% and 100%")],
                 structured_content: None,

@@ -890,7 +890,10 @@ impl HttpEdge {
                         }
                     }
                     FrameKind::Log => {
-                        if session.level().is_some() {
+                        let wanted = session.level().is_some_and(|l| {
+                            jsonrpc::log_level_of(f).is_some_and(|at| level_allows(l, at))
+                        });
+                        if wanted {
                             jsonrpc::write_log(&mut buf, f);
                             session.emit(stream, Some(&buf));
                         }
