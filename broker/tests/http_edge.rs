@@ -842,3 +842,45 @@ fn what_a_tool_logged_reaches_a_session_that_set_a_level_filtered_by_it() {
     assert_eq!(msgs.len(), 1, "{msgs:?}");
     assert_eq!(msgs[0]["id"], 5);
 }
+
+#[test]
+fn a_sampling_request_round_trip_ends_in_the_tools_result_and_needs_the_capability() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let r = c.post(
+        None,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"sampling":{}},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    let s = r.header("mcp-session-id").unwrap().to_string();
+    let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"test_sampling","arguments":{"prompt":"Say hi"}}}"#;
+    let mut stream = open_stream(&b, &s, call);
+    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("sampling/createMessage")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let ask = msgs.last().unwrap();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    assert_eq!(ask["params"]["messages"][0]["content"]["text"], "Say hi");
+    let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"role":"assistant","content":{"type":"text","text":"hi there"},"model":"m"}});
+    assert_eq!(c.post(Some(&s), &answer.to_string()).status, 202);
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(
+        fin["result"]["content"][0]["text"], "LLM response: hi there",
+        "{fin}"
+    );
+    // A client without the sampling capability gets an error saying so.
+    let s2 = c.initialize("2025-06-18");
+    let mut stream = open_stream(&b, &s2, call);
+    let (body, _) = stream.read_chunked(None);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let fin = msgs.last().unwrap();
+    assert!(
+        fin["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sampling"),
+        "{fin}"
+    );
+}

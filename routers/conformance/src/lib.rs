@@ -64,6 +64,8 @@ const TEMPLATE_SUFFIX: &str = "/data";
 /// The argument under which the broker hands a tool the client's answer to
 /// its elicitation.
 const ELICITATION_ARG: &str = "_elicitation";
+/// Where the broker puts the client's sampling result on the second call.
+const SAMPLING_ARG: &str = "_sampling";
 
 /// Values offered by `complete` for the arguments of
 /// `test_prompt_with_arguments` (the spec's own example).
@@ -398,8 +400,8 @@ impl Guest for Conformance {
             ),
             tool(
                 "test_sampling",
-                "Tests server-initiated sampling (the router world cannot request sampling: \
-                 answers isError)",
+                "Tests server-initiated sampling (through the broker's mcp-broker/sample \
+                 convention)",
                 r#"{"type":"object","properties":{"prompt":{"type":"string","description":"The prompt to send to the LLM"}},"required":["prompt"]}"#,
             ),
             tool(
@@ -496,10 +498,38 @@ impl Guest for Conformance {
                 "Reconnection test completed successfully. If you received this, the client \
                  properly reconnected after stream closure.",
             )])),
-            "test_sampling" => Ok(failed(
-                "Sampling not supported: the router world can ask its client for an \
-                 elicitation only, never for sampling/createMessage",
-            )),
+            // The router world cannot ask for sampling itself: the first call
+            // returns the sampling/createMessage params under the broker's
+            // meta key; the broker asks the client and calls again with the
+            // client's CreateMessageResult as `_sampling`.
+            "test_sampling" => match args.get(SAMPLING_ARG) {
+                None => {
+                    let prompt = args.get("prompt").and_then(Value::as_str).ok_or_else(|| {
+                        ToolError::InvalidParameters("`prompt` (string) is required".into())
+                    })?;
+                    let params = json!({
+                        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+                        "maxTokens": 100
+                    });
+                    Ok(Response::Completed(ToolResult {
+                        content: vec![text("sampling requested")],
+                        structured_content: None,
+                        progress: None,
+                        meta: Some(vec![MetaEntry {
+                            key: "mcp-broker/sample".into(),
+                            value: params.to_string(),
+                        }]),
+                        is_error: None,
+                    }))
+                }
+                Some(result) => {
+                    let said = result
+                        .pointer("/content/text")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    Ok(completed(vec![text(format!("LLM response: {said}"))]))
+                }
+            },
             "test_elicitation" => {
                 let message = args
                     .get("message")

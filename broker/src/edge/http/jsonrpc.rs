@@ -450,6 +450,8 @@ pub struct RequestInfo<'a> {
     /// initialize: `params.capabilities.elicitation` covers form mode
     /// (present, and not `{"url":{}}` alone).
     pub client_elicitation: bool,
+    /// initialize: `params.capabilities.sampling` is present.
+    pub client_sampling: bool,
     /// logging/setLevel: `params.level`, one of [`LOG_LEVELS`].
     pub log_level: Option<&'static str>,
     /// tools/call: `params.name`.
@@ -467,6 +469,7 @@ impl RequestInfo<'_> {
             progress_token: None,
             protocol_version: None,
             client_elicitation: false,
+            client_sampling: false,
             log_level: None,
             tool_name: None,
             uri: None,
@@ -548,6 +551,8 @@ struct Meta<'a> {
 struct Capabilities<'a> {
     #[serde(borrow, default)]
     elicitation: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    sampling: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -693,6 +698,46 @@ fn members<'a>(raw: Option<&'a RawValue>) -> Result<Members<'a>, RpcError<'a>> {
 /// into the re-called tool (docs/http.md); reserved in every tool call.
 pub const ELICITATION_ARG: &str = "_elicitation";
 
+/// The tool argument that carries a client's answer to a sampling request
+/// (`sampling/createMessage`) into the re-called tool; reserved likewise.
+pub const SAMPLING_ARG: &str = "_sampling";
+
+/// The tool-result `meta` key by which a router asks the client for an LLM
+/// completion: its value is the `sampling/createMessage` params (a JSON
+/// object); the broker sends the request and calls the tool again with the
+/// client's result under [`SAMPLING_ARG`] (docs/http.md).
+pub const SAMPLING_META_KEY: &str = "mcp-broker/sample";
+
+/// The `sampling/createMessage` params a final ToolResult frame asks for
+/// under [`SAMPLING_META_KEY`], when it is one JSON object.
+pub fn sampling_request(frame: &[u8]) -> Option<&str> {
+    // Most results do not ask: a byte search spares them a verification.
+    let key = SAMPLING_META_KEY.as_bytes();
+    if !frame.windows(key.len()).any(|w| w == key) {
+        return None;
+    }
+    let tr = ResponseView::parse(frame)
+        .ok()?
+        .response
+        .payload_as_tool_result()?;
+    let v = tr
+        .metadata()?
+        .iter()
+        .find(|kv| kv.key() == SAMPLING_META_KEY)?
+        .value()?;
+    json_object(v)
+}
+
+/// `sampling/createMessage` with our own `id` and the router's `params`
+/// (checked to be one JSON object by [`sampling_request`]).
+pub fn write_sampling_create(out: &mut Vec<u8>, id: &str, params: &str) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    write_json_string(id, out);
+    out.extend_from_slice(b",\"method\":\"sampling/createMessage\",\"params\":");
+    out.extend_from_slice(params.trim().as_bytes());
+    out.push(b'}');
+}
+
 /// Builds the Request frame for `method` with `params` into `enc` (header
 /// `h` carries message id, correlation id, session id, timeout; a tool
 /// call's id is the message id). Bad params → -32602 naming what is wrong
@@ -740,6 +785,7 @@ pub fn request_frame<'e, 'a>(
             let name = opt_string(client.name, "clientInfo.name")?;
             let ver = opt_string(client.version, "clientInfo.version")?;
             info.client_elicitation = form_elicitation(caps.elicitation);
+            info.client_sampling = caps.sampling.is_some_and(|v| first_byte(v) == b'{');
             let frame = enc.initialize(
                 h,
                 frame_version(&version),
@@ -761,7 +807,10 @@ pub fn request_frame<'e, 'a>(
             kvs.extend(args.iter().map(|(k, v)| (&**k, v.get())));
             // Reserved whether or not this call carries an answer: a client
             // must not be able to forge the answer to an elicitation.
-            for key in std::iter::once(ELICITATION_ARG).chain(extra.map(|e| e.0)) {
+            for key in [ELICITATION_ARG, SAMPLING_ARG]
+                .into_iter()
+                .chain(extra.map(|e| e.0))
+            {
                 if kvs.iter().any(|(k, _)| *k == key) {
                     return Err(RpcError::invalid_params(format!(
                         "Invalid params: the argument name `{key}` is reserved"
