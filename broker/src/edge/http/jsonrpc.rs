@@ -19,11 +19,13 @@
 //!
 //! | frame code            | method                                 | JSON-RPC error            | why |
 //! |-----------------------|----------------------------------------|---------------------------|-----|
-//! | NotFound -32601       | `tools/call`                           | -32602, `Unknown tool: <name>` | MCP: an unknown tool is invalid params (MCP's wording) |
+//! | NotFound -32601       | `tools/call`, the broker's unknown tool | -32602, `Unknown tool: <name>` | MCP: an unknown tool is invalid params (MCP's wording) |
+//! | NotFound -32601       | `tools/call`, from the router          | a result, `isError: true` | the tool found no such thing: business logic, which the model should see |
 //! | NotFound -32601       | `prompts/get`, `completion/complete`   | -32602, frame message     | MCP: an unknown prompt (or completion ref) is invalid params |
 //! | NotFound -32601       | `resources/read`, `resources/(un)subscribe` | -32002, data `{"uri":…}` | MCP: resource not found |
 //! | NotFound -32601       | any other                              | -32601                    | no router serves that kind of request: method not found |
 //! | ExecutionError -32005 | `tools/call`                           | a result, `isError: true` | MCP: a tool's own failure is a result the model sees |
+//! | InvalidParams -32602  | `tools/call`                           | a result, `isError: true` | MCP 2025-11-25: a tool's input validation error is a tool execution error (the unknown tool is NotFound, above) |
 //! | ParseError -32700     | any                                    | -32603                    | the broker could not read the frame this edge built: an edge bug, not the client's JSON |
 //! | every other code      | any                                    | same code and message     | InvalidRequest -32600, InvalidParams -32602 (bad cursor included), Internal -32603, and the broker's own: Overloaded -32000, DeadlineExceeded -32001, RouterFault -32002, Unauthorized -32003, ShuttingDown -32004, ExecutionError -32005 |
 //!
@@ -1433,7 +1435,19 @@ fn write_frame_error(
     e: mcp_schema::fb::Error<'_>,
 ) {
     let frame_code = e.code();
-    if method == Method::CallTool && frame_code == ErrorCode::ExecutionError.code() {
+    // A tool's own failure and its refusal of the arguments it was given
+    // are tool execution errors, which MCP (2025-11-25) wants as results
+    // the model can read and correct; an unknown tool or a malformed
+    // request stays a protocol error. The frame edge's InvalidParams for a
+    // tool call comes only from the router or from an argument that is not
+    // one JSON value, which this edge's parser never lets through.
+    // A NotFound from the router itself (a key, a record: business logic)
+    // is one too; only the broker's own "unknown tool `name`"
+    // (`dispatch::not_found`) is the protocol's unknown tool.
+    let tool_failure = frame_code == ErrorCode::ExecutionError.code()
+        || frame_code == ErrorCode::InvalidParams.code()
+        || (frame_code == ErrorCode::NotFound.code() && !e.message().starts_with("unknown tool `"));
+    if method == Method::CallTool && tool_failure {
         let mut o = envelope_start(out, Some(id));
         let mut t = Obj::new(o.key("result"));
         let mut c = Arr::new(t.key("content"));
@@ -2825,14 +2839,19 @@ mod tests {
             .error(&TO, ErrorCode::InvalidParams, "m", Some(r#"{"field":"a"}"#))
             .to_vec();
         assert_eq!(
-            response("1", Method::CallTool, &f)["error"]["data"],
+            response("1", Method::GetPrompt, &f)["error"]["data"],
             json!({"field":"a"})
+        );
+        // On a tool call, a refusal of the arguments is the tool's result.
+        assert_eq!(
+            response("1", Method::CallTool, &f)["result"],
+            json!({"content":[{"type":"text","text":"m"}],"isError":true})
         );
         let f = enc
             .error(&TO, ErrorCode::InvalidParams, "m", Some("1,\"x\":2"))
             .to_vec();
         assert_eq!(
-            response("1", Method::CallTool, &f)["error"]["data"],
+            response("1", Method::GetPrompt, &f)["error"]["data"],
             json!("1,\"x\":2")
         );
         // An unreadable frame is the broker's fault.
