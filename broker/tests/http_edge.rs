@@ -194,7 +194,23 @@ fn every_method_is_served_through_the_routers_on_one_kept_alive_connection() {
         r#"{"name":"get","arguments":{"key":"k"}}"#,
     );
     assert!(!v.to_string().contains("v1"), "{v}");
-    assert!(b.metric_sum("mcp_requests_total{edge=\"http\"") >= 0.0);
+    // Counted in /metrics under edge="http", by router and outcome.
+    let (status, text) = b.http_get("/metrics");
+    assert_eq!(status, 200);
+    let http_ok: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("mcp_requests_total{edge=\"http\"") && l.contains("outcome=\"ok\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(http_ok >= 15.0, "{http_ok}: {text}");
+    assert!(
+        text.contains(
+            "mcp_requests_total{edge=\"http\",router=\"kv\",kind=\"call_tool\",outcome=\"ok\"}"
+        ),
+        "{text}"
+    );
 }
 
 #[test]
