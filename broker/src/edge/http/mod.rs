@@ -1309,7 +1309,7 @@ impl Continuation {
 
 /// Whether a session logging at `level` receives messages of `severity`.
 fn level_allows(level: &str, severity: &str) -> bool {
-    let rank = |l: &str| session::LEVELS.iter().position(|x| *x == l).unwrap_or(0);
+    let rank = |l: &str| jsonrpc::level_rank(l).unwrap_or(0);
     rank(severity) >= rank(level)
 }
 

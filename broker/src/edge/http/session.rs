@@ -135,16 +135,7 @@ pub struct Session {
 }
 
 /// MCP log levels, least severe first (RFC 5424 order).
-pub const LEVELS: [&str; 8] = [
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-];
+pub use super::jsonrpc::LOG_LEVELS as LEVELS;
 
 /// Where an SSE event goes: a stream of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
