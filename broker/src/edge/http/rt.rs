@@ -188,8 +188,11 @@ where
         if let Err(e) = res {
             self.wr_error.get_or_insert(e);
         }
-        buf.clear();
-        self.wr_spare = Some(buf);
+        // A buffer one large response grew is not kept for the small ones.
+        if buf.capacity() <= 2 * WRITE_HIGH_WATER {
+            buf.clear();
+            self.wr_spare = Some(buf);
+        }
         Poll::Ready(())
     }
 
