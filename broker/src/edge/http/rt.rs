@@ -102,19 +102,15 @@ type ReadOp = (BufResult<usize, Vec<u8>>, OwnedReadHalf<TcpStream>);
 type WriteOp = (BufResult<usize, Vec<u8>>, OwnedWriteHalf<TcpStream>);
 
 /// One `recv` into an owned buffer; the half comes back with the result.
-fn recv(mut half: OwnedReadHalf<TcpStream>, buf: Vec<u8>) -> impl Future<Output = ReadOp> {
-    async move {
-        let r = half.read(buf).await;
-        (r, half)
-    }
+async fn recv(mut half: OwnedReadHalf<TcpStream>, buf: Vec<u8>) -> ReadOp {
+    let r = half.read(buf).await;
+    (r, half)
 }
 
 /// Sends all of an owned buffer (a short send is continued, not reported).
-fn send(mut half: OwnedWriteHalf<TcpStream>, buf: Vec<u8>) -> impl Future<Output = WriteOp> {
-    async move {
-        let r = half.write_all(buf).await;
-        (r, half)
-    }
+async fn send(mut half: OwnedWriteHalf<TcpStream>, buf: Vec<u8>) -> WriteOp {
+    let r = half.write_all(buf).await;
+    (r, half)
 }
 
 /// A TCP stream as hyper's I/O, over owned-buffer completion ops.
@@ -258,13 +254,13 @@ where
         mut out: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(buf) = &this.rd_buf {
-            if this.rd_pos < buf.len() {
-                let n = out.remaining().min(buf.len() - this.rd_pos);
-                out.put_slice(&buf[this.rd_pos..this.rd_pos + n]);
-                this.rd_pos += n;
-                return Poll::Ready(Ok(()));
-            }
+        if let Some(buf) = &this.rd_buf
+            && this.rd_pos < buf.len()
+        {
+            let n = out.remaining().min(buf.len() - this.rd_pos);
+            out.put_slice(&buf[this.rd_pos..this.rd_pos + n]);
+            this.rd_pos += n;
+            return Poll::Ready(Ok(()));
         }
         if this.rd_op.is_none() {
             let half = this.rd.take().expect("no recv in flight");
