@@ -69,6 +69,83 @@ fn meta(fbb: &mut Fbb, m: &Option<Vec<w::MetaEntry>>) -> Option<KeyValues> {
     Some(fbb.create_vector(&kvs))
 }
 
+/// [`meta`] less the entries named `skip` (the broker's own conventions,
+/// which it turns into frames rather than pass on).
+fn meta_without(fbb: &mut Fbb, m: &Option<Vec<w::MetaEntry>>, skip: &str) -> Option<KeyValues> {
+    match m {
+        Some(m) if m.iter().any(|e| e.key == skip) => {
+            let kept: Vec<w::MetaEntry> = m.iter().filter(|e| e.key != skip).cloned().collect();
+            meta(fbb, &Some(kept))
+        }
+        _ => meta(fbb, m),
+    }
+}
+
+/// The tool-result `meta` key whose value, a JSON array of MCP log
+/// messages (`{"level":"info","logger":"…","data":…}`), the broker sends as
+/// log notifications before the result: the seed router world has no
+/// logging import, so a router reports what it logged during the call this
+/// way (routers/README.md). The entry itself is not passed on in `_meta`.
+pub const LOG_META_KEY: &str = "mcp-broker/log";
+
+/// Most log notifications one result may carry; the rest are dropped (the
+/// result itself is bounded by `max_result_bytes`, this bounds the frames).
+const MAX_LOGS_PER_RESULT: usize = 64;
+
+/// LogMessage frames for the [`LOG_META_KEY`] entries of `tr`. An entry
+/// that is not such an array is ignored (and still not passed on).
+fn log_frames(enc: &mut ResponseEncoder, out: &mut Vec<u8>, to: &ReplyTo<'_>, tr: &w::ToolResult) {
+    #[derive(serde::Deserialize)]
+    struct Entry<'a> {
+        #[serde(borrow)]
+        level: std::borrow::Cow<'a, str>,
+        #[serde(default, borrow)]
+        logger: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow)]
+        data: &'a serde_json::value::RawValue,
+    }
+    let entries = tr
+        .meta
+        .iter()
+        .flatten()
+        .filter(|e| e.key == LOG_META_KEY)
+        .filter_map(|e| serde_json::from_str::<Vec<Entry<'_>>>(&e.value).ok())
+        .flatten()
+        .take(MAX_LOGS_PER_RESULT);
+    for e in entries {
+        let level = match &*e.level {
+            "debug" => p::LogLevel::Debug,
+            "info" | "notice" => p::LogLevel::Info,
+            "warning" => p::LogLevel::Warning,
+            "error" => p::LogLevel::Error,
+            _ => p::LogLevel::Critical,
+        };
+        // A string is the message itself; anything else its JSON text.
+        let data = serde_json::from_str::<String>(e.data.get()).map_or_else(
+            |_| std::borrow::Cow::Borrowed(e.data.get()),
+            std::borrow::Cow::Owned,
+        );
+        let fbb = enc.begin();
+        let message = fbb.create_string(&data);
+        let source = e.logger.as_deref().map(|l| fbb.create_string(l));
+        let m = p::LogMessage::create(
+            fbb,
+            &p::LogMessageArgs {
+                level,
+                message: Some(message),
+                source,
+                ..Default::default()
+            },
+        );
+        out.extend_from_slice(enc.finish(
+            to,
+            p::ResponsePayload::LogMessage,
+            m.as_union_value(),
+            true,
+        ));
+    }
+}
+
 fn text(
     fbb: &mut Fbb,
     t: &str,
@@ -188,6 +265,7 @@ pub fn tool_response(
 ) {
     match r {
         w::Response::Completed(tr) => {
+            log_frames(enc, out, to, tr);
             let steps = tr.progress.as_ref().map_or(0, |p| p.len());
             for (i, pr) in tr.progress.iter().flatten().enumerate() {
                 let fbb = enc.begin();
@@ -212,7 +290,7 @@ pub fn tool_response(
             let (fbb, blocks) = enc.begin_with_content();
             blocks.extend(tr.content.iter().map(|b| content_block(fbb, b)));
             let structured_content = opt_str(fbb, &tr.structured_content);
-            let metadata = meta(fbb, &tr.meta);
+            let metadata = meta_without(fbb, &tr.meta, LOG_META_KEY);
             let is_error = tr.is_error.unwrap_or(false);
             let res = create_tool_result(
                 fbb,

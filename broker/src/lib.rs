@@ -1,7 +1,8 @@
 //! `mcp-broker`: the thread-per-core MCP broker.
 //!
 //! See `ARCHITECTURE.md` at the repository root for the bird's-eye view and
-//! the request path. Module map: [`shard`] (threads, listeners, connections),
+//! the request path. Module map: [`shard`] (threads, runtimes, drain),
+//! [`edge`] (frames, gRPC and MCP HTTP: the three ways in),
 //! [`dispatch`] (one request → its responses), [`route`] (the immutable route
 //! table), [`adapt`] (WIT results → wire frames), [`wasm`] (the only module
 //! that knows wasmtime), [`config`], [`metrics`], [`process`] (the CPU mask

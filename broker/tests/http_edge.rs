@@ -194,7 +194,23 @@ fn every_method_is_served_through_the_routers_on_one_kept_alive_connection() {
         r#"{"name":"get","arguments":{"key":"k"}}"#,
     );
     assert!(!v.to_string().contains("v1"), "{v}");
-    assert!(b.metric_sum("mcp_requests_total{edge=\"http\"") >= 0.0);
+    // Counted in /metrics under edge="http", by router and outcome.
+    let (status, text) = b.http_get("/metrics");
+    assert_eq!(status, 200);
+    let http_ok: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("mcp_requests_total{edge=\"http\"") && l.contains("outcome=\"ok\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(http_ok >= 15.0, "{http_ok}: {text}");
+    assert!(
+        text.contains(
+            "mcp_requests_total{edge=\"http\",router=\"kv\",kind=\"call_tool\",outcome=\"ok\"}"
+        ),
+        "{text}"
+    );
 }
 
 #[test]
@@ -685,5 +701,202 @@ fn a_drain_finishes_the_http_call_in_flight_and_refuses_new_work() {
             .as_str()
             .is_some_and(|t| t.contains("slept")),
         "{v}"
+    );
+}
+
+/// The broker serving the `conformance` router (which elicits and reports
+/// progress), with `keys` in its `[http]` table.
+fn conformance(keys: &str) -> Broker {
+    let toml = include_str!("fixtures/conformance.toml");
+    Broker::start_with_config(&common::with_http_keys(toml, keys), &[])
+}
+
+/// POSTs `body` and returns the connection with the SSE answer's head read.
+fn open_stream(b: &Broker, session: &str, body: &str) -> Conn {
+    let mut c = Conn::connect(b.http);
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let (status, headers) = c.read_head();
+    assert_eq!(status, 200);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
+        "{headers:?}"
+    );
+    c
+}
+
+#[test]
+fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
+    );
+    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("elicitation/create")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let ask = msgs.last().unwrap();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    assert!(ask["params"]["requestedSchema"].is_object(), "{ask}");
+    // The answer arrives on another connection (any shard), as 202.
+    let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}});
+    let r = c.post(Some(&s), &answer.to_string());
+    assert_eq!(r.status, 202, "{}", r.text());
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended, "the stream ends with the answer");
+    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], 5, "{fin}");
+    assert!(fin["result"].to_string().contains("accept"), "{fin}");
+}
+
+#[test]
+fn an_elicitation_the_client_never_answers_fails_at_the_timeout() {
+    let b = conformance("client_answer_timeout = \"300ms\"");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
+    );
+    let t0 = Instant::now();
+    let (body, ended) = stream.read_chunked(None);
+    assert!(ended);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], 6);
+    assert_eq!(fin["error"]["code"], -32001, "{fin}");
+}
+
+#[test]
+fn progress_reaches_a_client_that_asked_for_it_before_the_result() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-11-25");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"test_tool_with_progress","arguments":{},"_meta":{"progressToken":"tok-1"}}}"#,
+    );
+    let (body, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let text = String::from_utf8(body).unwrap();
+    // Primed first (2025-11-25), then progress, then the result.
+    assert!(text.starts_with("id: "), "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let progress: Vec<_> = msgs
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert!(progress.len() >= 2, "{msgs:?}");
+    assert!(
+        progress
+            .iter()
+            .all(|m| m["params"]["progressToken"] == "tok-1")
+    );
+    assert_eq!(msgs.last().unwrap()["id"], 7);
+    assert!(msgs.last().unwrap()["result"].is_object());
+    // Without a token the same call is one JSON answer.
+    let v = c.call(
+        &s,
+        8,
+        "tools/call",
+        r#"{"name":"test_tool_with_progress","arguments":{}}"#,
+    );
+    assert!(v["result"].is_object(), "{v}");
+}
+
+#[test]
+fn what_a_tool_logged_reaches_a_session_that_set_a_level_filtered_by_it() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let call = r#"{"name":"test_tool_with_logging","arguments":{}}"#;
+    // No level set: one JSON answer, no logs, and no broker key in _meta.
+    let v = c.call(&s, 1, "tools/call", call);
+    assert!(v["result"]["content"].is_array(), "{v}");
+    assert!(!v.to_string().contains("mcp-broker/log"), "{v}");
+    // Level info: the three info messages, then the answer.
+    c.call(&s, 2, "logging/setLevel", r#"{"level":"info"}"#);
+    let mut stream = open_stream(
+        &b,
+        &s,
+        &format!(r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{call}}}"#),
+    );
+    let (body, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let logs: Vec<_> = msgs
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .collect();
+    assert_eq!(logs.len(), 3, "{msgs:?}");
+    assert_eq!(logs[0]["params"]["level"], "info");
+    assert_eq!(logs[0]["params"]["data"], "Tool execution started");
+    assert_eq!(msgs.last().unwrap()["id"], 3);
+    // Level error: info messages are filtered out.
+    c.call(&s, 4, "logging/setLevel", r#"{"level":"error"}"#);
+    let mut stream = open_stream(
+        &b,
+        &s,
+        &format!(r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{call}}}"#),
+    );
+    let (body, _) = stream.read_chunked(None);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert_eq!(msgs[0]["id"], 5);
+}
+
+#[test]
+fn a_sampling_request_round_trip_ends_in_the_tools_result_and_needs_the_capability() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let r = c.post(
+        None,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"sampling":{}},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    let s = r.header("mcp-session-id").unwrap().to_string();
+    let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"test_sampling","arguments":{"prompt":"Say hi"}}}"#;
+    let mut stream = open_stream(&b, &s, call);
+    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("sampling/createMessage")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let ask = msgs.last().unwrap();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    assert_eq!(ask["params"]["messages"][0]["content"]["text"], "Say hi");
+    let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"role":"assistant","content":{"type":"text","text":"hi there"},"model":"m"}});
+    assert_eq!(c.post(Some(&s), &answer.to_string()).status, 202);
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(
+        fin["result"]["content"][0]["text"], "LLM response: hi there",
+        "{fin}"
+    );
+    // A client without the sampling capability gets an error saying so.
+    let s2 = c.initialize("2025-06-18");
+    let mut stream = open_stream(&b, &s2, call);
+    let (body, _) = stream.read_chunked(None);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let fin = msgs.last().unwrap();
+    assert!(
+        fin["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sampling"),
+        "{fin}"
     );
 }

@@ -35,7 +35,7 @@ use monoio::net::{TcpListener, TcpStream};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Same read chunk as the broker's shard (`shard::READ_CHUNK`).
+/// Same read chunk as the broker's shard (`edge::frames::READ_CHUNK`).
 const READ_CHUNK: usize = 16 * 1024;
 
 fn main() {

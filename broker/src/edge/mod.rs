@@ -8,5 +8,6 @@
 //! Every edge turns its input into the same `VerifiedRequest` and runs it
 //! through `crate::dispatch::handle`.
 
+pub mod frames;
 pub mod grpc;
 pub mod http;

@@ -135,11 +135,18 @@ def scenario(cli: Inspector) -> None:
         {"structuredContent": {"key": key, "replaced": False}},
         r,
     )
+    # A missing key is the tool's own failure: a result with isError (MCP
+    # 2025-11-25), whose text names the key.
     p = cli.run("--method", "tools/call", "--tool-name", "get", "--tool-arg", f"key={key}")
+    # (The CLI prints the result and exits non-zero for an isError result.)
+    try:
+        got = json.loads(p.stdout).get("result", {})
+    except ValueError:
+        got = {}
     expect(
         "kv get in a new invocation (a new session) does not find the key",
-        p.returncode != 0 and key in (p.stdout + p.stderr),
-        "a failed call naming the key",
+        p.returncode != 0 and got.get("isError") is True and key in p.stdout,
+        "an isError result naming the key",
         {"exit": p.returncode, "stdout": p.stdout, "stderr": p.stderr},
     )
 

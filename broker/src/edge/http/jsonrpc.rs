@@ -19,11 +19,13 @@
 //!
 //! | frame code            | method                                 | JSON-RPC error            | why |
 //! |-----------------------|----------------------------------------|---------------------------|-----|
-//! | NotFound -32601       | `tools/call`                           | -32602, `Unknown tool: <name>` | MCP: an unknown tool is invalid params (MCP's wording) |
+//! | NotFound -32601       | `tools/call`, the broker's unknown tool | -32602, `Unknown tool: <name>` | MCP: an unknown tool is invalid params (MCP's wording) |
+//! | NotFound -32601       | `tools/call`, from the router          | a result, `isError: true` | the tool found no such thing: business logic, which the model should see |
 //! | NotFound -32601       | `prompts/get`, `completion/complete`   | -32602, frame message     | MCP: an unknown prompt (or completion ref) is invalid params |
 //! | NotFound -32601       | `resources/read`, `resources/(un)subscribe` | -32002, data `{"uri":…}` | MCP: resource not found |
 //! | NotFound -32601       | any other                              | -32601                    | no router serves that kind of request: method not found |
 //! | ExecutionError -32005 | `tools/call`                           | a result, `isError: true` | MCP: a tool's own failure is a result the model sees |
+//! | InvalidParams -32602  | `tools/call`                           | a result, `isError: true` | MCP 2025-11-25: a tool's input validation error is a tool execution error (the unknown tool is NotFound, above) |
 //! | ParseError -32700     | any                                    | -32603                    | the broker could not read the frame this edge built: an edge bug, not the client's JSON |
 //! | every other code      | any                                    | same code and message     | InvalidRequest -32600, InvalidParams -32602 (bad cursor included), Internal -32603, and the broker's own: Overloaded -32000, DeadlineExceeded -32001, RouterFault -32002, Unauthorized -32003, ShuttingDown -32004, ExecutionError -32005 |
 //!
@@ -450,6 +452,8 @@ pub struct RequestInfo<'a> {
     /// initialize: `params.capabilities.elicitation` covers form mode
     /// (present, and not `{"url":{}}` alone).
     pub client_elicitation: bool,
+    /// initialize: `params.capabilities.sampling` is present.
+    pub client_sampling: bool,
     /// logging/setLevel: `params.level`, one of [`LOG_LEVELS`].
     pub log_level: Option<&'static str>,
     /// tools/call: `params.name`.
@@ -467,6 +471,7 @@ impl RequestInfo<'_> {
             progress_token: None,
             protocol_version: None,
             client_elicitation: false,
+            client_sampling: false,
             log_level: None,
             tool_name: None,
             uri: None,
@@ -548,6 +553,8 @@ struct Meta<'a> {
 struct Capabilities<'a> {
     #[serde(borrow, default)]
     elicitation: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    sampling: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -693,6 +700,46 @@ fn members<'a>(raw: Option<&'a RawValue>) -> Result<Members<'a>, RpcError<'a>> {
 /// into the re-called tool (docs/http.md); reserved in every tool call.
 pub const ELICITATION_ARG: &str = "_elicitation";
 
+/// The tool argument that carries a client's answer to a sampling request
+/// (`sampling/createMessage`) into the re-called tool; reserved likewise.
+pub const SAMPLING_ARG: &str = "_sampling";
+
+/// The tool-result `meta` key by which a router asks the client for an LLM
+/// completion: its value is the `sampling/createMessage` params (a JSON
+/// object); the broker sends the request and calls the tool again with the
+/// client's result under [`SAMPLING_ARG`] (docs/http.md).
+pub const SAMPLING_META_KEY: &str = "mcp-broker/sample";
+
+/// The `sampling/createMessage` params a final ToolResult frame asks for
+/// under [`SAMPLING_META_KEY`], when it is one JSON object.
+pub fn sampling_request(frame: &[u8]) -> Option<&str> {
+    // Most results do not ask: a byte search spares them a verification.
+    let key = SAMPLING_META_KEY.as_bytes();
+    if !frame.windows(key.len()).any(|w| w == key) {
+        return None;
+    }
+    let tr = ResponseView::parse(frame)
+        .ok()?
+        .response
+        .payload_as_tool_result()?;
+    let v = tr
+        .metadata()?
+        .iter()
+        .find(|kv| kv.key() == SAMPLING_META_KEY)?
+        .value()?;
+    json_object(v)
+}
+
+/// `sampling/createMessage` with our own `id` and the router's `params`
+/// (checked to be one JSON object by [`sampling_request`]).
+pub fn write_sampling_create(out: &mut Vec<u8>, id: &str, params: &str) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    write_json_string(id, out);
+    out.extend_from_slice(b",\"method\":\"sampling/createMessage\",\"params\":");
+    out.extend_from_slice(params.trim().as_bytes());
+    out.push(b'}');
+}
+
 /// Builds the Request frame for `method` with `params` into `enc` (header
 /// `h` carries message id, correlation id, session id, timeout; a tool
 /// call's id is the message id). Bad params → -32602 naming what is wrong
@@ -740,6 +787,7 @@ pub fn request_frame<'e, 'a>(
             let name = opt_string(client.name, "clientInfo.name")?;
             let ver = opt_string(client.version, "clientInfo.version")?;
             info.client_elicitation = form_elicitation(caps.elicitation);
+            info.client_sampling = caps.sampling.is_some_and(|v| first_byte(v) == b'{');
             let frame = enc.initialize(
                 h,
                 frame_version(&version),
@@ -761,7 +809,10 @@ pub fn request_frame<'e, 'a>(
             kvs.extend(args.iter().map(|(k, v)| (&**k, v.get())));
             // Reserved whether or not this call carries an answer: a client
             // must not be able to forge the answer to an elicitation.
-            for key in std::iter::once(ELICITATION_ARG).chain(extra.map(|e| e.0)) {
+            for key in [ELICITATION_ARG, SAMPLING_ARG]
+                .into_iter()
+                .chain(extra.map(|e| e.0))
+            {
                 if kvs.iter().any(|(k, _)| *k == key) {
                     return Err(RpcError::invalid_params(format!(
                         "Invalid params: the argument name `{key}` is reserved"
@@ -1384,7 +1435,19 @@ fn write_frame_error(
     e: mcp_schema::fb::Error<'_>,
 ) {
     let frame_code = e.code();
-    if method == Method::CallTool && frame_code == ErrorCode::ExecutionError.code() {
+    // A tool's own failure and its refusal of the arguments it was given
+    // are tool execution errors, which MCP (2025-11-25) wants as results
+    // the model can read and correct; an unknown tool or a malformed
+    // request stays a protocol error. The frame edge's InvalidParams for a
+    // tool call comes only from the router or from an argument that is not
+    // one JSON value, which this edge's parser never lets through.
+    // A NotFound from the router itself (a key, a record: business logic)
+    // is one too; only the broker's own "unknown tool `name`"
+    // (`dispatch::not_found`) is the protocol's unknown tool.
+    let tool_failure = frame_code == ErrorCode::ExecutionError.code()
+        || frame_code == ErrorCode::InvalidParams.code()
+        || (frame_code == ErrorCode::NotFound.code() && !e.message().starts_with("unknown tool `"));
+    if method == Method::CallTool && tool_failure {
         let mut o = envelope_start(out, Some(id));
         let mut t = Obj::new(o.key("result"));
         let mut c = Arr::new(t.key("content"));
@@ -2776,14 +2839,19 @@ mod tests {
             .error(&TO, ErrorCode::InvalidParams, "m", Some(r#"{"field":"a"}"#))
             .to_vec();
         assert_eq!(
-            response("1", Method::CallTool, &f)["error"]["data"],
+            response("1", Method::GetPrompt, &f)["error"]["data"],
             json!({"field":"a"})
+        );
+        // On a tool call, a refusal of the arguments is the tool's result.
+        assert_eq!(
+            response("1", Method::CallTool, &f)["result"],
+            json!({"content":[{"type":"text","text":"m"}],"isError":true})
         );
         let f = enc
             .error(&TO, ErrorCode::InvalidParams, "m", Some("1,\"x\":2"))
             .to_vec();
         assert_eq!(
-            response("1", Method::CallTool, &f)["error"]["data"],
+            response("1", Method::GetPrompt, &f)["error"]["data"],
             json!("1,\"x\":2")
         );
         // An unreadable frame is the broker's fault.

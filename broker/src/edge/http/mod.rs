@@ -569,7 +569,7 @@ impl HttpEdge {
         // Build and run the frame first: bad params are refused before a
         // session exists.
         let mut out = Vec::new();
-        let (info_version, elicitation, called) = {
+        let (info_version, (elicitation, sampling), called) = {
             let h = self.header(None);
             let built = {
                 let mut enc = self.enc.borrow_mut();
@@ -583,8 +583,8 @@ impl HttpEdge {
                 }
                 Ok((frame, info)) => {
                     let version = negotiate(info.protocol_version.as_deref());
-                    let elicitation = info.client_elicitation;
-                    (version, elicitation, self.run(frame, arrived, None).await)
+                    let caps = (info.client_elicitation, info.client_sampling);
+                    (version, caps, self.run(frame, arrived, None).await)
                 }
             }
         };
@@ -602,29 +602,30 @@ impl HttpEdge {
             jsonrpc::write_response(&mut out, id, Method::Initialize, fin, info_version);
             return json_response(StatusCode::OK, out);
         }
-        let session = match self
-            .sessions()
-            .create(self.ctx.index, info_version, elicitation)
-        {
-            Ok(s) => s,
-            Err(e @ session::SessionError::Full(_)) => {
-                let mut r = refuse(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    ErrorCode::Overloaded.code(),
-                    &e.to_string(),
-                );
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return r;
-            }
-            Err(e) => {
-                return refuse(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    ErrorCode::Internal.code(),
-                    &e.to_string(),
-                );
-            }
-        };
+        let session =
+            match self
+                .sessions()
+                .create(self.ctx.index, info_version, elicitation, sampling)
+            {
+                Ok(s) => s,
+                Err(e @ session::SessionError::Full(_)) => {
+                    let mut r = refuse(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        ErrorCode::Overloaded.code(),
+                        &e.to_string(),
+                    );
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    return r;
+                }
+                Err(e) => {
+                    return refuse(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        ErrorCode::Internal.code(),
+                        &e.to_string(),
+                    );
+                }
+            };
         jsonrpc::write_response(&mut out, id, Method::Initialize, fin, info_version);
         let mut r = json_response(StatusCode::OK, out);
         if let Ok(v) = HeaderValue::from_str(&session.id) {
@@ -828,7 +829,10 @@ impl HttpEdge {
                 // Resource updates belong on the standalone GET stream, not
                 // to one request.
                 FrameKind::ResourceUpdated => {}
-                FrameKind::Final => last = Some(f),
+                FrameKind::Final => {
+                    more |= jsonrpc::sampling_request(f).is_some();
+                    last = Some(f);
+                }
             }
         }
         // A failed call is also told on the log stream of a session that
@@ -884,7 +888,10 @@ impl HttpEdge {
                         }
                     }
                     FrameKind::Log => {
-                        if session.level().is_some() {
+                        let wanted = session.level().is_some_and(|l| {
+                            jsonrpc::log_level_of(f).is_some_and(|at| level_allows(l, at))
+                        });
+                        if wanted {
                             jsonrpc::write_log(&mut buf, f);
                             session.emit(stream, Some(&buf));
                         }
@@ -894,9 +901,18 @@ impl HttpEdge {
                     FrameKind::Final => fin = Some(f.to_vec()),
                 }
             }
-            if let Some(f) = elicit {
+            let ask = match (&elicit, fin.as_deref().and_then(jsonrpc::sampling_request)) {
+                (Some(f), _) => Some(Ask::Elicit(f)),
+                (None, Some(params)) => Some(Ask::Sample(params)),
+                (None, None) => None,
+            };
+            if let Some(ask) = ask {
                 rounds += 1;
-                match self.elicit(&session, stream, &f, rounds).await {
+                let arg = match ask {
+                    Ask::Elicit(_) => jsonrpc::ELICITATION_ARG,
+                    Ask::Sample(_) => jsonrpc::SAMPLING_ARG,
+                };
+                match self.ask_client(&session, stream, ask, rounds).await {
                     Ok(answer) => {
                         let params = c
                             .params
@@ -909,7 +925,7 @@ impl HttpEdge {
                                 c.method.name(),
                                 params.as_deref(),
                                 c.arrived,
-                                Some((jsonrpc::ELICITATION_ARG, &answer)),
+                                Some((arg, &answer)),
                             )
                             .await;
                         match next {
@@ -952,30 +968,47 @@ impl HttpEdge {
         session.close_stream(stream);
     }
 
-    /// One elicitation round trip: `elicitation/create` to the client on
-    /// `stream`, then its answer as the `_elicitation` argument's JSON.
-    async fn elicit(
+    /// One round trip to the client on `stream`: `elicitation/create` for
+    /// an elicit answer, `sampling/createMessage` for a result that asks for
+    /// sampling; then the client's answer, as the JSON of the argument the
+    /// tool is called again with.
+    async fn ask_client(
         &self,
         session: &Arc<Session>,
         stream: StreamId,
-        frame: &[u8],
+        ask: Ask<'_>,
         round: usize,
     ) -> Result<String, (i32, String)> {
-        if !session.client_elicitation {
+        let (capable, what) = match ask {
+            Ask::Elicit(_) => (
+                session.client_elicitation,
+                "asks the user for input (elicitation)",
+            ),
+            Ask::Sample(_) => (
+                session.client_sampling,
+                "asks the client's model for a completion (sampling)",
+            ),
+        };
+        if !capable {
             return Err((
                 ErrorCode::InvalidRequest.code(),
-                "the tool asks the user for input (elicitation), but this client did not declare the elicitation capability".into(),
+                format!("the tool {what}, but this client did not declare that capability"),
             ));
         }
         if round > MAX_ELICITATIONS {
             return Err((
                 ErrorCode::RouterFault.code(),
-                format!("the tool asked for input more than {MAX_ELICITATIONS} times in one call"),
+                format!("the tool asked the client more than {MAX_ELICITATIONS} times in one call"),
             ));
         }
         let (ask_id, rx) = session.ask();
         let mut buf = Vec::with_capacity(256);
-        jsonrpc::write_elicitation_create(&mut buf, &ask_id, frame);
+        match ask {
+            Ask::Elicit(frame) => {
+                jsonrpc::write_elicitation_create(&mut buf, &ask_id, frame);
+            }
+            Ask::Sample(params) => jsonrpc::write_sampling_create(&mut buf, &ask_id, params),
+        }
         session.emit(stream, Some(&buf));
         let answer = monoio::time::timeout(self.cfg.client_answer_timeout, rx).await;
         session.forget_ask(&ask_id);
@@ -990,8 +1023,7 @@ impl HttpEdge {
             Err(_) => {
                 return Err((
                     ErrorCode::DeadlineExceeded.code(),
-                    "the client did not answer the elicitation within http.client_answer_timeout"
-                        .into(),
+                    "the client did not answer within http.client_answer_timeout".into(),
                 ));
             }
         };
@@ -999,14 +1031,26 @@ impl HttpEdge {
             Ok(RpcBody::One(Message::Response {
                 result: Some(result),
                 ..
-            })) => jsonrpc::elicitation_answer(result).map_err(|e| (e.code, e.message)),
+            })) => match ask {
+                Ask::Elicit(_) => {
+                    jsonrpc::elicitation_answer(result).map_err(|e| (e.code, e.message))
+                }
+                // The client's CreateMessageResult, as it sent it.
+                Ask::Sample(_) if result.get().trim_start().starts_with('{') => {
+                    Ok(result.get().to_owned())
+                }
+                Ask::Sample(_) => Err((
+                    ErrorCode::InvalidRequest.code(),
+                    "the client's sampling result is not a JSON object".into(),
+                )),
+            },
             Ok(RpcBody::One(Message::Response { error: Some(e), .. })) => Err((
                 ErrorCode::InvalidRequest.code(),
-                format!("the client refused the elicitation: {}", e.get()),
+                format!("the client refused: {}", e.get()),
             )),
             _ => Err((
                 ErrorCode::InvalidRequest.code(),
-                "the client's answer to the elicitation is not a JSON-RPC response".into(),
+                "the client's answer is not a JSON-RPC response".into(),
             )),
         }
     }
@@ -1219,6 +1263,15 @@ impl NoSession {
     }
 }
 
+/// What the broker asks the client for in the middle of a tool call.
+#[derive(Clone, Copy)]
+enum Ask<'a> {
+    /// An ElicitationRequest frame.
+    Elicit(&'a [u8]),
+    /// `sampling/createMessage` params.
+    Sample(&'a str),
+}
+
 /// A request's answer: one JSON message, or a stream to continue.
 enum Answer {
     Json(Vec<u8>),
@@ -1250,7 +1303,7 @@ impl Continuation {
 
 /// Whether a session logging at `level` receives messages of `severity`.
 fn level_allows(level: &str, severity: &str) -> bool {
-    let rank = |l: &str| session::LEVELS.iter().position(|x| *x == l).unwrap_or(0);
+    let rank = |l: &str| jsonrpc::level_rank(l).unwrap_or(0);
     rank(severity) >= rank(level)
 }
 

@@ -117,6 +117,8 @@ pub struct Session {
     pub version: &'static str,
     /// The client declared the `elicitation` capability.
     pub client_elicitation: bool,
+    /// The client declared the `sampling` capability.
+    pub client_sampling: bool,
     /// `notifications/initialized` arrived.
     pub initialized: AtomicBool,
     last_used_ms: AtomicU64,
@@ -133,16 +135,7 @@ pub struct Session {
 }
 
 /// MCP log levels, least severe first (RFC 5424 order).
-pub const LEVELS: [&str; 8] = [
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-];
+pub use super::jsonrpc::LOG_LEVELS as LEVELS;
 
 /// Where an SSE event goes: a stream of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -421,6 +414,7 @@ impl Sessions {
         owner: usize,
         version: &'static str,
         client_elicitation: bool,
+        client_sampling: bool,
     ) -> Result<Arc<Session>, SessionError> {
         if self.count.fetch_add(1, Ordering::AcqRel) >= self.max {
             self.count.fetch_sub(1, Ordering::AcqRel);
@@ -438,6 +432,7 @@ impl Sessions {
             key,
             version,
             client_elicitation,
+            client_sampling,
             initialized: AtomicBool::new(false),
             last_used_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
             busy: AtomicUsize::new(0),
@@ -531,8 +526,8 @@ mod tests {
     #[test]
     fn ids_are_random_encode_their_owner_and_resolve_only_while_live() {
         let s = Sessions::new(4, 10, Duration::from_secs(60), 8);
-        let a = s.create(3, "2025-06-18", false).unwrap();
-        let b = s.create(3, "2025-06-18", false).unwrap();
+        let a = s.create(3, "2025-06-18", false, false).unwrap();
+        let b = s.create(3, "2025-06-18", false, false).unwrap();
         assert_ne!(a.id, b.id);
         assert_ne!(a.key, b.key);
         assert_eq!(owner_of_id(&a.id), Some(3));
@@ -559,23 +554,23 @@ mod tests {
     #[test]
     fn sessions_are_capped_and_idle_ones_are_swept_unless_busy() {
         let s = Sessions::new(1, 2, Duration::from_millis(1), 8);
-        let a = s.create(0, "2025-06-18", false).unwrap();
-        let b = s.create(0, "2025-06-18", false).unwrap();
+        let a = s.create(0, "2025-06-18", false, false).unwrap();
+        let b = s.create(0, "2025-06-18", false, false).unwrap();
         assert!(matches!(
-            s.create(0, "2025-06-18", false),
+            s.create(0, "2025-06-18", false, false),
             Err(SessionError::Full(2))
         ));
         let _busy = b.busy();
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(s.sweep(0), 1);
         assert!(a.is_ended() && !b.is_ended());
-        assert!(s.create(0, "2025-06-18", false).is_ok());
+        assert!(s.create(0, "2025-06-18", false, false).is_ok());
     }
 
     #[test]
     fn a_stream_replays_what_its_client_missed_after_last_event_id() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
-        let a = s.create(0, "2025-11-25", false).unwrap();
+        let a = s.create(0, "2025-11-25", false, false).unwrap();
         let (tx, rx) = mpsc::unbounded();
         let st = a.open_stream(tx, false);
         a.emit(st, None);
@@ -605,7 +600,7 @@ mod tests {
     #[test]
     fn cancel_and_answers_reach_their_request() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
-        let a = s.create(0, "2025-06-18", true).unwrap();
+        let a = s.create(0, "2025-06-18", true, false).unwrap();
         let c = a.start_call("7").unwrap();
         assert!(a.start_call("7").is_none(), "duplicate ids are refused");
         assert!(a.cancel_call("7"));

@@ -1,0 +1,701 @@
+//! The frame edge: size-prefixed FlatBuffers frames on TCP, served on each
+//! shard's own listener by the shard's tasks (`crate::shard` runs them).
+//!
+//! # Invariants
+//! - Per connection: one reader, one writer, and up to
+//!   `max_in_flight_per_connection` workers that are spawned once and then
+//!   reused, so steady-state request handling spawns (allocates) nothing.
+//! - The reader polls each request's handler once itself; a worker takes
+//!   over only a request that must wait. A request's future lives in a
+//!   pinned slot recycled by its connection, so it can change hands
+//!   without moving or allocating.
+//! - Responses are appended to the connection's write buffer and flushed by
+//!   the writer in batches: one `write` per batch, not one per frame.
+//! - What one connection holds is bounded before every frame is served:
+//!   requests in flight, unwritten answer bytes (errors included), and
+//!   frames per turn of the shard. A peer that reads nothing is cut off at
+//!   `write_timeout` and its answers freed.
+//! - A read is never dropped while it owns the buffer: timeouts, the drain
+//!   and a close cancel it and take the buffer back, partial frame intact.
+//! - Every request read gets exactly one answer written before its
+//!   connection closes (a panicking handler's is -32603), unless the peer
+//!   is gone or the drain deadline passed.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use atomic_waker::AtomicWaker;
+use bytes::BytesMut;
+use mcp_schema::FrameSplitter;
+use mcp_schema::encode::ReplyTo;
+use mcp_schema::verify::{VerifiedRequest, header_of_invalid};
+use mcp_schema::view::reply_to_header;
+use monoio::buf::{IoBuf, IoBufMut};
+use monoio::io::{CancelableAsyncReadRent, Splitable};
+use monoio::net::{TcpListener, TcpStream};
+
+use crate::dispatch::{ShardCtx, handle};
+use crate::local::{Latch, Notify};
+use crate::metrics;
+use crate::shard::{Panicked, Shard, drop_future, poll_until};
+use crate::shared::ShardStats;
+
+/// Accepts frame connections until the drain begins.
+pub(crate) async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
+    let max = shard.ctx.shared.config.frames.max_connections_per_shard;
+    loop {
+        let accepted = monoio::select! {
+            r = listener.accept() => Some(r),
+            _ = shard.draining.wait() => None,
+        };
+        let Some(accepted) = accepted else { return };
+        match accepted {
+            Ok((stream, peer)) => {
+                let stats = shard.stats();
+                if shard.connections.get() >= max {
+                    ShardStats::add(&stats.connections_refused, 1);
+                    tracing::warn!(shard = shard.ctx.index, %peer, max, "connection refused: max_connections_per_shard reached");
+                    drop(stream);
+                    continue;
+                }
+                ShardStats::add(&stats.connections_accepted, 1);
+                let _ = stream.set_nodelay(true);
+                monoio::spawn(connection(shard.clone(), stream, peer));
+            }
+            Err(e) => {
+                // EMFILE and friends: log and back off briefly rather than spin.
+                tracing::warn!(shard = shard.ctx.index, error = %e, "accept failed");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// One request while it is served: what the handler owns and gives back.
+struct Job {
+    req: VerifiedRequest,
+    /// When the read that completed its frame returned.
+    arrived: Instant,
+    /// When its handling began (later than `arrived` when frames ahead of it
+    /// in the same read were handled first).
+    started: Instant,
+    args: Vec<u8>,
+    out: Vec<u8>,
+}
+
+/// Serves one request. Every call returns the same future type, which is
+/// what lets a connection keep reusable pinned slots for it ([`Slot`]).
+async fn serve(ctx: Rc<ShardCtx>, mut job: Job) -> Job {
+    handle(&ctx, &job.req, &mut job.args, &mut job.out).await;
+    job
+}
+
+/// Where a waiting request's wake-ups go: to whichever task polls the slot
+/// now. The reader polls every request once; only if it must wait does a
+/// worker take the slot over, and the wake-ups registered during the first
+/// poll must reach that worker. Thread-safe because WASI timers and the
+/// epoch yield wake a guest call from the host's tokio thread.
+#[derive(Default)]
+struct SlotWake(AtomicWaker);
+
+impl Wake for SlotWake {
+    fn wake(self: Arc<Self>) {
+        self.0.wake();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.wake();
+    }
+}
+
+/// A reusable home for one request's future: allocated once per request in
+/// flight at the connection's peak, then recycled, so steady-state handling
+/// allocates nothing.
+struct Slot<F> {
+    fut: Pin<Box<Option<F>>>,
+    wake: Arc<SlotWake>,
+    /// `Waker` over `wake`, made once.
+    waker: Waker,
+    /// The handler's buffers while no request is in the slot.
+    args: Vec<u8>,
+    out: Vec<u8>,
+    /// A cheap clone (a reference count) of the request in the slot, taken
+    /// before its first poll: the future owns the `Job`, and a request that
+    /// waits must still be answerable if the drain deadline cancels it.
+    req: Option<VerifiedRequest>,
+}
+
+impl<F: Future<Output = Job>> Slot<F> {
+    fn new() -> Self {
+        let wake = Arc::new(SlotWake::default());
+        Slot {
+            fut: Box::pin(None),
+            waker: Waker::from(wake.clone()),
+            wake,
+            args: Vec::with_capacity(1024),
+            out: Vec::with_capacity(1024),
+            req: None,
+        }
+    }
+
+    /// Polls the request's future with the slot's own waker. A panic in
+    /// the handler is caught here: the future is dropped and the request is
+    /// answered by the caller, so one bad request never takes the shard
+    /// (and every connection on it) down.
+    fn poll(&mut self) -> Poll<Result<Job, Panicked>> {
+        let mut cx = Context::from_waker(&self.waker);
+        let fut = self
+            .fut
+            .as_mut()
+            .as_pin_mut()
+            .expect("a polled slot holds a request");
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx))) {
+            Ok(Poll::Ready(job)) => {
+                self.fut.set(None);
+                Poll::Ready(Ok(job))
+            }
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(payload) => {
+                drop_future(&mut self.fut);
+                Poll::Ready(Err(Panicked::from(payload)))
+            }
+        }
+    }
+}
+
+/// One connection's shared state.
+struct Conn<F> {
+    /// Builds a request's future (always [`serve`]; a pointer because its
+    /// type cannot be named).
+    serve: fn(Rc<ShardCtx>, Job) -> F,
+    /// Requests that had to wait, for a worker to finish.
+    queue: RefCell<VecDeque<Slot<F>>>,
+    /// Empty slots for the next requests.
+    free: RefCell<Vec<Slot<F>>>,
+    /// Workers parked for want of work.
+    idle: RefCell<Vec<Waker>>,
+    workers: Cell<usize>,
+    /// Requests read and not yet answered.
+    pending: Cell<usize>,
+    /// Encoded responses waiting for the writer.
+    out: RefCell<Vec<u8>>,
+    /// Bytes the writer has taken from `out` and not yet written: with
+    /// `out`, what this connection's answers hold in memory.
+    writing: Cell<usize>,
+    out_ready: Notify,
+    capacity: Notify,
+    /// No more requests: the writer flushes what is queued, then ends.
+    closed: Latch,
+    /// The peer is gone or stopped reading: queued answers are dropped.
+    broken: Cell<bool>,
+}
+
+impl<F> Conn<F> {
+    fn push_out(&self, bytes: &[u8]) {
+        // Nobody will read it: keep no memory for it.
+        if self.broken.get() {
+            return;
+        }
+        self.out.borrow_mut().extend_from_slice(bytes);
+        self.out_ready.notify();
+    }
+
+    /// Answer bytes held for this connection, queued or being written.
+    fn output_bytes(&self) -> usize {
+        self.out.borrow().len() + self.writing.get()
+    }
+
+    fn close(&self) {
+        self.closed.set();
+        self.out_ready.notify();
+        self.capacity.notify();
+        for w in self.idle.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Closes without writing what is queued, and frees it.
+    fn break_off(&self) {
+        self.broken.set(true);
+        *self.out.borrow_mut() = Vec::new();
+        self.close();
+    }
+}
+
+async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
+    let stats = shard.stats();
+    shard.connections.set(shard.connections.get() + 1);
+    ShardStats::add(&stats.connections_open, 1);
+    let conn = Rc::new(Conn {
+        serve,
+        queue: RefCell::new(VecDeque::new()),
+        free: RefCell::new(Vec::new()),
+        idle: RefCell::new(Vec::new()),
+        workers: Cell::new(0),
+        pending: Cell::new(0),
+        out: RefCell::new(Vec::with_capacity(16 * 1024)),
+        writing: Cell::new(0),
+        out_ready: Notify::default(),
+        capacity: Notify::default(),
+        closed: Latch::default(),
+        broken: Cell::new(false),
+    });
+    let (rd, wr) = stream.into_split();
+    let writer = monoio::spawn(write_loop(shard.clone(), conn.clone(), wr));
+    if let Err(reason) = read_loop(&shard, &conn, rd).await {
+        tracing::info!(shard = shard.ctx.index, %peer, "closing connection: {reason}");
+    }
+    // Every request read gets its answer: wait for the last one (at the
+    // drain deadline the workers answer what still runs with shutting-down
+    // errors, so this ends), unless the peer is gone or stopped reading.
+    poll_until(&Latch::default(), || {
+        conn.pending.get() == 0 || conn.broken.get()
+    })
+    .await;
+    // The writer flushes what is queued (each write bounded by
+    // `write_timeout`), then shuts the socket down.
+    conn.close();
+    let _ = writer.await;
+    shard.connections.set(shard.connections.get() - 1);
+    ShardStats::sub(&stats.connections_open, 1);
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Frames one connection may have served in one turn of the shard before it
+/// lets the shard's other tasks run: one read can hold thousands of small
+/// frames, and answering them all at once would stall every other
+/// connection of the shard for as long (64 echo calls take about 100 µs).
+pub const FRAMES_PER_TURN: usize = 64;
+
+/// While draining, how long a connection may stay quiet before the broker
+/// stops reading it: what a client sent before the drain is read and
+/// answered, but the connection does not stay open for what it may send
+/// later.
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
+
+/// Whether the connection must wait before serving another frame: at its
+/// in-flight limit, or holding more unwritten answer bytes than allowed.
+fn over_bounds<F>(conn: &Conn<F>, cfg: &crate::config::FramesSection) -> bool {
+    conn.pending.get() >= cfg.max_in_flight_per_connection
+        || conn.output_bytes() > cfg.max_output_bytes_per_connection
+}
+
+/// Reads frames until the peer closes, the shard drains, or a limit closes
+/// the connection. Returns the reason for closing.
+async fn read_loop<F: Future<Output = Job> + 'static>(
+    shard: &Rc<Shard>,
+    conn: &Rc<Conn<F>>,
+    mut rd: impl CancelableAsyncReadRent,
+) -> Result<(), String> {
+    let cfg = &shard.ctx.shared.config.frames;
+    let splitter = FrameSplitter::new(cfg.max_frame_bytes);
+    let stats = shard.stats();
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // Since when the broker has waited on the peer for the rest of the frame
+    // at the head of `buf` (see where it is set).
+    let mut partial_since: Option<Instant> = None;
+    let mut last_read = Instant::now();
+    // One per connection; replaced only when it has cancelled a read.
+    let mut canceller = monoio::io::Canceller::new();
+    loop {
+        // Serve what is buffered, within the connection's bounds and one
+        // turn's budget at a time.
+        let mut cursor = last_read;
+        let mut turn = 0;
+        let mut split_any = false;
+        let mut waited = false;
+        loop {
+            if conn.closed.is_set() {
+                return Ok(());
+            }
+            // Backpressure, checked before every frame (not once per read):
+            // stop serving, and so stop reading, until answers drain.
+            if over_bounds(conn, cfg) {
+                conn.capacity.wait().await;
+                waited = true;
+                cursor = Instant::now();
+                continue;
+            }
+            if turn == FRAMES_PER_TURN {
+                shard.yields.yield_now().await;
+                turn = 0;
+                cursor = Instant::now();
+                continue;
+            }
+            match splitter.next_frame(&mut buf) {
+                Ok(Some(frame)) => {
+                    turn += 1;
+                    split_any = true;
+                    cursor = accept_frame(shard, conn, frame, last_read, cursor);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    stats.reject(&e);
+                    // The stream cannot be resynchronised; nothing of the
+                    // announced size was allocated.
+                    return Err(e.to_string());
+                }
+            }
+        }
+        // The clock runs only while the broker waits on the peer for the
+        // rest of the frame at the head of the buffer: it restarts when that
+        // frame is a new one, or when the broker stopped reading meanwhile
+        // (its own backpressure, or a long turn under load).
+        partial_since = if buf.is_empty() {
+            None
+        } else if waited || split_any || partial_since.is_none() {
+            Some(Instant::now())
+        } else {
+            partial_since
+        };
+        // Draining: go on reading what the peer already sent (answered with
+        // shutting-down errors, as dispatch does while draining), until it
+        // has been quiet for DRAIN_QUIET; then stop, answer, flush, close.
+        let draining = shard.draining.is_set();
+        if shard.drain_expired.is_set() {
+            return Ok(());
+        }
+        let mut wait = match partial_since {
+            Some(t) => cfg.partial_frame_timeout.saturating_sub(t.elapsed()),
+            None => cfg.idle_timeout,
+        };
+        if draining {
+            wait = wait.min(DRAIN_QUIET);
+        }
+        // Checked here as well as by the timer: monoio advances its timers
+        // only when the shard parks, which a saturated shard rarely does, so
+        // a peer trickling bytes is caught at its next byte past the
+        // deadline rather than whenever the timer gets to fire.
+        if wait.is_zero() && partial_since.is_some() {
+            return Err(format!(
+                "partial frame not completed within {:?}",
+                cfg.partial_frame_timeout
+            ));
+        }
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(READ_CHUNK);
+        }
+        // monoio reads into a buffer from its start; the slice makes the read
+        // append after the bytes already held (a partial frame). The read
+        // owns the buffer while it runs, so it is never dropped mid-flight
+        // (that would lose the buffer and whatever it held): a timeout, the
+        // drain or a close cancels it and waits for the buffer to come back.
+        let held = buf.len();
+        let read = rd.cancelable_read(buf.slice_mut(held..), canceller.handle());
+        let mut read = std::pin::pin!(read);
+        let ended = monoio::select! {
+            r = &mut read => Some(r),
+            _ = monoio::time::sleep(wait) => None,
+            _ = conn.closed.wait() => None,
+            _ = shard.draining.wait(), if !draining => None,
+        };
+        let (res, b) = match ended {
+            Some(r) => r,
+            None => {
+                canceller = std::mem::take(&mut canceller).cancel();
+                read.await
+            }
+        };
+        buf = b.into_inner();
+        match res {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                ShardStats::add(&stats.bytes_in, n as u64);
+                // One clock read for the whole batch: every frame of it
+                // arrived with this read. Each answered frame's end time is
+                // the next one's start.
+                last_read = Instant::now();
+                continue;
+            }
+            // Cancelled, with the buffer (and any partial frame) intact.
+            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {}
+            Err(e) => return Err(format!("read error: {e}")),
+        }
+        if conn.closed.is_set() {
+            // Cut off by the writer (the peer reads nothing).
+            return Ok(());
+        }
+        if shard.draining.is_set() && !draining {
+            // The drain began while this read waited: read on in draining
+            // mode.
+            continue;
+        }
+        if draining {
+            // Quiet for DRAIN_QUIET: all it sent before the drain is read.
+            return Ok(());
+        }
+        if partial_since.is_some() {
+            return Err(format!(
+                "partial frame not completed within {:?}",
+                cfg.partial_frame_timeout
+            ));
+        }
+        if conn.pending.get() > 0 {
+            // Not idle: answers are still due.
+            continue;
+        }
+        return Err(format!("idle for {:?}", cfg.idle_timeout));
+    }
+}
+
+/// Verifies one frame and serves it: answered here if its handler finishes
+/// without waiting (the common case: native answers, and router calls that
+/// find an idle instance and finish within an epoch tick), else handed with
+/// its future to a worker. Invalid frames are answered at once with their
+/// error. Returns the time the frame's handling ended (or `started` when
+/// it did not end or nothing read the clock).
+fn accept_frame<F: Future<Output = Job> + 'static>(
+    shard: &Rc<Shard>,
+    conn: &Rc<Conn<F>>,
+    frame: bytes::Bytes,
+    arrived: Instant,
+    started: Instant,
+) -> Instant {
+    let stats = shard.stats();
+    ShardStats::add(&stats.requests, 1);
+    let req = match VerifiedRequest::verify(frame.clone()) {
+        Ok(req) => req,
+        Err(e) => {
+            stats.reject(&e);
+            ShardStats::add(&stats.error_responses, 1);
+            let to = header_of_invalid(&frame)
+                .map(|h| reply_to_header(&h))
+                .unwrap_or(ReplyTo::UNKNOWN);
+            tracing::debug!(shard = shard.ctx.index, error = %e, "rejected frame");
+            let mut enc = shard.ctx.enc.borrow_mut();
+            conn.push_out(enc.error(&to, e.code(), &e.to_string(), None));
+            return started;
+        }
+    };
+    conn.pending.set(conn.pending.get() + 1);
+    ShardStats::add(&stats.in_flight, 1);
+    let mut slot = conn.free.borrow_mut().pop().unwrap_or_else(Slot::new);
+    // Kept (a reference count, not a copy) to answer the request should the
+    // drain deadline cancel its future while it waits, or its handler panic.
+    slot.req = Some(req.clone());
+    let job = Job {
+        req,
+        arrived,
+        started,
+        args: std::mem::take(&mut slot.args),
+        out: std::mem::take(&mut slot.out),
+    };
+    slot.fut.set(Some((conn.serve)(shard.ctx.clone(), job)));
+    let ended = match slot.poll() {
+        Poll::Ready(Ok(job)) => finish(shard, conn, slot, job),
+        Poll::Ready(Err(panic)) => {
+            fail_panicked(shard, conn, slot, &panic);
+            started
+        }
+        Poll::Pending => {
+            // Wake (or start) a worker to finish it.
+            conn.queue.borrow_mut().push_back(slot);
+            let idle = conn.idle.borrow_mut().pop();
+            match idle {
+                Some(w) => w.wake(),
+                None => {
+                    if conn.workers.get()
+                        < shard.ctx.shared.config.frames.max_in_flight_per_connection
+                    {
+                        conn.workers.set(conn.workers.get() + 1);
+                        monoio::spawn(worker(shard.clone(), conn.clone()));
+                    }
+                }
+            }
+            started
+        }
+    };
+    // Outside the unwind guard on purpose: a test's way to kill this shard.
+    crate::fault::kill_shard_if_asked();
+    ended
+}
+
+/// Answers a served request: records it, queues its frames for the writer,
+/// frees its slot. Returns the end time read for the metrics.
+fn finish<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, job: Job) -> Instant {
+    let ended = metrics::record::request(
+        &shard.ctx,
+        metrics::Edge::Frames,
+        &job.req,
+        job.arrived,
+        job.started,
+        &job.out,
+    );
+    conn.push_out(&job.out);
+    let Job {
+        req,
+        mut args,
+        mut out,
+        ..
+    } = job;
+    drop(req);
+    args.clear();
+    out.clear();
+    slot.args = args;
+    slot.out = out;
+    release(shard, conn, slot);
+    ended
+}
+
+/// Gives a slot whose request has been answered back to the connection.
+fn release<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
+    slot.req = None;
+    // A wake-up registered by a worker for the previous request must not
+    // reach it through the next one.
+    drop(slot.wake.0.take());
+    conn.free.borrow_mut().push(slot);
+    conn.pending.set(conn.pending.get() - 1);
+    ShardStats::sub(&shard.stats().in_flight, 1);
+    conn.capacity.notify();
+}
+
+/// Answers a request whose handler panicked with an internal error; the
+/// shard and the connection go on serving.
+fn fail_panicked<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, panic: &Panicked) {
+    if let Some(req) = slot.req.as_ref() {
+        let to = req.view().reply_to();
+        tracing::error!(shard = shard.ctx.index, panic = %panic.0, "request handler panicked; answered with an internal error");
+        ShardStats::add(&shard.stats().error_responses, 1);
+        let mut enc = shard.ctx.enc.borrow_mut();
+        conn.push_out(enc.error(
+            &to,
+            mcp_schema::ErrorCode::Internal,
+            "internal error: the broker failed while handling this request",
+            None,
+        ));
+    }
+    // The handler's buffers went down with its future.
+    slot.args = Vec::with_capacity(1024);
+    slot.out = Vec::with_capacity(1024);
+    release(shard, conn, slot);
+}
+
+/// Finishes requests that had to wait (a router call queued for an instance
+/// or yielding at an epoch tick, a session-affinity hand-off), parking when
+/// there are none, until the connection closes. Only waiting requests race
+/// the drain deadline: the ones answered inline cannot outlive it.
+async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
+    loop {
+        let next = poll_fn(|cx| {
+            if let Some(s) = conn.queue.borrow_mut().pop_front() {
+                return Poll::Ready(Some(s));
+            }
+            if conn.closed.is_set() {
+                return Poll::Ready(None);
+            }
+            conn.idle.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let Some(mut slot) = next else { break };
+        let done = monoio::select! {
+            job = poll_fn(|cx| {
+                // Register before polling: a wake-up that came while the slot
+                // changed hands is covered by this poll.
+                slot.wake.0.register(cx.waker());
+                slot.poll()
+            }) => Some(job),
+            _ = shard.drain_expired.wait() => None,
+        };
+        match done {
+            Some(Ok(job)) => {
+                finish(&shard, &conn, slot, job);
+            }
+            Some(Err(panic)) => fail_panicked(&shard, &conn, slot, &panic),
+            None => expire(&shard, &conn, slot),
+        }
+    }
+    conn.workers.set(conn.workers.get() - 1);
+}
+
+/// Answers a waiting request the drain deadline overtook, with a
+/// shutting-down error, and drops its future (cancelling the call).
+fn expire<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
+    drop_future(&mut slot.fut);
+    if let Some(req) = slot.req.take() {
+        let to = req.view().reply_to();
+        let mut enc = shard.ctx.enc.borrow_mut();
+        conn.push_out(enc.error(
+            &to,
+            mcp_schema::ErrorCode::ShuttingDown,
+            "drain deadline passed before the call finished",
+            None,
+        ));
+    }
+    // The slot is not reused: the connection is closing.
+    conn.pending.set(conn.pending.get() - 1);
+    ShardStats::sub(&shard.stats().in_flight, 1);
+    conn.capacity.notify();
+}
+
+/// Writes whatever responses have accumulated, one write per batch. A peer
+/// that accepts no byte for `write_timeout` while answers wait is cut off,
+/// and what was queued for it is freed.
+async fn write_loop<F>(
+    shard: Rc<Shard>,
+    conn: Rc<Conn<F>>,
+    mut wr: impl monoio::io::AsyncWriteRent,
+) {
+    let stats = shard.stats();
+    let timeout = shard.ctx.shared.config.frames.write_timeout;
+    let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
+    'batches: loop {
+        if conn.out.borrow().is_empty() {
+            if conn.closed.is_set() {
+                break;
+            }
+            conn.out_ready.wait().await;
+            continue;
+        }
+        std::mem::swap(&mut *conn.out.borrow_mut(), &mut spare);
+        let n = spare.len();
+        conn.writing.set(n);
+        let mut written = 0;
+        while written < n {
+            let (res, b) =
+                match monoio::time::timeout(timeout, wr.write(spare.slice(written..))).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::info!(
+                            shard = shard.ctx.index,
+                            ?timeout,
+                            "closing connection: peer read nothing within the write timeout"
+                        );
+                        ShardStats::add(&stats.write_timeouts, 1);
+                        conn.writing.set(0);
+                        conn.break_off();
+                        // The buffer went with the cancelled write.
+                        break 'batches;
+                    }
+                };
+            spare = b.into_inner();
+            match res {
+                Ok(0) | Err(_) => {
+                    if let Err(e) = res {
+                        tracing::debug!(shard = shard.ctx.index, error = %e, "write failed; closing");
+                    }
+                    conn.writing.set(0);
+                    conn.break_off();
+                    break 'batches;
+                }
+                Ok(k) => {
+                    written += k;
+                    conn.writing.set(n - written);
+                    ShardStats::add(&stats.bytes_out, k as u64);
+                }
+            }
+        }
+        spare.clear();
+        // Below the output bound again: the reader may go on.
+        conn.capacity.notify();
+    }
+    let _ = wr.shutdown().await;
+}

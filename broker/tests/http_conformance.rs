@@ -1,0 +1,203 @@
+//! The official MCP conformance suite (npm `@modelcontextprotocol/conformance`,
+//! `server` mode) against the real broker binary's Streamable HTTP edge,
+//! serving the bundled `conformance` router (`broker/tests/fixtures/conformance.toml`).
+//! `scripts/conformance` runs the suite and holds the outcome to
+//! `conformance/expected-failures.txt`: a scenario failing that is not listed
+//! fails this test, and so does a listed one that passes. `docs/conformance.md`
+//! describes each scenario.
+//!
+//! The router-level tests below pin the conventions the suite relies on
+//! (elicitation's second call, the resource template) without the edge.
+
+mod common;
+#[path = "fixtures/support.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::Broker;
+use mcp_broker::wasm::RouterPool;
+use mcp_broker::wasm::types::{ContentBlock, ResourceContents, Response};
+use support::{first_text, load_bundled, on_shard};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Fails (never skips) when `scripts/setup` has not installed the Node tools.
+fn node_tools_installed(root: &Path) {
+    for tool in [
+        ".tools/node/bin/node",
+        "tools/node/node_modules/.bin/conformance",
+    ] {
+        assert!(
+            root.join(tool).exists(),
+            "{tool} is missing: run scripts/setup (it installs Node >= 22 and the pinned \
+             @modelcontextprotocol/conformance) before this test"
+        );
+    }
+}
+
+#[test]
+fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
+    let root = repo_root();
+    node_tools_installed(&root);
+    // Fails with "run scripts/build-routers" when conformance.wasm is missing.
+    support::bundled("conformance");
+    let broker = Broker::start_with_config(include_str!("fixtures/conformance.toml"), &[]);
+    assert_eq!(
+        broker.routers,
+        ["conformance"],
+        "{}: the fixture serves the conformance router alone, so its names are unqualified",
+        broker.ready_line
+    );
+    let url = broker.mcp_url();
+    let out = Command::new(root.join("scripts/conformance"))
+        .arg(&url)
+        // Bounds the run: the script kills the suite past this many seconds.
+        .env("CONFORMANCE_TIMEOUT", "300")
+        .output()
+        .expect("run scripts/conformance");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scripts/conformance {url} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    // The run really happened: the suite printed its summary and the
+    // baseline check.
+    assert!(
+        stdout.contains("=== SUMMARY ===") && stdout.contains("Baseline check passed"),
+        "{stdout}\n{stderr}"
+    );
+}
+
+#[test]
+fn conformance_router_lists_every_fixture_the_suite_calls() {
+    let router = load_bundled("conformance", 1, 0);
+    let meta = router.meta();
+    let tools: Vec<&str> = meta.tools.iter().map(|t| t.name.as_str()).collect();
+    for name in [
+        "test_simple_text",
+        "test_image_content",
+        "test_audio_content",
+        "test_embedded_resource",
+        "test_multiple_content_types",
+        "test_tool_with_logging",
+        "test_tool_with_progress",
+        "test_error_handling",
+        "test_reconnection",
+        "test_sampling",
+        "test_elicitation",
+        "test_elicitation_sep1034_defaults",
+        "test_elicitation_sep1330_enums",
+        "json_schema_2020_12_tool",
+    ] {
+        assert!(tools.contains(&name), "tool {name} missing from {tools:?}");
+    }
+    let resources: Vec<&str> = meta.resources.iter().map(|r| r.uri.as_str()).collect();
+    for uri in [
+        "test://static-text",
+        "test://static-binary",
+        "test://watched-resource",
+        "test://template/{id}/data",
+    ] {
+        assert!(
+            resources.contains(&uri),
+            "resource {uri} missing from {resources:?}"
+        );
+    }
+    let prompts: Vec<&str> = meta.prompts.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        prompts,
+        [
+            "test_simple_prompt",
+            "test_prompt_with_arguments",
+            "test_prompt_with_embedded_resource",
+            "test_prompt_with_image"
+        ]
+    );
+}
+
+#[test]
+fn conformance_router_elicits_first_and_reports_the_answer_on_the_second_call() {
+    let pool = RouterPool::new(load_bundled("conformance", 1, 0));
+    on_shard(async {
+        let first = pool
+            .call_tool("test_elicitation", r#"{"message":"Who are you?"}"#)
+            .await
+            .expect("first call answers");
+        let Response::Elicit(e) = first else {
+            panic!("the first call must elicit, got {first:?}");
+        };
+        assert_eq!(e.message, "Who are you?");
+        let schema: serde_json::Value = serde_json::from_str(&e.schema).unwrap();
+        assert_eq!(schema["required"], serde_json::json!(["username", "email"]));
+        let second = pool
+            .call_tool(
+                "test_elicitation",
+                r#"{"message":"Who are you?","_elicitation":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}}"#,
+            )
+            .await
+            .expect("second call answers");
+        assert_eq!(
+            first_text(&second),
+            r#"User response: action=accept, content={"email":"ada@example.com","username":"ada"}"#
+        );
+        let declined = pool
+            .call_tool(
+                "test_elicitation_sep1034_defaults",
+                r#"{"_elicitation":{"action":"decline"}}"#,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            first_text(&declined),
+            "Elicitation completed: action=decline, content={}"
+        );
+    });
+}
+
+#[test]
+fn conformance_router_fills_its_template_and_refuses_other_uris() {
+    let pool = RouterPool::new(load_bundled("conformance", 1, 0));
+    on_shard(async {
+        let r = pool
+            .read_resource("test://template/123/data")
+            .await
+            .expect("template read");
+        let [ResourceContents::Text(t)] = r.contents.as_slice() else {
+            panic!("one text content expected, got {r:?}");
+        };
+        assert_eq!(t.uri, "test://template/123/data");
+        let v: serde_json::Value = serde_json::from_str(&t.text).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id":"123","templateTest":true,"data":"Data for ID: 123"})
+        );
+        for bad in [
+            "test://template//data",
+            "test://template/1/2/data",
+            "test://nope",
+        ] {
+            assert!(
+                pool.read_resource(bad).await.is_err(),
+                "{bad} must not read"
+            );
+        }
+    });
+}
+
+#[test]
+fn conformance_router_sends_progress_with_its_result() {
+    let pool = RouterPool::new(load_bundled("conformance", 1, 0));
+    let r = on_shard(pool.call_tool("test_tool_with_progress", "{}")).unwrap();
+    let Response::Completed(t) = r else {
+        panic!("progress tool completes");
+    };
+    let steps: Vec<Option<f32>> = t.progress.unwrap().iter().map(|p| p.progress).collect();
+    assert_eq!(steps, [Some(0.0), Some(0.5), Some(1.0)]);
+    assert!(matches!(t.content.first(), Some(ContentBlock::Text(_))));
+}

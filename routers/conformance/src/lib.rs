@@ -1,0 +1,800 @@
+//! `conformance`: the fixtures that the official MCP conformance suite
+//! (`@modelcontextprotocol/conformance`, `server` mode) expects of the server
+//! under test. Names, texts and schemas follow the suite's own reference
+//! server (`examples/servers/typescript/everything-server.ts` of the pinned
+//! release) wherever the WIT can say the same thing; `docs/conformance.md`
+//! lists each scenario and what it needs.
+//!
+//! What the router world cannot express, and how this router answers anyway:
+//! - **Log notifications** (`test_tool_with_logging`): the world has no
+//!   logging import, so the tool returns its result without the three
+//!   `notifications/message` the scenario waits for.
+//! - **Sampling** (`test_sampling`): a router can ask its client only for an
+//!   elicitation, never for `sampling/createMessage`; the tool answers
+//!   `isError` saying so.
+//! - **Closing the SSE stream mid-call** (`test_reconnection`): a transport
+//!   matter; the tool simply completes, on the request's stream.
+//! - **Progress** (`test_tool_with_progress`): entries are fractions (the
+//!   broker sends them with `total: 1`, where the reference server sends
+//!   0, 50 and 100 of 100), and they travel with the result (the broker sends
+//!   them as `notifications/progress` before it), so the ~50 ms gaps of the
+//!   reference server do not exist.
+//! - **Prompt arguments** are `{{name}}` placeholders that the broker fills in
+//!   text messages only (`routers/README.md`), so the embedded resource of
+//!   `test_prompt_with_embedded_resource` has a fixed URI and the argument
+//!   appears in the text message that follows it.
+//!
+//! Elicitation follows the broker's convention: the first call (no
+//! `_elicitation` argument) answers `elicit`; the broker relays it to the
+//! client as `elicitation/create` and calls the tool again with the client's
+//! answer under `"_elicitation": {"action": …, "content": {…}}`.
+//!
+//! # Invariants
+//! - Stateless: every answer depends on the call's arguments alone, so any
+//!   instance on any shard answers alike.
+
+wit_bindgen::generate!({ path: "../../wit", world: "mcp-router" });
+
+use exports::wasix::mcp::router::{
+    AudioContent, BlobResourceContents, CompletionError, CompletionRequest, CompletionResponse,
+    CompletionsCapability, ContentBlock, ElicitationRequest, EmbeddedResource, GetPromptResult,
+    Guest, ImageContent, McpResource, MetaEntry, ProgressNotification, Prompt, PromptArgument,
+    PromptError, PromptMessage, PromptMessageContent, PromptMessageRole, PromptsCapability,
+    ReadResourceResult, ResourceContents, ResourceError, ResourcesCapability, Response,
+    ServerCapabilities, ServerDescription, TextContent, TextResourceContents, Tool, ToolError,
+    ToolResult, ToolsCapability,
+};
+use serde_json::{Value, json};
+
+/// A 1×1 red PNG: the suite's reference image.
+const PNG_BASE64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+/// A minimal WAV file: the suite's reference audio.
+const WAV_BASE64: &str = "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA=";
+
+const STATIC_TEXT_URI: &str = "test://static-text";
+const STATIC_TEXT: &str = "This is the content of the static text resource.";
+const STATIC_BINARY_URI: &str = "test://static-binary";
+const WATCHED_URI: &str = "test://watched-resource";
+const WATCHED_TEXT: &str = "Watched resource content";
+/// A template by the `{var}` convention of `routers/README.md`.
+const TEMPLATE: &str = "test://template/{id}/data";
+const TEMPLATE_PREFIX: &str = "test://template/";
+const TEMPLATE_SUFFIX: &str = "/data";
+
+/// The argument under which the broker hands a tool the client's answer to
+/// its elicitation.
+const ELICITATION_ARG: &str = "_elicitation";
+/// Where the broker puts the client's sampling result on the second call.
+const SAMPLING_ARG: &str = "_sampling";
+
+/// Values offered by `complete` for the arguments of
+/// `test_prompt_with_arguments` (the spec's own example).
+const ARG_VALUES: &[&str] = &["paris", "park", "party"];
+/// Values offered by `complete` for the template's `id`.
+const ID_VALUES: &[&str] = &["1", "2", "3", "123"];
+
+/// Input schema of `json_schema_2020_12_tool`, byte for byte what the
+/// `json-schema-2020-12` scenario looks for: the broker must pass `$schema`,
+/// `$defs` and `additionalProperties` through untouched.
+const JSON_SCHEMA_2020_12: &str = r##"{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","$defs":{"address":{"type":"object","properties":{"street":{"type":"string"},"city":{"type":"string"}}}},"properties":{"name":{"type":"string"},"address":{"$ref":"#/$defs/address"}},"additionalProperties":false}"##;
+
+const NO_ARGS: &str = r#"{"type":"object","properties":{}}"#;
+
+fn text(t: impl Into<String>) -> ContentBlock {
+    ContentBlock::Text(TextContent {
+        text: t.into(),
+        annotations: None,
+    })
+}
+
+fn image() -> ContentBlock {
+    ContentBlock::Image(ImageContent {
+        data: PNG_BASE64.into(),
+        mime_type: "image/png".into(),
+        annotations: None,
+    })
+}
+
+fn embedded(uri: &str, mime: &str, data: &str) -> EmbeddedResource {
+    EmbeddedResource {
+        uri: uri.into(),
+        title: None,
+        description: None,
+        mime_type: Some(mime.into()),
+        data: data.into(),
+        annotations: None,
+    }
+}
+
+fn completed(content: Vec<ContentBlock>) -> Response {
+    Response::Completed(ToolResult {
+        content,
+        structured_content: None,
+        progress: None,
+        meta: None,
+        is_error: None,
+    })
+}
+
+fn failed(message: &str) -> Response {
+    Response::Completed(ToolResult {
+        content: vec![text(message)],
+        structured_content: None,
+        progress: None,
+        meta: None,
+        is_error: Some(true),
+    })
+}
+
+fn tool(name: &str, description: &str, input_schema: &str) -> Tool {
+    Tool {
+        name: name.into(),
+        title: None,
+        description: description.into(),
+        input_schema: input_schema.into(),
+        output_schema: None,
+        annotations: None,
+        meta: None,
+    }
+}
+
+fn resource(uri: &str, name: &str, title: &str, description: &str, mime: &str) -> McpResource {
+    McpResource {
+        uri: uri.into(),
+        name: name.into(),
+        title: Some(title.into()),
+        description: Some(description.into()),
+        mime_type: mime.into(),
+        annotations: None,
+    }
+}
+
+fn message(content: PromptMessageContent) -> PromptMessage {
+    PromptMessage {
+        role: PromptMessageRole::User,
+        content,
+    }
+}
+
+fn text_message(t: &str) -> PromptMessage {
+    message(PromptMessageContent::Text(TextContent {
+        text: t.into(),
+        annotations: None,
+    }))
+}
+
+fn prompt_arg(name: &str, description: &str) -> PromptArgument {
+    PromptArgument {
+        name: name.into(),
+        description: Some(description.into()),
+        required: Some(true),
+    }
+}
+
+/// The tool's arguments as a JSON object. A call without arguments (the
+/// suite omits them for `test_simple_text`) may reach the router as empty
+/// text or `null`; both mean `{}`.
+fn parse_args(arguments: &str) -> Result<serde_json::Map<String, Value>, ToolError> {
+    if arguments.trim().is_empty() {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(Value::Null) => Ok(serde_json::Map::new()),
+        Ok(other) => Err(ToolError::InvalidParameters(format!(
+            "arguments must be a JSON object, got {other}"
+        ))),
+        Err(e) => Err(ToolError::InvalidParameters(format!("arguments: {e}"))),
+    }
+}
+
+/// The client's answer to an elicitation, as `(action, content)`, when the
+/// broker has added one; `None` on the first call.
+fn elicitation_answer(
+    args: &serde_json::Map<String, Value>,
+) -> Result<Option<(String, Value)>, ToolError> {
+    let Some(answer) = args.get(ELICITATION_ARG) else {
+        return Ok(None);
+    };
+    let action = answer
+        .get("action")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            ToolError::InvalidParameters(format!("`{ELICITATION_ARG}.action` (string) is required"))
+        })?;
+    let content = answer.get("content").cloned().unwrap_or_else(|| json!({}));
+    Ok(Some((action.to_owned(), content)))
+}
+
+/// First call: ask for `schema`. Second call: `done(action, content)`.
+fn elicit_then(
+    args: &serde_json::Map<String, Value>,
+    message: &str,
+    schema: Value,
+    done: impl FnOnce(&str, &Value) -> String,
+) -> Result<Response, ToolError> {
+    match elicitation_answer(args)? {
+        None => Ok(Response::Elicit(ElicitationRequest {
+            title: None,
+            message: message.into(),
+            schema: schema.to_string(),
+            annotations: None,
+            meta: None,
+        })),
+        Some((action, content)) => Ok(completed(vec![text(done(&action, &content))])),
+    }
+}
+
+fn sep1034_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "User name", "default": "John Doe"},
+            "age": {"type": "integer", "description": "User age", "default": 30},
+            "score": {"type": "number", "description": "User score", "default": 95.5},
+            "status": {
+                "type": "string",
+                "description": "User status",
+                "enum": ["active", "inactive", "pending"],
+                "default": "active"
+            },
+            "verified": {"type": "boolean", "description": "Verification status", "default": true}
+        },
+        "required": []
+    })
+}
+
+fn sep1330_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "untitledSingle": {
+                "type": "string",
+                "description": "Select one option",
+                "enum": ["option1", "option2", "option3"]
+            },
+            "titledSingle": {
+                "type": "string",
+                "description": "Select one option with titles",
+                "oneOf": [
+                    {"const": "value1", "title": "First Option"},
+                    {"const": "value2", "title": "Second Option"},
+                    {"const": "value3", "title": "Third Option"}
+                ]
+            },
+            "legacyEnum": {
+                "type": "string",
+                "description": "Select one option (legacy)",
+                "enum": ["opt1", "opt2", "opt3"],
+                "enumNames": ["Option One", "Option Two", "Option Three"]
+            },
+            "untitledMulti": {
+                "type": "array",
+                "description": "Select multiple options",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {"type": "string", "enum": ["option1", "option2", "option3"]}
+            },
+            "titledMulti": {
+                "type": "array",
+                "description": "Select multiple options with titles",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {
+                    "anyOf": [
+                        {"const": "value1", "title": "First Choice"},
+                        {"const": "value2", "title": "Second Choice"},
+                        {"const": "value3", "title": "Third Choice"}
+                    ]
+                }
+            }
+        },
+        "required": []
+    })
+}
+
+fn completed_text(action: &str, content: &Value) -> String {
+    format!("Elicitation completed: action={action}, content={content}")
+}
+
+/// Progress is a fraction of the work (the broker sends it with `total: 1`,
+/// `docs/http.md`); the message says the reference server's steps of 100.
+fn progress(percent: u8) -> ProgressNotification {
+    ProgressNotification {
+        progress: Some(f32::from(percent) / 100.0),
+        message: Some(format!("Completed step {percent} of 100")),
+        annotations: None,
+    }
+}
+
+struct Conformance;
+
+impl Guest for Conformance {
+    fn name() -> String {
+        "conformance".into()
+    }
+
+    fn title() -> Option<String> {
+        Some("MCP conformance fixtures".into())
+    }
+
+    fn instructions() -> String {
+        "Fixtures for the official MCP conformance suite (server scenarios): tools test_*, \
+         resources test://…, prompts test_*. Not for real clients."
+            .into()
+    }
+
+    fn describe_server() -> ServerDescription {
+        ServerDescription {
+            name: Self::name(),
+            title: Self::title(),
+            capabilities: ServerCapabilities {
+                prompts: Some(PromptsCapability {
+                    list_changed: Some(false),
+                }),
+                // The resources never change, so a subscription is accepted
+                // and simply never sees an update.
+                resources: Some(ResourcesCapability {
+                    subscribe: Some(true),
+                    list_changed: Some(false),
+                }),
+                tools: Some(ToolsCapability {
+                    list_changed: Some(false),
+                }),
+                completions: Some(CompletionsCapability { enabled: true }),
+            },
+            resources: Some(Self::list_resources()),
+            resource_metadata: None,
+            meta: None,
+        }
+    }
+
+    fn list_tools() -> Vec<Tool> {
+        vec![
+            tool(
+                "test_simple_text",
+                "Tests simple text content response",
+                NO_ARGS,
+            ),
+            tool(
+                "test_image_content",
+                "Tests image content response",
+                NO_ARGS,
+            ),
+            tool(
+                "test_audio_content",
+                "Tests audio content response",
+                NO_ARGS,
+            ),
+            tool(
+                "test_embedded_resource",
+                "Tests embedded resource content response",
+                NO_ARGS,
+            ),
+            tool(
+                "test_multiple_content_types",
+                "Tests response with multiple content types (text, image, resource)",
+                NO_ARGS,
+            ),
+            tool(
+                "test_tool_with_logging",
+                "Tests tool that emits log messages during execution (the router world has no \
+                 logging import: it emits none)",
+                NO_ARGS,
+            ),
+            tool(
+                "test_tool_with_progress",
+                "Tests tool that reports progress notifications",
+                NO_ARGS,
+            ),
+            tool(
+                "test_error_handling",
+                "Tests error response handling",
+                NO_ARGS,
+            ),
+            tool(
+                "test_reconnection",
+                "Tests SSE stream disconnection and client reconnection (SEP-1699); this router \
+                 cannot close the stream, so it simply completes",
+                NO_ARGS,
+            ),
+            tool(
+                "test_sampling",
+                "Tests server-initiated sampling (through the broker's mcp-broker/sample \
+                 convention)",
+                r#"{"type":"object","properties":{"prompt":{"type":"string","description":"The prompt to send to the LLM"}},"required":["prompt"]}"#,
+            ),
+            tool(
+                "test_elicitation",
+                "Tests server-initiated elicitation (user input request)",
+                r#"{"type":"object","properties":{"message":{"type":"string","description":"The message to show the user"}},"required":["message"]}"#,
+            ),
+            tool(
+                "test_elicitation_sep1034_defaults",
+                "Tests elicitation with default values per SEP-1034",
+                NO_ARGS,
+            ),
+            tool(
+                "test_elicitation_sep1330_enums",
+                "Tests elicitation with enum schema improvements per SEP-1330",
+                NO_ARGS,
+            ),
+            tool(
+                "json_schema_2020_12_tool",
+                "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613)",
+                JSON_SCHEMA_2020_12,
+            ),
+            Tool {
+                output_schema: Some(
+                    r#"{"type":"object","properties":{"temperature":{"type":"number"},"conditions":{"type":"string"}},"required":["temperature","conditions"]}"#
+                        .into(),
+                ),
+                ..tool(
+                    "test_structured_output",
+                    "Tests structured content conforming to the output schema",
+                    NO_ARGS,
+                )
+            },
+            tool(
+                "test_resource_link",
+                "Tests resource link content response",
+                NO_ARGS,
+            ),
+        ]
+    }
+
+    fn call_tool(tool_name: String, arguments: String) -> Result<Response, ToolError> {
+        let args = parse_args(&arguments)?;
+        match tool_name.as_str() {
+            "test_simple_text" => Ok(completed(vec![text(
+                "This is a simple text response for testing.",
+            )])),
+            "test_image_content" => Ok(completed(vec![image()])),
+            "test_audio_content" => Ok(completed(vec![ContentBlock::Audio(AudioContent {
+                data: WAV_BASE64.into(),
+                mime_type: "audio/wav".into(),
+                annotations: None,
+            })])),
+            "test_embedded_resource" => {
+                Ok(completed(vec![ContentBlock::EmbeddedResource(embedded(
+                    "test://embedded-resource",
+                    "text/plain",
+                    "This is an embedded resource content.",
+                ))]))
+            }
+            "test_multiple_content_types" => Ok(completed(vec![
+                text("Multiple content types test:"),
+                image(),
+                ContentBlock::EmbeddedResource(embedded(
+                    "test://mixed-content-resource",
+                    "application/json",
+                    r#"{"test":"data","value":123}"#,
+                )),
+            ])),
+            // The router world has no logging import: what the tool logs
+            // rides in the result's meta under the broker's key, and the
+            // broker sends it as notifications/message before the result.
+            "test_tool_with_logging" => Ok(Response::Completed(ToolResult {
+                content: vec![text("Tool with logging executed successfully")],
+                structured_content: None,
+                progress: None,
+                meta: Some(vec![MetaEntry {
+                    key: "mcp-broker/log".into(),
+                    value: r#"[{"level":"info","logger":"conformance","data":"Tool execution started"},{"level":"info","logger":"conformance","data":"Tool processing data"},{"level":"info","logger":"conformance","data":"Tool execution completed"}]"#.into(),
+                }]),
+                is_error: None,
+            })),
+            "test_tool_with_progress" => Ok(Response::Completed(ToolResult {
+                content: vec![text("Progress reported: 0%, 50% and 100%")],
+                structured_content: None,
+                progress: Some(vec![progress(0), progress(50), progress(100)]),
+                meta: None,
+                is_error: None,
+            })),
+            "test_error_handling" => Ok(failed(
+                "This tool intentionally returns an error for testing",
+            )),
+            "test_reconnection" => Ok(completed(vec![text(
+                "Reconnection test completed successfully. If you received this, the client \
+                 properly reconnected after stream closure.",
+            )])),
+            // The router world cannot ask for sampling itself: the first call
+            // returns the sampling/createMessage params under the broker's
+            // meta key; the broker asks the client and calls again with the
+            // client's CreateMessageResult as `_sampling`.
+            "test_sampling" => match args.get(SAMPLING_ARG) {
+                None => {
+                    let prompt = args.get("prompt").and_then(Value::as_str).ok_or_else(|| {
+                        ToolError::InvalidParameters("`prompt` (string) is required".into())
+                    })?;
+                    let params = json!({
+                        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+                        "maxTokens": 100
+                    });
+                    Ok(Response::Completed(ToolResult {
+                        content: vec![text("sampling requested")],
+                        structured_content: None,
+                        progress: None,
+                        meta: Some(vec![MetaEntry {
+                            key: "mcp-broker/sample".into(),
+                            value: params.to_string(),
+                        }]),
+                        is_error: None,
+                    }))
+                }
+                Some(result) => {
+                    let said = result
+                        .pointer("/content/text")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    Ok(completed(vec![text(format!("LLM response: {said}"))]))
+                }
+            },
+            "test_elicitation" => {
+                let message = args
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ToolError::InvalidParameters("`message` (string) is required".into())
+                    })?
+                    .to_owned();
+                let schema = json!({
+                    "type": "object",
+                    "properties": {
+                        "username": {"type": "string", "description": "User's response"},
+                        "email": {"type": "string", "description": "User's email address"}
+                    },
+                    "required": ["username", "email"]
+                });
+                elicit_then(&args, &message, schema, |action, content| {
+                    format!("User response: action={action}, content={content}")
+                })
+            }
+            "test_elicitation_sep1034_defaults" => elicit_then(
+                &args,
+                "Please review and update the form fields with defaults",
+                sep1034_schema(),
+                completed_text,
+            ),
+            "test_elicitation_sep1330_enums" => elicit_then(
+                &args,
+                "Please select options from the enum fields",
+                sep1330_schema(),
+                completed_text,
+            ),
+            "json_schema_2020_12_tool" => {
+                let shown = Value::Object(args);
+                Ok(completed(vec![text(format!(
+                    "JSON Schema 2020-12 tool called with: {shown}"
+                ))]))
+            }
+            "test_structured_output" => {
+                let structured = json!({"temperature": 22.5, "conditions": "Partly cloudy"});
+                Ok(Response::Completed(ToolResult {
+                    // The text block repeats the structured content, as the
+                    // spec asks for clients that read only content.
+                    content: vec![text(structured.to_string())],
+                    structured_content: Some(structured.to_string()),
+                    progress: None,
+                    meta: None,
+                    is_error: None,
+                }))
+            }
+            "test_resource_link" => Ok(completed(vec![ContentBlock::ResourceLink(
+                exports::wasix::mcp::router::ResourceLinkContent {
+                    uri: STATIC_TEXT_URI.into(),
+                    title: Some("Static Text Resource".into()),
+                    description: Some("A static text resource for testing".into()),
+                    mime_type: Some("text/plain".into()),
+                    annotations: None,
+                },
+            )])),
+            other => Err(ToolError::NotFound(format!("no tool `{other}`"))),
+        }
+    }
+
+    fn list_resources() -> Vec<McpResource> {
+        vec![
+            resource(
+                STATIC_TEXT_URI,
+                "static-text",
+                "Static Text Resource",
+                "A static text resource for testing",
+                "text/plain",
+            ),
+            resource(
+                STATIC_BINARY_URI,
+                "static-binary",
+                "Static Binary Resource",
+                "A static binary resource (image) for testing",
+                "image/png",
+            ),
+            resource(
+                WATCHED_URI,
+                "watched-resource",
+                "Watched Resource",
+                "A resource clients may subscribe to (it never changes)",
+                "text/plain",
+            ),
+            resource(
+                TEMPLATE,
+                "template",
+                "Resource Template",
+                "A resource template with parameter substitution",
+                "application/json",
+            ),
+        ]
+    }
+
+    fn read_resource(uri: String) -> Result<ReadResourceResult, ResourceError> {
+        let contents = match uri.as_str() {
+            STATIC_TEXT_URI => ResourceContents::Text(TextResourceContents {
+                uri,
+                mime_type: Some("text/plain".into()),
+                text: STATIC_TEXT.into(),
+            }),
+            STATIC_BINARY_URI => ResourceContents::Blob(BlobResourceContents {
+                uri,
+                mime_type: Some("image/png".into()),
+                blob: PNG_BASE64.into(),
+            }),
+            WATCHED_URI => ResourceContents::Text(TextResourceContents {
+                uri,
+                mime_type: Some("text/plain".into()),
+                text: WATCHED_TEXT.into(),
+            }),
+            _ => {
+                let id = uri
+                    .strip_prefix(TEMPLATE_PREFIX)
+                    .and_then(|rest| rest.strip_suffix(TEMPLATE_SUFFIX))
+                    .filter(|id| !id.is_empty() && !id.contains('/'))
+                    .ok_or_else(|| ResourceError::NotFound(format!("no resource `{uri}`")))?;
+                let text = json!({
+                    "id": id,
+                    "templateTest": true,
+                    "data": format!("Data for ID: {id}"),
+                })
+                .to_string();
+                ResourceContents::Text(TextResourceContents {
+                    uri,
+                    mime_type: Some("application/json".into()),
+                    text,
+                })
+            }
+        };
+        Ok(ReadResourceResult {
+            contents: vec![contents],
+        })
+    }
+
+    fn list_prompts() -> Vec<Prompt> {
+        vec![
+            Prompt {
+                name: "test_simple_prompt".into(),
+                description: Some("A simple prompt without arguments".into()),
+                arguments: None,
+            },
+            Prompt {
+                name: "test_prompt_with_arguments".into(),
+                description: Some("A prompt with required arguments".into()),
+                arguments: Some(vec![
+                    prompt_arg("arg1", "First test argument"),
+                    prompt_arg("arg2", "Second test argument"),
+                ]),
+            },
+            Prompt {
+                name: "test_prompt_with_embedded_resource".into(),
+                description: Some("A prompt that includes an embedded resource".into()),
+                arguments: Some(vec![prompt_arg(
+                    "resourceUri",
+                    "URI of the resource to embed",
+                )]),
+            },
+            Prompt {
+                name: "test_prompt_with_image".into(),
+                description: Some("A prompt that includes image content".into()),
+                arguments: None,
+            },
+        ]
+    }
+
+    fn get_prompt(prompt_name: String) -> Result<GetPromptResult, PromptError> {
+        let (description, messages) = match prompt_name.as_str() {
+            "test_simple_prompt" => (
+                "A simple prompt without arguments",
+                vec![text_message("This is a simple prompt for testing.")],
+            ),
+            "test_prompt_with_arguments" => (
+                "A prompt with required arguments",
+                vec![text_message(
+                    "Prompt with arguments: arg1='{{arg1}}', arg2='{{arg2}}'",
+                )],
+            ),
+            // The broker fills placeholders in text only: the resource's URI
+            // is fixed (the one the suite passes) and the argument shows in
+            // the text.
+            "test_prompt_with_embedded_resource" => (
+                "A prompt that includes an embedded resource",
+                vec![
+                    message(PromptMessageContent::McpResource(embedded(
+                        "test://example-resource",
+                        "text/plain",
+                        "Embedded resource content for testing.",
+                    ))),
+                    text_message("Please process the embedded resource above ({{resourceUri}})."),
+                ],
+            ),
+            "test_prompt_with_image" => (
+                "A prompt that includes image content",
+                vec![
+                    message(PromptMessageContent::Image(ImageContent {
+                        data: PNG_BASE64.into(),
+                        mime_type: "image/png".into(),
+                        annotations: None,
+                    })),
+                    text_message("Please analyze the image above."),
+                ],
+            ),
+            other => return Err(PromptError::NotFound(format!("no prompt `{other}`"))),
+        };
+        Ok(GetPromptResult {
+            description: Some(description.into()),
+            messages,
+        })
+    }
+
+    fn complete(request: CompletionRequest) -> Result<CompletionResponse, CompletionError> {
+        let input: Value = serde_json::from_str(&request.input)
+            .map_err(|e| CompletionError::InvalidParameters(format!("input: {e}")))?;
+        let field = |path: &[&str]| -> Result<&str, CompletionError> {
+            let mut v = &input;
+            for p in path {
+                v = v.get(p).ok_or_else(|| {
+                    CompletionError::InvalidParameters(format!("`{}` is required", path.join(".")))
+                })?;
+            }
+            v.as_str().ok_or_else(|| {
+                CompletionError::SchemaError(format!("`{}` must be a string", path.join(".")))
+            })
+        };
+        let ref_type = field(&["ref", "type"])?;
+        let arg_name = field(&["argument", "name"])?;
+        let prefix = field(&["argument", "value"])?;
+        let candidates: &[&str] = match ref_type {
+            "ref/prompt" => match (field(&["ref", "name"])?, arg_name) {
+                ("test_prompt_with_arguments", "arg1" | "arg2") => ARG_VALUES,
+                // Any URI is accepted: nothing to suggest.
+                ("test_prompt_with_embedded_resource", "resourceUri") => &[],
+                (prompt, _) => {
+                    return Err(CompletionError::NotFound(format!(
+                        "no prompt `{prompt}` with argument `{arg_name}`"
+                    )));
+                }
+            },
+            "ref/resource" => match (field(&["ref", "uri"])?, arg_name) {
+                (TEMPLATE, "id") => ID_VALUES,
+                (uri, _) => {
+                    return Err(CompletionError::NotFound(format!(
+                        "no template `{uri}` with variable `{arg_name}`"
+                    )));
+                }
+            },
+            other => {
+                return Err(CompletionError::InvalidParameters(format!(
+                    "unknown ref type `{other}`"
+                )));
+            }
+        };
+        Ok(CompletionResponse {
+            content: candidates
+                .iter()
+                .filter(|c| c.starts_with(prefix))
+                .map(|c| text(*c))
+                .collect(),
+            meta: None,
+            is_error: None,
+        })
+    }
+}
+
+export!(Conformance);
