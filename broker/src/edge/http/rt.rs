@@ -117,7 +117,8 @@ async fn send(mut half: OwnedWriteHalf<TcpStream>, buf: Vec<u8>) -> WriteOp {
 ///
 /// Each direction owns its stream half and its buffer while idle and lends
 /// both to its op while one is out; the op future lives in a slot boxed
-/// once per connection and overwritten in place, so a request allocates
+/// once per connection and overwritten in place, and the send buffers
+/// take turns, so past a connection's first requests a request allocates
 /// nothing here. Dropping the connection drops an op still in the kernel:
 /// monoio then keeps that op's buffer alive until its completion arrives
 /// (and asks the kernel to cancel it), so no buffer is freed under the
