@@ -187,13 +187,7 @@ impl Drop for ConnGuard {
 async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
     edge.connections.set(edge.connections.get() + 1);
     let _guard = ConnGuard(edge.clone());
-    let io = match stream.try_into_poll_io() {
-        Ok(io) => hyper_util::rt::TokioIo::new(io),
-        Err((e, _)) => {
-            tracing::warn!(%peer, error = %e, "HTTP connection: cannot switch to poll I/O");
-            return;
-        }
-    };
+    let io = rt::uring_io(stream);
     let svc_edge = edge.clone();
     let service = hyper::service::service_fn(move |req| {
         let edge = svc_edge.clone();

@@ -1,15 +1,23 @@
 //! hyper on a shard's monoio runtime: its I/O and its timer.
 //!
-//! I/O: monoio's poll-style `TcpStreamPoll` (readiness through the ring,
-//! reads and writes straight into hyper's buffers) implements tokio's I/O
-//! traits, which `hyper_util`'s `TokioIo` adapts to hyper's. Timer: monoio's
-//! own timer wheel, so hyper's header deadline costs no thread.
+//! I/O: [`UringIo`] drives hyper's reads and writes as monoio completion
+//! ops with owned buffers (one `recv` per read, one `send` per flush), so a
+//! request costs no readiness round trip and no speculative `recv` that
+//! ends in `EAGAIN`. Timer: monoio's own timer wheel, so hyper's header
+//! deadline costs no thread.
 
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
+
+use monoio::BufResult;
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
+};
+use monoio::net::TcpStream;
 
 /// hyper's timer, backed by the shard's monoio timer.
 #[derive(Clone, Copy, Debug)]
@@ -80,5 +88,428 @@ impl Drop for ShardSleep {
         if !std::thread::panicking() {
             self.check_thread();
         }
+    }
+}
+
+/// Bytes one `recv` may bring in: hyper's first read buffer is 8 KiB, and a
+/// larger request body arrives in several reads either way.
+const READ_CAPACITY: usize = 16 * 1024;
+/// Buffered response bytes past which `poll_write` sends them without
+/// waiting for hyper's flush (and holds hyper back while a send is out).
+const WRITE_HIGH_WATER: usize = 64 * 1024;
+
+type ReadOp = (BufResult<usize, Vec<u8>>, OwnedReadHalf<TcpStream>);
+type WriteOp = (BufResult<usize, Vec<u8>>, OwnedWriteHalf<TcpStream>);
+
+/// One `recv` into an owned buffer; the half comes back with the result.
+async fn recv(mut half: OwnedReadHalf<TcpStream>, buf: Vec<u8>) -> ReadOp {
+    let r = half.read(buf).await;
+    (r, half)
+}
+
+/// Sends all of an owned buffer (a short send is continued, not reported).
+async fn send(mut half: OwnedWriteHalf<TcpStream>, buf: Vec<u8>) -> WriteOp {
+    let r = half.write_all(buf).await;
+    (r, half)
+}
+
+/// A TCP stream as hyper's I/O, over owned-buffer completion ops.
+///
+/// Each direction owns its stream half and its buffer while idle and lends
+/// both to its op while one is out; the op future lives in a slot boxed
+/// once per connection and overwritten in place, and the send buffers
+/// take turns, so past a connection's first requests a request allocates
+/// nothing here. Dropping the connection drops an op still in the kernel:
+/// monoio then keeps that op's buffer alive until its completion arrives
+/// (and asks the kernel to cancel it), so no buffer is freed under the
+/// kernel.
+///
+/// Writes are buffered: `poll_write` copies hyper's bytes and reports them
+/// written; the send goes out on `poll_flush` (hyper flushes after every
+/// message) or past [`WRITE_HIGH_WATER`]. A send that fails surfaces on the
+/// next write, flush or shutdown, which is as soon as hyper can learn of it
+/// from any buffered writer.
+pub struct UringIo<R, W> {
+    rd: Option<OwnedReadHalf<TcpStream>>,
+    /// Received bytes; `rd_pos..` not yet handed to hyper. `None` while a
+    /// `recv` owns it.
+    rd_buf: Option<Vec<u8>>,
+    rd_pos: usize,
+    rd_op: Pin<Box<Option<R>>>,
+    make_recv: fn(OwnedReadHalf<TcpStream>, Vec<u8>) -> R,
+
+    wr: Option<OwnedWriteHalf<TcpStream>>,
+    /// Bytes hyper wrote that no send carries yet.
+    wr_pending: Vec<u8>,
+    /// The buffer of the last finished send, cleared, for the next one.
+    wr_spare: Option<Vec<u8>>,
+    wr_op: Pin<Box<Option<W>>>,
+    make_send: fn(OwnedWriteHalf<TcpStream>, Vec<u8>) -> W,
+    /// A failed send, for the next write, flush or shutdown to report.
+    wr_error: Option<io::Error>,
+}
+
+/// hyper's I/O over `stream`.
+pub fn uring_io(
+    stream: TcpStream,
+) -> UringIo<impl Future<Output = ReadOp>, impl Future<Output = WriteOp>> {
+    let (rd, wr) = stream.into_split();
+    UringIo {
+        rd: Some(rd),
+        rd_buf: Some(Vec::with_capacity(READ_CAPACITY)),
+        rd_pos: 0,
+        rd_op: Box::pin(None),
+        make_recv: recv,
+        wr: Some(wr),
+        wr_pending: Vec::new(),
+        wr_spare: None,
+        wr_op: Box::pin(None),
+        make_send: send,
+        wr_error: None,
+    }
+}
+
+impl<R, W> UringIo<R, W>
+where
+    R: Future<Output = ReadOp>,
+    W: Future<Output = WriteOp>,
+{
+    /// Polls the send in flight, if any; `Ready` once none is.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(op) = self.wr_op.as_mut().as_pin_mut() else {
+            return Poll::Ready(());
+        };
+        let ((res, mut buf), half) = std::task::ready!(op.poll(cx));
+        self.wr_op.set(None);
+        self.wr = Some(half);
+        if let Err(e) = res {
+            self.wr_error.get_or_insert(e);
+        }
+        // A buffer one large response grew is not kept for the small ones.
+        if buf.capacity() <= 2 * WRITE_HIGH_WATER {
+            buf.clear();
+            self.wr_spare = Some(buf);
+        }
+        Poll::Ready(())
+    }
+
+    /// Hands the buffered bytes to a send (none may be in flight).
+    fn start_send(&mut self) {
+        let half = self.wr.take().expect("no send in flight");
+        let next = self.wr_spare.take().unwrap_or_default();
+        let buf = std::mem::replace(&mut self.wr_pending, next);
+        self.wr_op.set(Some((self.make_send)(half, buf)));
+    }
+
+    fn take_error(&mut self) -> io::Result<()> {
+        self.wr_error.take().map_or(Ok(()), Err)
+    }
+
+    /// Sends everything buffered; `Ready` once the kernel took all of it.
+    fn poll_flush_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            std::task::ready!(self.poll_send(cx));
+            self.take_error()?;
+            if self.wr_pending.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            self.start_send();
+        }
+    }
+
+    /// Buffers `bufs` for the next send, or `Pending` while the buffer is
+    /// past its high water mark and a send is out.
+    fn poll_buffer(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let _ = self.poll_send(cx);
+        self.take_error()?;
+        if self.wr_pending.len() >= WRITE_HIGH_WATER {
+            // One send at a time: the kernel owns that buffer until it ends.
+            std::task::ready!(self.poll_send(cx));
+            self.take_error()?;
+            self.start_send();
+            // Its first poll submits it.
+            let _ = self.poll_send(cx);
+            self.take_error()?;
+        }
+        let mut n = 0;
+        for b in bufs {
+            self.wr_pending.extend_from_slice(b);
+            n += b.len();
+        }
+        Poll::Ready(Ok(n))
+    }
+}
+
+impl<R, W> hyper::rt::Read for UringIo<R, W>
+where
+    R: Future<Output = ReadOp>,
+    W: Future<Output = WriteOp>,
+{
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut out: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(buf) = &this.rd_buf
+            && this.rd_pos < buf.len()
+        {
+            let n = out.remaining().min(buf.len() - this.rd_pos);
+            out.put_slice(&buf[this.rd_pos..this.rd_pos + n]);
+            this.rd_pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        if this.rd_op.is_none() {
+            let half = this.rd.take().expect("no recv in flight");
+            let mut buf = this.rd_buf.take().expect("no recv in flight");
+            buf.clear();
+            this.rd_pos = 0;
+            this.rd_op.set(Some((this.make_recv)(half, buf)));
+        }
+        let op = this.rd_op.as_mut().as_pin_mut().expect("a recv in flight");
+        let ((res, buf), half) = std::task::ready!(op.poll(cx));
+        this.rd_op.set(None);
+        this.rd = Some(half);
+        this.rd_buf = Some(buf);
+        let buf = this.rd_buf.as_ref().expect("just returned");
+        match res {
+            // 0 bytes: the peer closed; nothing put is hyper's EOF.
+            Ok(_) => {
+                let n = out.remaining().min(buf.len());
+                out.put_slice(&buf[..n]);
+                this.rd_pos = n;
+                Poll::Ready(Ok(()))
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl<R, W> hyper::rt::Write for UringIo<R, W>
+where
+    R: Future<Output = ReadOp>,
+    W: Future<Output = WriteOp>,
+{
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_buffer(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_buffer(cx, bufs)
+    }
+
+    /// `true`: hyper then hands head and body as separate slices (no copy
+    /// into its own buffer first), and they still go out in one send.
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_flush_all(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_flush_all(cx))?;
+        let half = this.wr.as_mut().expect("no send in flight after a flush");
+        // monoio shuts a TCP stream down with a plain syscall: the future
+        // is ready at its first poll.
+        let shutdown = std::pin::pin!(half.shutdown());
+        shutdown.poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::rt::{Read, Write};
+    use std::io::{Read as _, Write as _};
+    use std::mem::MaybeUninit;
+
+    fn on_runtime<F: Future>(f: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .expect("monoio runtime")
+            .block_on(f)
+    }
+
+    /// Our end on the runtime, the peer's a blocking std socket.
+    async fn pair() -> (
+        UringIo<impl Future<Output = ReadOp>, impl Future<Output = WriteOp>>,
+        std::net::TcpStream,
+    ) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let ours = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (peer, _) = listener.accept().expect("accept");
+        (uring_io(ours), peer)
+    }
+
+    /// One hyper read with room for `room` bytes.
+    async fn read<R, W>(io: &mut UringIo<R, W>, room: usize) -> io::Result<Vec<u8>>
+    where
+        R: Future<Output = ReadOp>,
+        W: Future<Output = WriteOp>,
+    {
+        let mut storage = vec![MaybeUninit::<u8>::uninit(); room];
+        let mut rb = hyper::rt::ReadBuf::uninit(&mut storage);
+        std::future::poll_fn(|cx| Pin::new(&mut *io).poll_read(cx, rb.unfilled())).await?;
+        Ok(rb.filled().to_vec())
+    }
+
+    async fn write_vectored<R, W>(io: &mut UringIo<R, W>, bufs: &[&[u8]]) -> io::Result<usize>
+    where
+        R: Future<Output = ReadOp>,
+        W: Future<Output = WriteOp>,
+    {
+        let slices: Vec<io::IoSlice<'_>> = bufs.iter().map(|b| io::IoSlice::new(b)).collect();
+        std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write_vectored(cx, &slices)).await
+    }
+
+    async fn flush<R, W>(io: &mut UringIo<R, W>) -> io::Result<()>
+    where
+        R: Future<Output = ReadOp>,
+        W: Future<Output = WriteOp>,
+    {
+        std::future::poll_fn(|cx| Pin::new(&mut *io).poll_flush(cx)).await
+    }
+
+    #[test]
+    fn bytes_a_short_read_cannot_take_come_with_the_next_reads_in_order() {
+        on_runtime(async {
+            let (mut io, mut peer) = pair().await;
+            peer.write_all(b"hello world!").expect("peer write");
+            // One recv takes all twelve bytes; hyper's room is five.
+            assert_eq!(read(&mut io, 5).await.expect("read"), b"hello");
+            assert_eq!(read(&mut io, 5).await.expect("read"), b" worl");
+            assert_eq!(read(&mut io, 64).await.expect("read"), b"d!");
+            peer.write_all(b"more").expect("peer write");
+            assert_eq!(read(&mut io, 64).await.expect("read"), b"more");
+        });
+    }
+
+    #[test]
+    fn a_closed_peer_reads_as_nothing_filled() {
+        on_runtime(async {
+            let (mut io, mut peer) = pair().await;
+            peer.write_all(b"last").expect("peer write");
+            drop(peer);
+            assert_eq!(read(&mut io, 64).await.expect("read"), b"last");
+            assert_eq!(read(&mut io, 64).await.expect("read"), b"");
+        });
+    }
+
+    #[test]
+    fn vectored_writes_are_held_until_the_flush_and_then_arrive_whole() {
+        on_runtime(async {
+            let (mut io, mut peer) = pair().await;
+            let head = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n";
+            let n = write_vectored(&mut io, &[head, b"body"])
+                .await
+                .expect("write");
+            assert_eq!(n, head.len() + 4);
+            peer.set_nonblocking(true).expect("nonblocking");
+            let mut got = [0u8; 64];
+            let early = peer
+                .read(&mut got)
+                .expect_err("nothing sent before the flush");
+            assert_eq!(early.kind(), io::ErrorKind::WouldBlock);
+            flush(&mut io).await.expect("flush");
+            peer.set_nonblocking(false).expect("blocking");
+            let mut got = vec![0u8; head.len() + 4];
+            peer.read_exact(&mut got).expect("peer read");
+            assert_eq!(&got[..head.len()], head);
+            assert_eq!(&got[head.len()..], b"body");
+        });
+    }
+
+    #[test]
+    fn writes_past_the_high_water_mark_all_arrive_in_order() {
+        on_runtime(async {
+            let (mut io, peer) = pair().await;
+            let reader = std::thread::spawn(move || {
+                let mut peer = peer;
+                let mut all = Vec::new();
+                peer.read_to_end(&mut all).expect("peer read");
+                all
+            });
+            let total = 4 * WRITE_HIGH_WATER + 123;
+            let data: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+            for chunk in data.chunks(7 * 1024) {
+                let n = write_vectored(&mut io, &[chunk]).await.expect("write");
+                assert_eq!(n, chunk.len());
+            }
+            flush(&mut io).await.expect("flush");
+            std::future::poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx))
+                .await
+                .expect("shutdown");
+            let got = reader.join().expect("reader thread");
+            assert_eq!(got.len(), data.len());
+            assert!(got == data, "bytes arrived out of order");
+        });
+    }
+
+    #[test]
+    fn a_send_to_a_reset_peer_fails_on_a_later_flush() {
+        on_runtime(async {
+            let (mut io, peer) = pair().await;
+            // Linger 0: the close sends a reset, not a FIN.
+            socket2::SockRef::from(&peer)
+                .set_linger(Some(Duration::ZERO))
+                .expect("linger");
+            drop(peer);
+            let mut failed = None;
+            for _ in 0..100 {
+                // Buffered: the write itself is accepted.
+                assert_eq!(write_vectored(&mut io, &[b"data"]).await.expect("write"), 4);
+                if let Err(e) = flush(&mut io).await {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            let e = failed.expect("a send to a reset peer fails");
+            assert!(
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+                ),
+                "{e}"
+            );
+        });
+    }
+
+    #[test]
+    fn dropping_the_io_with_a_recv_in_flight_leaves_the_runtime_serving() {
+        on_runtime(async {
+            let (mut io, mut peer) = pair().await;
+            let mut storage = [MaybeUninit::<u8>::uninit(); 64];
+            let mut rb = hyper::rt::ReadBuf::uninit(&mut storage);
+            let first = std::future::poll_fn(|cx| {
+                Poll::Ready(Pin::new(&mut io).poll_read(cx, rb.unfilled()).is_pending())
+            })
+            .await;
+            assert!(first, "no data yet: the recv stays in flight");
+            drop(io);
+            // The kernel may still complete the dropped recv into its
+            // buffer, which monoio keeps until then.
+            let _ = peer.write_all(&[7u8; 32 * 1024]);
+            let (mut io, mut peer) = pair().await;
+            peer.write_all(b"next").expect("peer write");
+            assert_eq!(read(&mut io, 64).await.expect("read"), b"next");
+        });
     }
 }
