@@ -181,6 +181,10 @@ pub struct HttpSection {
     /// Time for a request's whole body to arrive once its head is in.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
+    /// A peer that takes none of an answer (or SSE event) for this long
+    /// is cut off and its connection's answers freed.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
     /// Connections per shard on this edge; beyond it new ones are closed.
     pub max_connections_per_shard: usize,
     /// Sessions alive at once across the edge; an `initialize` beyond it
@@ -211,6 +215,7 @@ impl Default for HttpSection {
             max_headers: 100,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
             max_connections_per_shard: 10_000,
             max_sessions: 100_000,
             session_idle_timeout: Duration::from_secs(1800),
@@ -577,6 +582,7 @@ impl Config {
         for (name, d) in [
             ("http.header_timeout", h.header_timeout),
             ("http.body_timeout", h.body_timeout),
+            ("http.write_timeout", h.write_timeout),
             ("http.session_idle_timeout", h.session_idle_timeout),
             ("http.sse_keepalive", h.sse_keepalive),
             ("http.client_answer_timeout", h.client_answer_timeout),

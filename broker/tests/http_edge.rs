@@ -900,3 +900,55 @@ fn a_sampling_request_round_trip_ends_in_the_tools_result_and_needs_the_capabili
         "{fin}"
     );
 }
+
+#[test]
+fn a_peer_that_reads_nothing_is_cut_off_at_the_write_timeout() {
+    let b = with_http("write_timeout = \"300ms\"");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    // Twenty pipelined calls whose answers (about 1 MB each) far exceed
+    // what the sockets buffer, and a peer that reads none of them.
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"echo","arguments":{{"x":"{}"}}}}}}"#,
+        "a".repeat(500_000)
+    );
+    let mut burst = Vec::new();
+    for _ in 0..20 {
+        burst.extend_from_slice(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Session-Id: {s}\r\nContent-Length: {}\r\n\r\n",
+                call.len()
+            )
+            .as_bytes(),
+        );
+        burst.extend_from_slice(call.as_bytes());
+    }
+    let mut raw = c.stream.get_ref().try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        // The broker stops reading once it is stuck writing: a write error
+        // here is the close this test waits for.
+        let _ = raw.write_all(&burst);
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    // Now read: the broker must have closed the connection (EOF), not kept
+    // it waiting for the reader forever.
+    let s = c.stream.get_mut();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut got = Vec::new();
+    let end = s.read_to_end(&mut got);
+    assert!(
+        end.is_ok()
+            || end
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the connection was not closed: {end:?} after {} bytes",
+        got.len()
+    );
+    let answers = String::from_utf8_lossy(&got)
+        .matches("HTTP/1.1 200")
+        .count();
+    assert!(answers < 20, "{answers} answers: nothing was cut off");
+    writer.join().unwrap();
+    // The edge still serves others.
+    Conn::connect(b.http).initialize("2025-06-18");
+}

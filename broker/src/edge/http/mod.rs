@@ -188,6 +188,7 @@ async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
     edge.connections.set(edge.connections.get() + 1);
     let _guard = ConnGuard(edge.clone());
     let io = rt::uring_io(stream);
+    let send_clock = io.send_clock();
     let svc_edge = edge.clone();
     let service = hyper::service::service_fn(move |req| {
         let edge = svc_edge.clone();
@@ -195,20 +196,47 @@ async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
     });
     let conn = edge.builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
+    let write_timeout = edge.cfg.write_timeout;
     let done = monoio::select! {
-        r = conn.as_mut() => Some(r),
-        _ = edge.draining.wait() => None,
+        r = conn.as_mut() => Some(Some(r)),
+        _ = edge.draining.wait() => Some(None),
+        _ = stalled(&send_clock, write_timeout) => None,
     };
     let result = match done {
-        Some(r) => r,
-        None => {
+        Some(Some(r)) => r,
+        Some(None) => {
             // Finish the request in progress (if any), then close.
             conn.as_mut().graceful_shutdown();
-            conn.await
+            monoio::select! {
+                r = conn.as_mut() => r,
+                _ = stalled(&send_clock, write_timeout) => {
+                    tracing::debug!(%peer, "HTTP connection closed at the drain: the peer reads nothing");
+                    return;
+                }
+            }
+        }
+        None => {
+            // Dropping the connection drops its answers and its SSE
+            // streams; their events stay in the session's replay logs.
+            tracing::warn!(%peer, ?write_timeout, "HTTP connection closed: the peer read nothing within http.write_timeout");
+            return;
         }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+    }
+}
+
+/// Resolves once a send has been outstanding for `limit`: the peer takes
+/// nothing (hyper has no write deadline of its own). Checked a few times
+/// per limit, so a stalled peer is cut off at most a quarter late.
+async fn stalled(send_started: &Cell<Option<Instant>>, limit: Duration) {
+    let every = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    loop {
+        monoio::time::sleep(every).await;
+        if send_started.get().is_some_and(|t| t.elapsed() >= limit) {
+            return;
+        }
     }
 }
 

@@ -6,9 +6,11 @@
 //! ends in `EAGAIN`. Timer: monoio's own timer wheel, so hyper's header
 //! deadline costs no thread.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -147,6 +149,9 @@ pub struct UringIo<R, W> {
     make_send: fn(OwnedWriteHalf<TcpStream>, Vec<u8>) -> W,
     /// A failed send, for the next write, flush or shutdown to report.
     wr_error: Option<io::Error>,
+    /// When the send in flight began (`None`: none is): the connection's
+    /// watchdog cuts off a peer that takes nothing for `http.write_timeout`.
+    send_started: Rc<Cell<Option<Instant>>>,
 }
 
 /// hyper's I/O over `stream`.
@@ -166,6 +171,7 @@ pub fn uring_io(
         wr_op: Box::pin(None),
         make_send: send,
         wr_error: None,
+        send_started: Rc::default(),
     }
 }
 
@@ -181,6 +187,7 @@ where
         };
         let ((res, mut buf), half) = std::task::ready!(op.poll(cx));
         self.wr_op.set(None);
+        self.send_started.set(None);
         self.wr = Some(half);
         if let Err(e) = res {
             self.wr_error.get_or_insert(e);
@@ -199,6 +206,12 @@ where
         let next = self.wr_spare.take().unwrap_or_default();
         let buf = std::mem::replace(&mut self.wr_pending, next);
         self.wr_op.set(Some((self.make_send)(half, buf)));
+        self.send_started.set(Some(Instant::now()));
+    }
+
+    /// When the send in flight began, shared with the connection's watchdog.
+    pub fn send_clock(&self) -> Rc<Cell<Option<Instant>>> {
+        self.send_started.clone()
     }
 
     fn take_error(&mut self) -> io::Result<()> {
