@@ -59,6 +59,21 @@ use crate::metrics;
 /// Protocol versions the edge speaks, oldest first.
 pub const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
+/// Whether `m` runs in a router (and so may take long enough to cancel).
+fn routed(m: Method) -> bool {
+    matches!(
+        m,
+        Method::CallTool | Method::ReadResource | Method::GetPrompt | Method::Complete
+    )
+}
+
+/// Whether a session of `version` gets SSE priming events (an id and empty
+/// data first), which 2025-11-25 introduced; older clients may not expect
+/// an event without a message.
+fn primes_streams(version: &str) -> bool {
+    version >= "2025-11-25"
+}
+
 /// The version the edge answers with when the client asks for one it does
 /// not know.
 pub const LATEST: &str = "2025-11-25";
@@ -747,19 +762,15 @@ impl HttpEdge {
         params: Option<&RawValue>,
         arrived: Instant,
     ) -> Response<Body> {
-        let mut out = Vec::new();
         match self
             .answer(session, id, method, params, arrived, None)
             .await
         {
-            Answer::Json(buf) => {
-                out = buf;
-                json_response(StatusCode::OK, out)
-            }
+            Answer::Json(out) => json_response(StatusCode::OK, out),
             Answer::Stream(cont) => {
                 let (tx, rx) = mpsc::unbounded();
                 let stream = session.open_stream(tx, false);
-                if session.version >= "2025-11-25" {
+                if primes_streams(session.version) {
                     session.emit(stream, None);
                 }
                 let edge = self.clone();
@@ -767,7 +778,6 @@ impl HttpEdge {
                 monoio::spawn(async move {
                     edge.stream(session, stream, cont).await;
                 });
-                drop(out);
                 sse_response(rx, None)
             }
         }
@@ -805,17 +815,6 @@ impl HttpEdge {
             );
             return Answer::Json(out);
         }
-        let id_text = id.0.get();
-        let Some(cancel) = session.start_call(id_text) else {
-            jsonrpc::write_error(
-                &mut out,
-                Some(id),
-                ErrorCode::InvalidRequest.code(),
-                "a request with this id is already in flight in this session",
-                None,
-            );
-            return Answer::Json(out);
-        };
         let built = {
             let h = self.header(Some(&session.id));
             let mut enc = self.enc.borrow_mut();
@@ -825,22 +824,43 @@ impl HttpEdge {
         let (frame, info) = match built {
             Ok(b) => b,
             Err(e) => {
-                session.end_call(id_text);
                 jsonrpc::write_error(&mut out, Some(id), e.code, &e.message, e.data.as_deref());
                 return Answer::Json(out);
             }
         };
-        let called = self.run(frame, arrived, Some(&cancel)).await;
-        session.end_call(id_text);
-        if cancel.is_cancelled() {
-            jsonrpc::write_error(
-                &mut out,
-                Some(id),
-                REQUEST_CANCELLED,
-                "request cancelled by the client",
-                None,
-            );
-            return Answer::Json(out);
+        // Only what runs in a router can be worth cancelling; the broker's
+        // own answers (ping, listings, log level) are done before any
+        // notification could arrive, and need no registration (a lock and
+        // an id copy) on their path.
+        let id_text = id.0.get();
+        let cancel = if routed(m) {
+            let Some(c) = session.start_call(id_text) else {
+                jsonrpc::write_error(
+                    &mut out,
+                    Some(id),
+                    ErrorCode::InvalidRequest.code(),
+                    "a request with this id is already in flight in this session",
+                    None,
+                );
+                return Answer::Json(out);
+            };
+            Some(c)
+        } else {
+            None
+        };
+        let called = self.run(frame, arrived, cancel.as_deref()).await;
+        if let Some(c) = &cancel {
+            session.end_call(id_text);
+            if c.is_cancelled() {
+                jsonrpc::write_error(
+                    &mut out,
+                    Some(id),
+                    REQUEST_CANCELLED,
+                    "request cancelled by the client",
+                    None,
+                );
+                return Answer::Json(out);
+            }
         }
         let progress_token = info.progress_token;
         if let Some(level) = info.log_level {
@@ -1083,21 +1103,14 @@ impl HttpEdge {
         }
     }
 
+    /// Other notifications (initialized, roots/list_changed, progress of
+    /// client-side work) carry nothing the broker acts on: a session serves
+    /// requests from its initialize on.
     fn notification(&self, session: &Session, method: &str, params: Option<&RawValue>) {
-        match method {
-            "notifications/initialized" => {
-                session
-                    .initialized
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            "notifications/cancelled" => {
-                if let Some(id) = jsonrpc::cancelled_request_id(params) {
-                    session.cancel_call(id.get());
-                }
-            }
-            // Other notifications (roots/list_changed, progress of
-            // client-side work) carry nothing the broker acts on.
-            _ => {}
+        if method == "notifications/cancelled"
+            && let Some(id) = jsonrpc::cancelled_request_id(params)
+        {
+            session.cancel_call(id.get());
         }
     }
 
@@ -1218,7 +1231,7 @@ impl HttpEdge {
             },
             None => {
                 let s = session.open_stream(tx, true);
-                if session.version >= "2025-11-25" {
+                if primes_streams(session.version) {
                     session.emit(s, None);
                 }
                 s

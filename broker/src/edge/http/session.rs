@@ -110,7 +110,6 @@ struct State {
 /// One live session.
 pub struct Session {
     pub id: String,
-    pub owner: usize,
     /// The random part of `id`, this session's key in its stripe.
     pub key: u128,
     /// The protocol version negotiated at `initialize`.
@@ -119,8 +118,6 @@ pub struct Session {
     pub client_elicitation: bool,
     /// The client declared the `sampling` capability.
     pub client_sampling: bool,
-    /// `notifications/initialized` arrived.
-    pub initialized: AtomicBool,
     last_used_ms: AtomicU64,
     /// Open SSE streams and requests in flight: while non-zero the session
     /// is in use and never idles out.
@@ -428,12 +425,10 @@ impl Sessions {
         let key = u128::from_le_bytes(raw);
         let s = Arc::new(Session {
             id: format!("{owner:x}-{key:032x}"),
-            owner,
             key,
             version,
             client_elicitation,
             client_sampling,
-            initialized: AtomicBool::new(false),
             last_used_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
             busy: AtomicUsize::new(0),
             level: AtomicU8::new(0),
