@@ -1,0 +1,286 @@
+//! The HTTP leg: one POST over `wasi:http/outgoing-handler`, and the answer's
+//! body read in bounded chunks. Errors are plain reasons ("connection
+//! refused", "HTTP 500: …"); the caller words them with method and URL.
+//!
+//! [`Endpoint::parse`] is pure and tested natively; the rest calls WASI
+//! imports and only runs inside the component.
+
+use wasi::http::outgoing_handler;
+use wasi::http::types::{
+    ErrorCode, Fields, IncomingBody, IncomingResponse, Method, OutgoingBody, OutgoingRequest,
+    Scheme,
+};
+use wasi::io::streams::{InputStream, StreamError};
+
+/// An answer body larger than this is refused: the WIT carries whole
+/// strings, and a runaway upstream must not exhaust the instance's memory.
+pub const MAX_BODY: usize = 16 << 20;
+/// Bytes asked for per read.
+const READ_CHUNK: u64 = 64 << 10;
+/// `blocking-write-and-flush` accepts at most 4096 bytes per call.
+const WRITE_CHUNK: usize = 4096;
+
+/// The upstream's MCP endpoint, split as wasi:http wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// As configured (for error messages).
+    pub url: String,
+    pub https: bool,
+    /// `host[:port]`.
+    pub authority: String,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl Endpoint {
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let url = url.trim();
+        let (https, rest) = if let Some(r) = strip_prefix_ci(url, "https://") {
+            (true, r)
+        } else if let Some(r) = strip_prefix_ci(url, "http://") {
+            (false, r)
+        } else {
+            return Err(format!("`{url}` is not an http:// or https:// URL"));
+        };
+        // The fragment never goes on the wire.
+        let rest = rest.split('#').next().unwrap_or_default();
+        let cut = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(cut);
+        if authority.is_empty() {
+            return Err(format!("`{url}` has no host"));
+        }
+        if authority.contains('@') {
+            // Credentials belong in the operator's upstream_headers, which
+            // the host injects; a URL must not smuggle them.
+            return Err(format!("`{url}`: user info in the URL is not supported"));
+        }
+        let path = match path {
+            "" => "/".to_owned(),
+            p if p.starts_with('?') => format!("/{p}"),
+            p => p.to_owned(),
+        };
+        Ok(Self {
+            url: url.to_owned(),
+            https,
+            authority: authority.to_owned(),
+            path,
+        })
+    }
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
+}
+
+/// Words a wasi:http error code the way an operator reads it.
+pub fn reason(e: &ErrorCode) -> String {
+    match e {
+        ErrorCode::ConnectionRefused => "connection refused".into(),
+        ErrorCode::ConnectionTerminated => "connection terminated".into(),
+        ErrorCode::ConnectionTimeout => "connection timed out".into(),
+        ErrorCode::ConnectionReadTimeout => "read timed out".into(),
+        ErrorCode::ConnectionWriteTimeout => "write timed out".into(),
+        ErrorCode::DnsTimeout => "DNS timed out".into(),
+        ErrorCode::DnsError(p) => format!(
+            "DNS error{}",
+            p.rcode
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        ),
+        ErrorCode::DestinationNotFound => "destination not found".into(),
+        ErrorCode::DestinationUnavailable => "destination unavailable".into(),
+        ErrorCode::HttpRequestDenied => "request denied by the broker's host".into(),
+        ErrorCode::HttpResponseTimeout => "response timed out".into(),
+        ErrorCode::HttpResponseIncomplete => "response incomplete".into(),
+        ErrorCode::TlsCertificateError => "TLS certificate error".into(),
+        ErrorCode::TlsProtocolError => "TLS protocol error".into(),
+        ErrorCode::InternalError(Some(m)) => m.clone(),
+        other => {
+            let d = format!("{other:?}");
+            d.strip_prefix("ErrorCode::").unwrap_or(&d).to_owned()
+        }
+    }
+}
+
+/// A response whose body is read on demand.
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub session_id: Option<String>,
+    source: Source,
+    read: usize,
+}
+
+enum Source {
+    /// Field order is drop order: the stream is a child of the body, which
+    /// must go first.
+    Wasi {
+        stream: InputStream,
+        _body: IncomingBody,
+        _response: IncomingResponse,
+    },
+    /// A scripted body, for the native tests of the session logic.
+    #[cfg(test)]
+    Canned(std::collections::VecDeque<Vec<u8>>),
+}
+
+impl Answer {
+    #[cfg(test)]
+    pub fn canned(
+        status: u16,
+        content_type: &str,
+        session_id: Option<&str>,
+        chunks: Vec<Vec<u8>>,
+    ) -> Self {
+        Self {
+            status,
+            content_type: content_type.into(),
+            session_id: session_id.map(str::to_owned),
+            source: Source::Canned(chunks.into()),
+            read: 0,
+        }
+    }
+
+    /// The next chunk, or `None` at the end of the body.
+    pub fn chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
+        let next = match &mut self.source {
+            Source::Wasi { stream, .. } => match stream.blocking_read(READ_CHUNK) {
+                Ok(bytes) => Some(bytes),
+                Err(StreamError::Closed) => None,
+                Err(StreamError::LastOperationFailed(e)) => {
+                    return Err(match wasi::http::types::http_error_code(&e) {
+                        Some(code) => format!("reading the answer: {}", reason(&code)),
+                        None => format!("reading the answer: {}", e.to_debug_string()),
+                    });
+                }
+            },
+            #[cfg(test)]
+            Source::Canned(chunks) => chunks.pop_front(),
+        };
+        if let Some(bytes) = &next {
+            self.read += bytes.len();
+            if self.read > MAX_BODY {
+                return Err("answer larger than 16 MiB".into());
+            }
+        }
+        Ok(next)
+    }
+
+    /// The whole (bounded) body.
+    pub fn all(&mut self) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        while let Some(c) = self.chunk()? {
+            out.extend_from_slice(&c);
+        }
+        Ok(out)
+    }
+}
+
+fn header(fields: &Fields, name: &str) -> Option<String> {
+    let v = fields.get(name).into_iter().next()?;
+    String::from_utf8(v).ok().map(|s| s.trim().to_owned())
+}
+
+/// POSTs `body` with `headers`; returns once the response head arrived.
+pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answer, String> {
+    let list: Vec<(String, Vec<u8>)> = headers
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    let fields = Fields::from_list(&list).map_err(|e| format!("request headers: {e:?}"))?;
+    let req = OutgoingRequest::new(fields);
+    let scheme = if ep.https {
+        Scheme::Https
+    } else {
+        Scheme::Http
+    };
+    req.set_method(&Method::Post)
+        .and_then(|()| req.set_scheme(Some(&scheme)))
+        .and_then(|()| req.set_authority(Some(&ep.authority)))
+        .and_then(|()| req.set_path_with_query(Some(&ep.path)))
+        .map_err(|()| "the URL was refused by wasi:http".to_owned())?;
+    let out_body = req
+        .body()
+        .map_err(|()| "request body unavailable".to_owned())?;
+    // Handle first, then write: writing a large body before the request is
+    // sent could fill the host's pipe and block forever.
+    let future = outgoing_handler::handle(req, None).map_err(|e| reason(&e))?;
+    {
+        let stream = out_body
+            .write()
+            .map_err(|()| "request body stream unavailable".to_owned())?;
+        for piece in body.chunks(WRITE_CHUNK) {
+            stream
+                .blocking_write_and_flush(piece)
+                .map_err(|e| format!("sending the request: {e:?}"))?;
+        }
+        // The stream (a child of the body) drops here, before `finish`.
+    }
+    OutgoingBody::finish(out_body, None).map_err(|e| reason(&e))?;
+    future.subscribe().block();
+    let response = match future.get() {
+        Some(Ok(Ok(r))) => r,
+        Some(Ok(Err(e))) => return Err(reason(&e)),
+        Some(Err(())) => return Err("response already taken".into()),
+        None => return Err("no response".into()),
+    };
+    let status = response.status();
+    let (content_type, session_id, length) = {
+        let h = response.headers();
+        (
+            header(&h, "content-type").unwrap_or_default(),
+            header(&h, "mcp-session-id"),
+            header(&h, "content-length").and_then(|l| l.parse::<u64>().ok()),
+        )
+    };
+    if length.is_some_and(|l| l > MAX_BODY as u64) {
+        return Err("answer larger than 16 MiB".into());
+    }
+    let body = response
+        .consume()
+        .map_err(|()| "response body unavailable".to_owned())?;
+    let stream = body
+        .stream()
+        .map_err(|()| "response body stream unavailable".to_owned())?;
+    Ok(Answer {
+        status,
+        content_type,
+        session_id,
+        source: Source::Wasi {
+            stream,
+            _body: body,
+            _response: response,
+        },
+        read: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let e = Endpoint::parse("http://127.0.0.1:9000/mcp").unwrap();
+        assert_eq!(
+            (e.https, e.authority.as_str(), e.path.as_str()),
+            (false, "127.0.0.1:9000", "/mcp")
+        );
+        let e = Endpoint::parse("HTTPS://example.com").unwrap();
+        assert_eq!((e.https, e.path.as_str()), (true, "/"));
+        let e = Endpoint::parse("https://[::1]:8443/a/b?x=1#frag").unwrap();
+        assert_eq!(
+            (e.authority.as_str(), e.path.as_str()),
+            ("[::1]:8443", "/a/b?x=1")
+        );
+        let e = Endpoint::parse("http://h?q").unwrap();
+        assert_eq!(e.path, "/?q");
+        assert!(Endpoint::parse("ftp://h/").is_err());
+        assert!(Endpoint::parse("http:///mcp").is_err());
+        assert!(Endpoint::parse("http://u:p@h/").is_err());
+        assert!(Endpoint::parse("").is_err());
+    }
+}

@@ -1,0 +1,978 @@
+//! `upstream`: a router that is a Streamable HTTP MCP client (2025-06-18) of
+//! one remote MCP server, reached over `wasi:http/outgoing-handler`.
+//!
+//! Configuration (wasi:cli/environment):
+//! - `MCP_UPSTREAM_URL` (required): the MCP endpoint, `http://` or `https://`.
+//! - `MCP_UPSTREAM_NAME` (optional): this router's name (`name()`), else
+//!   "upstream".
+//!
+//! The host links wasi:http for this router only, refuses every authority
+//! but the configured one, and adds the operator's `upstream_headers`
+//! (credentials) to each request itself: this guest never sees them.
+//!
+//! # Invariants
+//! - One MCP session per instance, in instance memory, opened lazily by the
+//!   first export that needs the upstream (`initialize`, then
+//!   `notifications/initialized`). Requests carry `Mcp-Session-Id` (when the
+//!   server gave one) and `MCP-Protocol-Version` (the negotiated one). A 404
+//!   while holding a session id means the server forgot it: the session is
+//!   dropped, re-opened, and that request retried once.
+//! - A failed `initialize` is not remembered: the next call tries again, so
+//!   an upstream that comes up later is picked up without replacing the
+//!   instance.
+//! - Upstream input never traps the instance: every transport or protocol
+//!   failure is an error value whose text starts with
+//!   `upstream unavailable: ` followed by method, URL and reason (the host
+//!   maps that prefix to its own error code); `describe-server` reports it
+//!   as the meta entry `mcp-broker/unavailable` (a JSON string) instead.
+//! - An answer body is bounded to 16 MiB; JSON-RPC ids are a per-instance
+//!   counter, and the `tools/call` progress token is the request's id.
+//!
+//! # Mapping and losses
+//!
+//! | MCP (upstream) | WIT / broker | lost or changed |
+//! |---|---|---|
+//! | `initialize` result | `title` (serverInfo.title, else name), `instructions`, `describe-server` capabilities | serverInfo.version; `logging` and `experimental` capabilities; the session is never DELETEd (the WIT has no teardown) |
+//! | `tools/list`, `resources/list`, `resources/templates/list`, `prompts/list` | whole lists | pagination is flattened (at most 100 pages each); a list that fails reads as empty |
+//! | resource template | an `mcp-resource` whose `uri` is the `uriTemplate` (README "Resource templates") | — |
+//! | tool `annotations` | `read-only`, `destructive`; `title` used when the tool has none | `idempotentHint`, `openWorldHint` |
+//! | `tools/call` result | content, `structuredContent` (JSON text), `isError`, `_meta` entries | resource_link `name` (its title, else name, is the title); an embedded blob without MIME type is labelled `application/octet-stream` so the broker reads it as binary; a blob with a textual MIME type (or text with a binary one) is misread by the broker, which picks text/blob from the MIME type |
+//! | `notifications/progress` on the call's stream | tool-result `progress` (progress/total, else progress) | timing: delivered with the result, not as they happen |
+//! | `notifications/message` on a stream | meta `mcp-broker/log` (≤ 64, README "Logging") | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped |
+//! | `notifications/*/list_changed` on a stream | meta `mcp-broker/list-changed` = `["tools",…]` on call/complete results | on other exports only the prompt cache is invalidated; no GET stream is opened, so changes announced outside a request are not seen |
+//! | server→client requests (`elicitation/create`, `sampling/createMessage`, `roots/list`, …) on a stream | refused: error -32601 POSTed back at once (`ping` is answered `{}`) | the upstream cannot elicit, sample or list roots through the broker |
+//! | `prompts/get` arguments | called with each declared argument = `{{name}}`; the broker substitutes (README "Prompt arguments") | an upstream that computes on the values (not just formats them) sees the placeholders; audio/link prompt content becomes text |
+//! | `completion/complete` | one text block per value | `total`, `hasMore` |
+//! | `resources/subscribe`, `notifications/resources/updated` | not forwarded | the `subscribe` capability flag is reported as the upstream gives it |
+//! | `notifications/cancelled` | not sent by the guest (a call's end is invisible to it); each request but `initialize` carries `mcp-broker-request-id: <id>`, which the host strips and uses to send `notifications/cancelled` in the same session when it abandons the call | cancellation needs that host support |
+//! | broker arguments `_elicitation`, `_sampling` | stripped before `tools/call` | — |
+//!
+//! # Errors
+//! JSON-RPC errors from the upstream: -32602 → `invalid-parameters` (or
+//! `not-found` when the text says "unknown tool"), -32601 or a "not found" /
+//! "unknown" text → `not-found`, -32002 → `not-found` for resources, others →
+//! `execution-error("upstream error <code>: <message>")` (`internal-error`
+//! for prompts). Transport failures (refused connection, HTTP status other
+//! than 200, non-JSON body, SSE stream ended early, body over 16 MiB) are
+//! `execution-error("upstream unavailable: <method> to <url>: <reason>")`.
+//! Lists skip a kind the upstream's capabilities lack, without a request.
+//!
+//! # Tests
+//! `sse`, `rpc`, `map` and `http::Endpoint` are pure; the session logic is
+//! tested natively against a scripted upstream (`tests` below replaces the
+//! POST): `cargo test -p upstream --target x86_64-unknown-linux-gnu`.
+
+wit_bindgen::generate!({ path: "../../wit", world: "mcp-router" });
+
+// The native tests swap the real POST for a scripted one (see `tests`).
+#[cfg_attr(test, allow(dead_code))]
+mod http;
+mod map;
+mod rpc;
+mod sse;
+
+use std::cell::RefCell;
+
+use serde_json::{Value, json};
+
+use exports::wasix::mcp::router::{
+    CompletionError, CompletionRequest, CompletionResponse, GetPromptResult, Guest, McpResource,
+    MetaEntry, Prompt, PromptError, ReadResourceResult, ResourceError, Response,
+    ServerCapabilities, ServerDescription, Tool, ToolError,
+};
+use http::Endpoint;
+use rpc::{Collected, Failure, RpcError};
+
+/// Pages read of one list before giving up (a cursor loop must end).
+const MAX_PAGES: usize = 100;
+
+/// The MCP session with the upstream.
+struct Session {
+    /// `Mcp-Session-Id`, when the server assigned one.
+    id: Option<String>,
+    /// Negotiated `protocolVersion`, sent as `MCP-Protocol-Version`.
+    version: String,
+    /// The `initialize` result (serverInfo, capabilities, instructions).
+    init: Value,
+}
+
+#[derive(Default)]
+struct State {
+    session: Option<Session>,
+    next_id: u64,
+    /// The raw `prompts/list` entries, for `get-prompt`'s placeholders.
+    prompts: Option<Vec<Value>>,
+}
+
+thread_local! {
+    // An instance is single-threaded; this is its memory for the session.
+    static STATE: RefCell<State> = RefCell::default();
+}
+
+fn next_id() -> u64 {
+    STATE.with_borrow_mut(|s| {
+        s.next_id += 1;
+        s.next_id
+    })
+}
+
+#[cfg(not(test))]
+fn upstream_url() -> String {
+    std::env::var("MCP_UPSTREAM_URL").unwrap_or_default()
+}
+
+#[cfg(not(test))]
+fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<http::Answer, String> {
+    http::post(ep, headers, body)
+}
+
+#[cfg(test)]
+use tests::{post, upstream_url};
+
+fn endpoint(method: &str) -> Result<Endpoint, Failure> {
+    let url = upstream_url();
+    if url.trim().is_empty() {
+        return Err(Failure::Unavailable(format!(
+            "{}{method}: MCP_UPSTREAM_URL is not set",
+            rpc::UNAVAILABLE
+        )));
+    }
+    Endpoint::parse(&url).map_err(|e| Failure::Unavailable(rpc::unavailable(method, &url, &e)))
+}
+
+/// Headers of one request: session id and protocol version when known.
+struct Hdr {
+    session: Option<String>,
+    version: Option<String>,
+}
+
+impl Hdr {
+    fn list(&self) -> Vec<(&str, &str)> {
+        let mut h = vec![
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+        ];
+        if let Some(id) = &self.session {
+            h.push(("mcp-session-id", id));
+        }
+        if let Some(v) = &self.version {
+            h.push(("mcp-protocol-version", v));
+        }
+        h
+    }
+}
+
+enum Sent {
+    /// HTTP 404 while holding a session: the server dropped it.
+    SessionGone,
+    Done {
+        outcome: Result<Value, RpcError>,
+        collected: Collected,
+        session_id: Option<String>,
+    },
+}
+
+fn snippet(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim();
+    if text.is_empty() {
+        return String::new();
+    }
+    let cut: String = text.chars().take(200).collect();
+    format!(": {cut}")
+}
+
+/// POSTs a message and expects nothing back but an acknowledgement.
+fn post_ack(ep: &Endpoint, hdr: &Hdr, payload: &[u8]) -> Result<(), String> {
+    let mut a = post(ep, &hdr.list(), payload)?;
+    let body = a.all().unwrap_or_default();
+    match a.status {
+        200..=299 => Ok(()),
+        s => Err(format!("HTTP {s}{}", snippet(&body))),
+    }
+}
+
+/// One request/answer exchange; `Err` is a transport reason.
+/// With `cancellable`, the request names its id to the host in
+/// [`rpc::REQUEST_ID_HEADER`] (`initialize` must never be cancelled).
+fn send(
+    ep: &Endpoint,
+    hdr: &Hdr,
+    id: u64,
+    payload: &[u8],
+    cancellable: bool,
+) -> Result<Sent, String> {
+    let id_text = id.to_string();
+    let mut headers = hdr.list();
+    if cancellable {
+        headers.push((rpc::REQUEST_ID_HEADER, &id_text));
+    }
+    let mut a = post(ep, &headers, payload)?;
+    if a.status == 404 && hdr.session.is_some() {
+        return Ok(Sent::SessionGone);
+    }
+    if a.status != 200 {
+        // A 202 has no response in it; anything else is a failure.
+        let body = a.all().unwrap_or_default();
+        return Err(format!("HTTP {}{}", a.status, snippet(&body)));
+    }
+    let ct = a.content_type.to_ascii_lowercase();
+    let mut collected = Collected::default();
+    let session_id = a.session_id.clone();
+    let done = move |outcome, collected| Sent::Done {
+        outcome,
+        collected,
+        session_id,
+    };
+    if ct.starts_with("application/json") {
+        let body = a.all()?;
+        let msg: Value = serde_json::from_slice(&body).map_err(|e| format!("invalid JSON: {e}"))?;
+        return match rpc::absorb(&msg, id, &mut collected) {
+            Some(outcome) => Ok(done(outcome, collected)),
+            None => Err(format!("the answer holds no response to request {id}")),
+        };
+    }
+    if !ct.starts_with("text/event-stream") {
+        return Err(format!("unexpected Content-Type `{}`", a.content_type));
+    }
+    let mut parser = sse::Parser::new();
+    while let Some(chunk) = a.chunk()? {
+        for ev in parser.feed(&chunk) {
+            if !(ev.event.is_empty() || ev.event == "message") || ev.data.trim().is_empty() {
+                continue;
+            }
+            let msg: Value =
+                serde_json::from_str(&ev.data).map_err(|e| format!("invalid JSON: {e}"))?;
+            let outcome = rpc::absorb(&msg, id, &mut collected);
+            // Answer server requests now: the upstream may be waiting on
+            // them before it sends our response. Best effort.
+            for req_id in std::mem::take(&mut collected.refuse) {
+                let _ = post_ack(ep, hdr, &rpc::refusal(&req_id));
+            }
+            for req_id in std::mem::take(&mut collected.pong) {
+                let _ = post_ack(ep, hdr, &rpc::pong(&req_id));
+            }
+            if let Some(outcome) = outcome {
+                return Ok(done(outcome, collected));
+            }
+        }
+    }
+    Err(match parser.pending_bytes() {
+        0 => "the SSE stream ended before the response".into(),
+        n => {
+            format!("the SSE stream ended before the response ({n} bytes of an unterminated event)")
+        }
+    })
+}
+
+/// The open session's headers, initializing first if needed; `Err` is a
+/// reason (without method and URL).
+fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
+    let open = STATE.with_borrow(|s| {
+        s.session.as_ref().map(|s| Hdr {
+            session: s.id.clone(),
+            version: Some(s.version.clone()),
+        })
+    });
+    if let Some(h) = open {
+        return Ok(h);
+    }
+    // Reasons are worded for the request that needed the session; a failed
+    // transport on `initialize` reads as the plain transport reason.
+    let fail = |step: &str, reason: &str| match step {
+        "" => reason.to_owned(),
+        s => format!("{s}: {reason}"),
+    };
+    let id = next_id();
+    let payload = rpc::request(id, "initialize", Some(rpc::initialize_params()));
+    let bare = Hdr {
+        session: None,
+        version: None,
+    };
+    let (init, session_id) = match send(ep, &bare, id, &payload, false) {
+        Err(reason) => return Err(fail("", &reason)),
+        Ok(Sent::SessionGone) => return Err(fail("initialize", "HTTP 404")),
+        Ok(Sent::Done {
+            outcome: Err(e), ..
+        }) => {
+            return Err(fail(
+                "initialize failed",
+                &format!("upstream error {}: {}", e.code, e.message),
+            ));
+        }
+        Ok(Sent::Done {
+            outcome: Ok(init),
+            session_id,
+            ..
+        }) => (init, session_id),
+    };
+    if !init.is_object() {
+        return Err(fail("initialize failed", "the result is not an object"));
+    }
+    // The server's answer is the negotiated version; it is sent back as is.
+    let version = init
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or(rpc::PROTOCOL_VERSION)
+        .to_owned();
+    let hdr = Hdr {
+        session: session_id.clone(),
+        version: Some(version.clone()),
+    };
+    post_ack(ep, &hdr, &rpc::notification("notifications/initialized"))
+        .map_err(|r| fail("notifications/initialized", &r))?;
+    STATE.with_borrow_mut(|s| {
+        s.session = Some(Session {
+            id: session_id,
+            version,
+            init,
+        });
+        s.prompts = None;
+    });
+    Ok(hdr)
+}
+
+/// The `initialize` result of the (possibly new) session; `Err` words the
+/// failure for `method`.
+fn init(method: &str) -> Result<Value, Failure> {
+    let ep = endpoint(method)?;
+    ensure(&ep).map_err(|r| Failure::Unavailable(rpc::unavailable(method, &ep.url, &r)))?;
+    Ok(session_init())
+}
+
+fn session_init() -> Value {
+    STATE.with_borrow(|s| {
+        s.session
+            .as_ref()
+            .map(|s| s.init.clone())
+            .unwrap_or_default()
+    })
+}
+
+fn title_of(init: &Value) -> Option<String> {
+    let info = init.get("serverInfo")?;
+    info.get("title")
+        .or_else(|| info.get("name"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+fn has_capability(init: &Value, cap: &str) -> bool {
+    init.pointer(&format!("/capabilities/{cap}"))
+        .is_some_and(|c| !c.is_null())
+}
+
+/// One request with the session's headers, retried once on a lost session.
+fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failure> {
+    let ep = endpoint(method)?;
+    let mut retried = false;
+    loop {
+        let hdr =
+            ensure(&ep).map_err(|r| Failure::Unavailable(rpc::unavailable(method, &ep.url, &r)))?;
+        let id = next_id();
+        let mut params = params.clone();
+        if method == "tools/call"
+            && let Some(Value::Object(p)) = &mut params
+        {
+            // Progress notifications come only for a request that asks.
+            p.insert("_meta".into(), json!({"progressToken": id}));
+        }
+        let payload = rpc::request(id, method, params);
+        match send(&ep, &hdr, id, &payload, true) {
+            Err(reason) => {
+                return Err(Failure::Unavailable(rpc::unavailable(
+                    method, &ep.url, &reason,
+                )));
+            }
+            Ok(Sent::SessionGone) if !retried => {
+                retried = true;
+                STATE.with_borrow_mut(|s| s.session = None);
+            }
+            Ok(Sent::SessionGone) => {
+                return Err(Failure::Unavailable(rpc::unavailable(
+                    method,
+                    &ep.url,
+                    "HTTP 404 again after re-initializing the session",
+                )));
+            }
+            Ok(Sent::Done {
+                outcome, collected, ..
+            }) => {
+                if collected.list_changed.contains(&"prompts") {
+                    STATE.with_borrow_mut(|s| s.prompts = None);
+                }
+                return outcome.map(|v| (v, collected)).map_err(Failure::Rpc);
+            }
+        }
+    }
+}
+
+/// Every page of a list method, concatenated.
+fn list_all(method: &str, key: &str) -> Result<Vec<Value>, Failure> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let params = cursor.take().map(|c| json!({"cursor": c}));
+        let (page, _) = call(method, params)?;
+        if let Some(items) = page.get(key).and_then(Value::as_array) {
+            out.extend(items.iter().cloned());
+        }
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(c) if !c.is_empty() => cursor = Some(c.to_owned()),
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
+fn prompts_raw() -> Result<Vec<Value>, Failure> {
+    if let Some(p) = STATE.with_borrow(|s| s.prompts.clone()) {
+        return Ok(p);
+    }
+    let list = list_all("prompts/list", "prompts")?;
+    STATE.with_borrow_mut(|s| s.prompts = Some(list.clone()));
+    Ok(list)
+}
+
+struct Upstream;
+
+impl Guest for Upstream {
+    fn name() -> String {
+        std::env::var("MCP_UPSTREAM_NAME")
+            .ok()
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| "upstream".into())
+    }
+
+    fn title() -> Option<String> {
+        title_of(&init("initialize").ok()?)
+    }
+
+    fn instructions() -> String {
+        init("initialize")
+            .ok()
+            .and_then(|i| {
+                i.get("instructions")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default()
+    }
+
+    fn describe_server() -> ServerDescription {
+        // The reason reads `POST <url>: <why>` (or the configuration error).
+        let opened = match endpoint("initialize") {
+            Err(Failure::Unavailable(m)) => Err(m
+                .strip_prefix(rpc::UNAVAILABLE)
+                .map(str::to_owned)
+                .unwrap_or(m)),
+            Err(Failure::Rpc(e)) => Err(e.message),
+            Ok(ep) => ensure(&ep)
+                .map(|_| session_init())
+                .map_err(|r| format!("POST {}: {r}", ep.url)),
+        };
+        let (title, capabilities, meta) = match opened {
+            Ok(init) => (title_of(&init), map::capabilities(&init), None),
+            Err(reason) => {
+                let caps = ServerCapabilities {
+                    prompts: None,
+                    resources: None,
+                    tools: None,
+                    completions: None,
+                };
+                let entry = MetaEntry {
+                    key: rpc::META_UNAVAILABLE.into(),
+                    value: Value::String(reason).to_string(),
+                };
+                (None, caps, Some(vec![entry]))
+            }
+        };
+        ServerDescription {
+            name: Self::name(),
+            title,
+            capabilities,
+            resources: None,
+            resource_metadata: None,
+            meta,
+        }
+    }
+
+    fn list_tools() -> Vec<Tool> {
+        match init("initialize") {
+            Ok(i) if has_capability(&i, "tools") => {}
+            _ => return Vec::new(),
+        }
+        list_all("tools/list", "tools")
+            .unwrap_or_default()
+            .iter()
+            .filter_map(map::tool)
+            .collect()
+    }
+
+    fn call_tool(tool_name: String, arguments: String) -> Result<Response, ToolError> {
+        let arguments = map::tool_arguments(&arguments).map_err(ToolError::InvalidParameters)?;
+        let params = json!({"name": tool_name, "arguments": arguments});
+        let (result, collected) = call("tools/call", Some(params)).map_err(map::tool_error)?;
+        Ok(Response::Completed(map::tool_result(&result, &collected)))
+    }
+
+    fn list_resources() -> Vec<McpResource> {
+        let Ok(init) = init("initialize") else {
+            return Vec::new();
+        };
+        if !has_capability(&init, "resources") {
+            return Vec::new();
+        }
+        let Ok(resources) = list_all("resources/list", "resources") else {
+            return Vec::new();
+        };
+        let mut out: Vec<McpResource> = resources
+            .iter()
+            .filter_map(|r| map::resource(r, false))
+            .collect();
+        // A server may list resources but not templates; that is no failure.
+        if let Ok(templates) = list_all("resources/templates/list", "resourceTemplates") {
+            out.extend(templates.iter().filter_map(|t| map::resource(t, true)));
+        }
+        out
+    }
+
+    fn read_resource(uri: String) -> Result<ReadResourceResult, ResourceError> {
+        let (result, _) =
+            call("resources/read", Some(json!({"uri": uri}))).map_err(map::resource_error)?;
+        Ok(ReadResourceResult {
+            contents: map::resource_contents(&result),
+        })
+    }
+
+    fn list_prompts() -> Vec<Prompt> {
+        match init("initialize") {
+            Ok(i) if has_capability(&i, "prompts") => {}
+            _ => return Vec::new(),
+        }
+        prompts_raw()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(map::prompt)
+            .collect()
+    }
+
+    fn get_prompt(prompt_name: String) -> Result<GetPromptResult, PromptError> {
+        let find = |list: &[Value]| {
+            list.iter()
+                .find(|p| p.get("name").and_then(Value::as_str) == Some(prompt_name.as_str()))
+                .cloned()
+        };
+        let mut declared = find(&prompts_raw().map_err(map::prompt_error)?);
+        if declared.is_none() {
+            // The cache may predate the prompt: read the list once more.
+            STATE.with_borrow_mut(|s| s.prompts = None);
+            declared = find(&prompts_raw().map_err(map::prompt_error)?);
+        }
+        let arguments = declared.as_ref().map(map::placeholders).unwrap_or_default();
+        let params = json!({"name": prompt_name, "arguments": arguments});
+        let (result, _) = call("prompts/get", Some(params)).map_err(map::prompt_error)?;
+        Ok(map::prompt_result(&result))
+    }
+
+    fn complete(request: CompletionRequest) -> Result<CompletionResponse, CompletionError> {
+        let params: Value = serde_json::from_str(&request.input)
+            .map_err(|e| CompletionError::InvalidParameters(format!("input is not JSON: {e}")))?;
+        if !params.is_object() {
+            return Err(CompletionError::InvalidParameters(
+                "input must be the completion/complete params object".into(),
+            ));
+        }
+        let init = init("completion/complete").map_err(map::completion_error)?;
+        if !has_capability(&init, "completions") {
+            return Err(CompletionError::NotFound(
+                "the upstream offers no completions".into(),
+            ));
+        }
+        let (result, collected) =
+            call("completion/complete", Some(params)).map_err(map::completion_error)?;
+        Ok(map::completion(&result, &collected))
+    }
+}
+
+export!(Upstream);
+
+/// The session logic against a scripted upstream: `post` and the URL are
+/// swapped for fakes, everything else is the component's own code.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exports::wasix::mcp::router::{ContentBlock, PromptMessageContent};
+    use http::Answer;
+
+    const URL: &str = "http://up.test/mcp";
+
+    struct Req {
+        headers: Vec<(String, String)>,
+        body: Value,
+    }
+
+    impl Req {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        }
+        fn method(&self) -> &str {
+            self.body["method"].as_str().unwrap_or("")
+        }
+    }
+
+    type Server = Box<dyn FnMut(&Req) -> Result<Answer, String>>;
+
+    thread_local! {
+        static SERVER: RefCell<Option<Server>> = RefCell::default();
+        static LOG: RefCell<Vec<Req>> = RefCell::default();
+    }
+
+    pub(super) fn upstream_url() -> String {
+        URL.into()
+    }
+
+    pub(super) fn post(
+        _: &Endpoint,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer, String> {
+        let req = Req {
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            body: serde_json::from_slice(body).expect("the client sends JSON"),
+        };
+        let mut server = SERVER.with_borrow_mut(Option::take).expect("a server");
+        let reply = server(&req);
+        SERVER.with_borrow_mut(|s| *s = Some(server));
+        LOG.with_borrow_mut(|l| l.push(req));
+        reply
+    }
+
+    fn json_answer(v: &Value) -> Answer {
+        Answer::canned(
+            200,
+            "application/json",
+            None,
+            vec![v.to_string().into_bytes()],
+        )
+    }
+
+    /// SSE frames cut into 7-byte reads, with CRLF line ends.
+    fn sse_answer(msgs: &[Value]) -> Answer {
+        let mut text = String::from(": stream start\r\n\r\n");
+        for m in msgs {
+            text.push_str(&format!("event: message\r\ndata: {m}\r\n\r\n"));
+        }
+        let chunks = text.as_bytes().chunks(7).map(<[u8]>::to_vec).collect();
+        Answer::canned(200, "text/event-stream", None, chunks)
+    }
+
+    fn result(req: &Req, r: Value) -> Value {
+        json!({"jsonrpc": "2.0", "id": req.body["id"], "result": r})
+    }
+
+    /// A server that handles the handshake (session id `session`, or none)
+    /// and passes every other request to `on`.
+    fn serve(
+        session: Option<&'static str>,
+        mut on: impl FnMut(&Req) -> Result<Answer, String> + 'static,
+    ) {
+        let server: Server = Box::new(move |req| match req.method() {
+            "initialize" => {
+                let mut a = json_answer(&result(
+                    req,
+                    json!({
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "completions": {}},
+                        "serverInfo": {"name": "srv", "title": "The Server", "version": "1"},
+                        "instructions": "Be nice."
+                    }),
+                ));
+                a.session_id = session.map(str::to_owned);
+                Ok(a)
+            }
+            "notifications/initialized" => Ok(Answer::canned(202, "", None, vec![])),
+            _ => on(req),
+        });
+        SERVER.with_borrow_mut(|s| *s = Some(server));
+    }
+
+    fn log<T>(f: impl FnOnce(&[Req]) -> T) -> T {
+        LOG.with_borrow(|l| f(l))
+    }
+
+    #[test]
+    fn handshake_headers_and_pagination() {
+        serve(Some("s1"), |req| {
+            let page = match req.body.pointer("/params/cursor").and_then(Value::as_str) {
+                None => {
+                    json!({"tools": [{"name": "a", "inputSchema": {"type": "object"}}], "nextCursor": "c2"})
+                }
+                Some("c2") => json!({"tools": [{"name": "b"}]}),
+                Some(other) => panic!("cursor {other}"),
+            };
+            Ok(json_answer(&result(req, page)))
+        });
+        let tools = <Upstream as Guest>::list_tools();
+        let names: Vec<_> = tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(<Upstream as Guest>::title().as_deref(), Some("The Server"));
+        assert_eq!(<Upstream as Guest>::instructions(), "Be nice.");
+        let d = <Upstream as Guest>::describe_server();
+        assert!(d.meta.is_none());
+        assert_eq!(d.capabilities.tools.unwrap().list_changed, Some(true));
+        assert!(d.capabilities.resources.is_none());
+        log(|l| {
+            let methods: Vec<_> = l.iter().map(Req::method).collect();
+            // One handshake for the whole instance.
+            assert_eq!(
+                methods,
+                [
+                    "initialize",
+                    "notifications/initialized",
+                    "tools/list",
+                    "tools/list"
+                ]
+            );
+            assert_eq!(l[0].header("mcp-session-id"), None);
+            // initialize must never be cancelled; later requests name their id.
+            assert_eq!(l[0].header("mcp-broker-request-id"), None);
+            assert_eq!(l[1].header("mcp-broker-request-id"), None);
+            assert_eq!(l[2].header("mcp-broker-request-id"), Some("2"));
+            assert_eq!(l[3].header("mcp-broker-request-id"), Some("3"));
+            assert_eq!(l[0].body["params"]["protocolVersion"], "2025-06-18");
+            for r in &l[1..] {
+                assert_eq!(r.header("mcp-session-id"), Some("s1"));
+                assert_eq!(r.header("mcp-protocol-version"), Some("2025-06-18"));
+                assert_eq!(
+                    r.header("accept"),
+                    Some("application/json, text/event-stream")
+                );
+                assert_eq!(r.header("content-type"), Some("application/json"));
+            }
+            assert!(l[1].body.get("id").is_none());
+            // Ids are a per-instance counter.
+            let ids: Vec<_> = l.iter().filter_map(|r| r.body["id"].as_u64()).collect();
+            assert_eq!(ids, [1, 2, 3]);
+        });
+    }
+
+    #[test]
+    fn sse_stream_collects_and_refuses_server_requests() {
+        serve(None, |req| match req.method() {
+            "tools/call" => {
+                assert!(req.body["params"]["arguments"].get("_sampling").is_none());
+                let token = req.body["params"]["_meta"]["progressToken"].clone();
+                Ok(sse_answer(&[
+                    json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":1,"total":2}}),
+                    json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"working"}}),
+                    json!({"jsonrpc":"2.0","id":"e1","method":"elicitation/create","params":{}}),
+                    json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
+                    result(
+                        req,
+                        json!({"content":[{"type":"text","text":"done"}],"structuredContent":{"ok":true}}),
+                    ),
+                    json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"after"}}),
+                ]))
+            }
+            // The refusal of `e1`.
+            _ => Ok(Answer::canned(202, "", None, vec![])),
+        });
+        let r = <Upstream as Guest>::call_tool("t".into(), r#"{"x":1,"_sampling":{}}"#.into());
+        let Ok(Response::Completed(r)) = r else {
+            panic!("{r:?}")
+        };
+        assert!(matches!(&r.content[0], ContentBlock::Text(t) if t.text == "done"));
+        assert_eq!(r.structured_content.as_deref(), Some(r#"{"ok":true}"#));
+        assert_eq!(r.progress.unwrap()[0].progress, Some(0.5));
+        let meta: Vec<_> = r
+            .meta
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.key, m.value))
+            .collect();
+        assert_eq!(
+            meta,
+            [
+                (
+                    "mcp-broker/log".to_owned(),
+                    r#"[{"data":"working","level":"info"}]"#.to_owned()
+                ),
+                (
+                    "mcp-broker/list-changed".to_owned(),
+                    r#"["tools"]"#.to_owned()
+                ),
+            ]
+        );
+        log(|l| {
+            let refusal = &l.last().unwrap().body;
+            assert_eq!(refusal["id"], "e1");
+            assert_eq!(refusal["error"]["code"], -32601);
+            assert_eq!(l[2].body["params"]["arguments"], json!({"x": 1}));
+        });
+    }
+
+    #[test]
+    fn lost_session_reinitializes_and_retries_once() {
+        let mut calls = 0;
+        serve(Some("s1"), move |req| {
+            calls += 1;
+            if calls == 1 {
+                return Ok(Answer::canned(
+                    404,
+                    "text/plain",
+                    None,
+                    vec![b"no session".to_vec()],
+                ));
+            }
+            Ok(json_answer(&result(req, json!({"content": []}))))
+        });
+        assert!(<Upstream as Guest>::call_tool("t".into(), "{}".into()).is_ok());
+        log(|l| {
+            let methods: Vec<_> = l.iter().map(Req::method).collect();
+            assert_eq!(
+                methods,
+                [
+                    "initialize",
+                    "notifications/initialized",
+                    "tools/call",
+                    "initialize",
+                    "notifications/initialized",
+                    "tools/call"
+                ]
+            );
+        });
+        // A server that keeps answering 404: one retry, then the error.
+        serve(Some("s1"), |_| Ok(Answer::canned(404, "", None, vec![])));
+        let Err(ToolError::ExecutionError(m)) =
+            <Upstream as Guest>::call_tool("t".into(), "{}".into())
+        else {
+            panic!()
+        };
+        assert_eq!(
+            m,
+            "upstream unavailable: tools/call to http://up.test/mcp: HTTP 404 again after re-initializing the session"
+        );
+    }
+
+    #[test]
+    fn unreachable_upstream_never_traps() {
+        SERVER.with_borrow_mut(|s| *s = Some(Box::new(|_| Err("connection refused".into()))));
+        let Err(ToolError::ExecutionError(m)) =
+            <Upstream as Guest>::call_tool("t".into(), "{}".into())
+        else {
+            panic!()
+        };
+        assert_eq!(
+            m,
+            "upstream unavailable: tools/call to http://up.test/mcp: connection refused"
+        );
+        let d = <Upstream as Guest>::describe_server();
+        let meta = d.meta.unwrap();
+        assert_eq!(meta[0].key, "mcp-broker/unavailable");
+        assert_eq!(
+            meta[0].value,
+            r#""POST http://up.test/mcp: connection refused""#
+        );
+        assert!(d.capabilities.tools.is_none() && d.title.is_none());
+        assert!(<Upstream as Guest>::list_tools().is_empty());
+        assert!(<Upstream as Guest>::list_resources().is_empty());
+        assert_eq!(<Upstream as Guest>::instructions(), "");
+        assert!(matches!(
+            <Upstream as Guest>::read_resource("x://1".into()),
+            Err(ResourceError::ExecutionError(m)) if m.starts_with("upstream unavailable: resources/read to ")
+        ));
+    }
+
+    #[test]
+    fn transport_and_protocol_failures() {
+        let mut n = 0;
+        serve(None, move |req| {
+            n += 1;
+            Ok(match n {
+                1 => Answer::canned(200, "application/json", None, vec![b"not json".to_vec()]),
+                2 => Answer::canned(500, "text/plain", None, vec![b"boom".to_vec()]),
+                3 => sse_answer(&[
+                    json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":1}}),
+                ]),
+                4 => json_answer(
+                    &json!({"jsonrpc":"2.0","id":req.body["id"],"error":{"code":-32602,"message":"x must be a number"}}),
+                ),
+                5 => Answer::canned(200, "application/json", None, vec![vec![b' '; 1 << 20]; 17]),
+                _ => Answer::canned(200, "text/html", None, vec![]),
+            })
+        });
+        let mut errors = Vec::new();
+        for _ in 0..6 {
+            errors.push(<Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap_err());
+        }
+        let texts: Vec<String> = errors
+            .iter()
+            .map(|e| match e {
+                ToolError::ExecutionError(m) | ToolError::InvalidParameters(m) => m.clone(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        let prefix = "upstream unavailable: tools/call to http://up.test/mcp: ";
+        assert!(
+            texts[0].starts_with(&format!("{prefix}invalid JSON: ")),
+            "{}",
+            texts[0]
+        );
+        assert_eq!(texts[1], format!("{prefix}HTTP 500: boom"));
+        assert_eq!(
+            texts[2],
+            format!("{prefix}the SSE stream ended before the response")
+        );
+        assert!(matches!(&errors[3], ToolError::InvalidParameters(m) if m == "x must be a number"));
+        assert_eq!(texts[4], format!("{prefix}answer larger than 16 MiB"));
+        assert_eq!(
+            texts[5],
+            format!("{prefix}unexpected Content-Type `text/html`")
+        );
+    }
+
+    #[test]
+    fn prompts_get_placeholders_and_completion() {
+        serve(None, |req| {
+            Ok(json_answer(&result(
+                req,
+                match req.method() {
+                    "prompts/list" => {
+                        json!({"prompts": [{"name": "greet", "arguments": [{"name": "who", "required": true}]}]})
+                    }
+                    "prompts/get" => {
+                        let who = req.body["params"]["arguments"]["who"].as_str().unwrap();
+                        json!({"messages": [{"role": "user", "content": {"type": "text", "text": format!("Hello {who}")}}]})
+                    }
+                    "completion/complete" => {
+                        assert_eq!(req.body["params"]["argument"]["value"], "a");
+                        json!({"completion": {"values": ["alpha", "alps"], "hasMore": false}})
+                    }
+                    m => panic!("{m}"),
+                },
+            )))
+        });
+        let p = <Upstream as Guest>::get_prompt("greet".into()).unwrap();
+        assert!(
+            matches!(&p.messages[0].content, PromptMessageContent::Text(t) if t.text == "Hello {{who}}")
+        );
+        let prompts = <Upstream as Guest>::list_prompts();
+        assert_eq!(prompts[0].arguments.as_ref().unwrap()[0].name, "who");
+        // prompts/list was read once and cached.
+        log(|l| assert_eq!(l.iter().filter(|r| r.method() == "prompts/list").count(), 1));
+        let c = <Upstream as Guest>::complete(CompletionRequest {
+            input: r#"{"ref":{"type":"ref/prompt","name":"greet"},"argument":{"name":"who","value":"a"}}"#.into(),
+            streaming: None,
+            meta: None,
+        })
+        .unwrap();
+        assert_eq!(c.content.len(), 2);
+    }
+}

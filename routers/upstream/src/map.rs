@@ -1,0 +1,642 @@
+//! MCP JSON (2025-06-18) → the WIT's records, and JSON-RPC errors → the
+//! WIT's error variants. Lenient: a missing optional field is `None`, a
+//! missing required one gets an empty default, nothing panics.
+//!
+//! Uses only the generated *export* types (plain Rust data); no import is
+//! called, so the unit tests run natively.
+
+use serde_json::{Map, Value};
+
+use crate::exports::wasix::mcp::router::{
+    Annotations, AudioContent, BlobResourceContents, CompletionError, CompletionResponse,
+    CompletionsCapability, ContentBlock, EmbeddedResource, GetPromptResult, ImageContent,
+    McpResource, MetaEntry, ProgressNotification, Prompt, PromptArgument, PromptError,
+    PromptMessage, PromptMessageContent, PromptMessageRole, PromptsCapability, ResourceContents,
+    ResourceError, ResourceLinkContent, ResourcesCapability, Role, ServerCapabilities, TextContent,
+    TextResourceContents, Tool, ToolAnnotations, ToolError, ToolResult, ToolsCapability,
+};
+use crate::rpc::{Collected, Failure, RpcError};
+
+fn s(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+fn flag(v: &Value, key: &str) -> Option<bool> {
+    v.get(key).and_then(Value::as_bool)
+}
+
+/// `_meta` object → meta entries (value as JSON text).
+pub fn meta(v: &Value) -> Option<Vec<MetaEntry>> {
+    let m = v.get("_meta")?.as_object()?;
+    Some(
+        m.iter()
+            .map(|(k, v)| MetaEntry {
+                key: k.clone(),
+                value: v.to_string(),
+            })
+            .collect(),
+    )
+}
+
+fn meta_with(v: &Value, extra: Vec<(String, String)>) -> Option<Vec<MetaEntry>> {
+    let mut m = meta(v).unwrap_or_default();
+    m.extend(
+        extra
+            .into_iter()
+            .map(|(key, value)| MetaEntry { key, value }),
+    );
+    (!m.is_empty()).then_some(m)
+}
+
+pub fn annotations(v: &Value) -> Option<Annotations> {
+    let a = v.get("annotations")?;
+    let audience = a.get("audience").and_then(Value::as_array).map(|roles| {
+        roles
+            .iter()
+            .filter_map(|r| match r.as_str() {
+                Some("user") => Some(Role::User),
+                Some("assistant") => Some(Role::Assistant),
+                _ => None,
+            })
+            .collect()
+    });
+    Some(Annotations {
+        audience,
+        priority: a.get("priority").and_then(Value::as_f64).map(|p| p as f32),
+        timestamp: s(a, "lastModified"),
+    })
+}
+
+pub fn tool(v: &Value) -> Option<Tool> {
+    let name = s(v, "name")?;
+    let ann = v.get("annotations");
+    let annotations = ann.and_then(|a| {
+        let read_only = flag(a, "readOnlyHint");
+        let destructive = flag(a, "destructiveHint");
+        (read_only.is_some() || destructive.is_some()).then_some(ToolAnnotations {
+            read_only,
+            destructive,
+            streaming: None,
+            experimental: None,
+        })
+    });
+    Some(Tool {
+        name,
+        title: s(v, "title").or_else(|| ann.and_then(|a| s(a, "title"))),
+        description: s(v, "description").unwrap_or_default(),
+        input_schema: v
+            .get("inputSchema")
+            .map_or_else(|| r#"{"type":"object"}"#.to_owned(), Value::to_string),
+        output_schema: v.get("outputSchema").map(Value::to_string),
+        annotations,
+        meta: meta(v),
+    })
+}
+
+/// A resource; with `template`, a resource template whose `uriTemplate`
+/// becomes the URI (routers/README.md "Resource templates").
+pub fn resource(v: &Value, template: bool) -> Option<McpResource> {
+    let uri = s(v, if template { "uriTemplate" } else { "uri" })?;
+    Some(McpResource {
+        name: s(v, "name").unwrap_or_else(|| uri.clone()),
+        uri,
+        title: s(v, "title"),
+        description: s(v, "description"),
+        mime_type: s(v, "mimeType").unwrap_or_default(),
+        annotations: annotations(v),
+    })
+}
+
+pub fn prompt(v: &Value) -> Option<Prompt> {
+    let arguments = v.get("arguments").and_then(Value::as_array).map(|args| {
+        args.iter()
+            .filter_map(|a| {
+                Some(PromptArgument {
+                    name: s(a, "name")?,
+                    description: s(a, "description"),
+                    required: flag(a, "required"),
+                })
+            })
+            .collect()
+    });
+    Some(Prompt {
+        name: s(v, "name")?,
+        description: s(v, "description"),
+        arguments,
+    })
+}
+
+/// `prompts/get` arguments for a prompt of `prompts/list`: each declared
+/// argument set to its `{{name}}` placeholder, which the broker substitutes.
+pub fn placeholders(prompt: &Value) -> Map<String, Value> {
+    prompt
+        .get("arguments")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.get("name").and_then(Value::as_str))
+        .map(|n| (n.to_owned(), Value::String(format!("{{{{{n}}}}}"))))
+        .collect()
+}
+
+fn embedded(r: &Value) -> EmbeddedResource {
+    let mut mime_type = s(r, "mimeType");
+    let data = match (s(r, "text"), s(r, "blob")) {
+        (Some(t), _) => t,
+        (None, Some(b)) => {
+            // The WIT has one `data` string; the broker decides text or
+            // blob from the MIME type (text/*, *json*, *xml* or none mean
+            // text: broker/src/adapt.rs `embedded`), so an untyped blob
+            // must say binary.
+            if mime_type.is_none() {
+                mime_type = Some("application/octet-stream".into());
+            }
+            b
+        }
+        (None, None) => String::new(),
+    };
+    EmbeddedResource {
+        uri: s(r, "uri").unwrap_or_default(),
+        title: s(r, "title"),
+        description: s(r, "description"),
+        mime_type,
+        data,
+        annotations: None,
+    }
+}
+
+pub fn content_block(v: &Value) -> ContentBlock {
+    let text = |t: String| {
+        ContentBlock::Text(TextContent {
+            text: t,
+            annotations: annotations(v),
+        })
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => text(s(v, "text").unwrap_or_default()),
+        Some("image") => ContentBlock::Image(ImageContent {
+            data: s(v, "data").unwrap_or_default(),
+            mime_type: s(v, "mimeType").unwrap_or_default(),
+            annotations: annotations(v),
+        }),
+        Some("audio") => ContentBlock::Audio(AudioContent {
+            data: s(v, "data").unwrap_or_default(),
+            mime_type: s(v, "mimeType").unwrap_or_default(),
+            annotations: annotations(v),
+        }),
+        Some("resource_link") => ContentBlock::ResourceLink(ResourceLinkContent {
+            uri: s(v, "uri").unwrap_or_default(),
+            // The WIT link has no `name`: the title, else the name, shows.
+            title: s(v, "title").or_else(|| s(v, "name")),
+            description: s(v, "description"),
+            mime_type: s(v, "mimeType"),
+            annotations: annotations(v),
+        }),
+        Some("resource") => {
+            let mut e = embedded(v.get("resource").unwrap_or(&Value::Null));
+            e.annotations = annotations(v);
+            ContentBlock::EmbeddedResource(e)
+        }
+        // A block kind newer than this client: passed on as its JSON text
+        // rather than dropped.
+        _ => text(v.to_string()),
+    }
+}
+
+/// A `tools/call` result plus what its stream carried.
+pub fn tool_result(v: &Value, c: &Collected) -> ToolResult {
+    let content = v
+        .get("content")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(content_block).collect())
+        .unwrap_or_default();
+    let progress = (!c.progress.is_empty()).then(|| {
+        c.progress
+            .iter()
+            .map(|p| ProgressNotification {
+                progress: p.progress,
+                message: p.message.clone(),
+                annotations: None,
+            })
+            .collect()
+    });
+    ToolResult {
+        content,
+        structured_content: v
+            .get("structuredContent")
+            .filter(|s| !s.is_null())
+            .map(Value::to_string),
+        progress,
+        meta: meta_with(v, c.meta()),
+        is_error: flag(v, "isError"),
+    }
+}
+
+pub fn resource_contents(v: &Value) -> Vec<ResourceContents> {
+    let Some(list) = v.get("contents").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .map(|c| {
+            let uri = s(c, "uri").unwrap_or_default();
+            let mime_type = s(c, "mimeType");
+            match (s(c, "text"), s(c, "blob")) {
+                (None, Some(blob)) => ResourceContents::Blob(BlobResourceContents {
+                    uri,
+                    mime_type,
+                    blob,
+                }),
+                (text, _) => ResourceContents::Text(TextResourceContents {
+                    uri,
+                    mime_type,
+                    text: text.unwrap_or_default(),
+                }),
+            }
+        })
+        .collect()
+}
+
+fn prompt_content(c: &Value) -> PromptMessageContent {
+    let text = |t: String| {
+        PromptMessageContent::Text(TextContent {
+            text: t,
+            annotations: annotations(c),
+        })
+    };
+    match c.get("type").and_then(Value::as_str) {
+        Some("text") => text(s(c, "text").unwrap_or_default()),
+        Some("image") => PromptMessageContent::Image(ImageContent {
+            data: s(c, "data").unwrap_or_default(),
+            mime_type: s(c, "mimeType").unwrap_or_default(),
+            annotations: annotations(c),
+        }),
+        Some("resource") => {
+            let mut e = embedded(c.get("resource").unwrap_or(&Value::Null));
+            e.annotations = annotations(c);
+            PromptMessageContent::McpResource(e)
+        }
+        // The WIT prompt content has no audio or link: a link becomes its
+        // URI as text, anything else its JSON text.
+        Some("resource_link") => text(s(c, "uri").unwrap_or_default()),
+        _ => text(c.to_string()),
+    }
+}
+
+pub fn prompt_result(v: &Value) -> GetPromptResult {
+    let messages = v
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(|msgs| {
+            msgs.iter()
+                .map(|m| PromptMessage {
+                    role: match m.get("role").and_then(Value::as_str) {
+                        Some("assistant") => PromptMessageRole::Assistant,
+                        _ => PromptMessageRole::User,
+                    },
+                    content: prompt_content(m.get("content").unwrap_or(&Value::Null)),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    GetPromptResult {
+        description: s(v, "description"),
+        messages,
+    }
+}
+
+/// The `capabilities` of an `initialize` result.
+pub fn capabilities(init: &Value) -> ServerCapabilities {
+    let caps = init.get("capabilities").unwrap_or(&Value::Null);
+    let cap = |k: &str| caps.get(k).filter(|c| c.is_object());
+    ServerCapabilities {
+        prompts: cap("prompts").map(|c| PromptsCapability {
+            list_changed: flag(c, "listChanged"),
+        }),
+        resources: cap("resources").map(|c| ResourcesCapability {
+            subscribe: flag(c, "subscribe"),
+            list_changed: flag(c, "listChanged"),
+        }),
+        tools: cap("tools").map(|c| ToolsCapability {
+            list_changed: flag(c, "listChanged"),
+        }),
+        completions: cap("completions").map(|_| CompletionsCapability { enabled: true }),
+    }
+}
+
+/// A `completion/complete` result: one text block per value.
+pub fn completion(v: &Value, c: &Collected) -> CompletionResponse {
+    let content = v
+        .pointer("/completion/values")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|t| {
+            ContentBlock::Text(TextContent {
+                text: t.to_owned(),
+                annotations: None,
+            })
+        })
+        .collect();
+    CompletionResponse {
+        content,
+        meta: meta_with(v, c.meta()),
+        is_error: None,
+    }
+}
+
+/// `call-tool` arguments as forwarded: a JSON object without the broker's
+/// reserved `_elicitation` / `_sampling` arguments (they answer the broker's
+/// own elicitation and sampling conventions, which never reach an upstream).
+pub fn tool_arguments(arguments: &str) -> Result<Value, String> {
+    if arguments.trim().is_empty() {
+        return Ok(Value::Object(Map::new()));
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(mut m)) => {
+            m.remove("_elicitation");
+            m.remove("_sampling");
+            Ok(Value::Object(m))
+        }
+        Ok(Value::Null) => Ok(Value::Object(Map::new())),
+        Ok(_) => Err("arguments must be a JSON object".into()),
+        Err(e) => Err(format!("arguments are not JSON: {e}")),
+    }
+}
+
+fn says_not_found(e: &RpcError) -> bool {
+    let m = e.message.to_ascii_lowercase();
+    m.contains("not found") || m.contains("unknown")
+}
+
+pub fn tool_error(f: Failure) -> ToolError {
+    match f {
+        Failure::Unavailable(m) => ToolError::ExecutionError(m),
+        Failure::Rpc(e) if e.code == -32602 => {
+            // Several SDKs answer an unknown tool with -32602 "Unknown tool".
+            if e.message.to_ascii_lowercase().contains("unknown tool") {
+                ToolError::NotFound(e.message)
+            } else {
+                ToolError::InvalidParameters(e.message)
+            }
+        }
+        Failure::Rpc(e) if e.code == -32601 || says_not_found(&e) => ToolError::NotFound(e.message),
+        Failure::Rpc(e) => {
+            ToolError::ExecutionError(format!("upstream error {}: {}", e.code, e.message))
+        }
+    }
+}
+
+pub fn resource_error(f: Failure) -> ResourceError {
+    match f {
+        Failure::Unavailable(m) => ResourceError::ExecutionError(m),
+        Failure::Rpc(e) if e.code == -32002 || says_not_found(&e) => {
+            ResourceError::NotFound(e.message)
+        }
+        Failure::Rpc(e) => {
+            ResourceError::ExecutionError(format!("upstream error {}: {}", e.code, e.message))
+        }
+    }
+}
+
+pub fn prompt_error(f: Failure) -> PromptError {
+    match f {
+        Failure::Unavailable(m) => PromptError::InternalError(m),
+        Failure::Rpc(e) if e.code == -32602 && !says_not_found(&e) => {
+            PromptError::InvalidParameters(e.message)
+        }
+        Failure::Rpc(e) if e.code == -32601 || e.code == -32602 || says_not_found(&e) => {
+            PromptError::NotFound(e.message)
+        }
+        Failure::Rpc(e) => {
+            PromptError::InternalError(format!("upstream error {}: {}", e.code, e.message))
+        }
+    }
+}
+
+pub fn completion_error(f: Failure) -> CompletionError {
+    match f {
+        Failure::Unavailable(m) => CompletionError::ExecutionError(m),
+        Failure::Rpc(e) if e.code == -32602 && !says_not_found(&e) => {
+            CompletionError::InvalidParameters(e.message)
+        }
+        Failure::Rpc(e) if e.code == -32601 || e.code == -32602 || says_not_found(&e) => {
+            CompletionError::NotFound(e.message)
+        }
+        Failure::Rpc(e) => {
+            CompletionError::ExecutionError(format!("upstream error {}: {}", e.code, e.message))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::Progress;
+    use serde_json::json;
+
+    #[test]
+    fn tool_mapping() {
+        let t = tool(&json!({
+            "name": "add", "title": "Add",
+            "inputSchema": {"type":"object","properties":{"a":{"type":"number"}}},
+            "outputSchema": {"type":"object"},
+            "annotations": {"readOnlyHint": true, "title": "ignored"},
+            "_meta": {"x": [1]}
+        }))
+        .unwrap();
+        assert_eq!(t.name, "add");
+        assert_eq!(t.title.as_deref(), Some("Add"));
+        assert_eq!(t.description, "");
+        let schema: Value = serde_json::from_str(&t.input_schema).unwrap();
+        assert_eq!(schema["properties"]["a"]["type"], "number");
+        assert_eq!(t.output_schema.as_deref(), Some(r#"{"type":"object"}"#));
+        let a = t.annotations.unwrap();
+        assert_eq!((a.read_only, a.destructive), (Some(true), None));
+        let m = t.meta.unwrap();
+        assert_eq!((m[0].key.as_str(), m[0].value.as_str()), ("x", "[1]"));
+        let bare = tool(&json!({"name":"b","annotations":{"title":"B"}})).unwrap();
+        assert_eq!(bare.title.as_deref(), Some("B"));
+        assert!(bare.annotations.is_none());
+        assert_eq!(bare.input_schema, r#"{"type":"object"}"#);
+        assert!(tool(&json!({"title":"no name"})).is_none());
+    }
+
+    #[test]
+    fn resources_and_templates() {
+        let r = resource(&json!({"uri":"file:///a","name":"a"}), false).unwrap();
+        assert_eq!((r.uri.as_str(), r.mime_type.as_str()), ("file:///a", ""));
+        let t = resource(
+            &json!({"uriTemplate":"db://rows/{id}","name":"row","mimeType":"application/json",
+                    "annotations":{"audience":["user","robot"],"priority":0.5}}),
+            true,
+        )
+        .unwrap();
+        assert_eq!(t.uri, "db://rows/{id}");
+        assert_eq!(t.mime_type, "application/json");
+        let a = t.annotations.unwrap();
+        assert_eq!(a.audience.unwrap().len(), 1);
+        assert_eq!(a.priority, Some(0.5));
+    }
+
+    #[test]
+    fn prompt_placeholders() {
+        let p =
+            json!({"name":"greet","arguments":[{"name":"who","required":true},{"name":"tone"}]});
+        let args = placeholders(&p);
+        assert_eq!(
+            Value::Object(args),
+            json!({"who":"{{who}}","tone":"{{tone}}"})
+        );
+        assert!(placeholders(&json!({"name":"none"})).is_empty());
+        let mapped = prompt(&p).unwrap();
+        assert_eq!(mapped.arguments.unwrap()[0].required, Some(true));
+    }
+
+    #[test]
+    fn tool_result_mapping() {
+        let c = Collected {
+            progress: vec![Progress {
+                progress: Some(0.5),
+                message: None,
+            }],
+            logs: vec![json!({"level":"info","data":"x"})],
+            list_changed: vec!["tools"],
+            refuse: vec![],
+            pong: vec![],
+        };
+        let r = tool_result(
+            &json!({
+                "content": [
+                    {"type":"text","text":"hi"},
+                    {"type":"image","data":"AAA=","mimeType":"image/png"},
+                    {"type":"audio","data":"UklG","mimeType":"audio/wav"},
+                    {"type":"resource_link","uri":"x://1","name":"one"},
+                    {"type":"resource","resource":{"uri":"x://t","mimeType":"text/plain","text":"body"}},
+                    {"type":"resource","resource":{"uri":"x://b","blob":"AQI="}},
+                    {"type":"hologram","z":1}
+                ],
+                "structuredContent": {"n": 1},
+                "isError": true,
+                "_meta": {"trace": "t1"}
+            }),
+            &c,
+        );
+        assert_eq!(r.content.len(), 7);
+        assert!(matches!(&r.content[0], ContentBlock::Text(t) if t.text == "hi"));
+        assert!(matches!(&r.content[1], ContentBlock::Image(i) if i.mime_type == "image/png"));
+        assert!(matches!(&r.content[2], ContentBlock::Audio(_)));
+        assert!(
+            matches!(&r.content[3], ContentBlock::ResourceLink(l) if l.title.as_deref() == Some("one"))
+        );
+        assert!(matches!(&r.content[4], ContentBlock::EmbeddedResource(e) if e.data == "body"));
+        assert!(matches!(&r.content[5], ContentBlock::EmbeddedResource(e)
+            if e.data == "AQI=" && e.mime_type.as_deref() == Some("application/octet-stream")));
+        assert!(matches!(&r.content[6], ContentBlock::Text(t) if t.text.contains("hologram")));
+        assert_eq!(r.structured_content.as_deref(), Some(r#"{"n":1}"#));
+        assert_eq!(r.is_error, Some(true));
+        assert_eq!(r.progress.unwrap()[0].progress, Some(0.5));
+        let keys: Vec<_> = r.meta.unwrap().into_iter().map(|m| m.key).collect();
+        assert_eq!(keys, ["trace", "mcp-broker/log", "mcp-broker/list-changed"]);
+        let empty = tool_result(&json!({}), &Collected::default());
+        assert!(empty.content.is_empty() && empty.meta.is_none() && empty.progress.is_none());
+    }
+
+    #[test]
+    fn read_and_prompt_results() {
+        let c = resource_contents(&json!({"contents":[
+            {"uri":"a","text":"t","mimeType":"text/plain"},{"uri":"b","blob":"AA=="}]}));
+        assert!(matches!(&c[0], ResourceContents::Text(t) if t.text == "t"));
+        assert!(matches!(&c[1], ResourceContents::Blob(b) if b.blob == "AA=="));
+        let p = prompt_result(&json!({"description":"d","messages":[
+            {"role":"user","content":{"type":"text","text":"Hi {{who}}"}},
+            {"role":"assistant","content":{"type":"resource","resource":{"uri":"u","text":"x"}}}]}));
+        assert_eq!(p.messages.len(), 2);
+        assert!(
+            matches!(&p.messages[0].content, PromptMessageContent::Text(t) if t.text == "Hi {{who}}")
+        );
+        assert!(matches!(p.messages[1].role, PromptMessageRole::Assistant));
+    }
+
+    #[test]
+    fn capabilities_and_completion() {
+        let caps = capabilities(&json!({"capabilities":{
+            "tools":{"listChanged":true},"resources":{"subscribe":true},"completions":{}}}));
+        assert_eq!(caps.tools.unwrap().list_changed, Some(true));
+        assert_eq!(caps.resources.unwrap().subscribe, Some(true));
+        assert!(caps.prompts.is_none());
+        assert!(caps.completions.unwrap().enabled);
+        let r = completion(
+            &json!({"completion":{"values":["a","b"],"total":2}}),
+            &Collected::default(),
+        );
+        assert_eq!(r.content.len(), 2);
+    }
+
+    #[test]
+    fn reserved_arguments_stripped() {
+        let v = tool_arguments(r#"{"a":1,"_elicitation":{},"_sampling":{}}"#).unwrap();
+        assert_eq!(v, json!({"a":1}));
+        assert_eq!(tool_arguments("").unwrap(), json!({}));
+        assert!(tool_arguments("[1]").is_err());
+        assert!(tool_arguments("{").is_err());
+    }
+
+    #[test]
+    fn error_mapping() {
+        let rpc = |code, m: &str| {
+            Failure::Rpc(RpcError {
+                code,
+                message: m.into(),
+            })
+        };
+        assert!(matches!(
+            tool_error(rpc(-32602, "bad a")),
+            ToolError::InvalidParameters(_)
+        ));
+        assert!(matches!(
+            tool_error(rpc(-32602, "Unknown tool: x")),
+            ToolError::NotFound(_)
+        ));
+        assert!(matches!(
+            tool_error(rpc(-32601, "nope")),
+            ToolError::NotFound(_)
+        ));
+        assert!(
+            matches!(tool_error(rpc(-32000, "boom")), ToolError::ExecutionError(m) if m == "upstream error -32000: boom")
+        );
+        let down = Failure::Unavailable("upstream unavailable: tools/call to u: x".into());
+        assert!(
+            matches!(tool_error(down.clone()), ToolError::ExecutionError(m) if m.starts_with("upstream unavailable: "))
+        );
+        assert!(matches!(
+            resource_error(rpc(-32002, "gone")),
+            ResourceError::NotFound(_)
+        ));
+        assert!(matches!(
+            resource_error(rpc(-32603, "Resource not found")),
+            ResourceError::NotFound(_)
+        ));
+        assert!(matches!(
+            resource_error(rpc(-32603, "disk")),
+            ResourceError::ExecutionError(_)
+        ));
+        assert!(matches!(
+            resource_error(down.clone()),
+            ResourceError::ExecutionError(_)
+        ));
+        assert!(matches!(
+            prompt_error(rpc(-32602, "Prompt x not found")),
+            PromptError::NotFound(_)
+        ));
+        assert!(matches!(
+            prompt_error(rpc(-32602, "missing who")),
+            PromptError::InvalidParameters(_)
+        ));
+        assert!(matches!(prompt_error(down), PromptError::InternalError(_)));
+        assert!(matches!(
+            completion_error(rpc(-32601, "no")),
+            CompletionError::NotFound(_)
+        ));
+    }
+}

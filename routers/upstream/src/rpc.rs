@@ -1,0 +1,396 @@
+//! JSON-RPC 2.0 framing for the MCP client: building requests, telling the
+//! messages of an answer apart, and collecting the notifications that arrive
+//! on a request's SSE stream before its response.
+//!
+//! Pure: no I/O, so the unit tests run natively.
+
+use serde_json::{Map, Value, json};
+
+/// The MCP revision this client speaks (and offers in `initialize`).
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+/// Meta key of the log messages a call produced (routers/README.md "Logging").
+pub const META_LOG: &str = "mcp-broker/log";
+/// Meta key of the list kinds the upstream said changed during a call.
+pub const META_LIST_CHANGED: &str = "mcp-broker/list-changed";
+/// Meta key, in `describe-server`, of the reason the upstream is unusable.
+pub const META_UNAVAILABLE: &str = "mcp-broker/unavailable";
+/// The broker forwards at most this many log messages per call.
+pub const MAX_LOGS: usize = 64;
+/// The prefix the host maps to its own "upstream unavailable" error code.
+pub const UNAVAILABLE: &str = "upstream unavailable: ";
+/// Request header naming the JSON-RPC id (its JSON text) of the MCP request
+/// being sent, so that the host can send the upstream
+/// `notifications/cancelled` for it if the broker abandons the call. The host
+/// strips it before sending (broker/src/wasm/outbound.rs).
+pub const REQUEST_ID_HEADER: &str = "mcp-broker-request-id";
+/// Answer to a server-to-client request: the WIT has no way to ask the
+/// broker's client, and leaving the request unanswered would stall the
+/// upstream until it times out.
+pub const REFUSAL: &str = "not supported through mcp-broker's upstream router";
+
+/// A JSON-RPC error object from the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+}
+
+/// Why a request produced no result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Transport or protocol failure; the text says what, with the method
+    /// and URL, and starts with [`UNAVAILABLE`].
+    Unavailable(String),
+    /// The upstream answered with a JSON-RPC error.
+    Rpc(RpcError),
+}
+
+/// `upstream unavailable: <method> to <url>: <reason>`.
+pub fn unavailable(method: &str, url: &str, reason: &str) -> String {
+    format!("{UNAVAILABLE}{method} to {url}: {reason}")
+}
+
+pub fn request(id: u64, method: &str, params: Option<Value>) -> Vec<u8> {
+    let mut m = Map::new();
+    m.insert("jsonrpc".into(), "2.0".into());
+    m.insert("id".into(), id.into());
+    m.insert("method".into(), method.into());
+    if let Some(p) = params {
+        m.insert("params".into(), p);
+    }
+    Value::Object(m).to_string().into_bytes()
+}
+
+pub fn notification(method: &str) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "method": method})
+        .to_string()
+        .into_bytes()
+}
+
+/// The error answer to a server-to-client request with this id.
+pub fn refusal(id: &Value) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": REFUSAL}})
+        .to_string()
+        .into_bytes()
+}
+
+/// The answer to a server `ping`.
+pub fn pong(id: &Value) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": id, "result": {}})
+        .to_string()
+        .into_bytes()
+}
+
+/// `initialize` params: this client's identity, no client capabilities
+/// (no roots, sampling or elicitation: see the losses in lib.rs).
+pub fn initialize_params() -> Value {
+    json!({
+        "protocolVersion": PROTOCOL_VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": "mcp-broker-upstream", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+/// One progress report seen during a call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    pub progress: Option<f32>,
+    pub message: Option<String>,
+}
+
+/// What arrived on a request's stream besides its response.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Collected {
+    pub progress: Vec<Progress>,
+    /// MCP log messages `{level, logger?, data}`, at most [`MAX_LOGS`].
+    pub logs: Vec<Value>,
+    /// "tools", "resources", "prompts", each at most once, in arrival order.
+    pub list_changed: Vec<&'static str>,
+    /// Ids of server-to-client requests still to be refused.
+    pub refuse: Vec<Value>,
+    /// Ids of server `ping` requests still to be answered (with `{}`).
+    pub pong: Vec<Value>,
+}
+
+impl Collected {
+    /// Records one notification; unknown methods are dropped.
+    pub fn note(&mut self, method: &str, params: &Value, progress_token: u64) {
+        match method {
+            "notifications/progress" => {
+                // Only ours: the token we sent is the request id.
+                let token = params.get("progressToken");
+                let ours = match token {
+                    Some(Value::Number(n)) => n.as_u64() == Some(progress_token),
+                    Some(Value::String(s)) => *s == progress_token.to_string(),
+                    _ => true,
+                };
+                if !ours {
+                    return;
+                }
+                let done = params.get("progress").and_then(Value::as_f64);
+                let total = params.get("total").and_then(Value::as_f64);
+                let progress = match (done, total) {
+                    (Some(d), Some(t)) if t > 0.0 => Some((d / t) as f32),
+                    (Some(d), _) => Some(d as f32),
+                    _ => None,
+                };
+                let message = params
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                self.progress.push(Progress { progress, message });
+            }
+            "notifications/message" => {
+                if self.logs.len() >= MAX_LOGS {
+                    return;
+                }
+                let mut entry = Map::new();
+                let level = params.get("level").and_then(Value::as_str);
+                entry.insert("level".into(), level.unwrap_or("info").into());
+                if let Some(l) = params.get("logger").and_then(Value::as_str) {
+                    entry.insert("logger".into(), l.into());
+                }
+                entry.insert(
+                    "data".into(),
+                    params.get("data").cloned().unwrap_or(Value::Null),
+                );
+                self.logs.push(Value::Object(entry));
+            }
+            "notifications/tools/list_changed" => self.changed("tools"),
+            "notifications/resources/list_changed" => self.changed("resources"),
+            "notifications/prompts/list_changed" => self.changed("prompts"),
+            _ => {}
+        }
+    }
+
+    fn changed(&mut self, kind: &'static str) {
+        if !self.list_changed.contains(&kind) {
+            self.list_changed.push(kind);
+        }
+    }
+
+    /// The meta entries (key, JSON text) carrying the logs and list changes.
+    pub fn meta(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if !self.logs.is_empty() {
+            out.push((META_LOG.into(), Value::from(self.logs.clone()).to_string()));
+        }
+        if !self.list_changed.is_empty() {
+            out.push((
+                META_LIST_CHANGED.into(),
+                Value::from(self.list_changed.clone()).to_string(),
+            ));
+        }
+        out
+    }
+}
+
+fn is_our_id(id: &Value, ours: u64) -> bool {
+    match id {
+        Value::Number(n) => n.as_u64() == Some(ours),
+        Value::String(s) => *s == ours.to_string(),
+        _ => false,
+    }
+}
+
+fn rpc_error(e: &Value) -> RpcError {
+    RpcError {
+        code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+        message: e
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("(no message)")
+            .to_owned(),
+    }
+}
+
+/// Takes one JSON-RPC message of the answer to request `id`: a notification
+/// is collected, a server request queued for refusal, and the response to
+/// `id` returned. Responses to other ids are ignored.
+pub fn absorb(msg: &Value, id: u64, c: &mut Collected) -> Option<Result<Value, RpcError>> {
+    if let Value::Array(batch) = msg {
+        // Batches left MCP in 2025-06-18; accepted anyway, it costs nothing.
+        let mut found = None;
+        for m in batch {
+            if let Some(r) = absorb(m, id, c) {
+                found.get_or_insert(r);
+            }
+        }
+        return found;
+    }
+    let method = msg.get("method").and_then(Value::as_str);
+    let msg_id = msg.get("id");
+    match (method, msg_id) {
+        (Some(m), Some(req_id)) if !req_id.is_null() => {
+            // A ping costs nothing to answer; anything else needs the
+            // broker's client, which the WIT cannot reach.
+            if m == "ping" {
+                c.pong.push(req_id.clone());
+            } else {
+                c.refuse.push(req_id.clone());
+            }
+            None
+        }
+        (Some(m), _) => {
+            let params = msg.get("params").cloned().unwrap_or(Value::Null);
+            c.note(m, &params, id);
+            None
+        }
+        (None, Some(r)) => {
+            // An error with a null id is the upstream failing to parse what
+            // we sent: it concerns our request.
+            let error = msg.get("error");
+            if !(is_our_id(r, id) || (r.is_null() && error.is_some())) {
+                return None;
+            }
+            Some(match error {
+                Some(e) => Err(rpc_error(e)),
+                None => Ok(msg.get("result").cloned().unwrap_or(Value::Null)),
+            })
+        }
+        (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_framing() {
+        let r: Value = serde_json::from_slice(&request(3, "tools/list", None)).unwrap();
+        assert_eq!(r, json!({"jsonrpc":"2.0","id":3,"method":"tools/list"}));
+        let r: Value = serde_json::from_slice(&request(4, "x", Some(json!({"a": 1})))).unwrap();
+        assert_eq!(r["params"]["a"], 1);
+        let n: Value = serde_json::from_slice(&notification("notifications/initialized")).unwrap();
+        assert!(n.get("id").is_none());
+        let e: Value = serde_json::from_slice(&refusal(&json!("s-1"))).unwrap();
+        assert_eq!(e["id"], "s-1");
+        assert_eq!(e["error"]["code"], -32601);
+    }
+
+    #[test]
+    fn response_matching() {
+        let mut c = Collected::default();
+        assert_eq!(
+            absorb(&json!({"jsonrpc":"2.0","id":5,"result":{"x":1}}), 5, &mut c),
+            Some(Ok(json!({"x":1})))
+        );
+        assert_eq!(
+            absorb(&json!({"jsonrpc":"2.0","id":"5","result":{}}), 5, &mut c),
+            Some(Ok(json!({})))
+        );
+        assert_eq!(
+            absorb(&json!({"jsonrpc":"2.0","id":6,"result":{}}), 5, &mut c),
+            None
+        );
+        assert_eq!(
+            absorb(
+                &json!({"jsonrpc":"2.0","id":5,"error":{"code":-32602,"message":"bad"}}),
+                5,
+                &mut c
+            ),
+            Some(Err(RpcError {
+                code: -32602,
+                message: "bad".into()
+            }))
+        );
+        assert!(matches!(
+            absorb(
+                &json!({"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse"}}),
+                5,
+                &mut c
+            ),
+            Some(Err(RpcError { code: -32700, .. }))
+        ));
+    }
+
+    #[test]
+    fn notifications_collected() {
+        let mut c = Collected::default();
+        let msgs = [
+            json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":9,"progress":1,"total":4,"message":"a"}}),
+            json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":9,"progress":3}}),
+            json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":8,"progress":3}}),
+            json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"warning","logger":"db","data":{"k":1}}}),
+            json!({"jsonrpc":"2.0","method":"notifications/message","params":{"data":"plain"}}),
+            json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
+            json!({"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}),
+            json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
+            json!({"jsonrpc":"2.0","id":"srv-1","method":"elicitation/create","params":{}}),
+            json!({"jsonrpc":"2.0","method":"notifications/unknown"}),
+            json!({"jsonrpc":"2.0","id":77,"method":"ping"}),
+        ];
+        for m in &msgs {
+            assert_eq!(absorb(m, 9, &mut c), None);
+        }
+        assert_eq!(
+            c.progress,
+            vec![
+                Progress {
+                    progress: Some(0.25),
+                    message: Some("a".into())
+                },
+                Progress {
+                    progress: Some(3.0),
+                    message: None
+                },
+            ]
+        );
+        assert_eq!(
+            c.logs,
+            vec![
+                json!({"level":"warning","logger":"db","data":{"k":1}}),
+                json!({"level":"info","data":"plain"}),
+            ]
+        );
+        assert_eq!(c.list_changed, vec!["tools", "prompts"]);
+        assert_eq!(c.refuse, vec![json!("srv-1")]);
+        assert_eq!(c.pong, vec![json!(77)]);
+        let p: Value = serde_json::from_slice(&pong(&json!(77))).unwrap();
+        assert_eq!(p, json!({"jsonrpc":"2.0","id":77,"result":{}}));
+        let meta = c.meta();
+        assert_eq!(meta[0].0, META_LOG);
+        assert_eq!(
+            meta[1],
+            (META_LIST_CHANGED.into(), r#"["tools","prompts"]"#.into())
+        );
+    }
+
+    #[test]
+    fn logs_bounded() {
+        let mut c = Collected::default();
+        for i in 0..100 {
+            c.note(
+                "notifications/message",
+                &json!({"level":"info","data":i}),
+                1,
+            );
+        }
+        assert_eq!(c.logs.len(), MAX_LOGS);
+        assert_eq!(c.logs[63]["data"], 63);
+    }
+
+    #[test]
+    fn batch_accepted() {
+        let mut c = Collected::default();
+        let b = json!([
+            {"jsonrpc":"2.0","method":"notifications/resources/list_changed"},
+            {"jsonrpc":"2.0","id":2,"result":{"ok":true}}
+        ]);
+        assert_eq!(absorb(&b, 2, &mut c), Some(Ok(json!({"ok":true}))));
+        assert_eq!(c.list_changed, vec!["resources"]);
+    }
+
+    #[test]
+    fn unavailable_wording() {
+        assert_eq!(
+            unavailable(
+                "tools/call",
+                "http://127.0.0.1:9000/mcp",
+                "connection refused"
+            ),
+            "upstream unavailable: tools/call to http://127.0.0.1:9000/mcp: connection refused"
+        );
+    }
+}

@@ -1,0 +1,216 @@
+//! An incremental `text/event-stream` parser (the WHATWG "server-sent events"
+//! wire format), fed the body as it arrives in arbitrary chunks.
+//!
+//! Pure: no I/O, so the unit tests run natively. Lines end in LF, CRLF or a
+//! lone CR; a CR at the very end of a chunk is held back until the next chunk
+//! says whether an LF follows, so a CRLF split across two reads is one line
+//! ending, not two.
+
+/// One dispatched event.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// `event:` field; empty means the default type, "message".
+    pub event: String,
+    /// `data:` lines joined by `\n`.
+    pub data: String,
+    /// `id:` field, when the event (or an earlier one) set it.
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Parser {
+    /// Bytes of an unfinished line.
+    line: Vec<u8>,
+    /// The previous chunk ended in CR: an LF at the start of the next chunk
+    /// belongs to that line ending.
+    skip_lf: bool,
+    /// At the start of the stream: a UTF-8 BOM there is dropped.
+    started: bool,
+    event: String,
+    data: String,
+    has_data: bool,
+    last_id: Option<String>,
+}
+
+impl Parser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds one chunk; returns the events it completed, in order.
+    pub fn feed(&mut self, mut chunk: &[u8]) -> Vec<Event> {
+        let mut out = Vec::new();
+        if !self.started && !chunk.is_empty() {
+            // The BOM may itself be split; only the common unsplit case is
+            // handled (servers rarely send one at all).
+            if let Some(rest) = chunk.strip_prefix(b"\xEF\xBB\xBF") {
+                chunk = rest;
+            }
+            self.started = true;
+        }
+        if self.skip_lf {
+            if let Some(rest) = chunk.strip_prefix(b"\n") {
+                chunk = rest;
+            }
+            if !chunk.is_empty() {
+                self.skip_lf = false;
+            }
+        }
+        let mut i = 0;
+        while i < chunk.len() {
+            match chunk[i] {
+                b'\n' => {
+                    self.end_line(&mut out);
+                    i += 1;
+                }
+                b'\r' => {
+                    self.end_line(&mut out);
+                    i += 1;
+                    if i == chunk.len() {
+                        self.skip_lf = true;
+                    } else if chunk[i] == b'\n' {
+                        i += 1;
+                    }
+                }
+                _ => {
+                    let start = i;
+                    while i < chunk.len() && chunk[i] != b'\n' && chunk[i] != b'\r' {
+                        i += 1;
+                    }
+                    self.line.extend_from_slice(&chunk[start..i]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Bytes of an unfinished line or event. When the stream ends, such an
+    /// event is discarded, as the SSE specification requires; the caller
+    /// only uses this to word its error.
+    pub fn pending_bytes(&self) -> usize {
+        self.line.len() + self.data.len()
+    }
+
+    fn end_line(&mut self, out: &mut Vec<Event>) {
+        let line = std::mem::take(&mut self.line);
+        if line.is_empty() {
+            if self.has_data {
+                out.push(Event {
+                    event: std::mem::take(&mut self.event),
+                    data: std::mem::take(&mut self.data),
+                    id: self.last_id.clone(),
+                });
+            } else {
+                self.event.clear();
+            }
+            self.has_data = false;
+            return;
+        }
+        if line[0] == b':' {
+            return; // comment (keep-alive)
+        }
+        let line = String::from_utf8_lossy(&line);
+        let (field, value) = match line.find(':') {
+            Some(at) => {
+                let value = &line[at + 1..];
+                (&line[..at], value.strip_prefix(' ').unwrap_or(value))
+            }
+            None => (&line[..], ""),
+        };
+        match field {
+            "event" => self.event = value.to_owned(),
+            "data" => {
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.data.push_str(value);
+                self.has_data = true;
+            }
+            // An id containing NUL is ignored (SSE specification).
+            "id" if !value.contains('\0') => self.last_id = Some(value.to_owned()),
+            _ => {} // `retry:` and unknown fields: irrelevant for one response
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(chunks: &[&[u8]]) -> Vec<Event> {
+        let mut p = Parser::new();
+        chunks.iter().flat_map(|c| p.feed(c)).collect()
+    }
+
+    #[test]
+    fn single_event() {
+        let ev = all(&[b"event: message\ndata: {\"a\":1}\nid: 7\n\n"]);
+        assert_eq!(
+            ev,
+            vec![Event {
+                event: "message".into(),
+                data: "{\"a\":1}".into(),
+                id: Some("7".into())
+            }]
+        );
+    }
+
+    #[test]
+    fn multi_line_data_joined_by_newline() {
+        let ev = all(&[b"data: {\"a\":\ndata:1}\n\n"]);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].data, "{\"a\":\n1}");
+    }
+
+    #[test]
+    fn crlf_and_lone_cr() {
+        let ev = all(&[b"data: a\r\n\r\ndata: b\r\rdata: c\n\n"]);
+        let data: Vec<_> = ev.iter().map(|e| e.data.as_str()).collect();
+        assert_eq!(data, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn crlf_split_across_reads() {
+        // The CR ends one chunk, the LF starts the next: one line ending.
+        let ev = all(&[b"data: a\r", b"\n\r", b"\ndata: b\n", b"\n"]);
+        let data: Vec<_> = ev.iter().map(|e| e.data.as_str()).collect();
+        assert_eq!(data, ["a", "b"]);
+    }
+
+    #[test]
+    fn split_anywhere() {
+        let text = b": keep-alive\nevent: message\ndata: {\"jsonrpc\":\"2.0\"}\nid: 1\n\ndata: x\ndata: y\n\n";
+        let whole = all(&[text]);
+        assert_eq!(whole.len(), 2);
+        for cut in 0..text.len() {
+            let (a, b) = text.split_at(cut);
+            assert_eq!(all(&[a, b]), whole, "cut at {cut}");
+        }
+        let bytes: Vec<&[u8]> = text.chunks(1).collect();
+        assert_eq!(all(&bytes), whole);
+    }
+
+    #[test]
+    fn comments_and_empty_events_ignored() {
+        let ev = all(&[b": ping\n\n:another\nevent: x\n\nretry: 10\ndata\n\n"]);
+        // `data` with no colon is a data field with an empty value.
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].data, "");
+        assert_eq!(ev[0].event, "");
+    }
+
+    #[test]
+    fn value_space_stripped_once() {
+        let ev = all(&[b"data:  two\n\n"]);
+        assert_eq!(ev[0].data, " two");
+    }
+
+    #[test]
+    fn bom_dropped_and_unterminated_event_discarded() {
+        let mut p = Parser::new();
+        let ev = p.feed(b"\xEF\xBB\xBFdata: a\n\ndata: b");
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].data, "a");
+        assert!(p.pending_bytes() > 0);
+    }
+}
