@@ -71,10 +71,14 @@ fn meta(fbb: &mut Fbb, m: &Option<Vec<w::MetaEntry>>) -> Option<KeyValues> {
 
 /// [`meta`] less the entries named `skip` (the broker's own conventions,
 /// which it turns into frames rather than pass on).
-fn meta_without(fbb: &mut Fbb, m: &Option<Vec<w::MetaEntry>>, skip: &str) -> Option<KeyValues> {
+fn meta_without(fbb: &mut Fbb, m: &Option<Vec<w::MetaEntry>>, skip: &[&str]) -> Option<KeyValues> {
     match m {
-        Some(m) if m.iter().any(|e| e.key == skip) => {
-            let kept: Vec<w::MetaEntry> = m.iter().filter(|e| e.key != skip).cloned().collect();
+        Some(m) if m.iter().any(|e| skip.contains(&e.key.as_str())) => {
+            let kept: Vec<w::MetaEntry> = m
+                .iter()
+                .filter(|e| !skip.contains(&e.key.as_str()))
+                .cloned()
+                .collect();
             meta(fbb, &Some(kept))
         }
         _ => meta(fbb, m),
@@ -290,7 +294,11 @@ pub fn tool_response(
             let (fbb, blocks) = enc.begin_with_content();
             blocks.extend(tr.content.iter().map(|b| content_block(fbb, b)));
             let structured_content = opt_str(fbb, &tr.structured_content);
-            let metadata = meta_without(fbb, &tr.meta, LOG_META_KEY);
+            let metadata = meta_without(
+                fbb,
+                &tr.meta,
+                &[LOG_META_KEY, crate::upstream::LIST_CHANGED_META_KEY],
+            );
             let is_error = tr.is_error.unwrap_or(false);
             let res = create_tool_result(
                 fbb,
@@ -692,6 +700,25 @@ fn text_of(b: &w::ContentBlock) -> Option<&str> {
 /// The wire error for a call that did not produce the router's value.
 /// A tool's `execution-error` is not a protocol error: MCP reports it as a
 /// ToolResult with `is_error`, so the model sees the message.
+/// How a router says that its upstream MCP server failed it (not the tool
+/// itself): an execution error whose message starts with this. The
+/// `upstream` router words every transport failure so (routers/README.md),
+/// and the broker answers it with `UpstreamUnavailable` (-32006).
+pub const UPSTREAM_UNAVAILABLE_PREFIX: &str = "upstream unavailable: ";
+
+/// The message of an execution error that reports an upstream failure.
+fn upstream_unavailable(e: &CallError) -> Option<&str> {
+    let m = match e {
+        CallError::Tool(w::ToolError::ExecutionError(m))
+        | CallError::Resource(w::ResourceError::ExecutionError(m))
+        | CallError::Prompt(w::PromptError::InternalError(m))
+        | CallError::Completion(w::CompletionError::ExecutionError(m)) => m,
+        _ => return None,
+    };
+    m.starts_with(UPSTREAM_UNAVAILABLE_PREFIX)
+        .then_some(m.as_str())
+}
+
 pub fn call_error(
     enc: &mut ResponseEncoder,
     out: &mut Vec<u8>,
@@ -699,6 +726,10 @@ pub fn call_error(
     tool_call_id: Option<&UUID>,
     e: &CallError,
 ) -> ErrorCode {
+    if let Some(m) = upstream_unavailable(e) {
+        out.extend_from_slice(enc.error(to, ErrorCode::UpstreamUnavailable, m, None));
+        return ErrorCode::UpstreamUnavailable;
+    }
     let (code, message): (ErrorCode, String) = match e {
         CallError::Overloaded | CallError::SessionsFull => (ErrorCode::Overloaded, e.to_string()),
         CallError::DeadlineExceeded(_) => (ErrorCode::DeadlineExceeded, e.to_string()),

@@ -301,7 +301,23 @@ pub struct GrantsConfig {
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
     pub name: String,
-    pub wasm: PathBuf,
+    /// The component (relative paths: in `broker.routers_dir`). Without it,
+    /// `upstream` runs the bundled `upstream` router.
+    #[serde(default)]
+    pub wasm: Option<PathBuf>,
+    /// A remote MCP server (Streamable HTTP endpoint URL) fronted by the
+    /// bundled `upstream` router (or by `wasm`, when set), which gets
+    /// outgoing HTTP to this origin only (`docs/upstreams.md`).
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// Headers the host adds to every request to the upstream: this
+    /// router's own credentials (the client's token is never forwarded).
+    #[serde(default)]
+    pub upstream_headers: std::collections::BTreeMap<String, String>,
+    /// How often an upstream router's listings are read again (and, while
+    /// its upstream is unreachable, the longest wait between retries).
+    #[serde(default, with = "humantime_serde")]
+    pub refresh_interval: Option<Duration>,
     /// Name prefix used when a tool or prompt name collides.
     #[serde(default)]
     pub prefix: Option<String>,
@@ -636,6 +652,50 @@ impl Config {
                     r.max_result_bytes
                 ));
             }
+            if r.wasm.is_none() && r.upstream.is_none() {
+                errors.push(format!(
+                    "{at}: set `wasm` (a component) or `upstream` (a remote MCP server's URL)"
+                ));
+            }
+            if let Some(url) = &r.upstream {
+                match url.parse::<hyper::Uri>() {
+                    Ok(u)
+                        if matches!(u.scheme_str(), Some("http" | "https"))
+                            && u.host().is_some_and(|h| !h.is_empty()) => {}
+                    _ => errors.push(format!(
+                        "{at}.upstream: `{url}` is not an absolute http:// or https:// URL"
+                    )),
+                }
+            } else {
+                if !r.upstream_headers.is_empty() {
+                    errors.push(format!(
+                        "{at}.upstream_headers: only applies with `upstream`"
+                    ));
+                }
+                if r.refresh_interval.is_some() {
+                    errors.push(format!(
+                        "{at}.refresh_interval: only applies with `upstream`"
+                    ));
+                }
+            }
+            for (name, value) in &r.upstream_headers {
+                if hyper::header::HeaderName::try_from(name.as_str()).is_err() {
+                    errors.push(format!(
+                        "{at}.upstream_headers: `{name}` is not a valid header name"
+                    ));
+                }
+                // The value may be a secret: name the header, never the value.
+                if hyper::header::HeaderValue::try_from(value.as_str()).is_err() {
+                    errors.push(format!(
+                        "{at}.upstream_headers: the value of `{name}` is not a valid header value"
+                    ));
+                }
+            }
+            if r.refresh_interval
+                .is_some_and(|d| d < Duration::from_secs(1))
+            {
+                errors.push(format!("{at}.refresh_interval: must be at least 1s"));
+            }
             if r.prefix.as_deref() == Some("") {
                 errors.push(format!("{at}.prefix: must not be empty when set"));
             }
@@ -689,10 +749,12 @@ impl Config {
 
     /// The host-side spec of router `r`.
     pub fn router_spec(&self, r: &RouterConfig) -> crate::wasm::RouterSpec {
-        let wasm = if r.wasm.is_absolute() {
-            r.wasm.clone()
-        } else {
-            self.routers_dir().join(&r.wasm)
+        let wasm = match (&r.wasm, &r.upstream) {
+            (Some(wasm), _) if wasm.is_absolute() => wasm.clone(),
+            (Some(wasm), _) => self.routers_dir().join(wasm),
+            (None, _) => self
+                .routers_dir()
+                .join(format!("{}.wasm", crate::wasm::UPSTREAM_ROUTER)),
         };
         let mut spec = crate::wasm::RouterSpec::new(r.name.clone(), wasm);
         spec.instances_per_shard = r.instances_per_shard;
@@ -712,7 +774,23 @@ impl Config {
                     guest: d.guest.clone(),
                 })
                 .collect(),
+            vars: Vec::new(),
+            http: None,
         };
+        if let Some(url) = &r.upstream {
+            spec.grants.vars = vec![
+                ("MCP_UPSTREAM_URL".into(), url.clone()),
+                ("MCP_UPSTREAM_NAME".into(), r.name.clone()),
+            ];
+            spec.grants.http = Some(crate::wasm::HttpGrant {
+                url: url.clone(),
+                headers: r
+                    .upstream_headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            });
+        }
         spec
     }
 }

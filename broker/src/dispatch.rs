@@ -53,8 +53,9 @@ pub struct ShardCtx {
 }
 
 impl ShardCtx {
-    fn table(&self) -> &RouteTable {
-        &self.shared.table
+    /// The route table in effect (a request keeps the one it started with).
+    fn table(&self) -> arc_swap::Guard<Arc<RouteTable>> {
+        self.shared.table.load()
     }
 
     /// Where a router's request of `session` must run: `None` = here.
@@ -237,6 +238,15 @@ pub async fn handle(
                 .call_tool_within(&target.name, json, deadline)
                 .await;
             crate::metrics::record::wasm_call(ctx, router, t0);
+            if let Ok(w::Response::Completed(tr)) = &result
+                && tr.meta.as_ref().is_some_and(|m| {
+                    m.iter()
+                        .any(|e| e.key == crate::upstream::LIST_CHANGED_META_KEY)
+                })
+            {
+                // The upstream announced a list change during the call.
+                ctx.shared.upstreams.request_refresh(router);
+            }
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::tool_response(&mut enc, out, &to, tc.id(), &r),
@@ -460,6 +470,10 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
         .expect("classified as initialize");
     let version = negotiate(init.client_capabilities().protocol_version());
     let shared = &ctx.shared;
+    let table = shared.table.load();
+    // An upstream router's listings may appear later (its upstream comes
+    // back, or adds tools): offer what it may serve from the start.
+    let any_upstream = shared.upstreams.iter().next().is_some();
     let mut enc = ctx.enc.borrow_mut();
     let fbb = enc.begin();
     let name = fbb.create_string("mcp-broker");
@@ -467,10 +481,11 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
     let caps = p::ServerCapabilities::create(
         fbb,
         &p::ServerCapabilitiesArgs {
-            supports_tools: !shared.table.tool_list.is_empty(),
-            supports_resources: !shared.table.resource_list.is_empty()
-                || !shared.table.template_list.is_empty(),
-            supports_prompts: !shared.table.prompt_list.is_empty(),
+            supports_tools: !table.tool_list.is_empty() || any_upstream,
+            supports_resources: !table.resource_list.is_empty()
+                || !table.template_list.is_empty()
+                || any_upstream,
+            supports_prompts: !table.prompt_list.is_empty() || any_upstream,
             supports_sampling: false,
             supports_logging: true,
             protocol_version: version,
@@ -610,6 +625,7 @@ mod tests {
             Capabilities::default(),
             String::new(),
             2,
+            crate::upstream::Upstreams::new(&[], &[]),
         );
         // Fill shard 1's inbox: nothing empties it in this test.
         let mut sent = 0;

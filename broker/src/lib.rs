@@ -6,7 +6,8 @@
 //! [`dispatch`] (one request → its responses), [`route`] (the immutable route
 //! table), [`adapt`] (WIT results → wire frames), [`wasm`] (the only module
 //! that knows wasmtime), [`config`], [`metrics`], [`process`] (the CPU mask
-//! and descriptor limit it inherited), [`server`] (start-up and shutdown).
+//! and descriptor limit it inherited), [`server`] (start-up and shutdown),
+//! [`upstream`] (upstream routers' listings, re-read and swapped in).
 
 pub mod adapt;
 pub mod config;
@@ -20,4 +21,5 @@ pub mod route;
 pub mod server;
 pub mod shard;
 pub mod shared;
+pub mod upstream;
 pub mod wasm;

@@ -49,6 +49,7 @@ pub use record::{ShardSnapshot, SnapshotRequest};
 pub use series::{Edge, Layout, Outcome, Reject, ShardSeries};
 
 use crate::shared::Shared;
+use crate::upstream::UpstreamStatus;
 use hist::HistSnapshot;
 
 /// Admin connections served at once; one more is closed as soon as it is
@@ -226,7 +227,25 @@ async fn answer(
         "/readyz" => {
             let shared = &admin.shared;
             if is_ready(shared) {
-                text(StatusCode::OK, PLAIN, "ready\n")
+                // An unavailable upstream does not make the broker unready
+                // (its other routers serve); it is named in the detail.
+                let mut body = String::from("ready\n");
+                for (i, s) in shared.upstreams.iter() {
+                    if !s.available.load(Ordering::Relaxed) {
+                        let reason = s
+                            .reason
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .clone()
+                            .unwrap_or_default();
+                        let _ = writeln!(
+                            body,
+                            "upstream {} unavailable (retrying): {reason}",
+                            admin.routers.get(i).map_or("?", String::as_str)
+                        );
+                    }
+                }
+                text(StatusCode::OK, PLAIN, body)
             } else {
                 // A dead shard first: the process is about to exit
                 // non-zero, and that is what an operator must see.
@@ -612,6 +631,64 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
     for (name, kind, help, v) in scalars {
         family(&mut o, name, kind, help);
         let _ = writeln!(o, "{name} {v}");
+    }
+    // Upstream routers.
+    type Series = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&UpstreamStatus) -> u64,
+    );
+    let upstream_series: [Series; 6] = [
+        (
+            "mcp_upstream_available",
+            "gauge",
+            "1 while the upstream router's upstream answers its listings, else 0 (retried with backoff).",
+            |s| s.available.load(Ordering::Relaxed).into(),
+        ),
+        (
+            "mcp_upstream_refreshes_total",
+            "counter",
+            "Re-reads of the upstream's listings (interval, list_changed hints, retries).",
+            |s| s.refreshes.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_upstream_refresh_failures_total",
+            "counter",
+            "Re-reads that found the upstream unavailable.",
+            |s| s.failures.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_upstream_table_swaps_total",
+            "counter",
+            "Route tables swapped in because this upstream's listings changed.",
+            |s| s.swaps.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_upstream_denied_total",
+            "counter",
+            "Outgoing requests to an origin other than the granted upstream, refused by the host.",
+            |s| s.router.outbound_denied(),
+        ),
+        (
+            "mcp_upstream_cancels_total",
+            "counter",
+            "notifications/cancelled sent upstream for calls abandoned (client cancel, deadline, drain).",
+            |s| s.router.outbound_cancels(),
+        ),
+    ];
+    if shared.upstreams.iter().next().is_some() {
+        for (name, kind, help, value) in upstream_series {
+            family(&mut o, name, kind, help);
+            for (i, s) in shared.upstreams.iter() {
+                let _ = writeln!(
+                    o,
+                    "{name}{{router=\"{}\"}} {}",
+                    esc(routers.get(i).map_or("?", String::as_str)),
+                    value(s)
+                );
+            }
+        }
     }
     family(
         &mut o,

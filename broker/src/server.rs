@@ -150,12 +150,29 @@ pub fn start(config: Config) -> Result<Running> {
     let mut entries = Vec::new();
     let mut caps = Capabilities::default();
     let mut instructions = Vec::new();
+    // Per router: `Some(unavailable reason)` for upstream routers.
+    let mut upstream = Vec::new();
     for r in &config.routers {
         let spec = config.router_spec(r);
         let router = host
             .load(&spec)
             .with_context(|| format!("loading router `{}` from {}", r.name, spec.wasm.display()))?;
-        let meta = router.meta().clone();
+        let mut meta = router.meta().clone();
+        if r.upstream.is_some() {
+            let unavailable = meta.unavailable();
+            if let Some(reason) = &unavailable {
+                // Not fatal: it is retried with backoff (upstream.rs), and
+                // the other routers serve meanwhile.
+                tracing::warn!(router = %r.name, %reason, "upstream unavailable at start-up; retrying with backoff");
+                meta = Arc::new(crate::wasm::RouterMeta {
+                    server: meta.server.clone(),
+                    ..Default::default()
+                });
+            }
+            upstream.push(Some(unavailable));
+        } else {
+            upstream.push(None);
+        }
         if let Some(server) = &meta.server {
             caps.completions |= server
                 .capabilities
@@ -221,6 +238,7 @@ pub fn start(config: Config) -> Result<Running> {
         caps,
         instructions.join("\n"),
         shards,
+        crate::upstream::Upstreams::new(&upstream, &routers),
     ));
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -265,6 +283,24 @@ pub fn start(config: Config) -> Result<Running> {
     }
     let grpc_edge = crate::edge::grpc::start(grpc_listener, shared.clone())
         .context("starting the gRPC edge")?;
+    crate::upstream::Refresher {
+        shared: shared.clone(),
+        routers: routers.clone(),
+        entries,
+        intervals: shared
+            .config
+            .routers
+            .iter()
+            .map(|r| {
+                r.upstream.as_ref().map(|_| {
+                    r.refresh_interval
+                        .unwrap_or(crate::upstream::DEFAULT_REFRESH_INTERVAL)
+                })
+            })
+            .collect(),
+    }
+    .spawn()
+    .context("spawning the upstream refresher")?;
     Ok(Running {
         shared,
         frames,

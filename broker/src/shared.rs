@@ -1,5 +1,6 @@
-//! What all shards share: read-only after start-up, plus the cross-thread
-//! hand-off queues.
+//! What all shards share: read-only after start-up (but for the route
+//! table, which is swapped whole when an upstream's listings change), plus
+//! the cross-thread hand-off queues.
 //!
 //! # Invariants
 //! - Nothing here is written on the request path except a shard's own inbox
@@ -129,7 +130,11 @@ pub struct Capabilities {
 
 pub struct Shared {
     pub config: Config,
-    pub table: Arc<RouteTable>,
+    /// The route table in effect. Readers `load()` it per request (no lock);
+    /// `upstream::Refresher` stores a new one when listings change.
+    pub table: arc_swap::ArcSwap<RouteTable>,
+    /// Upstream routers' availability and the refresh queue.
+    pub upstreams: crate::upstream::Upstreams,
     pub affinity: Vec<Affinity>,
     pub capabilities: Capabilities,
     pub instructions: String,
@@ -141,6 +146,31 @@ pub struct Shared {
     /// The HTTP edge's sessions, striped by owner shard
     /// (`edge/http/session.rs`).
     pub http_sessions: crate::edge::http::session::Sessions,
+    list_observers: std::sync::Mutex<Vec<ListObserver>>,
+}
+
+/// Told of every route table change (the gRPC edge's Subscribe hub).
+pub type ListObserver = Arc<dyn Fn(ListKinds) + Send + Sync>;
+
+/// Which listings changed, as a bit set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListKinds {
+    pub tools: bool,
+    pub resources: bool,
+    pub prompts: bool,
+}
+
+impl ListKinds {
+    /// The MCP notification methods for these kinds.
+    pub fn methods(self) -> impl Iterator<Item = &'static str> {
+        [
+            (self.tools, "notifications/tools/list_changed"),
+            (self.resources, "notifications/resources/list_changed"),
+            (self.prompts, "notifications/prompts/list_changed"),
+        ]
+        .into_iter()
+        .filter_map(|(on, m)| on.then_some(m))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +189,7 @@ impl Shared {
         capabilities: Capabilities,
         instructions: String,
         shards: usize,
+        upstreams: crate::upstream::Upstreams,
     ) -> Self {
         let inboxes = (0..shards)
             .map(|_| {
@@ -181,7 +212,8 @@ impl Shared {
         Self {
             http_sessions,
             config,
-            table: Arc::new(table),
+            table: arc_swap::ArcSwap::from_pointee(table),
+            upstreams,
             affinity,
             capabilities,
             instructions,
@@ -189,6 +221,7 @@ impl Shared {
             stats: (0..shards).map(|_| ShardStats::new(&layout)).collect(),
             draining: AtomicBool::new(false),
             deaths: crossbeam_channel::unbounded(),
+            list_observers: std::sync::Mutex::default(),
         }
     }
 
@@ -317,6 +350,34 @@ impl Shared {
         for i in 0..self.shards() {
             let _ = self.send(i, ShardMsg::DrainExpired);
         }
+    }
+
+    /// Tells the clients that listen that the route table changed: HTTP
+    /// sessions on their GET stream, gRPC Subscribe streams through the
+    /// observers the gRPC edge registered. Called off the shards.
+    pub fn notify_list_changed(&self, kinds: ListKinds) {
+        for method in kinds.methods() {
+            let msg = format!(r#"{{"jsonrpc":"2.0","method":"{method}"}}"#);
+            for s in self.http_sessions.all() {
+                s.emit_standalone(msg.as_bytes());
+            }
+        }
+        let observers = self
+            .list_observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for o in observers {
+            o(kinds);
+        }
+    }
+
+    /// Registers `f` to be told of every route table change.
+    pub fn on_list_changed(&self, f: ListObserver) {
+        self.list_observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(f);
     }
 
     pub fn in_flight(&self) -> u64 {

@@ -36,11 +36,14 @@ pub enum ErrorCode {
     ShuttingDown = -32004,
     /// The router reported a tool/resource/prompt execution error.
     ExecutionError = -32005,
+    /// An upstream router's MCP server could not be reached, refused, or
+    /// answered with something unusable (retryable).
+    UpstreamUnavailable = -32006,
 }
 
 impl ErrorCode {
     /// All codes, for documentation tests and exhaustive mapping checks.
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::ParseError,
         ErrorCode::InvalidRequest,
         ErrorCode::NotFound,
@@ -52,6 +55,7 @@ impl ErrorCode {
         ErrorCode::Unauthorized,
         ErrorCode::ShuttingDown,
         ErrorCode::ExecutionError,
+        ErrorCode::UpstreamUnavailable,
     ];
 
     /// The wire value.
@@ -72,6 +76,7 @@ impl ErrorCode {
                 | ErrorCode::DeadlineExceeded
                 | ErrorCode::RouterFault
                 | ErrorCode::ShuttingDown
+                | ErrorCode::UpstreamUnavailable
         )
     }
 
@@ -89,6 +94,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::ExecutionError => "execution_error",
+            ErrorCode::UpstreamUnavailable => "upstream_unavailable",
         }
     }
 }

@@ -91,7 +91,7 @@ pub fn request(
     let now = Instant::now();
     let view = req.view();
     let kind = view.kind();
-    let table = &ctx.shared.table;
+    let table = ctx.shared.table.load();
     let broker = layout.broker();
     let none = layout.no_tool();
     let (router, tool) = match view.route_key() {

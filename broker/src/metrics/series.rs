@@ -54,12 +54,13 @@ pub enum Outcome {
     Unauthorized,
     ShuttingDown,
     ExecutionError,
+    UpstreamUnavailable,
     /// An error code the broker does not define (or an unreadable frame).
     OtherError,
 }
 
 impl Outcome {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
     pub const ALL: [Outcome; Outcome::COUNT] = [
         Outcome::Ok,
         Outcome::ParseError,
@@ -73,6 +74,7 @@ impl Outcome {
         Outcome::Unauthorized,
         Outcome::ShuttingDown,
         Outcome::ExecutionError,
+        Outcome::UpstreamUnavailable,
         Outcome::OtherError,
     ];
 
@@ -90,6 +92,7 @@ impl Outcome {
             Outcome::Unauthorized => "unauthorized",
             Outcome::ShuttingDown => "shutting_down",
             Outcome::ExecutionError => "execution_error",
+            Outcome::UpstreamUnavailable => "upstream_unavailable",
             Outcome::OtherError => "other_error",
         }
     }
@@ -107,6 +110,7 @@ impl Outcome {
             Some(ErrorCode::Unauthorized) => Outcome::Unauthorized,
             Some(ErrorCode::ShuttingDown) => Outcome::ShuttingDown,
             Some(ErrorCode::ExecutionError) => Outcome::ExecutionError,
+            Some(ErrorCode::UpstreamUnavailable) => Outcome::UpstreamUnavailable,
             _ => Outcome::OtherError,
         }
     }

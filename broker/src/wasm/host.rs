@@ -29,6 +29,7 @@ use wasmtime::{
     StoreLimits, StoreLimitsBuilder, UpdateDeadline,
 };
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::types::{McpResource, Prompt, ServerDescription, Tool};
 use super::bindings::{McpRouter, McpRouterPre, ROUTER_INTERFACE};
@@ -37,6 +38,7 @@ use super::metered::{
     self, CallToolParams, CallToolResults, CompleteParams, CompleteResults, GetPromptParams,
     GetPromptResults, ReadResourceParams, ReadResourceResults,
 };
+use super::outbound::{Outbound, OutboundHooks};
 use super::spec::{HostConfig, RouterSpec};
 use super::types as w;
 
@@ -62,6 +64,9 @@ pub struct WasmHost {
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
     linker: Linker<StoreState>,
+    /// `linker` plus `wasi:http`, for routers granted an upstream only: a
+    /// router without the grant that imports `wasi:http` fails to load.
+    linker_http: Linker<StoreState>,
     pub(crate) tokio: tokio::runtime::Runtime,
     max_memory_bytes: usize,
 }
@@ -108,13 +113,18 @@ impl WasmHost {
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_err)?;
+        let mut linker_http = linker.clone();
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker_http)
+            .map_err(engine_err)?;
 
-        // One worker: WASI timers and the blocking pool's completions only
-        // wake shard tasks; no guest code ever runs on this runtime.
+        // One worker: WASI timers, the blocking pool's completions and
+        // upstream routers' HTTP connections (`outbound.rs`) only wake shard
+        // tasks; no guest code ever runs on this runtime.
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("wasm-wasi-io")
             .enable_time()
+            .enable_io()
             .build()?;
 
         let stop = Arc::new(AtomicBool::new(false));
@@ -139,6 +149,7 @@ impl WasmHost {
             shared: Arc::new(Shared {
                 engine,
                 linker,
+                linker_http,
                 tokio,
                 max_memory_bytes: config.max_memory_bytes,
             }),
@@ -217,12 +228,24 @@ impl WasmHost {
                 });
             }
         }
+        let outbound = match &spec.grants.http {
+            Some(grant) => Some(Arc::new(
+                Outbound::new(&spec.name, grant, self.shared.tokio.handle().clone()).map_err(
+                    |message| LoadError::Grant {
+                        router: router.clone(),
+                        message,
+                    },
+                )?,
+            )),
+            None => None,
+        };
         let mut router = Router {
             shared: self.shared.clone(),
             pre,
             metered,
             spec: spec.clone(),
             env,
+            outbound,
             meta: Arc::new(RouterMeta::default()),
         };
         router.meta =
@@ -260,7 +283,12 @@ impl WasmHost {
         // The linker names the first import it cannot resolve (e.g.
         // "component imports instance `acme:vault/secrets@1.0.0`, but a
         // matching implementation was not found in the linker").
-        let instance_pre = match self.shared.linker.instantiate_pre(component) {
+        let linker = if spec.grants.http.is_some() {
+            &self.shared.linker_http
+        } else {
+            &self.shared.linker
+        };
+        let instance_pre = match linker.instantiate_pre(component) {
             Ok(pre) => Some(pre),
             Err(e) => {
                 problems.push(format!("imports what this host does not provide: {e:#}"));
@@ -284,8 +312,10 @@ impl Drop for WasmHost {
     }
 }
 
-/// What a router says about itself, read once at load (it cannot change
-/// without a new component) and shared by all shards.
+/// What a router says about itself, read once at load and shared by all
+/// shards. A component's own lists cannot change without a new component;
+/// an upstream router's follow its upstream and are re-read
+/// ([`Router::reread_meta`]).
 #[derive(Debug, Clone, Default)]
 pub struct RouterMeta {
     /// `name()`.
@@ -305,6 +335,25 @@ pub struct RouterMeta {
     pub prompts: Vec<Prompt>,
 }
 
+/// The `describe-server` meta entry by which a router says it cannot serve
+/// now (the `upstream` router: its upstream is unreachable); the value is
+/// a JSON string, the reason.
+pub const UNAVAILABLE_META_KEY: &str = "mcp-broker/unavailable";
+
+impl RouterMeta {
+    /// The reason this router said it cannot serve, if it did.
+    pub fn unavailable(&self) -> Option<String> {
+        let entry = self
+            .server
+            .as_ref()?
+            .meta
+            .as_ref()?
+            .iter()
+            .find(|e| e.key == UNAVAILABLE_META_KEY)?;
+        Some(serde_json::from_str::<String>(&entry.value).unwrap_or_else(|_| entry.value.clone()))
+    }
+}
+
 /// A loaded router component: compiled once, shared by all shards.
 pub struct Router {
     pub(crate) shared: Arc<Shared>,
@@ -313,6 +362,9 @@ pub struct Router {
     metered: MeteredExports<ComponentExportIndex>,
     pub(crate) spec: RouterSpec,
     env: Vec<(String, String)>,
+    /// The `wasi:http` grant with its connection pool, shared by every
+    /// store of this router.
+    outbound: Option<Arc<Outbound>>,
     meta: Arc<RouterMeta>,
 }
 
@@ -353,6 +405,24 @@ impl Router {
         &self.meta
     }
 
+    /// Reads the metadata again from a fresh instance (an upstream router's
+    /// listings change with its upstream). Blocks the calling thread for up
+    /// to the call deadline: call it off the shards.
+    pub fn reread_meta(&self) -> Result<RouterMeta, CallError> {
+        block_on(self.read_meta())
+    }
+
+    /// Outgoing requests this router sent to an origin it was not granted
+    /// (refused by the host).
+    pub fn outbound_denied(&self) -> u64 {
+        self.outbound.as_ref().map_or(0, |o| o.denied())
+    }
+
+    /// Upstream requests of abandoned calls that the host cancelled.
+    pub fn outbound_cancels(&self) -> u64 {
+        self.outbound.as_ref().map_or(0, |o| o.cancels())
+    }
+
     /// A fresh store with this router's limits, grants and deadline policy.
     fn new_store(&self) -> Result<Store<StoreState>, CallError> {
         let spec = &self.spec;
@@ -364,6 +434,7 @@ impl Router {
             wasi.stdout(std::io::stderr()).stderr(std::io::stderr());
         }
         wasi.envs(&self.env);
+        wasi.envs(&spec.grants.vars);
         for dir in &spec.grants.read_only_dirs {
             wasi.preopened_dir(&dir.host, &dir.guest, FsPerms::ReadOnly)
                 .map_err(|e| {
@@ -384,6 +455,8 @@ impl Router {
             &self.shared.engine,
             StoreState {
                 wasi: wasi.build(),
+                http: WasiHttpCtx::new(),
+                hooks: OutboundHooks::new(self.outbound.clone()),
                 table: ResourceTable::new(),
                 limits,
                 deadline: Instant::now(),
@@ -566,6 +639,12 @@ impl Instance {
         Ok(r.map(Into::into).map_err(Into::into))
     }
 
+    /// The call ended with an answer (of any kind): the upstream requests
+    /// it made need no cancelling.
+    pub(crate) fn settled(&mut self) {
+        self.store.data_mut().hooks.settled();
+    }
+
     /// Arms the store for one call.
     pub(crate) fn begin(&mut self, deadline: Instant) {
         let data = self.store.data_mut();
@@ -713,6 +792,8 @@ pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
 /// call's deadline.
 pub(crate) struct StoreState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    hooks: OutboundHooks,
     table: ResourceTable,
     limits: Limits,
     deadline: Instant,
@@ -723,6 +804,16 @@ impl WasiView for StoreState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for StoreState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
         }
     }
 }

@@ -25,6 +25,7 @@ mod bindings;
 mod error;
 mod host;
 mod metered;
+mod outbound;
 mod pool;
 mod spec;
 
@@ -33,7 +34,8 @@ use std::path::PathBuf;
 pub use bindings::ROUTER_INTERFACE;
 pub use bindings::types;
 pub use error::{CallError, HostError, LoadError};
-pub use host::{Router, RouterMeta, WasmHost};
+pub use host::{Router, RouterMeta, UNAVAILABLE_META_KEY, WasmHost};
+pub use outbound::HttpGrant;
 pub use pool::{Caller, PoolStats, RouterPool};
 pub use spec::{
     DEFAULT_CALL_DEADLINE, DEFAULT_INSTANCES_PER_SHARD, DEFAULT_MAX_MEMORY_BYTES,
@@ -46,7 +48,11 @@ pub use spec::{
 pub const ROUTERS_DIR_ENV: &str = "MCP_BROKER_ROUTERS_DIR";
 
 /// Names of the bundled routers, as built by `scripts/build-routers`.
-pub const BUNDLED_ROUTERS: [&str; 4] = ["echo", "kv", "library", "chaos"];
+pub const BUNDLED_ROUTERS: [&str; 5] = ["echo", "kv", "library", "chaos", "upstream"];
+
+/// The bundled component that fronts a remote MCP server: what a router
+/// configured with `upstream = URL` runs (`routers/upstream`).
+pub const UPSTREAM_ROUTER: &str = "upstream";
 
 /// Where the bundled routers' `.wasm` files are found: `$MCP_BROKER_ROUTERS_DIR`
 /// if set; else `routers/` beside the running executable if it exists (an

@@ -443,6 +443,9 @@ impl RouterPool {
         Inner::count(&inner.calls);
         let r = drive(&inner.router.shared.tokio, at, f(&mut *inst)).await;
         let r = settle(deadline, &inst.store, r);
+        if r.is_ok() {
+            inst.settled();
+        }
         lease.finish(r).await
     }
 

@@ -3,7 +3,7 @@
 //!
 //! # Invariants
 //! - Defaults grant nothing: no preopens, no environment, no arguments, no
-//!   network, stdio discarded.
+//!   network (neither sockets nor `wasi:http`), stdio discarded.
 //! - A router's memory limit never exceeds the host's pooled memory slot.
 
 use std::path::PathBuf;
@@ -55,6 +55,12 @@ pub struct Grants {
     pub env: Vec<String>,
     /// Host directories opened read-only for the guest.
     pub read_only_dirs: Vec<DirGrant>,
+    /// Environment variables with values the broker supplies (e.g. the
+    /// `upstream` router's `MCP_UPSTREAM_URL`), set after [`Self::env`].
+    pub vars: Vec<(String, String)>,
+    /// Outgoing HTTP to one origin (`wasi:http`, linked only with this
+    /// grant; see `outbound.rs`).
+    pub http: Option<super::HttpGrant>,
 }
 
 /// One read-only directory preopened for a guest.

@@ -186,10 +186,16 @@ fn header(fields: &Fields, name: &str) -> Option<String> {
 
 /// POSTs `body` with `headers`; returns once the response head arrived.
 pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answer, String> {
-    let list: Vec<(String, Vec<u8>)> = headers
+    let mut list: Vec<(String, Vec<u8>)> = headers
         .iter()
         .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
         .collect();
+    // The length is known: say it, so that the body is not sent chunked
+    // (not every server reads a chunked request body).
+    list.push((
+        "content-length".to_owned(),
+        body.len().to_string().into_bytes(),
+    ));
     let fields = Fields::from_list(&list).map_err(|e| format!("request headers: {e:?}"))?;
     let req = OutgoingRequest::new(fields);
     let scheme = if ep.https {

@@ -11,8 +11,9 @@
 //! subscriber's connection's (a session-less SetLoggingLevel).
 //! Sources today: progress frames of CallTool, log/resource-updated frames a
 //! router's answer carries, and the edge's own log notifications for calls
-//! that fail with a fault, deadline or overload. The route table never
-//! changes while running, so no `*_list_changed` is ever sent.
+//! that fail with a fault, deadline or overload; and `*_list_changed`
+//! broadcasts when a new route table is swapped in (an upstream router's
+//! listings changed, `crate::upstream`).
 //!
 //! # Invariants
 //! - Publishing never blocks: a subscriber whose buffer is full loses that

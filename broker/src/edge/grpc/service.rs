@@ -88,9 +88,43 @@ impl EdgeState {
     pub fn new(shared: Arc<Shared>) -> Self {
         let g = &shared.config.grpc;
         let sessions = Arc::new(Sessions::new(g.max_sessions, g.session_idle_timeout));
+        let hub = Arc::new(Hub::default());
+        {
+            // A route table swap (an upstream's listings changed) is a
+            // broadcast to every subscriber that asked for its kind.
+            let hub = hub.clone();
+            shared.on_list_changed(Arc::new(move |kinds| {
+                use mcp_proto::v1::notification::Notification as N;
+                use mcp_proto::v1::{
+                    PromptListChangedNotification, ResourceListChangedNotification,
+                    ToolListChangedNotification,
+                };
+                if kinds.tools {
+                    hub.publish(
+                        None,
+                        None,
+                        N::ToolListChanged(ToolListChangedNotification {}),
+                    );
+                }
+                if kinds.resources {
+                    hub.publish(
+                        None,
+                        None,
+                        N::ResourceListChanged(ResourceListChangedNotification {}),
+                    );
+                }
+                if kinds.prompts {
+                    hub.publish(
+                        None,
+                        None,
+                        N::PromptListChanged(PromptListChangedNotification {}),
+                    );
+                }
+            }));
+        }
         Self {
             shared,
-            hub: Arc::new(Hub::default()),
+            hub,
             sessions,
             next_shard: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),

@@ -19,7 +19,7 @@ pub fn code_of(code: i32) -> Code {
         Some(ErrorCode::DeadlineExceeded) => Code::DeadlineExceeded,
         Some(ErrorCode::RouterFault | ErrorCode::Internal) => Code::Internal,
         Some(ErrorCode::Unauthorized) => Code::PermissionDenied,
-        Some(ErrorCode::ShuttingDown) => Code::Unavailable,
+        Some(ErrorCode::ShuttingDown | ErrorCode::UpstreamUnavailable) => Code::Unavailable,
         // A router's own execution error (resource, prompt, completion):
         // an error raised in another address space with no better mapping,
         // which is what UNKNOWN means in gRPC.
@@ -67,6 +67,7 @@ mod tests {
             (ErrorCode::Unauthorized, Code::PermissionDenied),
             (ErrorCode::ShuttingDown, Code::Unavailable),
             (ErrorCode::ExecutionError, Code::Unknown),
+            (ErrorCode::UpstreamUnavailable, Code::Unavailable),
         ];
         assert_eq!(expect.len(), ErrorCode::ALL.len());
         for (wire, grpc) in expect {

@@ -275,6 +275,21 @@ impl Session {
         }
     }
 
+    /// Appends a server notification to the session's standalone GET
+    /// stream, if it has one that has not ended (the spec's place for
+    /// messages unrelated to a request, e.g. `list_changed`). `false` when
+    /// there is none: the notification is not kept for a later GET.
+    pub fn emit_standalone(&self, message: &[u8]) -> bool {
+        let stream = {
+            let st = lock(&self.state);
+            st.logs
+                .iter()
+                .find(|l| l.standalone && !l.done)
+                .map(|l| StreamId(l.id))
+        };
+        stream.is_some_and(|s| self.emit(s, Some(message)))
+    }
+
     /// Sends an SSE comment (keep-alive) to `stream`'s client; not logged.
     pub fn comment(&self, stream: StreamId) -> bool {
         let mut st = lock(&self.state);
@@ -492,6 +507,15 @@ impl Sessions {
 
     pub fn count(&self) -> usize {
         self.count.load(Ordering::Relaxed)
+    }
+
+    /// Every live session (a snapshot: the stripes' locks are released
+    /// before the caller uses them).
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        self.stripes
+            .iter()
+            .flat_map(|stripe| lock(stripe).values().cloned().collect::<Vec<_>>())
+            .collect()
     }
 }
 

@@ -1,0 +1,844 @@
+//! Upstream routers against real MCP servers: Python FastMCP servers
+//! (`tests/upstreams/server.py`, PyPI `mcp` 1.x from `.tools/mcp1`, which
+//! `scripts/setup` creates) started by the tests on loopback, behind the
+//! real `mcp-broker` binary, through all three edges.
+//!
+//! Needs the bundled routers (`scripts/build-routers`), including
+//! `upstream` and the test-only `netprobe`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use common::http::{ACCEPT_BOTH, Conn, JSON, eventually};
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The Python with FastMCP: `.tools/mcp1` (scripts/setup), else python3.
+fn python() -> PathBuf {
+    let venv = repo().join(".tools/mcp1/bin/python");
+    let py = if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    };
+    let ok = Command::new(&py)
+        .args(["-c", "import mcp.server.fastmcp, uvicorn"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{} cannot `import mcp.server.fastmcp, uvicorn`: run scripts/setup",
+        py.display()
+    );
+    py
+}
+
+/// A FastMCP fixture server; killed on drop.
+struct Upstream {
+    child: Child,
+    port: u16,
+    name: String,
+    state: PathBuf,
+}
+
+impl Upstream {
+    /// Starts server `name` on `port` (0: any), keeping counts in `state`.
+    fn start(name: &str, port: u16, state: &Path) -> Upstream {
+        std::fs::create_dir_all(state).unwrap();
+        let mut child = Command::new(python())
+            .arg(repo().join("broker/tests/upstreams/server.py"))
+            .arg(port.to_string())
+            .args(["--name", name, "--state"])
+            .arg(state)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start server.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http=127.0.0.1:"))
+            .unwrap_or_else(|| panic!("no ready line from server.py: {line:?}"))
+            .parse()
+            .unwrap();
+        Upstream {
+            child,
+            port,
+            name: name.into(),
+            state: state.into(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port.
+    fn restart(&mut self) {
+        self.kill();
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            // The port may linger a moment after the kill.
+            if TcpListener::bind(("127.0.0.1", self.port)).is_ok() || Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        *self = Upstream::start(&self.name.clone(), self.port, &self.state.clone());
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn state_dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mcp-broker-upstream-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The embedded default plus one `[[routers]]` entry per `(name, url,
+/// extra lines)`.
+fn config(routers: &[(&str, &str, &str)]) -> String {
+    let mut c = mcp_broker::config::DEFAULT_TOML.to_string();
+    for (name, url, extra) in routers {
+        c.push_str(&format!(
+            "\n[[routers]]\nname = \"{name}\"\nupstream = \"{url}\"\n{extra}\n"
+        ));
+    }
+    c
+}
+
+/// A free loopback port with nothing listening on it.
+fn dead_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An HTTP session on `b`: the connection and the session id.
+fn session(b: &Broker) -> (Conn, String) {
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    (c, s)
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text block in {result}"))
+        .to_string()
+}
+
+fn names(list: &Value, key: &str, field: &str) -> Vec<String> {
+    list["result"][key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key} in {list}"))
+        .iter()
+        .map(|t| t[field].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn two_upstreams_with_colliding_names_are_listed_and_called_on_every_edge() {
+    let dir = state_dir("two");
+    let alpha = Upstream::start("alpha", 0, &dir.join("alpha"));
+    let beta = Upstream::start("beta", 0, &dir.join("beta"));
+    let b = Broker::start_with_config(
+        &config(&[
+            (
+                "alpha",
+                &alpha.url(),
+                r#"upstream_headers = { Authorization = "Bearer alpha-secret" }"#,
+            ),
+            ("beta", &beta.url(), ""),
+        ]),
+        &["--shards", "2"],
+    );
+    assert!(
+        b.ready_line.contains("routers=echo,kv,library,alpha,beta"),
+        "{}",
+        b.ready_line
+    );
+
+    // HTTP: listings merged, the colliding names qualified.
+    let (mut c, s) = session(&b);
+    let tools = c.call(&s, 1, "tools/list", "{}");
+    let tools = names(&tools, "tools", "name");
+    for t in [
+        "alpha__add",
+        "beta__add",
+        "alpha__whoami",
+        "beta__whoami",
+        "alpha_only",
+        "beta_only",
+        "echo",
+    ] {
+        assert!(tools.contains(&t.to_string()), "{t} not in {tools:?}");
+    }
+    assert!(!tools.contains(&"add".to_string()), "{tools:?}");
+    let r = c.call(
+        &s,
+        2,
+        "tools/call",
+        r#"{"name":"alpha__add","arguments":{"a":2,"b":3}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "5", "{r}");
+    let r = c.call(
+        &s,
+        3,
+        "tools/call",
+        r#"{"name":"beta_only","arguments":{}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "only on beta", "{r}");
+
+    // Resources, templates, prompts.
+    let res = c.call(&s, 4, "resources/list", "{}");
+    let uris = names(&res, "resources", "uri");
+    assert!(
+        uris.contains(&"fixture://alpha/about".to_string()),
+        "{uris:?}"
+    );
+    assert!(
+        uris.contains(&"fixture://beta/about".to_string()),
+        "{uris:?}"
+    );
+    let r = c.call(&s, 5, "resources/read", r#"{"uri":"fixture://beta/about"}"#);
+    assert_eq!(r["result"]["contents"][0]["text"], "about beta", "{r}");
+    let t = c.call(&s, 6, "resources/templates/list", "{}");
+    let templates = names(&t, "resourceTemplates", "uriTemplate");
+    assert!(
+        templates.contains(&"greeting://alpha/{who}".to_string()),
+        "{templates:?}"
+    );
+    let r = c.call(&s, 7, "resources/read", r#"{"uri":"greeting://alpha/Ann"}"#);
+    assert_eq!(
+        r["result"]["contents"][0]["text"], "greetings, Ann, from alpha",
+        "{r}"
+    );
+    let p = c.call(&s, 8, "prompts/list", "{}");
+    let prompts = names(&p, "prompts", "name");
+    assert!(prompts.contains(&"alpha__greet".to_string()), "{prompts:?}");
+    let r = c.call(
+        &s,
+        9,
+        "prompts/get",
+        r#"{"name":"beta__greet","arguments":{"who":"Bob"}}"#,
+    );
+    assert_eq!(
+        r["result"]["messages"][0]["content"]["text"], "Hello, Bob, from beta!",
+        "{r}"
+    );
+
+    // No token passthrough: the client's token stays at the broker, the
+    // upstream sees the router's own credentials (and beta none at all).
+    let call = r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"alpha__whoami","arguments":{}}}"#;
+    let r = c.request(
+        "POST",
+        "/mcp",
+        &[
+            ACCEPT_BOTH,
+            JSON,
+            ("Mcp-Session-Id", &s),
+            ("Authorization", "Bearer client-token"),
+        ],
+        call.as_bytes(),
+    );
+    let v = last_message(&r);
+    assert_eq!(
+        text_of(&v["result"]),
+        "alpha auth=Bearer alpha-secret",
+        "{v}"
+    );
+    let r = c.call(
+        &s,
+        11,
+        "tools/call",
+        r#"{"name":"beta__whoami","arguments":{}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "beta auth=", "{r}");
+
+    // Frames.
+    let mut f = b.connect();
+    let r = f.call("alpha__add", &[("a", "40"), ("b", "2")], None);
+    assert_eq!(common::tool_text(&r), "42");
+    let r = f.call("alpha_only", &[], None);
+    assert_eq!(common::tool_text(&r), "only on alpha");
+
+    // gRPC.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use mcp_proto::v1 as pb;
+        let mut g = grpc_client(&b).await;
+        let list = g
+            .list_tools(pb::ListToolsRequest { cursor: None })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(list.tools.iter().any(|t| t.name == "beta__add"), "{list:?}");
+        let r = g
+            .call_tool(pb::CallToolRequest {
+                name: "beta__add".into(),
+                arguments: Some(br#"{"a":1,"b":1}"#.to_vec()),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        match &r.content[0].content {
+            Some(pb::content::Content::Text(t)) => assert_eq!(t.text, "2"),
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+async fn grpc_client(
+    b: &Broker,
+) -> mcp_proto::v1::mcp_service_client::McpServiceClient<tonic::transport::Channel> {
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", b.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connecting to the gRPC edge");
+    mcp_proto::v1::mcp_service_client::McpServiceClient::new(ch)
+}
+
+/// The final JSON-RPC message of a reply (JSON, or the last SSE event).
+fn last_message(r: &common::http::Reply) -> Value {
+    assert_eq!(r.status, 200, "{}", r.text());
+    if r.header("content-type")
+        .is_some_and(|c| c.starts_with("text/event-stream"))
+    {
+        r.sse_messages().pop().unwrap()
+    } else {
+        r.json()
+    }
+}
+
+#[test]
+fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
+    let dir = state_dir("progress");
+    let alpha = Upstream::start("alpha", 0, &dir);
+    let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
+    let (mut c, s) = session(&b);
+    // The HTTP edge sends log notifications once the session asked for them.
+    let r = c.call(&s, 0, "logging/setLevel", r#"{"level":"info"}"#);
+    assert!(r["result"].is_object(), "{r}");
+    let r = c.post(
+        Some(&s),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"steps","arguments":{"n":3},"_meta":{"progressToken":"tok"}}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let msgs = r.sse_messages();
+    let progress: Vec<&Value> = msgs
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert_eq!(progress.len(), 3, "{msgs:?}");
+    assert_eq!(progress[0]["params"]["progressToken"], "tok");
+    assert!(
+        msgs.iter().any(|m| m["method"] == "notifications/message"
+            && m["params"]["data"].to_string().contains("step 2 of 3")),
+        "{msgs:?}"
+    );
+    let last = msgs.last().unwrap();
+    assert_eq!(text_of(&last["result"]), "done 3", "{msgs:?}");
+
+    // A tool that raises upstream: an isError result with its message.
+    let r = c.call(&s, 2, "tools/call", r#"{"name":"fail","arguments":{}}"#);
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(
+        text_of(&r["result"]).contains("alpha failed on purpose"),
+        "{r}"
+    );
+    // Bad arguments, as the upstream judges them.
+    let r = c.call(
+        &s,
+        3,
+        "tools/call",
+        r#"{"name":"add","arguments":{"a":"x"}}"#,
+    );
+    assert!(
+        r["result"]["isError"] == true || r["error"]["code"] == -32602,
+        "{r}"
+    );
+}
+
+#[test]
+fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed() {
+    let dir = state_dir("late");
+    let port = dead_port();
+    let b = Broker::start_with_config(
+        &config(&[(
+            "late",
+            &format!("http://127.0.0.1:{port}/mcp"),
+            "refresh_interval = \"2s\"",
+        )]),
+        &[],
+    );
+    // Not fatal: the broker serves its other routers and says why.
+    let (status, body) = b.http_get("/readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("upstream late unavailable"), "{body}");
+    assert_eq!(b.metric_sum("mcp_upstream_available"), 0.0);
+    let (mut c, s) = session(&b);
+    let r = c.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"echo_text","arguments":{"text":"hi"}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "hi");
+    let tools = names(&c.call(&s, 2, "tools/list", "{}"), "tools", "name");
+    assert!(!tools.contains(&"late_only".to_string()), "{tools:?}");
+
+    // A client listening on the session's GET stream.
+    let mut listen = Conn::connect(b.http);
+    listen.send_raw(
+        format!(
+            "GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    let (st, _) = listen.read_head();
+    assert_eq!(st, 200);
+
+    let _up = Upstream::start("late", port, &dir);
+    // Retried with backoff (1 s, 2 s): the tools appear, and the listening
+    // client is told.
+    let (events, _) = listen.read_chunked(Some(&|t: &str| {
+        t.contains("notifications/tools/list_changed")
+    }));
+    let events = String::from_utf8_lossy(&events);
+    assert!(
+        events.contains("notifications/tools/list_changed"),
+        "{events}"
+    );
+    let tools = names(&c.call(&s, 3, "tools/list", "{}"), "tools", "name");
+    assert!(tools.contains(&"late_only".to_string()), "{tools:?}");
+    let r = c.call(
+        &s,
+        4,
+        "tools/call",
+        r#"{"name":"late_only","arguments":{}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "only on late");
+    assert_eq!(b.metric_sum("mcp_upstream_available"), 1.0);
+    let (_, body) = b.http_get("/readyz");
+    assert_eq!(body, "ready\n");
+}
+
+#[test]
+fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
+    let dir = state_dir("grow");
+    let alpha = Upstream::start("alpha", 0, &dir);
+    let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
+    let (mut c, s) = session(&b);
+    let mut listen = Conn::connect(b.http);
+    listen.send_raw(
+        format!(
+            "GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(listen.read_head().0, 200);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut sub = rt.block_on(async {
+        use mcp_proto::v1 as pb;
+        let mut g = grpc_client(&b).await;
+        g.subscribe(pb::SubscribeRequest {
+            topics: vec!["tool_list_changed".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+    });
+    let r = c.call(&s, 1, "tools/call", r#"{"name":"grow","arguments":{}}"#);
+    assert_eq!(text_of(&r["result"]), "grown_1", "{r}");
+    // The hint is not passed on to the client.
+    assert!(!r.to_string().contains("mcp-broker/list-changed"), "{r}");
+    let (events, _) = listen.read_chunked(Some(&|t: &str| {
+        t.contains("notifications/tools/list_changed")
+    }));
+    assert!(String::from_utf8_lossy(&events).contains("tools/list_changed"));
+    let tools = names(&c.call(&s, 2, "tools/list", "{}"), "tools", "name");
+    assert!(tools.contains(&"grown_1".to_string()), "{tools:?}");
+    let r = c.call(&s, 3, "tools/call", r#"{"name":"grown_1","arguments":{}}"#);
+    assert_eq!(text_of(&r["result"]), "grown 1");
+    let n = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), sub.message())
+            .await
+            .expect("a notification within 10 s")
+            .unwrap()
+            .unwrap()
+    });
+    assert!(
+        matches!(
+            n.notification,
+            Some(mcp_proto::v1::notification::Notification::ToolListChanged(
+                _
+            ))
+        ),
+        "{n:?}"
+    );
+    let mut f = b.connect();
+    assert_eq!(common::tool_text(&f.call("grown_1", &[], None)), "grown 1");
+}
+
+#[test]
+fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
+    let dir = state_dir("restart");
+    let mut alpha = Upstream::start("alpha", 0, &dir);
+    let b = Broker::start_with_config(
+        &config(&[("alpha", &alpha.url(), "call_deadline = \"20s\"")]),
+        &[],
+    );
+    let (mut c, s) = session(&b);
+    assert_eq!(
+        text_of(
+            &c.call(
+                &s,
+                1,
+                "tools/call",
+                r#"{"name":"add","arguments":{"a":1,"b":2}}"#
+            )["result"]
+        ),
+        "3"
+    );
+    // Killed mid-call: the call ends at once with the reason, not at its
+    // deadline.
+    let http = b.http;
+    let sid = s.clone();
+    let slow = std::thread::spawn(move || {
+        let mut c = Conn::connect(http);
+        let t0 = Instant::now();
+        let r = c.call(
+            &sid,
+            2,
+            "tools/call",
+            r#"{"name":"slow","arguments":{"seconds":30}}"#,
+        );
+        (r, t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    alpha.kill();
+    let (r, took) = slow.join().unwrap();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(r["error"]["code"], -32006, "{r}");
+    assert_eq!(r["error"]["data"]["retryable"], true, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("upstream unavailable: tools/call to http://127.0.0.1:"),
+        "{r}"
+    );
+    // While it is down, a call says so, on every edge.
+    let r = c.call(
+        &s,
+        3,
+        "tools/call",
+        r#"{"name":"add","arguments":{"a":1,"b":2}}"#,
+    );
+    assert_eq!(r["error"]["code"], -32006, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection refused"),
+        "{r}"
+    );
+    let mut f = b.connect();
+    let r = f.call("add", &[("a", "1"), ("b", "2")], None);
+    assert_eq!(common::error_code(&r), Some(-32006));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let status = rt.block_on(async {
+        grpc_client(&b)
+            .await
+            .call_tool(mcp_proto::v1::CallToolRequest {
+                name: "add".into(),
+                arguments: Some(br#"{"a":1,"b":2}"#.to_vec()),
+            })
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // Restarted (a new process: the old MCP session is gone, 404): calls
+    // succeed again without restarting the broker.
+    alpha.restart();
+    assert!(eventually(Duration::from_secs(10), || {
+        let r = c.call(
+            &s,
+            4,
+            "tools/call",
+            r#"{"name":"add","arguments":{"a":2,"b":2}}"#,
+        );
+        r["result"]["content"][0]["text"] == "4"
+    }));
+    // Other routers were never affected.
+    let r = c.call(
+        &s,
+        5,
+        "tools/call",
+        r#"{"name":"echo_text","arguments":{"text":"ok"}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "ok");
+}
+
+#[test]
+fn a_slow_upstream_hits_the_deadline_and_an_abandoned_call_is_cancelled_upstream() {
+    let dir = state_dir("slow");
+    let alpha = Upstream::start("alpha", 0, &dir);
+    let b = Broker::start_with_config(
+        &config(&[("alpha", &alpha.url(), "call_deadline = \"1s\"")]),
+        &[],
+    );
+    let (mut c, s) = session(&b);
+    let t0 = Instant::now();
+    let r = c.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"slow","arguments":{"seconds":5}}"#,
+    );
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+    assert_eq!(r["error"]["code"], -32001, "{r}");
+    // The upstream was told, and cancelled the call.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let r = c.call(
+                &s,
+                2,
+                "tools/call",
+                r#"{"name":"cancelled","arguments":{}}"#,
+            );
+            r["result"]["content"][0]["text"] == "1"
+        }),
+        "the upstream never saw notifications/cancelled"
+    );
+    assert!(b.metric_sum("mcp_upstream_cancels_total") >= 1.0);
+
+    // A client's own cancellation reaches the upstream too.
+    let http = b.http;
+    let sid = s.clone();
+    let t = std::thread::spawn(move || {
+        let mut c = Conn::connect(http);
+        c.post(
+            Some(&sid),
+            r#"{"jsonrpc":"2.0","id":"slow-2","method":"tools/call","params":{"name":"slow","arguments":{"seconds":0.9}}}"#,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let n = c.post(
+        Some(&s),
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow-2"}}"#,
+    );
+    assert_eq!(n.status, 202);
+    let _ = t.join();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let r = c.call(
+                &s,
+                3,
+                "tools/call",
+                r#"{"name":"cancelled","arguments":{}}"#,
+            );
+            r["result"]["content"][0]["text"] == "2"
+        }),
+        "the client's cancellation did not reach the upstream"
+    );
+}
+
+#[test]
+fn a_guest_reaches_its_granted_origin_only() {
+    let dir = state_dir("grant");
+    let alpha = Upstream::start("alpha", 0, &dir.join("a"));
+    let other = Upstream::start("other", 0, &dir.join("o"));
+    let mut toml = config(&[]);
+    toml.push_str(&format!(
+        "\n[[routers]]\nname = \"probe\"\nwasm = \"netprobe.wasm\"\nupstream = \"{}\"\n",
+        alpha.url()
+    ));
+    let b = Broker::start_with_config(&toml, &[]);
+    let mut f = b.connect();
+    let fetch = |f: &mut common::Client, url: &str| {
+        common::tool_text(&f.call("fetch", &[("url", &format!("\"{url}\""))], None))
+    };
+    // The granted origin answers (FastMCP's 405/406 for a bare GET is fine:
+    // the request got there).
+    let ok = fetch(&mut f, &alpha.url());
+    assert!(ok.starts_with("status "), "{ok}");
+    // Another port, another host, another scheme: refused by the host.
+    for url in [
+        other.url(),
+        format!("http://localhost:{}/mcp", alpha.port),
+        format!("https://127.0.0.1:{}/mcp", alpha.port),
+    ] {
+        let r = fetch(&mut f, &url);
+        assert!(r.contains("HttpRequestDenied"), "{url}: {r}");
+    }
+    assert!(b.metric_sum("mcp_upstream_denied_total") >= 3.0);
+
+    // Without the grant, a component that imports wasi:http does not load.
+    let mut toml = config(&[]);
+    toml.push_str("\n[[routers]]\nname = \"probe\"\nwasm = \"netprobe.wasm\"\n");
+    let path = std::env::temp_dir().join(format!("mcp-broker-nogrant-{}.toml", std::process::id()));
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        .arg("--config")
+        .arg(&path)
+        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+        .args([
+            "--http-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("probe") && err.contains("wasi:http"), "{err}");
+}
+
+#[test]
+fn bad_upstream_configs_are_refused_with_every_error() {
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"u1\"\nupstream = \"ftp://x/mcp\"\n\
+         [[routers]]\nname = \"u2\"\nwasm = \"echo.wasm\"\nupstream_headers = {{ A = \"b\" }}\nrefresh_interval = \"5s\"\n\
+         [[routers]]\nname = \"u3\"\nupstream = \"http://h/mcp\"\nupstream_headers = {{ \"bad name\" = \"secret\\n\" }}\n\
+         [[routers]]\nname = \"u4\"\n",
+        mcp_broker::config::DEFAULT_TOML
+    );
+    let e = mcp_broker::config::Config::parse(&toml)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "routers[3] (u1).upstream: `ftp://x/mcp` is not an absolute http:// or https:// URL",
+        "routers[4] (u2).upstream_headers: only applies with `upstream`",
+        "routers[4] (u2).refresh_interval: only applies with `upstream`",
+        "routers[5] (u3).upstream_headers: `bad name` is not a valid header name",
+        "routers[5] (u3).upstream_headers: the value of `bad name` is not a valid header value",
+        "routers[6] (u4): set `wasm` (a component) or `upstream`",
+    ] {
+        assert!(e.contains(want), "missing {want:?} in:\n{e}");
+    }
+    assert!(!e.contains("secret"), "{e}");
+}
+
+/// `tests/upstreams/broken.py`: an upstream that answers `tools/call`
+/// badly, in the way the URL's path names; killed on drop.
+struct Broken(Child, u16);
+
+impl Broken {
+    fn start() -> Broken {
+        let mut child = Command::new(python())
+            .arg(repo().join("broker/tests/upstreams/broken.py"))
+            .arg("0")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start broken.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no ready line from broken.py: {line:?}"));
+        Broken(child, port)
+    }
+}
+
+impl Drop for Broken {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn garbage_a_dropped_stream_and_http_errors_get_upstream_unavailable_with_the_reason() {
+    let broken = Broken::start();
+    let modes = [
+        ("garbage", "invalid JSON"),
+        ("drop", "ended before the response"),
+        ("status500", "HTTP 500"),
+        ("wrongid", "no response to request"),
+    ];
+    let routers: Vec<(String, String)> = modes
+        .iter()
+        .map(|(m, _)| (m.to_string(), format!("http://127.0.0.1:{}/{m}", broken.1)))
+        .collect();
+    let mut toml = mcp_broker::config::DEFAULT_TOML.to_string();
+    for (name, url) in &routers {
+        toml.push_str(&format!(
+            "\n[[routers]]\nname = \"{name}\"\nupstream = \"{url}\"\ncall_deadline = \"5s\"\n"
+        ));
+    }
+    let b = Broker::start_with_config(&toml, &[]);
+    let (mut c, s) = session(&b);
+    for (i, (mode, reason)) in modes.iter().enumerate() {
+        let t0 = Instant::now();
+        let r = c.call(
+            &s,
+            i as u64 + 1,
+            "tools/call",
+            &format!(r#"{{"name":"{mode}__boom","arguments":{{}}}}"#),
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "{mode}: {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(r["error"]["code"], -32006, "{mode}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with(&format!(
+                "upstream unavailable: tools/call to http://127.0.0.1:{}/{mode}",
+                broken.1
+            )) && msg.contains(reason),
+            "{mode}: {msg}"
+        );
+    }
+    // The broker and its other routers are unaffected.
+    let r = c.call(
+        &s,
+        9,
+        "tools/call",
+        r#"{"name":"echo_text","arguments":{"text":"fine"}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "fine");
+}

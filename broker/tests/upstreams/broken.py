@@ -1,0 +1,120 @@
+"""A deliberately broken MCP upstream for the broker's failure tests
+(`broker/tests/upstream.rs`): it initializes and lists one tool, `boom`,
+properly, then answers `tools/call` badly, in the way its path names:
+
+- `/garbage`: 200 `application/json` whose body is not JSON;
+- `/drop`: 200 `text/event-stream` with one progress event, then the
+  connection closes before the response;
+- `/status500`: HTTP 500 with a text body;
+- `/wrongid`: a JSON-RPC response for another request id, then the end.
+
+    python broken.py PORT
+
+Prints `broken-upstream ready http=127.0.0.1:PORT` once it listens. The
+standard library only: the point is a server no SDK would let us write.
+"""
+
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, body, content_type="application/json", headers=()):
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.reply(405, "", "text/plain")
+
+    def do_DELETE(self):
+        self.reply(405, "", "text/plain")
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        msg = json.loads(self.rfile.read(n) or b"{}")
+        method = msg.get("method", "")
+        if "id" not in msg:
+            self.reply(202, "", "text/plain")
+            return
+        rid = msg["id"]
+
+        def result(r):
+            return json.dumps({"jsonrpc": "2.0", "id": rid, "result": r})
+
+        if method == "initialize":
+            self.reply(
+                200,
+                result(
+                    {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "broken", "version": "1"},
+                    }
+                ),
+                headers=[("Mcp-Session-Id", "broken-session")],
+            )
+        elif method == "tools/list":
+            self.reply(
+                200,
+                result(
+                    {
+                        "tools": [
+                            {
+                                "name": "boom",
+                                "description": "Answered badly.",
+                                "inputSchema": {"type": "object"},
+                            }
+                        ]
+                    }
+                ),
+            )
+        elif method == "tools/call":
+            mode = self.path.strip("/")
+            if mode == "garbage":
+                self.reply(200, "this is not { json")
+            elif mode == "status500":
+                self.reply(500, "upstream exploded", "text/plain")
+            elif mode == "wrongid":
+                self.reply(200, json.dumps({"jsonrpc": "2.0", "id": 424242, "result": {}}))
+            else:  # drop
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                progress = {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/progress",
+                    "params": {"progressToken": rid, "progress": 1},
+                }
+                self.wfile.write(f"event: message\ndata: {json.dumps(progress)}\n\n".encode())
+                self.wfile.flush()
+                self.close_connection = True
+        else:
+            self.reply(
+                200,
+                json.dumps(
+                    {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": method}}
+                ),
+            )
+
+
+def main():
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    print(f"broken-upstream ready http=127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

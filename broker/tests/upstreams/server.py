@@ -1,0 +1,165 @@
+"""A FastMCP (PyPI `mcp` 1.x) Streamable HTTP server for the broker's
+upstream-router tests (`broker/tests/upstream.rs`).
+
+    python server.py PORT --name NAME [--json] [--state DIR]
+
+PORT 0 picks a free port. Prints one line once it accepts connections:
+
+    upstream-fixture ready http=127.0.0.1:PORT path=/mcp
+
+Two instances with different NAMEs serve the same tool, resource-template
+and prompt names (so that the broker must qualify them) plus tools of their
+own. `--state DIR` keeps what the tests check across a restart (the count
+of cancelled calls) in files there.
+
+Tools:
+- `add(a, b)`: a + b, as text.
+- `whoami()`: the server's NAME and the `Authorization` header it received
+  (the no-token-passthrough test reads it).
+- `steps(n)`: reports progress 1..n of n and logs one message per step,
+  then returns "done n".
+- `slow(seconds)`: sleeps, then returns "slept"; a cancelled call is
+  counted in DIR/cancelled.
+- `cancelled()`: that count.
+- `grow()`: adds a tool `grown_N` and announces `tools/list_changed` on
+  the call's own stream.
+- `fail()`: raises, which FastMCP returns as an `isError` result.
+- `<NAME>_only()`: exists on one server only.
+Resources: `fixture://NAME/about` (text); template `greeting://NAME/{who}`.
+Prompt: `greet(who)` -> "Hello, {who}, from NAME!".
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+
+import uvicorn
+
+from mcp import types
+from mcp.server.fastmcp import Context, FastMCP
+
+
+def build(name: str, json_response: bool, state: str | None) -> FastMCP:
+    server = FastMCP(
+        name,
+        instructions=f"The {name} test upstream.",
+        json_response=json_response,
+        log_level="WARNING",
+    )
+    grown = {"n": 0}
+
+    def bump_cancelled() -> None:
+        if state:
+            path = os.path.join(state, "cancelled")
+            n = int(open(path).read()) if os.path.exists(path) else 0
+            with open(path, "w") as f:
+                f.write(str(n + 1))
+
+    @server.tool(description="Adds two integers.")
+    def add(a: int, b: int) -> str:
+        return str(a + b)
+
+    @server.tool(description="Who answered, and the Authorization header it saw.")
+    def whoami(ctx: Context) -> str:
+        request = ctx.request_context.request
+        auth = request.headers.get("authorization", "") if request is not None else ""
+        return f"{name} auth={auth}"
+
+    @server.tool(description="Reports progress n times, logging each step.")
+    async def steps(n: int, ctx: Context) -> str:
+        for i in range(1, n + 1):
+            await ctx.info(f"step {i} of {n}")
+            await ctx.report_progress(i, n, f"step {i}")
+            await asyncio.sleep(0.01)
+        return f"done {n}"
+
+    @server.tool(description="Sleeps, then answers.")
+    async def slow(seconds: float) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            bump_cancelled()
+            raise
+        return "slept"
+
+    @server.tool(description="How many calls of `slow` were cancelled.")
+    def cancelled() -> str:
+        if not state:
+            return "0"
+        path = os.path.join(state, "cancelled")
+        return open(path).read() if os.path.exists(path) else "0"
+
+    @server.tool(description="Adds a tool and announces the change.")
+    async def grow(ctx: Context) -> str:
+        grown["n"] += 1
+        n = grown["n"]
+
+        def grown_tool() -> str:
+            return f"grown {n}"
+
+        server.add_tool(grown_tool, name=f"grown_{n}", description=f"Added by grow #{n}.")
+        # On the request's own stream (related to it): an upstream router
+        # sees what arrives while its call runs, not the GET stream.
+        await ctx.session.send_notification(
+            types.ServerNotification(types.ToolListChangedNotification()),
+            related_request_id=ctx.request_id,
+        )
+        return f"grown_{n}"
+
+    @server.tool(description="Always fails.")
+    def fail() -> str:
+        raise ValueError(f"{name} failed on purpose")
+
+    def only() -> str:
+        return f"only on {name}"
+
+    server.add_tool(only, name=f"{name}_only", description=f"Served by {name} alone.")
+
+    @server.resource(f"fixture://{name}/about", mime_type="text/plain")
+    def about() -> str:
+        return f"about {name}"
+
+    @server.resource(f"greeting://{name}/{{who}}", mime_type="text/plain")
+    def greeting(who: str) -> str:
+        return f"greetings, {who}, from {name}"
+
+    @server.prompt(description="Greets someone.")
+    def greet(who: str) -> str:
+        return f"Hello, {who}, from {name}!"
+
+    return server
+
+
+async def serve(port: int, name: str, json_response: bool, state: str | None) -> None:
+    app = build(name, json_response, state).streamable_http_app()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(1000):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if not server.started:
+        if task.done():
+            task.result()
+        sys.exit("upstream-fixture: uvicorn did not start within 10 s")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    print(f"upstream-fixture ready http=127.0.0.1:{port} path=/mcp", flush=True)
+    await task
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("port", type=int)
+    p.add_argument("--name", required=True)
+    p.add_argument("--json", action="store_true", help="answer with application/json, not SSE")
+    p.add_argument("--state", help="directory for counts kept across restarts")
+    a = p.parse_args()
+    asyncio.run(serve(a.port, a.name, a.json, a.state))
+
+
+if __name__ == "__main__":
+    main()
