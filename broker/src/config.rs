@@ -312,8 +312,9 @@ pub struct RouterConfig {
     pub upstream: Option<String>,
     /// Headers the host adds to every request to the upstream: this
     /// router's own credentials (the client's token is never forwarded).
+    /// Printed by name only (`Debug` of [`Secrets`]).
     #[serde(default)]
-    pub upstream_headers: std::collections::BTreeMap<String, String>,
+    pub upstream_headers: Secrets,
     /// How often an upstream router's listings are read again (and, while
     /// its upstream is unreachable, the longest wait between retries).
     #[serde(default, with = "humantime_serde")]
@@ -343,6 +344,26 @@ pub struct RouterConfig {
     pub max_result_bytes: usize,
     #[serde(default)]
     pub grants: GrantsConfig,
+}
+
+/// Header names and secret values (`upstream_headers`): a map whose
+/// `Debug` shows the names only, so that a printed config never holds a
+/// credential.
+#[derive(Clone, Deserialize, PartialEq, Default)]
+#[serde(transparent)]
+pub struct Secrets(pub std::collections::BTreeMap<String, String>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl std::ops::Deref for Secrets {
+    type Target = std::collections::BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 /// Largest `max_sessions_per_shard`: each session may hold a pooled
@@ -678,7 +699,7 @@ impl Config {
                     ));
                 }
             }
-            for (name, value) in &r.upstream_headers {
+            for (name, value) in r.upstream_headers.iter() {
                 if hyper::header::HeaderName::try_from(name.as_str()).is_err() {
                     errors.push(format!(
                         "{at}.upstream_headers: `{name}` is not a valid header name"

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::Broker;
 use common::http::{ACCEPT_BOTH, Conn, JSON, eventually};
+use mcp_schema::client::ResponseView;
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -286,6 +287,32 @@ fn two_upstreams_with_colliding_names_are_listed_and_called_on_every_edge() {
     assert_eq!(common::tool_text(&r), "42");
     let r = f.call("alpha_only", &[], None);
     assert_eq!(common::tool_text(&r), "only on alpha");
+    let r = f.request(None, |e, h| {
+        e.read_resource(h, "greeting://beta/Cy").to_vec()
+    });
+    let rd = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_resource_data()
+        .expect("ResourceData");
+    assert_eq!(
+        rd.content_as_resource_content().unwrap().text(),
+        Some("greetings, Cy, from beta")
+    );
+    let r = f.request(None, |e, h| {
+        e.get_prompt(h, "alpha__greet", &[("who", "\"Di\"")])
+            .to_vec()
+    });
+    let ap = ResponseView::parse(&r)
+        .unwrap()
+        .response
+        .payload_as_applied_prompt()
+        .expect("AppliedPrompt");
+    let first = ap.messages().unwrap().get(0);
+    assert_eq!(
+        first.content_as_text_content().unwrap().text(),
+        "Hello, Di, from alpha!"
+    );
 
     // gRPC.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -311,6 +338,33 @@ fn two_upstreams_with_colliding_names_are_listed_and_called_on_every_edge() {
             .into_inner();
         match &r.content[0].content {
             Some(pb::content::Content::Text(t)) => assert_eq!(t.text, "2"),
+            other => panic!("{other:?}"),
+        }
+        let r = g
+            .read_resource(pb::ReadResourceRequest {
+                uri: "fixture://alpha/about".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.contents[0].content,
+            Some(pb::resource_content::Content::Text("about alpha".into()))
+        );
+        let r = g
+            .get_prompt(pb::GetPromptRequest {
+                name: "beta__greet".into(),
+                arguments: Some(br#"{"who":"Ed"}"#.to_vec()),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        match r.messages[0]
+            .content
+            .as_ref()
+            .and_then(|c| c.content.as_ref())
+        {
+            Some(pb::content::Content::Text(t)) => assert_eq!(t.text, "Hello, Ed, from beta!"),
             other => panic!("{other:?}"),
         }
     });

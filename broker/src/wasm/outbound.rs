@@ -56,7 +56,7 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 pub const REQUEST_ID_HEADER: &str = "mcp-broker-request-id";
 
 /// What a router may reach: one origin, with its own headers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpGrant {
     /// The upstream's URL (`http://host:port/path`); only its scheme and
     /// authority are enforced.
@@ -64,6 +64,18 @@ pub struct HttpGrant {
     /// Headers set on every outgoing request (the router's credentials),
     /// replacing any the guest set.
     pub headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for HttpGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header names only: the values are the router's credentials, and a
+        // spec is printed in debug logs and panics.
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("HttpGrant")
+            .field("url", &self.url)
+            .field("headers", &names)
+            .finish()
+    }
 }
 
 /// A checked grant with its connection pool; one per router, shared by
@@ -446,5 +458,7 @@ mod tests {
         assert!(e.contains("X-Key") && !e.contains("secret"), "{e}");
         let o = Outbound::new("u", &grant("http://h/"), h()).unwrap();
         assert!(!format!("{o:?}").contains("s3cret"));
+        let g = format!("{:?}", grant("http://h/"));
+        assert!(g.contains("Authorization") && !g.contains("s3cret"), "{g}");
     }
 }
