@@ -139,6 +139,27 @@ fn dead_port() -> u16 {
         .port()
 }
 
+/// A current-thread tokio runtime for the gRPC client.
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A connection holding session `s`'s GET stream open (head read).
+fn listen(b: &Broker, s: &str) -> Conn {
+    let mut c = Conn::connect(b.http);
+    c.send_raw(
+        format!(
+            "GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(c.read_head().0, 200);
+    c
+}
+
 /// An HTTP session on `b`: the connection and the session id.
 fn session(b: &Broker) -> (Conn, String) {
     let mut c = Conn::connect(b.http);
@@ -315,10 +336,7 @@ fn two_upstreams_with_colliding_names_are_listed_and_called_on_every_edge() {
     );
 
     // gRPC.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     rt.block_on(async {
         use mcp_proto::v1 as pb;
         let mut g = grpc_client(&b).await;
@@ -471,15 +489,7 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
     assert!(!tools.contains(&"late_only".to_string()), "{tools:?}");
 
     // A client listening on the session's GET stream.
-    let mut listen = Conn::connect(b.http);
-    listen.send_raw(
-        format!(
-            "GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n"
-        )
-        .as_bytes(),
-    );
-    let (st, _) = listen.read_head();
-    assert_eq!(st, 200);
+    let mut listen = listen(&b, &s);
 
     let _up = Upstream::start("late", port, &dir);
     // Retried with backoff (1 s, 2 s): the tools appear, and the listening
@@ -512,18 +522,8 @@ fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
     let alpha = Upstream::start("alpha", 0, &dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
-    let mut listen = Conn::connect(b.http);
-    listen.send_raw(
-        format!(
-            "GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n"
-        )
-        .as_bytes(),
-    );
-    assert_eq!(listen.read_head().0, 200);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let mut listen = listen(&b, &s);
+    let rt = rt();
     let mut sub = rt.block_on(async {
         use mcp_proto::v1 as pb;
         let mut g = grpc_client(&b).await;
@@ -630,10 +630,7 @@ fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
     let mut f = b.connect();
     let r = f.call("add", &[("a", "1"), ("b", "2")], None);
     assert_eq!(common::error_code(&r), Some(-32006));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     let status = rt.block_on(async {
         grpc_client(&b)
             .await
