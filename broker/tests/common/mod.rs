@@ -40,7 +40,7 @@ fn routers_built() {
         env!("CARGO_MANIFEST_DIR"),
         "/../routers/target/wasm32-wasip2/release"
     );
-    for r in ["echo", "kv", "library", "chaos"] {
+    for r in ["echo", "kv", "library", "chaos", "upstream", "netprobe"] {
         let p = std::path::Path::new(dir).join(format!("{r}.wasm"));
         assert!(
             p.exists(),

@@ -16,6 +16,8 @@ Tools:
 - `add(a, b)`: a + b, as text.
 - `whoami()`: the server's NAME and the `Authorization` header it received
   (the no-token-passthrough test reads it).
+- `peer()`: the client port of the TCP connection the call arrived on
+  (the connection-reuse test reads it).
 - `steps(n)`: reports progress 1..n of n and logs one message per step,
   then returns "done n".
 - `slow(seconds)`: sleeps, then returns "slept"; a cancelled call is
@@ -65,6 +67,11 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
         request = ctx.request_context.request
         auth = request.headers.get("authorization", "") if request is not None else ""
         return f"{name} auth={auth}"
+
+    @server.tool(description="The client port of the connection this call came on.")
+    def peer(ctx: Context) -> str:
+        request = ctx.request_context.request
+        return str(request.client.port) if request is not None and request.client else "?"
 
     @server.tool(description="Reports progress n times, logging each step.")
     async def steps(n: int, ctx: Context) -> str:
