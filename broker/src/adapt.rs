@@ -117,37 +117,81 @@ fn log_frames(enc: &mut ResponseEncoder, out: &mut Vec<u8>, to: &ReplyTo<'_>, tr
         .flatten()
         .take(MAX_LOGS_PER_RESULT);
     for e in entries {
-        let level = match &*e.level {
-            "debug" => p::LogLevel::Debug,
-            "info" | "notice" => p::LogLevel::Info,
-            "warning" => p::LogLevel::Warning,
-            "error" => p::LogLevel::Error,
-            _ => p::LogLevel::Critical,
-        };
-        // A string is the message itself; anything else its JSON text.
-        let data = serde_json::from_str::<String>(e.data.get()).map_or_else(
-            |_| std::borrow::Cow::Borrowed(e.data.get()),
-            std::borrow::Cow::Owned,
-        );
-        let fbb = enc.begin();
-        let message = fbb.create_string(&data);
-        let source = e.logger.as_deref().map(|l| fbb.create_string(l));
-        let m = p::LogMessage::create(
-            fbb,
-            &p::LogMessageArgs {
-                level,
-                message: Some(message),
-                source,
-                ..Default::default()
-            },
-        );
-        out.extend_from_slice(enc.finish(
+        out.extend_from_slice(log_frame(
+            enc,
             to,
-            p::ResponsePayload::LogMessage,
-            m.as_union_value(),
-            true,
+            &e.level,
+            e.logger.as_deref(),
+            e.data.get(),
         ));
     }
+}
+
+/// One LogMessage frame: an MCP log `level` name, the `logger`, and `data`
+/// as JSON text (a JSON string is the message itself; anything else is
+/// sent as its JSON text).
+pub fn log_frame<'e>(
+    enc: &'e mut ResponseEncoder,
+    to: &ReplyTo<'_>,
+    level: &str,
+    logger: Option<&str>,
+    data: &str,
+) -> &'e [u8] {
+    let level = match level {
+        "debug" => p::LogLevel::Debug,
+        "info" | "notice" => p::LogLevel::Info,
+        "warning" => p::LogLevel::Warning,
+        "error" => p::LogLevel::Error,
+        _ => p::LogLevel::Critical,
+    };
+    let data = serde_json::from_str::<String>(data).map_or_else(
+        |_| std::borrow::Cow::Borrowed(data),
+        std::borrow::Cow::Owned,
+    );
+    let fbb = enc.begin();
+    let message = fbb.create_string(&data);
+    let source = logger.map(|l| fbb.create_string(l));
+    let m = p::LogMessage::create(
+        fbb,
+        &p::LogMessageArgs {
+            level,
+            message: Some(message),
+            source,
+            ..Default::default()
+        },
+    );
+    enc.finish(to, p::ResponsePayload::LogMessage, m.as_union_value(), true)
+}
+
+/// One ProgressNotification frame of tool call `id`: `progress` as a
+/// fraction of the whole, step `step` of `steps` (0: unknown).
+pub fn progress_frame<'e>(
+    enc: &'e mut ResponseEncoder,
+    to: &ReplyTo<'_>,
+    id: &UUID,
+    progress: f32,
+    message: Option<&str>,
+    step: u32,
+    steps: u32,
+) -> &'e [u8] {
+    let fbb = enc.begin();
+    let message = message.map(|m| fbb.create_string(m));
+    let n = p::ProgressNotification::create(
+        fbb,
+        &p::ProgressNotificationArgs {
+            operation_id: Some(id),
+            progress,
+            message,
+            current_step: step,
+            total_steps: steps,
+        },
+    );
+    enc.finish(
+        to,
+        p::ResponsePayload::ProgressNotification,
+        n.as_union_value(),
+        true,
+    )
 }
 
 fn text(
@@ -272,23 +316,14 @@ pub fn tool_response(
             log_frames(enc, out, to, tr);
             let steps = tr.progress.as_ref().map_or(0, |p| p.len());
             for (i, pr) in tr.progress.iter().flatten().enumerate() {
-                let fbb = enc.begin();
-                let message = opt_str(fbb, &pr.message);
-                let n = p::ProgressNotification::create(
-                    fbb,
-                    &p::ProgressNotificationArgs {
-                        operation_id: Some(tool_call_id),
-                        progress: pr.progress.unwrap_or((i + 1) as f32 / steps as f32),
-                        message,
-                        current_step: i as u32 + 1,
-                        total_steps: steps as u32,
-                    },
-                );
-                out.extend_from_slice(enc.finish(
+                out.extend_from_slice(progress_frame(
+                    enc,
                     to,
-                    p::ResponsePayload::ProgressNotification,
-                    n.as_union_value(),
-                    true,
+                    tool_call_id,
+                    pr.progress.unwrap_or((i + 1) as f32 / steps as f32),
+                    pr.message.as_deref(),
+                    i as u32 + 1,
+                    steps as u32,
                 ));
             }
             let (fbb, blocks) = enc.begin_with_content();

@@ -69,6 +69,100 @@ impl ShardCtx {
     }
 }
 
+/// A tool call to a router that reports progress and logs while it runs.
+struct Live<'a> {
+    ctx: &'a Rc<ShardCtx>,
+    to: &'a mcp_schema::encode::ReplyTo<'a>,
+    id: &'a mcp_schema::fb::UUID,
+    /// The edge's live channel; `None`: the frames go to `out` before the
+    /// final answer.
+    out: Option<&'a dyn LiveOut>,
+}
+
+impl Live<'_> {
+    /// Runs the call, turning each event it reports into a frame as it
+    /// arrives.
+    async fn run(
+        &self,
+        caller: crate::wasm::Caller<'_>,
+        tool: &str,
+        json: &str,
+        deadline: Duration,
+        out: &mut Vec<u8>,
+    ) -> Result<w::Response, crate::wasm::CallError> {
+        use futures_core::Stream;
+        let (tx, mut rx) = futures_channel::mpsc::unbounded();
+        let call = caller.call_tool_live(tool, json, deadline, Some(tx));
+        let mut call = std::pin::pin!(call);
+        let mut step = 0u32;
+        let result = loop {
+            let next = std::future::poll_fn(|cx| {
+                if let std::task::Poll::Ready(r) = call.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(Err(r));
+                }
+                match std::pin::Pin::new(&mut rx).poll_next(cx) {
+                    std::task::Poll::Ready(Some(ev)) => std::task::Poll::Ready(Ok(ev)),
+                    // Every sender gone: only the call is left to wait for.
+                    std::task::Poll::Ready(None) | std::task::Poll::Pending => {
+                        std::task::Poll::Pending
+                    }
+                }
+            })
+            .await;
+            match next {
+                Ok(ev) => self.emit(&ev, &mut step, out),
+                Err(r) => break r,
+            }
+        };
+        // Reported just before the call returned, not yet taken.
+        while let Ok(ev) = rx.try_recv() {
+            self.emit(&ev, &mut step, out);
+        }
+        result
+    }
+
+    fn emit(&self, ev: &crate::wasm::LiveEvent, step: &mut u32, out: &mut Vec<u8>) {
+        let mut enc = self.ctx.enc.borrow_mut();
+        let frame = match ev {
+            crate::wasm::LiveEvent::Progress {
+                progress,
+                total,
+                message,
+            } => {
+                *step += 1;
+                let fraction = match total {
+                    Some(t) if *t > 0.0 => progress / t,
+                    _ => *progress,
+                };
+                adapt::progress_frame(
+                    &mut enc,
+                    self.to,
+                    self.id,
+                    fraction as f32,
+                    message.as_deref(),
+                    *step,
+                    0,
+                )
+            }
+            crate::wasm::LiveEvent::Log {
+                level,
+                logger,
+                data,
+            } => adapt::log_frame(&mut enc, self.to, level, logger.as_deref(), data),
+        };
+        match self.out {
+            Some(live) => {
+                // The edge's conversion must be free to use the shard's
+                // encoder: hand it a copy (notifications are few).
+                let frame = frame.to_vec();
+                drop(enc);
+                live.frame(&frame);
+            }
+            None => out.extend_from_slice(frame),
+        }
+    }
+}
+
 /// Longest session id a session-affine router accepts (the gRPC edge's own
 /// limit): each live session keeps its id, so the id's length bounds that
 /// memory.
@@ -119,6 +213,15 @@ fn not_found(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, what: &str, na
     );
 }
 
+/// Where an edge takes a request's notifications while it runs: the
+/// progress and log frames a router reports through `mcp-broker:host/call`
+/// (`wit/host/host.wit`), each sent on before the call ends. Without one,
+/// they are appended to the request's frames ahead of its final answer.
+pub trait LiveOut {
+    /// One non-final response frame (progress or log) of the request.
+    fn frame(&self, frame: &[u8]);
+}
+
 /// Handles one verified request, appending its response frames to `out`.
 /// `args` is a reused buffer for the tool arguments' JSON.
 pub async fn handle(
@@ -126,6 +229,17 @@ pub async fn handle(
     req: &VerifiedRequest,
     args: &mut Vec<u8>,
     out: &mut Vec<u8>,
+) {
+    handle_live(ctx, req, args, out, None).await
+}
+
+/// [`handle`], with the notifications of a running call sent to `live`.
+pub async fn handle_live(
+    ctx: &Rc<ShardCtx>,
+    req: &VerifiedRequest,
+    args: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    live: Option<&dyn LiveOut>,
 ) {
     let view = req.view();
     let to = view.reply_to();
@@ -233,10 +347,19 @@ pub async fn handle(
             let pool = &ctx.pools[router];
             let deadline = call_deadline(pool, view.timeout_ms());
             let t0 = std::time::Instant::now();
-            let result = pool
-                .caller(view.session_id())
-                .call_tool_within(&target.name, json, deadline)
-                .await;
+            let caller = pool.caller(view.session_id());
+            let result = if pool.reports_live() {
+                let id = *tc.id();
+                let call = Live {
+                    ctx,
+                    to: &to,
+                    id: &id,
+                    out: live,
+                };
+                call.run(caller, &target.name, json, deadline, out).await
+            } else {
+                caller.call_tool_within(&target.name, json, deadline).await
+            };
             crate::metrics::record::wasm_call(ctx, router, t0);
             if let Ok(w::Response::Completed(tr)) = &result
                 && tr.meta.as_ref().is_some_and(|m| {

@@ -31,8 +31,9 @@ use wasmtime::{
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use super::bindings::host_world::mcp_broker::host::call as host_call;
 use super::bindings::types::{McpResource, Prompt, ServerDescription, Tool};
-use super::bindings::{McpRouter, McpRouterPre, ROUTER_INTERFACE};
+use super::bindings::{HOST_CALL_INTERFACE, McpRouter, McpRouterPre, ROUTER_INTERFACE};
 use super::error::{CallError, HostError, LoadError};
 use super::metered::{
     self, CallToolParams, CallToolResults, CompleteParams, CompleteResults, GetPromptParams,
@@ -113,6 +114,9 @@ impl WasmHost {
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_err)?;
+        // The broker's own imports (wit/host): every router may use them.
+        host_call::add_to_linker::<_, wasmtime::component::HasSelf<StoreState>>(&mut linker, |s| s)
+            .map_err(engine_err)?;
         let mut linker_http = linker.clone();
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker_http)
             .map_err(engine_err)?;
@@ -239,6 +243,10 @@ impl WasmHost {
             )),
             None => None,
         };
+        let reports_live = component
+            .component_type()
+            .imports(&self.shared.engine)
+            .any(|(name, _)| name == HOST_CALL_INTERFACE);
         let mut router = Router {
             shared: self.shared.clone(),
             pre,
@@ -246,6 +254,7 @@ impl WasmHost {
             spec: spec.clone(),
             env,
             outbound,
+            reports_live,
             meta: Arc::new(RouterMeta::default()),
         };
         router.meta =
@@ -365,6 +374,9 @@ pub struct Router {
     /// The `wasi:http` grant with its connection pool, shared by every
     /// store of this router.
     outbound: Option<Arc<Outbound>>,
+    /// The component imports `mcp-broker:host/call`: its calls may report
+    /// progress and logs while they run.
+    reports_live: bool,
     meta: Arc<RouterMeta>,
 }
 
@@ -403,6 +415,12 @@ impl Router {
     /// Metadata read at load.
     pub fn meta(&self) -> &Arc<RouterMeta> {
         &self.meta
+    }
+
+    /// Whether its calls may report progress and logs while they run
+    /// (`mcp-broker:host/call`, `wit/host/host.wit`).
+    pub fn reports_live(&self) -> bool {
+        self.reports_live
     }
 
     /// Reads the metadata again from a fresh instance (an upstream router's
@@ -457,6 +475,8 @@ impl Router {
                 wasi: wasi.build(),
                 http: WasiHttpCtx::new(),
                 hooks: OutboundHooks::new(self.outbound.clone()),
+                live: None,
+                live_sent: 0,
                 table: ResourceTable::new(),
                 limits,
                 deadline: Instant::now(),
@@ -645,6 +665,14 @@ impl Instance {
         self.store.data_mut().hooks.settled();
     }
 
+    /// Where the next call's progress and logs go while it runs (`None`:
+    /// dropped).
+    pub(crate) fn set_live(&mut self, live: Option<LiveSink>) {
+        let data = self.store.data_mut();
+        data.live = live;
+        data.live_sent = 0;
+    }
+
     /// Arms the store for one call.
     pub(crate) fn begin(&mut self, deadline: Instant) {
         let data = self.store.data_mut();
@@ -794,6 +822,10 @@ pub(crate) struct StoreState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     hooks: OutboundHooks,
+    /// The running call's live events, when its caller listens.
+    live: Option<LiveSink>,
+    /// Events sent during the running call (bounded per call).
+    live_sent: u32,
     table: ResourceTable,
     limits: Limits,
     deadline: Instant,
@@ -805,6 +837,76 @@ impl WasiView for StoreState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
+    }
+}
+
+/// What a running call reported through `mcp-broker:host/call`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LiveEvent {
+    Progress {
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    },
+    Log {
+        level: String,
+        logger: Option<String>,
+        data: String,
+    },
+}
+
+/// Where a call's [`LiveEvent`]s go: the dispatcher on the call's own shard.
+pub type LiveSink = futures_channel::mpsc::UnboundedSender<LiveEvent>;
+
+/// Events one call may report; later ones are dropped, so that a router
+/// cannot grow the host's memory with notifications.
+pub const MAX_LIVE_EVENTS_PER_CALL: u32 = 1024;
+/// Bytes of one event's strings kept; longer ones are cut.
+const MAX_LIVE_EVENT_BYTES: usize = 16 << 10;
+
+fn cut(mut s: String) -> String {
+    if s.len() > MAX_LIVE_EVENT_BYTES {
+        let mut at = MAX_LIVE_EVENT_BYTES;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+    s
+}
+
+impl StoreState {
+    fn report(&mut self, event: impl FnOnce() -> LiveEvent) {
+        let Some(live) = &self.live else { return };
+        if self.live_sent >= MAX_LIVE_EVENTS_PER_CALL {
+            return;
+        }
+        self.live_sent += 1;
+        // The receiver gone (the call's caller stopped listening) is not the
+        // guest's concern.
+        let _ = live.unbounded_send(event());
+    }
+}
+
+impl host_call::Host for StoreState {
+    fn progress(&mut self, progress: f64, total: Option<f64>, message: Option<String>) {
+        self.report(|| LiveEvent::Progress {
+            progress,
+            total,
+            message: message.map(cut),
+        });
+    }
+
+    fn log(&mut self, level: String, logger: Option<String>, data: String) {
+        self.report(|| LiveEvent::Log {
+            level: cut(level),
+            logger: logger.map(cut),
+            data: cut(data),
+        });
+    }
+
+    fn cancelled(&mut self) -> bool {
+        Instant::now() >= self.deadline
     }
 }
 

@@ -34,7 +34,10 @@ use std::path::PathBuf;
 pub use bindings::ROUTER_INTERFACE;
 pub use bindings::types;
 pub use error::{CallError, HostError, LoadError};
-pub use host::{Router, RouterMeta, UNAVAILABLE_META_KEY, WasmHost};
+pub use host::{
+    LiveEvent, LiveSink, MAX_LIVE_EVENTS_PER_CALL, Router, RouterMeta, UNAVAILABLE_META_KEY,
+    WasmHost,
+};
 pub use outbound::HttpGrant;
 pub use pool::{Caller, PoolStats, RouterPool};
 pub use spec::{

@@ -47,7 +47,7 @@ use super::bindings::types::{
     ReadResourceResult, Response,
 };
 use super::error::CallError;
-use super::host::{Instance, Router, RouterMeta, drive, settle};
+use super::host::{Instance, LiveSink, Router, RouterMeta, drive, settle};
 #[cfg(doc)]
 use super::spec::RouterSpec;
 use super::spec::SessionLimits;
@@ -372,6 +372,11 @@ impl RouterPool {
         }
     }
 
+    /// Whether its calls may report progress and logs while they run.
+    pub fn reports_live(&self) -> bool {
+        self.inner.router.reports_live()
+    }
+
     /// `call-tool` with the router's default deadline, on a shared instance.
     /// The router's `tool-error` comes back as [`CallError::Tool`] (not a
     /// fault).
@@ -433,6 +438,7 @@ impl RouterPool {
         &self,
         session: Option<&str>,
         deadline: Duration,
+        live: Option<LiveSink>,
         f: impl AsyncFnOnce(&mut Instance) -> wasmtime::Result<T>,
     ) -> Result<T, CallError> {
         let mut lease = self.acquire(session).await?;
@@ -440,9 +446,16 @@ impl RouterPool {
         let inner = self.inner.clone();
         let inst = lease.ready().await?;
         inst.begin(at);
+        let listening = live.is_some();
+        if listening {
+            inst.set_live(live);
+        }
         Inner::count(&inner.calls);
         let r = drive(&inner.router.shared.tokio, at, f(&mut *inst)).await;
         let r = settle(deadline, &inst.store, r);
+        if listening {
+            inst.set_live(None);
+        }
         if r.is_ok() {
             inst.settled();
         }
@@ -517,10 +530,23 @@ impl Caller<'_> {
         arguments: &str,
         deadline: Duration,
     ) -> Result<Response, CallError> {
+        self.call_tool_live(tool, arguments, deadline, None).await
+    }
+
+    /// [`Self::call_tool_within`], with the progress and logs the router
+    /// reports while the call runs sent to `live` (routers that import
+    /// `mcp-broker:host/call`; see [`RouterPool::reports_live`]).
+    pub async fn call_tool_live(
+        self,
+        tool: &str,
+        arguments: &str,
+        deadline: Duration,
+        live: Option<LiveSink>,
+    ) -> Result<Response, CallError> {
         let max = self.pool.max_result_bytes();
         let response = self
             .pool
-            .run(self.session, deadline, async |i| {
+            .run(self.session, deadline, live, async |i| {
                 i.call_tool(tool, arguments, max).await
             })
             .await?
@@ -535,7 +561,7 @@ impl Caller<'_> {
     pub async fn read_resource(self, uri: &str) -> Result<ReadResourceResult, CallError> {
         let max = self.pool.max_result_bytes();
         self.pool
-            .run(self.session, self.pool.deadline(), async |i| {
+            .run(self.session, self.pool.deadline(), None, async |i| {
                 i.read_resource(uri, max).await
             })
             .await?
@@ -547,7 +573,7 @@ impl Caller<'_> {
     pub async fn get_prompt(self, name: &str) -> Result<GetPromptResult, CallError> {
         let max = self.pool.max_result_bytes();
         self.pool
-            .run(self.session, self.pool.deadline(), async |i| {
+            .run(self.session, self.pool.deadline(), None, async |i| {
                 i.get_prompt(name, max).await
             })
             .await?
@@ -561,7 +587,7 @@ impl Caller<'_> {
     ) -> Result<CompletionResponse, CallError> {
         let max = self.pool.max_result_bytes();
         self.pool
-            .run(self.session, self.pool.deadline(), async |i| {
+            .run(self.session, self.pool.deadline(), None, async |i| {
                 i.complete(request, max).await
             })
             .await?
@@ -571,7 +597,7 @@ impl Caller<'_> {
     /// `list-resources` of the instance, now.
     pub async fn list_resources(self) -> Result<Vec<McpResource>, CallError> {
         self.pool
-            .run(self.session, self.pool.deadline(), async |i| {
+            .run(self.session, self.pool.deadline(), None, async |i| {
                 i.bindings
                     .wasix_mcp_router()
                     .call_list_resources(&mut i.store)

@@ -214,7 +214,7 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
     // Handle first, then write: writing a large body before the request is
     // sent could fill the host's pipe and block forever.
     let future = outgoing_handler::handle(req, None).map_err(|e| reason(&e))?;
-    {
+    let sent = (|| {
         let stream = out_body
             .write()
             .map_err(|()| "request body stream unavailable".to_owned())?;
@@ -224,14 +224,19 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
                 .map_err(|e| format!("sending the request: {e:?}"))?;
         }
         // The stream (a child of the body) drops here, before `finish`.
-    }
-    OutgoingBody::finish(out_body, None).map_err(|e| reason(&e))?;
+        drop(stream);
+        OutgoingBody::finish(out_body, None).map_err(|e| reason(&e))
+    })();
+    // A body that could not be sent usually means the request failed (the
+    // connection was refused or reset): the response's own error names
+    // why, so it is preferred to the write's.
     future.subscribe().block();
-    let response = match future.get() {
-        Some(Ok(Ok(r))) => r,
-        Some(Ok(Err(e))) => return Err(reason(&e)),
-        Some(Err(())) => return Err("response already taken".into()),
-        None => return Err("no response".into()),
+    let response = match (future.get(), sent) {
+        (Some(Ok(Ok(r))), Ok(())) => r,
+        (Some(Ok(Err(e))), _) => return Err(reason(&e)),
+        (_, Err(e)) => return Err(e),
+        (Some(Err(())), Ok(())) => return Err("response already taken".into()),
+        (None, Ok(())) => return Err("no response".into()),
     };
     let status = response.status();
     let (content_type, session_id, length) = {

@@ -62,7 +62,11 @@
 //! tested natively against a scripted upstream (`tests` below replaces the
 //! POST): `cargo test -p upstream --target x86_64-unknown-linux-gnu`.
 
-wit_bindgen::generate!({ path: "../../wit", world: "mcp-router" });
+wit_bindgen::generate!({
+    path: ["../../wit", "../../wit/host", "wit"],
+    world: "mcp-broker:upstream-router/upstream",
+    with: { "mcp-broker:host/call@0.1.0": generate },
+});
 
 // The native tests swap the real POST for a scripted one (see `tests`).
 #[cfg_attr(test, allow(dead_code))]
@@ -126,8 +130,28 @@ fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<http::An
     http::post(ep, headers, body)
 }
 
+/// Passes a progress or log notification of the running call to the broker
+/// at once (`mcp-broker:host/call`), which sends it to the client before
+/// the result. Outside a tool call the host drops it.
+#[cfg(not(test))]
+fn report(live: rpc::Live) {
+    use mcp_broker::host::call;
+    match live {
+        rpc::Live::Progress {
+            progress,
+            total,
+            message,
+        } => call::progress(progress, total, message.as_deref()),
+        rpc::Live::Log {
+            level,
+            logger,
+            data,
+        } => call::log(&level, logger.as_deref(), &data),
+    }
+}
+
 #[cfg(test)]
-use tests::{post, upstream_url};
+use tests::{post, report, upstream_url};
 
 fn endpoint(method: &str) -> Result<Endpoint, Failure> {
     let url = upstream_url();
@@ -217,7 +241,10 @@ fn send(
         return Err(format!("HTTP {}{}", a.status, snippet(&body)));
     }
     let ct = a.content_type.to_ascii_lowercase();
-    let mut collected = Collected::default();
+    let mut collected = Collected {
+        forward: rpc::Forward(Some(report)),
+        ..Collected::default()
+    };
     let session_id = a.session_id.clone();
     let done = move |outcome, collected| Sent::Done {
         outcome,
@@ -629,6 +656,12 @@ mod tests {
     thread_local! {
         static SERVER: RefCell<Option<Server>> = RefCell::default();
         static LOG: RefCell<Vec<Req>> = RefCell::default();
+        static REPORTED: RefCell<Vec<rpc::Live>> = RefCell::default();
+    }
+
+    /// The host import, as the tests see it: what a call reported live.
+    pub(super) fn report(live: rpc::Live) {
+        REPORTED.with_borrow_mut(|r| r.push(live));
     }
 
     pub(super) fn upstream_url() -> String {
@@ -790,7 +823,24 @@ mod tests {
         };
         assert!(matches!(&r.content[0], ContentBlock::Text(t) if t.text == "done"));
         assert_eq!(r.structured_content.as_deref(), Some(r#"{"ok":true}"#));
-        assert_eq!(r.progress.unwrap()[0].progress, Some(0.5));
+        // Progress and the log before the response went to the host as
+        // they arrived, not into the result; the log after it was dropped.
+        assert!(r.progress.is_none());
+        assert_eq!(
+            REPORTED.with_borrow(Clone::clone),
+            [
+                rpc::Live::Progress {
+                    progress: 1.0,
+                    total: Some(2.0),
+                    message: None
+                },
+                rpc::Live::Log {
+                    level: "info".into(),
+                    logger: None,
+                    data: r#""working""#.into()
+                },
+            ]
+        );
         let meta: Vec<_> = r
             .meta
             .unwrap()
@@ -799,16 +849,10 @@ mod tests {
             .collect();
         assert_eq!(
             meta,
-            [
-                (
-                    "mcp-broker/log".to_owned(),
-                    r#"[{"data":"working","level":"info"}]"#.to_owned()
-                ),
-                (
-                    "mcp-broker/list-changed".to_owned(),
-                    r#"["tools"]"#.to_owned()
-                ),
-            ]
+            [(
+                "mcp-broker/list-changed".to_owned(),
+                r#"["tools"]"#.to_owned()
+            ),]
         );
         log(|l| {
             let refusal = &l.last().unwrap().body;

@@ -504,6 +504,7 @@ mod tests {
             list_changed: vec!["tools"],
             refuse: vec![],
             pong: vec![],
+            ..Collected::default()
         };
         let r = tool_result(
             &json!({

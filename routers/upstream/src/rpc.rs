@@ -98,9 +98,52 @@ pub struct Progress {
     pub message: Option<String>,
 }
 
+/// A notification passed on as it arrives, through the broker's host
+/// imports (`mcp-broker:host/call`), instead of waiting for the result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Live {
+    Progress {
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    },
+    Log {
+        level: String,
+        logger: Option<String>,
+        /// JSON text.
+        data: String,
+    },
+}
+
+/// Where [`Live`] notifications go; `None`: they are collected into the
+/// result (progress list, `mcp-broker/log`).
+#[derive(Clone, Copy, Default)]
+pub struct Forward(pub Option<fn(Live)>);
+
+impl std::fmt::Debug for Forward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Forward(on)"
+        } else {
+            "Forward(off)"
+        })
+    }
+}
+
+/// Two sinks are not told apart: what matters of a [`Collected`] is what it
+/// collected.
+impl PartialEq for Forward {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
 /// What arrived on a request's stream besides its response.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Collected {
+    /// Where progress and logs go as they arrive (else into the fields
+    /// below).
+    pub forward: Forward,
     pub progress: Vec<Progress>,
     /// MCP log messages `{level, logger?, data}`, at most [`MAX_LOGS`].
     pub logs: Vec<Value>,
@@ -129,18 +172,38 @@ impl Collected {
                 }
                 let done = params.get("progress").and_then(Value::as_f64);
                 let total = params.get("total").and_then(Value::as_f64);
+                let message = params
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                if let (Some(send), Some(progress)) = (self.forward.0, done) {
+                    send(Live::Progress {
+                        progress,
+                        total,
+                        message,
+                    });
+                    return;
+                }
                 let progress = match (done, total) {
                     (Some(d), Some(t)) if t > 0.0 => Some((d / t) as f32),
                     (Some(d), _) => Some(d as f32),
                     _ => None,
                 };
-                let message = params
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
                 self.progress.push(Progress { progress, message });
             }
             "notifications/message" => {
+                if let Some(send) = self.forward.0 {
+                    let level = params.get("level").and_then(Value::as_str);
+                    send(Live::Log {
+                        level: level.unwrap_or("info").to_owned(),
+                        logger: params
+                            .get("logger")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                        data: params.get("data").unwrap_or(&Value::Null).to_string(),
+                    });
+                    return;
+                }
                 if self.logs.len() >= MAX_LOGS {
                     return;
                 }
