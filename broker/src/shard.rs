@@ -22,7 +22,7 @@ use mcp_schema::ResponseEncoder;
 use mcp_schema::verify::VerifiedRequest;
 use monoio::net::TcpListener;
 
-use crate::dispatch::{ShardCtx, handle};
+use crate::dispatch::ShardCtx;
 use crate::local::{Latch, YieldQueue};
 use crate::metrics;
 use crate::shared::{ShardMsg, ShardStats, Shared};
@@ -286,7 +286,9 @@ async fn inbox_loop(shard: Rc<Shard>) {
                         req,
                         mut reply,
                         forwarded,
+                        live,
                     } = job;
+                    let live = live.map(SentLive);
                     let started = Instant::now();
                     let stats = shard.stats();
                     ShardStats::add(&stats.in_flight, 1);
@@ -299,8 +301,13 @@ async fn inbox_loop(shard: Rc<Shard>) {
                     // its guest, instead of running it to its deadline for an
                     // answer nobody reads.
                     let ran = {
-                        let mut run =
-                            Box::pin(Some(run_or_expire(&shard, &req, &mut args, &mut out)));
+                        let mut run = Box::pin(Some(run_or_expire(
+                            &shard,
+                            &req,
+                            &mut args,
+                            &mut out,
+                            live.as_ref().map(|l| l as &dyn crate::dispatch::LiveOut),
+                        )));
                         let ran = monoio::select! {
                             r = poll_fn(|cx| {
                                 let fut = run.as_mut().as_pin_mut().expect("polled until ready");
@@ -352,6 +359,16 @@ async fn inbox_loop(shard: Rc<Shard>) {
     }
 }
 
+/// A handed-over request's live channel (`Job::live`) as the dispatcher
+/// takes it.
+struct SentLive(crate::shared::LiveSender);
+
+impl crate::dispatch::LiveOut for SentLive {
+    fn frame(&self, frame: &[u8]) {
+        (self.0)(frame);
+    }
+}
+
 /// Handles a request unless the drain deadline passes first, in which case
 /// it is answered with a shutting-down error (exactly one answer either way).
 async fn run_or_expire(
@@ -359,10 +376,11 @@ async fn run_or_expire(
     req: &VerifiedRequest,
     args: &mut Vec<u8>,
     out: &mut Vec<u8>,
+    live: Option<&dyn crate::dispatch::LiveOut>,
 ) {
     let start = out.len();
     let finished = monoio::select! {
-        _ = handle(&shard.ctx, req, args, out) => true,
+        _ = crate::dispatch::handle_live(&shard.ctx, req, args, out, live) => true,
         _ = shard.drain_expired.wait() => false,
     };
     if !finished {

@@ -28,7 +28,13 @@ pub struct Job {
     /// that connection's worker records the request in the metrics, so the
     /// shard running it must not record it again.
     pub forwarded: bool,
+    /// Where the request's progress and log frames go while it runs (the
+    /// gRPC edge: its session's Subscribe streams); `None`: with the answer.
+    pub live: Option<LiveSender>,
 }
+
+/// A thread-safe [`crate::dispatch::LiveOut`] for requests handed to a shard.
+pub type LiveSender = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// Messages a shard receives from other threads.
 pub enum ShardMsg {
@@ -253,6 +259,7 @@ impl Shared {
         &self,
         shard: usize,
         req: VerifiedRequest,
+        live: Option<LiveSender>,
     ) -> Result<oneshot::Receiver<Vec<u8>>, SubmitError> {
         let (reply, rx) = oneshot::channel();
         let forwarded = false;
@@ -262,6 +269,7 @@ impl Shared {
                 req,
                 reply,
                 forwarded,
+                live,
             }),
         )?;
         Ok(rx)
@@ -282,6 +290,9 @@ impl Shared {
                 req,
                 reply,
                 forwarded,
+                // The origin connection is on another thread: its
+                // notifications come back with the answer.
+                live: None,
             }),
         )?;
         Ok(rx)

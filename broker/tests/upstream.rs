@@ -893,3 +893,153 @@ fn garbage_a_dropped_stream_and_http_errors_get_upstream_unavailable_with_the_re
     );
     assert_eq!(text_of(&r["result"]), "fine");
 }
+
+/// How long after the call started each of its notifications and its final
+/// answer arrived: for showing that notifications come while it runs.
+const STEP: Duration = Duration::from_millis(400);
+
+#[test]
+fn progress_and_logs_reach_every_edge_while_the_call_runs() {
+    let dir = state_dir("live");
+    let alpha = Upstream::start("alpha", 0, &dir);
+    let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
+    let args = format!(r#"{{"n":3,"delay":{}}}"#, STEP.as_secs_f64());
+
+    // HTTP: the SSE stream opens at once; the first progress and log come
+    // about three steps before the result.
+    let (mut c, s) = session(&b);
+    let r = c.call(&s, 0, "logging/setLevel", r#"{"level":"info"}"#);
+    assert!(r["result"].is_object(), "{r}");
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"steps","arguments":{args},"_meta":{{"progressToken":7}}}}}}"#
+    );
+    let t0 = Instant::now();
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nMcp-Session-Id: {s}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let (status, _) = c.read_head();
+    assert_eq!(status, 200);
+    let (first, _) = c.read_chunked(Some(&|t: &str| {
+        t.contains("notifications/progress") && t.contains("notifications/message")
+    }));
+    let first_at = t0.elapsed();
+    let (rest, ended) = c.read_chunked(None);
+    let final_at = t0.elapsed();
+    assert!(ended);
+    let text = String::from_utf8_lossy(&first).to_string() + &String::from_utf8_lossy(&rest);
+    let msgs = common::http::sse_messages(&text);
+    assert_eq!(
+        msgs.iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .count(),
+        3,
+        "{msgs:?}"
+    );
+    let progress = msgs
+        .iter()
+        .find(|m| m["method"] == "notifications/progress")
+        .unwrap();
+    assert_eq!(progress["params"]["progressToken"], 7, "{msgs:?}");
+    assert_eq!(text_of(&msgs.last().unwrap()["result"]), "done 3");
+    assert!(
+        final_at > first_at + STEP * 2,
+        "first notification at {first_at:?}, result at {final_at:?}: not live"
+    );
+
+    // Frames: a progress frame before the final one, steps earlier.
+    let mut f = b.connect();
+    let (corr, frame) = f.tool_call_frame("steps", &[("n", "3"), ("delay", "0.4")], None);
+    let t0 = Instant::now();
+    f.send_raw(&frame);
+    let first = f.read_frame().expect("a frame");
+    let first_at = t0.elapsed();
+    let v = ResponseView::parse(&first).unwrap();
+    assert_eq!(v.correlation_id(), corr);
+    assert!(!v.is_final(), "the first frame is a notification");
+    let last = f.read_final();
+    let final_at = t0.elapsed();
+    assert_eq!(common::tool_text(&last), "done 3");
+    assert!(
+        final_at > first_at + STEP * 2,
+        "frames: first at {first_at:?}, final at {final_at:?}"
+    );
+
+    // gRPC: the session's Subscribe stream gets the progress while the
+    // call is still running.
+    rt().block_on(async {
+        use mcp_proto::v1 as pb;
+        let mut g = grpc_client(&b).await;
+        let init = g
+            .initialize(pb::InitializeRequest {
+                protocol_version: "2025-06-18".into(),
+                capabilities: Some(pb::ClientCapabilities::default()),
+                client_info: Some(pb::Implementation {
+                    name: "live".into(),
+                    version: "1".into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap();
+        let session = init
+            .metadata()
+            .get(mcp_proto::SESSION_METADATA_KEY)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        fn with_session<T>(m: T, session: &str) -> tonic::Request<T> {
+            let mut r = tonic::Request::new(m);
+            r.metadata_mut()
+                .insert(mcp_proto::SESSION_METADATA_KEY, session.parse().unwrap());
+            r
+        }
+        let mut sub = g
+            .subscribe(with_session(
+                pb::SubscribeRequest {
+                    topics: vec!["progress".into()],
+                },
+                &session,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut g2 = g.clone();
+        let call = tokio::spawn(async move {
+            g2.call_tool(with_session(
+                pb::CallToolRequest {
+                    name: "steps".into(),
+                    arguments: Some(br#"{"n":3,"delay":0.4}"#.to_vec()),
+                },
+                &session,
+            ))
+            .await
+        });
+        let n = tokio::time::timeout(Duration::from_secs(10), sub.message())
+            .await
+            .expect("progress within 10 s")
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(
+                n.notification,
+                Some(pb::notification::Notification::Progress(_))
+            ),
+            "{n:?}"
+        );
+        assert!(
+            !call.is_finished(),
+            "the progress came after the call ended"
+        );
+        let r = call.await.unwrap().unwrap().into_inner();
+        match &r.content[0].content {
+            Some(pb::content::Content::Text(t)) => assert_eq!(t.text, "done 3"),
+            other => panic!("{other:?}"),
+        }
+    });
+}

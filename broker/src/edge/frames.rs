@@ -27,7 +27,7 @@ use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -42,7 +42,7 @@ use monoio::buf::{IoBuf, IoBufMut};
 use monoio::io::{CancelableAsyncReadRent, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 
-use crate::dispatch::{ShardCtx, handle};
+use crate::dispatch::{LiveOut, ShardCtx, handle_live};
 use crate::local::{Latch, Notify};
 use crate::metrics;
 use crate::shard::{Panicked, Shard, drop_future, poll_until};
@@ -93,9 +93,28 @@ struct Job {
 
 /// Serves one request. Every call returns the same future type, which is
 /// what lets a connection keep reusable pinned slots for it ([`Slot`]).
-async fn serve(ctx: Rc<ShardCtx>, mut job: Job) -> Job {
-    handle(&ctx, &job.req, &mut job.args, &mut job.out).await;
+async fn serve(ctx: Rc<ShardCtx>, mut job: Job, conn: Weak<dyn LiveOut>) -> Job {
+    let live = Live(conn);
+    handle_live(&ctx, &job.req, &mut job.args, &mut job.out, Some(&live)).await;
     job
+}
+
+/// A running call's progress and logs, queued for the connection's writer
+/// as they come (a router that reports them: `dispatch::LiveOut`).
+struct Live(Weak<dyn LiveOut>);
+
+impl LiveOut for Live {
+    fn frame(&self, frame: &[u8]) {
+        if let Some(conn) = self.0.upgrade() {
+            conn.frame(frame);
+        }
+    }
+}
+
+impl<F> LiveOut for Conn<F> {
+    fn frame(&self, frame: &[u8]) {
+        self.push_out(frame);
+    }
 }
 
 /// Where a waiting request's wake-ups go: to whichever task polls the slot
@@ -174,7 +193,7 @@ impl<F: Future<Output = Job>> Slot<F> {
 struct Conn<F> {
     /// Builds a request's future (always [`serve`]; a pointer because its
     /// type cannot be named).
-    serve: fn(Rc<ShardCtx>, Job) -> F,
+    serve: fn(Rc<ShardCtx>, Job, Weak<dyn LiveOut>) -> F,
     /// Requests that had to wait, for a worker to finish.
     queue: RefCell<VecDeque<Slot<F>>>,
     /// Empty slots for the next requests.
@@ -488,7 +507,9 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
         args: std::mem::take(&mut slot.args),
         out: std::mem::take(&mut slot.out),
     };
-    slot.fut.set(Some((conn.serve)(shard.ctx.clone(), job)));
+    let live: Weak<dyn LiveOut> = Rc::downgrade(conn) as Weak<Conn<F>>;
+    slot.fut
+        .set(Some((conn.serve)(shard.ctx.clone(), job, live)));
     let ended = match slot.poll() {
         Poll::Ready(Ok(job)) => finish(shard, conn, slot, job),
         Poll::Ready(Err(panic)) => {

@@ -860,9 +860,9 @@ pub type LiveSink = futures_channel::mpsc::UnboundedSender<LiveEvent>;
 
 /// Events one call may report; later ones are dropped, so that a router
 /// cannot grow the host's memory with notifications.
-pub const MAX_LIVE_EVENTS_PER_CALL: u32 = 1024;
+pub const MAX_LIVE_EVENTS_PER_CALL: u32 = 512;
 /// Bytes of one event's strings kept; longer ones are cut.
-const MAX_LIVE_EVENT_BYTES: usize = 16 << 10;
+const MAX_LIVE_EVENT_BYTES: usize = 4 << 10;
 
 fn cut(mut s: String) -> String {
     if s.len() > MAX_LIVE_EVENT_BYTES {
@@ -965,5 +965,56 @@ impl ResourceLimiter for Limits {
 
     fn memories(&self) -> usize {
         self.inner.memories()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_call::Host as _;
+    use super::*;
+
+    fn state(live: Option<LiveSink>) -> StoreState {
+        StoreState {
+            wasi: WasiCtx::builder().build(),
+            http: WasiHttpCtx::new(),
+            hooks: OutboundHooks::new(None),
+            live,
+            live_sent: 0,
+            table: ResourceTable::new(),
+            limits: Limits {
+                inner: StoreLimitsBuilder::new().build(),
+                refused: false,
+            },
+            deadline: Instant::now() + Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn a_call_reports_a_bounded_number_of_bounded_events() {
+        let (tx, mut rx) = futures_channel::mpsc::unbounded();
+        let mut s = state(Some(tx));
+        let long = "é".repeat(MAX_LIVE_EVENT_BYTES); // 2 bytes each
+        s.log("info".into(), None, long);
+        for i in 0..1000 {
+            s.progress(f64::from(i), None, None);
+        }
+        let mut n = 0;
+        while let Ok(ev) = rx.try_recv() {
+            if let LiveEvent::Log { data, .. } = &ev {
+                assert_eq!(data.len(), MAX_LIVE_EVENT_BYTES, "cut at a char boundary");
+            }
+            n += 1;
+        }
+        assert_eq!(n, MAX_LIVE_EVENTS_PER_CALL);
+        assert!(!s.cancelled());
+        s.deadline = Instant::now();
+        assert!(s.cancelled(), "past its deadline the call is given up");
+    }
+
+    #[test]
+    fn without_a_listener_events_are_dropped() {
+        let mut s = state(None);
+        s.progress(1.0, Some(2.0), Some("half".into()));
+        assert_eq!(s.live_sent, 0);
     }
 }

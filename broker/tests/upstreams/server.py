@@ -18,8 +18,8 @@ Tools:
   (the no-token-passthrough test reads it).
 - `peer()`: the client port of the TCP connection the call arrived on
   (the connection-reuse test reads it).
-- `steps(n)`: reports progress 1..n of n and logs one message per step,
-  then returns "done n".
+- `steps(n, delay=0.01)`: reports progress 1..n of n and logs one message
+  per step, `delay` seconds apart, then returns "done n".
 - `slow(seconds)`: sleeps, then returns "slept"; a cancelled call is
   counted in DIR/cancelled.
 - `cancelled()`: that count.
@@ -74,11 +74,11 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
         return str(request.client.port) if request is not None and request.client else "?"
 
     @server.tool(description="Reports progress n times, logging each step.")
-    async def steps(n: int, ctx: Context) -> str:
+    async def steps(n: int, ctx: Context, delay: float = 0.01) -> str:
         for i in range(1, n + 1):
             await ctx.info(f"step {i} of {n}")
             await ctx.report_progress(i, n, f"step {i}")
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(delay)
         return f"done {n}"
 
     @server.tool(description="Sleeps, then answers.")

@@ -6,6 +6,10 @@
 //! - `MCP_UPSTREAM_NAME` (optional): this router's name (`name()`), else
 //!   "upstream".
 //!
+//! Its world (`wit/world.wit`) is the seed router world plus the broker's
+//! host imports, through which it reports the upstream's progress and logs
+//! while a call runs.
+//!
 //! The host links wasi:http for this router only, refuses every authority
 //! but the configured one, and adds the operator's `upstream_headers`
 //! (credentials) to each request itself: this guest never sees them.
@@ -37,8 +41,8 @@
 //! | resource template | an `mcp-resource` whose `uri` is the `uriTemplate` (README "Resource templates") | — |
 //! | tool `annotations` | `read-only`, `destructive`; `title` used when the tool has none | `idempotentHint`, `openWorldHint` |
 //! | `tools/call` result | content, `structuredContent` (JSON text), `isError`, `_meta` entries | resource_link `name` (its title, else name, is the title); an embedded blob without MIME type is labelled `application/octet-stream` so the broker reads it as binary; a blob with a textual MIME type (or text with a binary one) is misread by the broker, which picks text/blob from the MIME type |
-//! | `notifications/progress` on the call's stream | tool-result `progress` (progress/total, else progress) | timing: delivered with the result, not as they happen |
-//! | `notifications/message` on a stream | meta `mcp-broker/log` (≤ 64, README "Logging") | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped |
+//! | `notifications/progress` on the call's stream | passed to the host at once (`mcp-broker:host/call.progress`, `../../wit/host/host.wit`), which sends it to the client while the call runs | — |
+//! | `notifications/message` on a stream | passed to the host at once (`call.log`) | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped by the host |
 //! | `notifications/*/list_changed` on a stream | meta `mcp-broker/list-changed` = `["tools",…]` on call/complete results | on other exports only the prompt cache is invalidated; no GET stream is opened, so changes announced outside a request are not seen |
 //! | server→client requests (`elicitation/create`, `sampling/createMessage`, `roots/list`, …) on a stream | refused: error -32601 POSTed back at once (`ping` is answered `{}`) | the upstream cannot elicit, sample or list roots through the broker |
 //! | `prompts/get` arguments | called with each declared argument = `{{name}}`; the broker substitutes (README "Prompt arguments") | an upstream that computes on the values (not just formats them) sees the placeholders; audio/link prompt content becomes text |

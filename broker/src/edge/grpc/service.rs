@@ -397,6 +397,25 @@ fn unexpected(what: &str) -> Status {
 }
 
 impl EdgeState {
+    /// Where a tool call's progress and logs go while it runs: its
+    /// session's Subscribe streams, at once. Only for a call in a session
+    /// (nobody else could receive them).
+    fn live(&self, op: Op<'_>, session: Option<&str>) -> Option<crate::shared::LiveSender> {
+        if op.method != "tools/call" {
+            return None;
+        }
+        let session = session?.to_owned();
+        let hub = self.hub.clone();
+        let sessions = self.sessions.clone();
+        Some(Arc::new(move |frame: &[u8]| {
+            if let Ok(v) = ResponseView::parse(frame)
+                && let Some(n) = convert::notification(v.response)
+            {
+                hub.publish(Some(&session), sessions.level(&session), n);
+            }
+        }))
+    }
+
     fn pick_shard(&self, session: Option<&str>) -> usize {
         match session {
             Some(s) => self.shared.owner_of(s),
@@ -427,7 +446,10 @@ impl EdgeState {
         let req =
             VerifiedRequest::verify(frame).map_err(|e| status::edge(e.code(), e.to_string()))?;
         let shard = self.pick_shard(session);
-        let rx = self.shared.submit(shard, req).map_err(submit_status)?;
+        let rx = self
+            .shared
+            .submit(shard, req, self.live(op, session))
+            .map_err(submit_status)?;
         let frames = match meta.deadline {
             // The router is stopped at `timeout_ms`, but its stop lands on
             // the next epoch tick and the answer still has to travel: the

@@ -52,7 +52,7 @@ use serde_json::value::RawValue;
 use self::jsonrpc::{Body as RpcBody, FrameKind, Id, Message, Method, RpcError};
 use self::session::{Cancel, Session, StreamId};
 use crate::config::HttpSection;
-use crate::dispatch::ShardCtx;
+use crate::dispatch::{LiveOut, ShardCtx};
 use crate::local::Latch;
 use crate::metrics;
 
@@ -627,7 +627,7 @@ impl HttpEdge {
                 Ok((frame, info)) => {
                     let version = negotiate(info.protocol_version.as_deref());
                     let caps = (info.client_elicitation, info.client_sampling);
-                    (version, caps, self.run(frame, arrived, None).await)
+                    (version, caps, self.run(frame, arrived, None, None).await)
                 }
             }
         };
@@ -692,7 +692,13 @@ impl HttpEdge {
 
     /// Verifies `frame` and runs it through dispatch on this shard, racing
     /// `cancel`. Every path yields exactly one final frame.
-    async fn run(&self, frame: Bytes, arrived: Instant, cancel: Option<&Cancel>) -> Called {
+    async fn run(
+        &self,
+        frame: Bytes,
+        arrived: Instant,
+        cancel: Option<&Cancel>,
+        live: Option<&dyn LiveOut>,
+    ) -> Called {
         let started = Instant::now();
         let mut out = Vec::new();
         let req = match VerifiedRequest::verify(frame) {
@@ -720,7 +726,7 @@ impl HttpEdge {
         crate::shared::ShardStats::add(&stats.in_flight, 1);
         let mut args = Vec::new();
         let cancelled = {
-            let handle = crate::dispatch::handle(&self.ctx, &req, &mut args, &mut out);
+            let handle = crate::dispatch::handle_live(&self.ctx, &req, &mut args, &mut out, live);
             match cancel {
                 None => {
                     handle.await;
@@ -762,8 +768,11 @@ impl HttpEdge {
         params: Option<&RawValue>,
         arrived: Instant,
     ) -> Response<Body> {
+        if let Some(token) = self.streams_live(session, method, params) {
+            return self.request_live(session, id, method, params, arrived, token);
+        }
         match self
-            .answer(session, id, method, params, arrived, None)
+            .answer(session, id, method, params, arrived, With::default())
             .await
         {
             Answer::Json(out) => json_response(StatusCode::OK, out),
@@ -783,6 +792,97 @@ impl HttpEdge {
         }
     }
 
+    /// For a `tools/call` whose router reports progress and logs while it
+    /// runs (`mcp-broker:host/call`), and whose client wants them (a
+    /// progress token, or a session log level): `Some(progress token)`.
+    /// Such a call is answered on an SSE stream opened at once, so that its
+    /// notifications reach the client as they happen.
+    fn streams_live(
+        &self,
+        session: &Session,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Option<Option<String>> {
+        #[derive(serde::Deserialize)]
+        struct Call<'a> {
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+            #[serde(rename = "_meta", default, borrow)]
+            meta: Option<CallMeta<'a>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct CallMeta<'a> {
+            #[serde(rename = "progressToken", default, borrow)]
+            progress_token: Option<&'a RawValue>,
+        }
+        if method != "tools/call" {
+            return None;
+        }
+        let call: Call<'_> = serde_json::from_str(params?.get()).ok()?;
+        let token = call
+            .meta
+            .and_then(|m| m.progress_token)
+            .map(|t| t.get().to_owned());
+        if token.is_none() && session.level().is_none() {
+            return None;
+        }
+        let target = self.ctx.shared.table.load().tool(&call.name)?.router as usize;
+        self.ctx.pools[target].reports_live().then_some(token)
+    }
+
+    /// Answers a call on an SSE stream opened before it runs: its progress
+    /// and logs are sent as the router reports them, then the rest of the
+    /// answer as [`Self::stream`] sends it.
+    fn request_live(
+        self: &Rc<Self>,
+        session: &Arc<Session>,
+        id: &Id<'_>,
+        method: &str,
+        params: Option<&RawValue>,
+        arrived: Instant,
+        progress_token: Option<String>,
+    ) -> Response<Body> {
+        let (tx, rx) = mpsc::unbounded();
+        let stream = session.open_stream(tx, false);
+        if primes_streams(session.version) {
+            session.emit(stream, None);
+        }
+        let edge = self.clone();
+        let session = session.clone();
+        let id = id.0.to_owned();
+        let method = method.to_owned();
+        let params = params.map(ToOwned::to_owned);
+        monoio::spawn(async move {
+            let _busy = session.busy();
+            let live = HttpLive {
+                session: session.clone(),
+                stream,
+                progress_token: progress_token.and_then(|t| RawValue::from_string(t).ok()),
+            };
+            let answer = edge
+                .answer(
+                    &session,
+                    &Id(&id),
+                    &method,
+                    params.as_deref(),
+                    arrived,
+                    With {
+                        extra: None,
+                        live: Some(&live),
+                    },
+                )
+                .await;
+            match answer {
+                Answer::Json(out) => {
+                    session.emit(stream, Some(&out));
+                    session.close_stream(stream);
+                }
+                Answer::Stream(cont) => edge.stream(session, stream, cont).await,
+            }
+        });
+        sse_response(rx, None)
+    }
+
     /// Runs one request; `Answer::Json` when its whole answer is one JSON
     /// message, else what the SSE stream must carry.
     async fn answer(
@@ -792,8 +892,9 @@ impl HttpEdge {
         method: &str,
         params: Option<&RawValue>,
         arrived: Instant,
-        extra: Option<(&str, &str)>,
+        with: With<'_>,
     ) -> Answer {
+        let With { extra, live } = with;
         let mut out = Vec::with_capacity(256);
         let Some(m) = Method::from_name(method) else {
             jsonrpc::write_error(
@@ -848,7 +949,7 @@ impl HttpEdge {
         } else {
             None
         };
-        let called = self.run(frame, arrived, cancel.as_deref()).await;
+        let called = self.run(frame, arrived, cancel.as_deref(), live).await;
         if let Some(c) = &cancel {
             session.end_call(id_text);
             if c.is_cancelled() {
@@ -973,7 +1074,10 @@ impl HttpEdge {
                                 c.method.name(),
                                 params.as_deref(),
                                 c.arrived,
-                                Some((arg, &answer)),
+                                With {
+                                    extra: Some((arg, &answer)),
+                                    live: None,
+                                },
                             )
                             .await;
                         match next {
@@ -1162,7 +1266,7 @@ impl HttpEdge {
                     // Batched requests are answered as JSON: progress and
                     // elicitation need a stream of their own.
                     match self
-                        .answer(session, &id, &method, params, arrived, None)
+                        .answer(session, &id, &method, params, arrived, With::default())
                         .await
                     {
                         Answer::Json(b) => one = Some(b),
@@ -1343,6 +1447,49 @@ impl Continuation {
 }
 
 /// Whether a session logging at `level` receives messages of `severity`.
+/// What a request runs with besides its message.
+#[derive(Default, Clone, Copy)]
+struct With<'a> {
+    /// One more argument of a call repeated after a round trip to the
+    /// client (elicitation or sampling): name and JSON value.
+    extra: Option<(&'a str, &'a str)>,
+    /// Where its notifications go while it runs.
+    live: Option<&'a dyn LiveOut>,
+}
+
+/// A running call's progress and log frames, sent on its SSE stream as
+/// notifications as they arrive (`dispatch::LiveOut`).
+struct HttpLive {
+    session: Arc<Session>,
+    stream: StreamId,
+    progress_token: Option<Box<RawValue>>,
+}
+
+impl LiveOut for HttpLive {
+    fn frame(&self, frame: &[u8]) {
+        let mut buf = Vec::with_capacity(128);
+        match jsonrpc::frame_kind(frame) {
+            FrameKind::Progress => {
+                let Some(token) = &self.progress_token else {
+                    return;
+                };
+                jsonrpc::write_progress(&mut buf, token, frame);
+            }
+            FrameKind::Log => {
+                let wanted = self.session.level().is_some_and(|l| {
+                    jsonrpc::log_level_of(frame).is_some_and(|at| level_allows(l, at))
+                });
+                if !wanted {
+                    return;
+                }
+                jsonrpc::write_log(&mut buf, frame);
+            }
+            _ => return,
+        }
+        self.session.emit(self.stream, Some(&buf));
+    }
+}
+
 fn level_allows(level: &str, severity: &str) -> bool {
     let rank = |l: &str| jsonrpc::level_rank(l).unwrap_or(0);
     rank(severity) >= rank(level)
