@@ -126,6 +126,9 @@ pub(crate) struct Shard {
     pub(crate) drain_expired: Latch,
     /// Open frame connections.
     pub(crate) connections: Cell<usize>,
+    /// Frame connections that sent an `InitializeRequest`: told when the
+    /// route table changes (`ListChangedNotification`).
+    pub(crate) list_listeners: RefCell<Vec<std::rc::Weak<dyn crate::dispatch::LiveOut>>>,
     pub(crate) yields: YieldQueue,
 }
 
@@ -177,6 +180,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         draining: Rc::default(),
         drain_expired: Latch::default(),
         connections: Cell::new(0),
+        list_listeners: RefCell::default(),
         yields: YieldQueue::default(),
     });
     monoio::spawn(inbox_loop(shard.clone()));
@@ -350,6 +354,7 @@ async fn inbox_loop(shard: Rc<Shard>) {
                 });
             }
             ShardMsg::Snapshot(req) => metrics::record::answer_snapshot(&shard.ctx, req),
+            ShardMsg::ListChanged(kinds) => tell_list_changed(&shard, kinds),
             ShardMsg::Drain => shard.draining.set(),
             ShardMsg::DrainExpired => {
                 shard.draining.set();
@@ -357,6 +362,45 @@ async fn inbox_loop(shard: Rc<Shard>) {
             }
         }
     }
+}
+
+/// Sends a `ListChangedNotification` frame to every frame connection of
+/// this shard that initialized, forgetting those that closed.
+fn tell_list_changed(shard: &Shard, kinds: crate::shared::ListKinds) {
+    use mcp_schema::fb::protocol as p;
+    let frame = {
+        let mut enc = shard.ctx.enc.borrow_mut();
+        let fbb = enc.begin();
+        let n = p::ListChangedNotification::create(
+            fbb,
+            &p::ListChangedNotificationArgs {
+                tools: kinds.tools,
+                resources: kinds.resources,
+                prompts: kinds.prompts,
+            },
+        );
+        let to = mcp_schema::encode::ReplyTo {
+            correlation: mcp_schema::encode::Correlation::Text(""),
+            session_id: None,
+        };
+        enc.finish(
+            &to,
+            p::ResponsePayload::ListChangedNotification,
+            n.as_union_value(),
+            true,
+        )
+        .to_vec()
+    };
+    shard
+        .list_listeners
+        .borrow_mut()
+        .retain(|l| match l.upgrade() {
+            Some(conn) => {
+                conn.frame(&frame);
+                true
+            }
+            None => false,
+        });
 }
 
 /// A handed-over request's live channel (`Job::live`) as the dispatcher

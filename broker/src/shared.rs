@@ -47,6 +47,9 @@ pub enum ShardMsg {
     /// The admin thread asks for the shard's HdrHistograms and pool state
     /// (see `metrics::record`).
     Snapshot(crate::metrics::SnapshotRequest),
+    /// The route table changed: tell the shard's frame connections that
+    /// initialized.
+    ListChanged(ListKinds),
 }
 
 /// One shard's inbox: a bounded lock-free queue plus the waker of the task
@@ -363,10 +366,14 @@ impl Shared {
         }
     }
 
-    /// Tells the clients that listen that the route table changed: HTTP
-    /// sessions on their GET stream, gRPC Subscribe streams through the
-    /// observers the gRPC edge registered. Called off the shards.
+    /// Tells the clients that listen that the route table changed: frame
+    /// connections that initialized (through their shards), HTTP sessions
+    /// on their GET stream, gRPC Subscribe streams through the observers the
+    /// gRPC edge registered. Called off the shards.
     pub fn notify_list_changed(&self, kinds: ListKinds) {
+        for i in 0..self.shards() {
+            let _ = self.send(i, ShardMsg::ListChanged(kinds));
+        }
         for method in kinds.methods() {
             let msg = format!(r#"{{"jsonrpc":"2.0","method":"{method}"}}"#);
             for s in self.http_sessions.all() {

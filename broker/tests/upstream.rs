@@ -523,6 +523,19 @@ fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
     let mut listen = listen(&b, &s);
+    // A frame client that initialized is told; one that did not is not.
+    let mut framed = b.connect();
+    framed.request(None, |e, h| {
+        e.initialize(
+            h,
+            mcp_schema::fb::protocol::ProtocolVersion::V2025_06_18,
+            "t",
+            "1",
+        )
+        .to_vec()
+    });
+    let mut quiet = b.connect();
+    quiet.call("echo_text", &[("text", "\"hi\"")], None);
     let rt = rt();
     let mut sub = rt.block_on(async {
         use mcp_proto::v1 as pb;
@@ -562,8 +575,38 @@ fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
         ),
         "{n:?}"
     );
-    let mut f = b.connect();
-    assert_eq!(common::tool_text(&f.call("grown_1", &[], None)), "grown 1");
+    let n = framed
+        .read_frame()
+        .expect("a ListChangedNotification frame");
+    let v = ResponseView::parse(&n).unwrap();
+    assert_eq!(v.correlation_id(), "");
+    let lc = v
+        .response
+        .payload_as_list_changed_notification()
+        .expect("ListChangedNotification");
+    assert!(lc.tools() && !lc.resources() && !lc.prompts());
+    assert_eq!(
+        common::tool_text(&framed.call("grown_1", &[], None)),
+        "grown 1"
+    );
+    // The first frame it reads after the change is the answer to its ping
+    // (read raw: `request` would skip a notification).
+    let (_, id) = quiet.header();
+    let h = mcp_schema::client::RequestHeader {
+        message_id: id,
+        correlation_id: Some("q"),
+        session_id: None,
+        timeout_ms: 0,
+        unix_nanos: 0,
+    };
+    let ping = quiet.enc.ping(&h).to_vec();
+    quiet.send_raw(&ping);
+    let pong = quiet.read_frame().unwrap();
+    assert_eq!(
+        ResponseView::parse(&pong).unwrap().payload_type(),
+        mcp_schema::fb::protocol::ResponsePayload::PingResponse,
+        "a connection that never initialized gets no notification"
+    );
 }
 
 #[test]

@@ -353,6 +353,7 @@ impl<'a> ResponseView<'a> {
             ResponsePayload::ProgressNotification
                 | ResponsePayload::LogMessage
                 | ResponsePayload::ResourceUpdatedNotification
+                | ResponsePayload::ListChangedNotification
         )
     }
 }

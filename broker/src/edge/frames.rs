@@ -214,6 +214,8 @@ struct Conn<F> {
     closed: Latch,
     /// The peer is gone or stopped reading: queued answers are dropped.
     broken: Cell<bool>,
+    /// Registered in the shard's `list_listeners` (it initialized).
+    listening: Cell<bool>,
 }
 
 impl<F> Conn<F> {
@@ -262,6 +264,7 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
         out: RefCell::new(Vec::with_capacity(16 * 1024)),
         writing: Cell::new(0),
         out_ready: Notify::default(),
+        listening: Cell::new(false),
         capacity: Notify::default(),
         closed: Latch::default(),
         broken: Cell::new(false),
@@ -494,6 +497,13 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
             return started;
         }
     };
+    if !conn.listening.get() && req.view().kind() == mcp_schema::RequestKind::Initialize {
+        // An MCP client: it handles notifications, so it is told when the
+        // listings change.
+        conn.listening.set(true);
+        let me: Weak<dyn LiveOut> = Rc::downgrade(conn) as Weak<Conn<F>>;
+        shard.list_listeners.borrow_mut().push(me);
+    }
     conn.pending.set(conn.pending.get() + 1);
     ShardStats::add(&stats.in_flight, 1);
     let mut slot = conn.free.borrow_mut().pop().unwrap_or_else(Slot::new);

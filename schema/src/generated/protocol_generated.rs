@@ -779,10 +779,10 @@ pub struct RequestPayloadUnionTableOffset {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_RESPONSE_PAYLOAD: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_RESPONSE_PAYLOAD: u8 = 16;
+pub const ENUM_MAX_RESPONSE_PAYLOAD: u8 = 17;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_RESPONSE_PAYLOAD: [ResponsePayload; 17] = [
+pub const ENUM_VALUES_RESPONSE_PAYLOAD: [ResponsePayload; 18] = [
   ResponsePayload::NONE,
   ResponsePayload::ToolResult,
   ResponsePayload::ResourceData,
@@ -800,6 +800,7 @@ pub const ENUM_VALUES_RESPONSE_PAYLOAD: [ResponsePayload; 17] = [
   ResponsePayload::LogMessage,
   ResponsePayload::ElicitationRequest,
   ResponsePayload::ResourceUpdatedNotification,
+  ResponsePayload::ListChangedNotification,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -824,9 +825,10 @@ impl ResponsePayload {
   pub const LogMessage: Self = Self(14);
   pub const ElicitationRequest: Self = Self(15);
   pub const ResourceUpdatedNotification: Self = Self(16);
+  pub const ListChangedNotification: Self = Self(17);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 16;
+  pub const ENUM_MAX: u8 = 17;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::ToolResult,
@@ -845,6 +847,7 @@ impl ResponsePayload {
     Self::LogMessage,
     Self::ElicitationRequest,
     Self::ResourceUpdatedNotification,
+    Self::ListChangedNotification,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -866,6 +869,7 @@ impl ResponsePayload {
       Self::LogMessage => Some("LogMessage"),
       Self::ElicitationRequest => Some("ElicitationRequest"),
       Self::ResourceUpdatedNotification => Some("ResourceUpdatedNotification"),
+      Self::ListChangedNotification => Some("ListChangedNotification"),
       _ => None,
     }
   }
@@ -4831,6 +4835,20 @@ impl<'a> Response<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn payload_as_list_changed_notification(&self) -> Option<ListChangedNotification<'a>> {
+    if self.payload_type() == ResponsePayload::ListChangedNotification {
+      let u = self.payload();
+      // Safety:
+      // Created from a valid Table for this object
+      // Which contains a valid union in this slot
+      Some(unsafe { ListChangedNotification::init_from_table(u) })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Response<'_> {
@@ -4858,6 +4876,7 @@ impl ::flatbuffers::Verifiable for Response<'_> {
           ResponsePayload::LogMessage => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<LogMessage>>("ResponsePayload::LogMessage", pos),
           ResponsePayload::ElicitationRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ElicitationRequest>>("ResponsePayload::ElicitationRequest", pos),
           ResponsePayload::ResourceUpdatedNotification => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ResourceUpdatedNotification>>("ResponsePayload::ResourceUpdatedNotification", pos),
+          ResponsePayload::ListChangedNotification => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ListChangedNotification>>("ResponsePayload::ListChangedNotification", pos),
           _ => Ok(()),
         }
      })?
@@ -5035,6 +5054,13 @@ impl ::core::fmt::Debug for Response<'_> {
         },
         ResponsePayload::ResourceUpdatedNotification => {
           if let Some(x) = self.payload_as_resource_updated_notification() {
+            ds.field("payload", &x)
+          } else {
+            ds.field("payload", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponsePayload::ListChangedNotification => {
+          if let Some(x) = self.payload_as_list_changed_notification() {
             ds.field("payload", &x)
           } else {
             ds.field("payload", &"InvalidFlatbuffer: Union discriminant does not match value.")
@@ -8964,6 +8990,136 @@ impl ::core::fmt::Debug for ResourceUpdatedNotification<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("ResourceUpdatedNotification");
       ds.field("uri", &self.uri());
+      ds.finish()
+  }
+}
+pub enum ListChangedNotificationOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListChangedNotification<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListChangedNotification<'a> {
+  type Inner = ListChangedNotification<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListChangedNotification<'a> {
+  pub const VT_TOOLS: ::flatbuffers::VOffsetT = 4;
+  pub const VT_RESOURCES: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PROMPTS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListChangedNotification { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListChangedNotificationArgs
+  ) -> ::flatbuffers::WIPOffset<ListChangedNotification<'bldr>> {
+    let mut builder = ListChangedNotificationBuilder::new(_fbb);
+    builder.add_prompts(args.prompts);
+    builder.add_resources(args.resources);
+    builder.add_tools(args.tools);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn tools(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ListChangedNotification::VT_TOOLS, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn resources(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ListChangedNotification::VT_RESOURCES, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn prompts(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ListChangedNotification::VT_PROMPTS, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListChangedNotification<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<bool>("tools", Self::VT_TOOLS, false)?
+     .visit_field::<bool>("resources", Self::VT_RESOURCES, false)?
+     .visit_field::<bool>("prompts", Self::VT_PROMPTS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListChangedNotificationArgs {
+    pub tools: bool,
+    pub resources: bool,
+    pub prompts: bool,
+}
+impl<'a> Default for ListChangedNotificationArgs {
+  #[inline]
+  fn default() -> Self {
+    ListChangedNotificationArgs {
+      tools: false,
+      resources: false,
+      prompts: false,
+    }
+  }
+}
+
+pub struct ListChangedNotificationBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListChangedNotificationBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_tools(&mut self, tools: bool) {
+    self.fbb_.push_slot::<bool>(ListChangedNotification::VT_TOOLS, tools, false);
+  }
+  #[inline]
+  pub fn add_resources(&mut self, resources: bool) {
+    self.fbb_.push_slot::<bool>(ListChangedNotification::VT_RESOURCES, resources, false);
+  }
+  #[inline]
+  pub fn add_prompts(&mut self, prompts: bool) {
+    self.fbb_.push_slot::<bool>(ListChangedNotification::VT_PROMPTS, prompts, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListChangedNotificationBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListChangedNotificationBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListChangedNotification<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListChangedNotification<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListChangedNotification");
+      ds.field("tools", &self.tools());
+      ds.field("resources", &self.resources());
+      ds.field("prompts", &self.prompts());
       ds.finish()
   }
 }
