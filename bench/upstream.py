@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """bench/upstream.py: what an upstream router costs (issue 13, item 8).
 
-Two measurements, one command, bounded in time (about 4 minutes per latency
-round plus about 2 minutes for the slow-call section with the defaults);
+Two measurements, one command, bounded in time (with the defaults about
+10 minutes: 4 per latency round, 2.5 for the slow-call section);
 prints Markdown tables and writes a JSON report with every loadgen report.
 
 1. Latency the broker adds over calling the same FastMCP server directly.
-   One FastMCP server (bench/servers/fastmcp_echo.py, SSE answers, the tool
-   `echo_text` {"text":"hi"}) and one broker (1 shard; only an upstream
-   router pointing at that server, so the tool keeps its name). Each round
+   One FastMCP server (bench/servers/fastmcp_echo.py, JSON answers unless
+   --sse; the tool `echo_text` {"text":"hi"}) and one broker (1 shard; only
+   an upstream router pointing at that server, so the tool keeps its name).
+   First each path's closed-loop peak (8 in flight). Then each round
    drives, in an order rotated every round:
      direct        mcp-loadgen --target http://FASTMCP/mcp
      broker-http   mcp-loadgen --target http://BROKER_HTTP/mcp
@@ -25,8 +26,8 @@ prints Markdown tables and writes a JSON report with every loadgen report.
    (frames://, 8 connections), each sleeping --sleep-ms; meanwhile an open-loop
    `echo` probe (200 req/s, 1 connection) on the WASM router, whose latency is
    compared with the same probe on the idle broker. Also recorded: the shard
-   thread's and the WASI I/O thread's CPU time over the run (from
-   /proc/PID/task/*/stat), FastMCP's CPU, the broker's RSS. Plus the queue
+   thread's and the WASI I/O thread's CPU time over a window of the slow
+   load alone (from /proc/PID/task/*/stat), FastMCP's CPU, the broker's RSS. Plus the queue
    rows: N instances with 2N callers (queue_depth default: the excess waits)
    and, open loop at 2N calls/s, a queue_depth of N/2 (the excess is refused
    with -32000 overloaded).
@@ -37,8 +38,8 @@ FastMCP and the generator the same CPU and the broker a core of its own.
 
   CARGO_TARGET_DIR=... cargo build --release -p mcp-broker -p mcp-loadgen
   scripts/build-routers
-  bench/upstream.py [--rounds 2] [--rates 200,500] [--duration 20] [--warmup 5]
-                    [--slow-ns 16,64,256] [--sleep-ms 1000] [--json out.json]
+  bench/upstream.py [--rounds 2] [--rates 100,200] [--duration 20] [--warmup 5]
+                    [--sse] [--slow-ns 16,64,256] [--sleep-ms 1000] [--json out.json]
 
 Binaries: $MCP_BENCH_BIN_DIR, else $CARGO_TARGET_DIR/release, else
 target/release. Routers: $MCP_BROKER_ROUTERS_DIR, else
