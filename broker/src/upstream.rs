@@ -11,8 +11,9 @@
 //! - while an upstream is unavailable (at start-up or later), with
 //!   exponential backoff from 1 s up to its `refresh_interval`.
 //!
-//! Each re-read instantiates a fresh instance (off the shards) and calls the
-//! router's list exports. When any listing changed, the whole table is
+//! Each re-read calls the router's list exports (off the shards) on one
+//! instance kept per upstream router, so that its upstream session is
+//! reused rather than a new one opened per read. When any listing changed, the whole table is
 //! rebuilt from every router's current metadata and swapped in
 //! ([`Shared::table`]); requests already running keep the table they
 //! started with. A rebuild that fails (a name collision the new listing
@@ -32,7 +33,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::route::{RouteTable, RouterEntry};
 use crate::shared::{ListKinds, Shared};
-use crate::wasm::{Router, RouterMeta};
+use crate::wasm::{MetaReader, Router, RouterMeta};
 
 /// Default `refresh_interval` of an upstream router.
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
@@ -141,6 +142,13 @@ impl Refresher {
     }
 
     fn run(mut self) {
+        // One metadata instance per upstream router, kept between reads.
+        let mut readers: Vec<Option<MetaReader>> = self
+            .intervals
+            .iter()
+            .zip(&self.routers)
+            .map(|(iv, r)| iv.map(|_| r.meta_reader()))
+            .collect();
         let now = Instant::now();
         // When each upstream router is next due, and its current backoff.
         let mut due: Vec<Option<(Instant, Duration)>> = self
@@ -189,7 +197,10 @@ impl Refresher {
                     continue;
                 }
                 last_read[r] = Some(now);
-                let ok = self.refresh(r);
+                let Some(reader) = readers[r].as_mut() else {
+                    continue;
+                };
+                let ok = self.refresh(r, reader);
                 // `backoff` is the wait after the next failure: it doubles
                 // up to the interval, and a success resets it.
                 let iv = self.intervals[r].unwrap_or(DEFAULT_REFRESH_INTERVAL);
@@ -209,9 +220,9 @@ impl Refresher {
 
     /// Re-reads router `r`; swaps a new table in if its listings changed.
     /// `false` when the upstream is unavailable.
-    fn refresh(&mut self, r: usize) -> bool {
+    fn refresh(&mut self, r: usize, reader: &mut MetaReader) -> bool {
         let name = self.entries[r].name.clone();
-        let meta = match self.routers[r].reread_meta() {
+        let meta = match reader.read() {
             Ok(m) => m,
             Err(e) => {
                 self.mark(r, Some(format!("reading its listings failed: {e}")));

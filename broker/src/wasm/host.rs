@@ -363,6 +363,45 @@ impl RouterMeta {
     }
 }
 
+/// Reads a router's metadata again, on one instance kept between reads:
+/// the `upstream` router opens an MCP session with its upstream on an
+/// instance's first use and cannot close it (the router world has no
+/// teardown), so a fresh instance per read would leave one abandoned
+/// upstream session per refresh. Uses one pooled slot (the one reserved per
+/// router for reading metadata at load).
+pub struct MetaReader {
+    router: Arc<Router>,
+    inst: Option<Instance>,
+}
+
+impl std::fmt::Debug for MetaReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaReader")
+            .field("router", &self.router.spec.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MetaReader {
+    /// Reads the metadata now. Blocks the calling thread for up to the
+    /// router's call deadline: call it off the shards. After a fault the
+    /// instance is dropped and the next read starts a fresh one.
+    pub fn read(&mut self) -> Result<RouterMeta, CallError> {
+        let router = self.router.clone();
+        let slot = &mut self.inst;
+        block_on(async {
+            let mut inst = match slot.take() {
+                Some(inst) => inst,
+                None => router.instantiate().await?,
+            };
+            let meta = router.read_meta_on(&mut inst).await?;
+            inst.settled();
+            *slot = Some(inst);
+            Ok(meta)
+        })
+    }
+}
+
 /// A loaded router component: compiled once, shared by all shards.
 pub struct Router {
     pub(crate) shared: Arc<Shared>,
@@ -423,11 +462,14 @@ impl Router {
         self.reports_live
     }
 
-    /// Reads the metadata again from a fresh instance (an upstream router's
-    /// listings change with its upstream). Blocks the calling thread for up
-    /// to the call deadline: call it off the shards.
-    pub fn reread_meta(&self) -> Result<RouterMeta, CallError> {
-        block_on(self.read_meta())
+    /// An instance kept for reading this router's metadata again (an
+    /// upstream router's listings change with its upstream): see
+    /// [`MetaReader`].
+    pub fn meta_reader(self: &Arc<Self>) -> MetaReader {
+        MetaReader {
+            router: self.clone(),
+            inst: None,
+        }
     }
 
     /// Outgoing requests this router sent to an origin it was not granted
@@ -556,11 +598,17 @@ impl Router {
 
     async fn read_meta(&self) -> Result<RouterMeta, CallError> {
         let mut inst = self.instantiate().await?;
+        self.read_meta_on(&mut inst).await
+    }
+
+    /// The metadata calls on `inst`. An error other than the router's own
+    /// answers leaves the instance unusable.
+    async fn read_meta_on(&self, inst: &mut Instance) -> Result<RouterMeta, CallError> {
         let deadline = Instant::now() + self.spec.call_deadline;
         inst.begin(deadline);
         let Instance {
             store, bindings, ..
-        } = &mut inst;
+        } = inst;
         let r = bindings.wasix_mcp_router();
         let tokio = &self.shared.tokio;
         let d = self.spec.call_deadline;
