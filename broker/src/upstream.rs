@@ -13,8 +13,9 @@
 //!
 //! Each re-read calls the router's list exports (off the shards) on one
 //! instance kept per upstream router, so that its upstream session is
-//! reused rather than a new one opened per read. When any listing changed, the whole table is
-//! rebuilt from every router's current metadata and swapped in
+//! reused rather than a new one opened per read. When any listing changed,
+//! the whole table is rebuilt from every router's current metadata and
+//! swapped in
 //! ([`Shared::table`]); requests already running keep the table they
 //! started with. A rebuild that fails (a name collision the new listing
 //! brings) keeps the old table and is logged.
@@ -72,8 +73,6 @@ pub struct Upstreams {
     pub status: Vec<Option<UpstreamStatus>>,
     kick: Sender<usize>,
     kicks: Receiver<usize>,
-    /// Route tables swapped in since start-up.
-    pub generation: AtomicU64,
 }
 
 impl Upstreams {
@@ -98,7 +97,6 @@ impl Upstreams {
                 .collect(),
             kick,
             kicks,
-            generation: AtomicU64::new(0),
         }
     }
 
@@ -242,10 +240,6 @@ impl Refresher {
         match RouteTable::build(&self.entries, &self.shared.config.naming.separator) {
             Ok(table) => {
                 self.shared.table.store(Arc::new(table));
-                self.shared
-                    .upstreams
-                    .generation
-                    .fetch_add(1, Ordering::Relaxed);
                 if let Some(s) = self.status(r) {
                     s.swaps.fetch_add(1, Ordering::Relaxed);
                 }
