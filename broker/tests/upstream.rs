@@ -1086,3 +1086,22 @@ fn progress_and_logs_reach_every_edge_while_the_call_runs() {
         }
     });
 }
+
+#[test]
+fn a_stock_python_client_gets_upstream_progress_while_the_call_runs() {
+    let dir = state_dir("sdk");
+    let alpha = Upstream::start("alpha", 0, &dir);
+    let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
+    let out = Command::new(python())
+        .arg(repo().join("broker/tests/upstreams/sdk_progress.py"))
+        .arg(b.mcp_url())
+        .arg("steps")
+        .output()
+        .expect("run sdk_progress.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("sdk progress: ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
