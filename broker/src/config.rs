@@ -315,6 +315,11 @@ pub struct RouterConfig {
     /// Printed by name only (`Debug` of [`Secrets`]).
     #[serde(default)]
     pub upstream_headers: Secrets,
+    /// PEM certificates trusted for an `https://` upstream besides the
+    /// webpki roots (a private CA). A file that cannot be read is a
+    /// start-up error naming it.
+    #[serde(default)]
+    pub upstream_ca_file: Option<PathBuf>,
     /// How often an upstream router's listings are read again (and, while
     /// its upstream is unreachable, the longest wait between retries).
     #[serde(default, with = "humantime_serde")]
@@ -698,6 +703,11 @@ impl Config {
                         "{at}.refresh_interval: only applies with `upstream`"
                     ));
                 }
+                if r.upstream_ca_file.is_some() {
+                    errors.push(format!(
+                        "{at}.upstream_ca_file: only applies with `upstream`"
+                    ));
+                }
             }
             for (name, value) in r.upstream_headers.iter() {
                 if hyper::header::HeaderName::try_from(name.as_str()).is_err() {
@@ -810,6 +820,7 @@ impl Config {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
+                ca_file: r.upstream_ca_file.clone(),
             });
         }
         spec

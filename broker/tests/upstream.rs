@@ -1105,3 +1105,159 @@ fn a_stock_python_client_gets_upstream_progress_while_the_call_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `openssl` makes a CA and a server certificate for `localhost` and
+/// 127.0.0.1 signed by it, in `dir`: `ca.pem`, `server.pem`, `server.key`.
+fn certificates(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (scripts/setup installs it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+        ]
+        .concat()
+        .iter()
+        .chain(&["-days", "1", "-subj", "/CN=mcp-broker test CA"])
+        .copied()
+        .collect::<Vec<_>>(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &["-keyout", "server.key", "-out", "server.csr"],
+        ]
+        .concat()
+        .iter()
+        .chain(&["-subj", "/CN=localhost"])
+        .copied()
+        .collect::<Vec<_>>(),
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+    ]);
+}
+
+#[test]
+fn an_https_upstream_is_trusted_through_its_ca_file_only() {
+    let dir = state_dir("tls");
+    certificates(&dir);
+    let mut child = Command::new(python())
+        .arg(repo().join("broker/tests/upstreams/server.py"))
+        .args(["0", "--name", "secure", "--tls"])
+        .arg(dir.join("server.pem"))
+        .arg(dir.join("server.key"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start server.py --tls");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http=127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no ready line: {line:?}"))
+        .parse()
+        .unwrap();
+    let upstream = Upstream {
+        child,
+        port,
+        name: "secure".into(),
+        state: dir.clone(),
+    };
+    let url = format!("https://localhost:{}/mcp", upstream.port);
+    let ca = dir.join("ca.pem");
+    let b = Broker::start_with_config(
+        &config(&[
+            (
+                "secure",
+                &url,
+                &format!("upstream_ca_file = \"{}\"", ca.display()),
+            ),
+            ("untrusted", &url, ""),
+        ]),
+        &[],
+    );
+    let (mut c, s) = session(&b);
+    let r = c.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"add","arguments":{"a":20,"b":22}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "42", "{r}");
+    // Without the CA, the webpki roots do not know the certificate.
+    let (status, body) = b.http_get("/readyz");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("upstream untrusted unavailable") && body.contains("certificate"),
+        "{body}"
+    );
+
+    // A CA file that is not one is a start-up error naming it.
+    let bad = dir.join("not-a-ca.pem");
+    std::fs::write(&bad, "not PEM\n").unwrap();
+    let mut toml = config(&[(
+        "secure",
+        &url,
+        &format!("upstream_ca_file = \"{}\"", bad.display()),
+    )]);
+    toml.push('\n');
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        .arg("--config")
+        .arg(&path)
+        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+        .args([
+            "--http-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not-a-ca.pem"), "{err}");
+}

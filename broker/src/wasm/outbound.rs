@@ -9,10 +9,10 @@
 //! - replaces whatever the guest set for each configured
 //!   `upstream_headers` name with the operator's value: a router's
 //!   credentials are added by the host, on the way out, for that router only;
-//! - sends plain `http://` requests through one pooled keep-alive client per
-//!   router, shared by all its instances on all shards (connections to the
-//!   upstream are reused), and `https://` ones through wasmtime's own
-//!   rustls client;
+//! - sends the requests through one pooled keep-alive client per router,
+//!   shared by all its instances on all shards (connections to the
+//!   upstream are reused); `https://` with rustls, trusting the webpki
+//!   roots plus the router's `upstream_ca_file`;
 //! - remembers the MCP requests a call has in flight upstream (the guest
 //!   names each with the [`REQUEST_ID_HEADER`], which is stripped before
 //!   sending). When a call ends without finishing (the client cancelled, the
@@ -34,6 +34,7 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Request, Response, Uri};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -64,6 +65,9 @@ pub struct HttpGrant {
     /// Headers set on every outgoing request (the router's credentials),
     /// replacing any the guest set.
     pub headers: Vec<(String, String)>,
+    /// PEM certificates trusted for `https://` besides the webpki roots
+    /// (an operator's private CA).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for HttpGrant {
@@ -74,6 +78,7 @@ impl std::fmt::Debug for HttpGrant {
         f.debug_struct("HttpGrant")
             .field("url", &self.url)
             .field("headers", &names)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -86,7 +91,7 @@ pub(crate) struct Outbound {
     /// Lower-cased `host:port`, the port explicit.
     authority: String,
     headers: Vec<(HeaderName, HeaderValue)>,
-    client: Client<HttpConnector, WasiBody>,
+    client: Client<HttpsConnector<HttpConnector>, WasiBody>,
     denied: AtomicU64,
     cancels: AtomicU64,
     /// Where abandoned requests' cancellations are sent from.
@@ -145,6 +150,13 @@ impl Outbound {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
+        // The TLS layer below takes https:// itself.
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(grant.ca_file.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(IDLE_TIMEOUT)
@@ -204,18 +216,11 @@ impl Outbound {
         let Ok(req) = req.body(body) else { return };
         drop(self.tokio.spawn(async move {
             let sent = async {
-                if out.scheme == hyper::http::uri::Scheme::HTTPS {
-                    wasmtime_wasi_http::default_send_request(req, None)
-                        .await
-                        .map(|(res, _)| res.status())
-                        .map_err(|e| e.to_string())
-                } else {
-                    out.client
-                        .request(req)
-                        .await
-                        .map(|res| res.status())
-                        .map_err(|e| e.to_string())
-                }
+                out.client
+                    .request(req)
+                    .await
+                    .map(|res| res.status())
+                    .map_err(|e| e.to_string())
             };
             match tokio::time::timeout(CANCEL_TIMEOUT, sent).await {
                 Ok(Ok(status)) => tracing::debug!(router = %out.router, %status, "upstream request cancelled"),
@@ -350,15 +355,6 @@ impl WasiHttpHooks for OutboundHooks {
         for (name, value) in &out.headers {
             headers.insert(name.clone(), value.clone());
         }
-        if out.scheme == hyper::http::uri::Scheme::HTTPS {
-            return Box::new(async move {
-                let (res, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
-                Ok((
-                    res.map(BodyExt::boxed_unsync),
-                    Box::new(io) as Box<dyn Future<Output = _> + Send>,
-                ))
-            });
-        }
         let first_byte = options.and_then(|o| o.first_byte_timeout);
         Box::new(async move {
             let sent = out.client.request(request);
@@ -375,6 +371,39 @@ impl WasiHttpHooks for OutboundHooks {
             Ok((res, done))
         })
     }
+}
+
+/// rustls client settings: TLS 1.3 and 1.2, the webpki roots plus the
+/// certificates of `ca_file`. Errors name the file.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("upstream_ca_file {shown}: {e}"))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("upstream_ca_file {shown}: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "upstream_ca_file {shown}: no PEM certificate in it"
+            ));
+        }
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| format!("upstream_ca_file {shown}: {e}"))?;
+        }
+    }
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS settings: {e}"))
+    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
 }
 
 /// A pooled client's failure as `wasi:http` error code the guest can name.
@@ -413,6 +442,7 @@ mod tests {
         HttpGrant {
             url: url.into(),
             headers: vec![("Authorization".into(), "Bearer s3cret".into())],
+            ca_file: None,
         }
     }
 
@@ -451,6 +481,7 @@ mod tests {
             &HttpGrant {
                 url: "http://h/".into(),
                 headers: vec![("X-Key".into(), "line\nbreak-secret".into())],
+                ca_file: None,
             },
             h(),
         )

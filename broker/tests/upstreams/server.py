@@ -1,7 +1,7 @@
 """A FastMCP (PyPI `mcp` 1.x) Streamable HTTP server for the broker's
 upstream-router tests (`broker/tests/upstream.rs`).
 
-    python server.py PORT --name NAME [--json] [--state DIR]
+    python server.py PORT --name NAME [--json] [--state DIR] [--tls CERT KEY]
 
 PORT 0 picks a free port. Prints one line once it accepts connections:
 
@@ -138,10 +138,19 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
     return server
 
 
-async def serve(port: int, name: str, json_response: bool, state: str | None) -> None:
+async def serve(
+    port: int, name: str, json_response: bool, state: str | None, tls: list[str] | None
+) -> None:
     app = build(name, json_response, state).streamable_http_app()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -164,8 +173,9 @@ def main() -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--json", action="store_true", help="answer with application/json, not SSE")
     p.add_argument("--state", help="directory for counts kept across restarts")
+    p.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve https with these PEM files")
     a = p.parse_args()
-    asyncio.run(serve(a.port, a.name, a.json, a.state))
+    asyncio.run(serve(a.port, a.name, a.json, a.state, a.tls))
 
 
 if __name__ == "__main__":
