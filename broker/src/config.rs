@@ -31,6 +31,12 @@ pub struct BrokerSection {
     /// Time in-flight requests get to finish on SIGTERM/SIGINT.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long the broker reports not-ready on
+    /// `/readyz` while still serving everything, before it starts draining:
+    /// time for a load balancer's health checks to stop sending it new work.
+    /// 0: drain at once. A second signal ends the grace early.
+    #[serde(with = "humantime_serde")]
+    pub drain_grace: Duration,
     /// Build each shard's io_uring with `SINGLE_ISSUER | DEFER_TASKRUN`
     /// when the kernel accepts it (Linux 6.1+), else without.
     pub io_uring_defer_taskrun: bool,
@@ -43,6 +49,7 @@ impl Default for BrokerSection {
             cpus: Vec::new(),
             routers_dir: PathBuf::new(),
             drain_timeout: Duration::from_secs(10),
+            drain_grace: Duration::ZERO,
             io_uring_defer_taskrun: true,
         }
     }

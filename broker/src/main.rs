@@ -96,12 +96,14 @@ fn main() -> ExitCode {
     // Wait for a signal, or for a shard thread to die: then the process
     // cannot serve every connection it accepts, so it drains the rest and
     // exits non-zero for its supervisor to restart it.
-    let (sig_tx, sig_rx) = crossbeam_channel::bounded(1);
+    let (sig_tx, sig_rx) = crossbeam_channel::unbounded();
     let _ = std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                let _ = sig_tx.send(sig);
+            for sig in signals.forever() {
+                if sig_tx.send(sig).is_err() {
+                    break;
+                }
             }
         });
     let deaths = running.shared.deaths().clone();
@@ -118,6 +120,18 @@ fn main() -> ExitCode {
         }
     };
     let shared = running.shared.clone();
+    let grace = shared.config.broker.drain_grace;
+    if !died && !grace.is_zero() {
+        // Not ready, still serving: load balancers stop sending new work
+        // before the drain refuses it.
+        running.start_leaving();
+        tracing::info!(?grace, "reporting not-ready before draining");
+        crossbeam_channel::select! {
+            recv(sig_rx) -> _ => tracing::info!("second signal: draining now"),
+            recv(deaths) -> _ => tracing::error!("a shard thread died during the drain grace"),
+            default(grace) => {}
+        }
+    }
     running.drain();
     if died || shared.any_shard_dead() {
         return ExitCode::from(EXIT_SHARD_DIED);

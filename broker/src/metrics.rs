@@ -177,7 +177,9 @@ async fn accept_loop(listener: TcpListener, admin: Arc<Admin>) {
 /// routers warmed, and not draining. The gRPC edge's health service flips
 /// to NOT_SERVING from the same drain flag.
 pub fn is_ready(shared: &Shared) -> bool {
-    !shared.is_draining() && shared.stats.iter().all(|s| s.ready.load(Ordering::Relaxed))
+    !shared.is_draining()
+        && !shared.is_leaving()
+        && shared.stats.iter().all(|s| s.ready.load(Ordering::Relaxed))
 }
 
 fn text(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -253,6 +255,8 @@ async fn answer(
                     "a shard thread died"
                 } else if shared.is_draining() {
                     "draining"
+                } else if shared.is_leaving() {
+                    "shutting down (still serving during broker.drain_grace)"
                 } else {
                     "starting"
                 };

@@ -59,6 +59,15 @@ impl Running {
         )
     }
 
+    /// The drain grace begins: `/readyz` and gRPC health say not ready,
+    /// everything is still served.
+    pub fn start_leaving(&self) {
+        self.shared.start_leaving();
+        if let Some(edge) = &self.grpc_edge {
+            edge.not_serving();
+        }
+    }
+
     /// Drains: stop accepting, let in-flight calls finish within the drain
     /// timeout, answer the rest with shutting-down errors, stop the shards.
     pub fn drain(mut self) {

@@ -150,6 +150,8 @@ pub struct Shared {
     pub inboxes: Vec<Inbox>,
     pub stats: Vec<ShardStats>,
     draining: AtomicBool,
+    /// Reporting not-ready before draining (`broker.drain_grace`).
+    leaving: AtomicBool,
     /// Shards that died, for `main` (which then exits non-zero).
     deaths: (Sender<usize>, Receiver<usize>),
     /// The HTTP edge's sessions, striped by owner shard
@@ -229,6 +231,7 @@ impl Shared {
             inboxes,
             stats: (0..shards).map(|_| ShardStats::new(&layout)).collect(),
             draining: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             deaths: crossbeam_channel::unbounded(),
             list_observers: std::sync::Mutex::default(),
         }
@@ -350,6 +353,16 @@ impl Shared {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Reports not-ready from now on, while still serving (the drain
+    /// grace before [`Self::start_drain`]).
+    pub fn start_leaving(&self) {
+        self.leaving.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::Relaxed)
     }
 
     /// Starts draining: every shard stops accepting.

@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Broker, error_code};
+use common::{Broker, error_code, tool_text};
 
 /// The CPUs this test process may run on, ascending.
 fn our_cpus() -> Vec<usize> {
@@ -221,5 +221,66 @@ fn descriptor_limit_below_the_configured_connections_is_warned() {
     assert!(
         line.contains("(2048)") && line.contains(&need.to_string()),
         "{line}"
+    );
+}
+
+#[test]
+fn the_drain_grace_reports_not_ready_while_still_serving_and_a_second_signal_ends_it() {
+    let toml =
+        mcp_broker::config::DEFAULT_TOML.replace("drain_grace = \"0s\"", "drain_grace = \"20s\"");
+    assert!(toml.contains("drain_grace = \"20s\""));
+    let mut b = Broker::start_with_config(&toml, &[]);
+    assert_eq!(b.http_get("/readyz").0, 200);
+    b.sigterm();
+    // Not ready at once (a load balancer stops sending new work)...
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        b.http_get("/readyz").0 == 503
+    }));
+    let (_, body) = b.http_get("/readyz");
+    assert!(body.contains("still serving"), "{body}");
+    // ...while everything is still served, new connections and sessions too.
+    let mut c = b.connect();
+    assert_eq!(
+        tool_text(&c.call("echo_text", &[("text", "\"still here\"")], None)),
+        "still here"
+    );
+    let mut h = common::http::Conn::connect(b.http);
+    let s = h.initialize("2025-06-18");
+    let r = h.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"echo_text","arguments":{"text":"ok"}}"#,
+    );
+    assert_eq!(r["result"]["content"][0]["text"], "ok", "{r}");
+    // A second signal drains now instead of after the 20 s grace.
+    let t0 = std::time::Instant::now();
+    let status = b.terminate(Duration::from_secs(15));
+    assert!(status.success(), "{status:?}");
+    assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn after_the_drain_grace_the_broker_drains_and_exits_by_itself() {
+    let toml =
+        mcp_broker::config::DEFAULT_TOML.replace("drain_grace = \"0s\"", "drain_grace = \"1s\"");
+    let mut b = Broker::start_with_config(&toml, &[]);
+    let t0 = Instant::now();
+    b.sigterm();
+    let status = loop {
+        if let Some(s) = b.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no exit after the grace"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(1),
+        "exited before its grace: {:?}",
+        t0.elapsed()
     );
 }

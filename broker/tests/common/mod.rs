@@ -194,10 +194,15 @@ impl Broker {
         Client::connect(self.frames)
     }
 
-    /// Sends SIGTERM and waits (bounded) for the exit status.
-    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+    /// Sends SIGTERM without waiting.
+    pub fn sigterm(&self) {
         // SAFETY: kill(2) on our own child's pid; no memory is involved.
         unsafe { libc_kill(self.child.id() as i32, 15) };
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        self.sigterm();
         let deadline = std::time::Instant::now() + within;
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {

@@ -74,6 +74,12 @@ impl EdgeHandle {
     /// see NOT_SERVING) until [`EdgeHandle::shutdown`].
     pub fn begin_drain(&self) {
         self.edge.begin_drain();
+        self.not_serving();
+    }
+
+    /// gRPC health reports NOT_SERVING (the drain grace, then the drain);
+    /// calls are still served until [`Self::begin_drain`].
+    pub fn not_serving(&self) {
         let health = self.health.clone();
         self.runtime.block_on(async move {
             health.set_not_serving::<McpServiceServer<Edge>>().await;
