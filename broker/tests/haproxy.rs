@@ -19,6 +19,13 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `mcp-loadgen`, built beside `mcp-broker` by `cargo test --workspace`.
+fn loadgen() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_mcp-broker")).with_file_name("mcp-loadgen");
+    assert!(p.exists(), "{} is missing: run scripts/test", p.display());
+    p
+}
+
 fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -174,6 +181,58 @@ fn sessions_stick_through_haproxy_and_a_drained_or_killed_broker_loses_nothing_e
         let r = f.call("echo_text", &[("text", "\"through haproxy\"")], None);
         assert_eq!(common::tool_text(&r), "through haproxy");
     }
+
+    // mcp-loadgen through each frontend: one MCP session per HTTP
+    // connection, balanced and then stuck; frames connections balanced.
+    for (target, requests) in [
+        (format!("http://{}/mcp", lb.http), "2000"),
+        (format!("frames://{}", lb.frames), "20000"),
+    ] {
+        let json = std::env::temp_dir().join(format!("lb-loadgen-{}.json", std::process::id()));
+        let out = Command::new(loadgen())
+            .args(["--target", &target, "--tool", "echo_text"])
+            .args(["--args", r#"{"text":"lb"}"#, "--connections", "4"])
+            .args(["--requests", requests, "--duration", "60s", "-q", "--json"])
+            .arg(&json)
+            .output()
+            .expect("run mcp-loadgen");
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("a JSON report")).unwrap();
+        let _ = std::fs::remove_file(&json);
+        assert!(
+            out.status.success() && report["errors"] == 0,
+            "{target}: {}\n{report}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // A stock client: the Python SDK 1.x, a session through HAProxy.
+    let python = repo().join(".tools/mcp1/bin/python");
+    let script = r#"
+import asyncio, sys
+from mcp import ClientSession
+from mcp.client.streamable_http import streamablehttp_client
+async def main(url):
+    async with streamablehttp_client(url) as (r, w, _):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            await s.call_tool("put", {"key": "k", "value": 7})
+            for _ in range(5):
+                got = await s.call_tool("get", {"key": "k"})
+                assert got.content[0].text == "7", got
+    print("sdk through haproxy: ok")
+asyncio.run(main(sys.argv[1]))
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .arg(format!("http://{}/mcp", lb.http))
+        .output()
+        .expect("the mcp 1.x venv (scripts/setup)");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("sdk through haproxy: ok"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // SIGTERM to broker 1, while every session keeps calling: during the
     // grace everything is served; then HAProxy has taken broker 1 out, its
