@@ -160,6 +160,24 @@ fn listen(b: &Broker, s: &str) -> Conn {
     c
 }
 
+/// Starts the broker on `toml` (written into `dir`), which must refuse to
+/// start: its stderr.
+fn refused_start(toml: &str, dir: &Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("refused.toml");
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        .arg("--config")
+        .arg(&path)
+        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+        .args(["--http-listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the broker started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// An HTTP session on `b`: the connection and the session id.
 fn session(b: &Broker) -> (Conn, String) {
     let mut c = Conn::connect(b.http);
@@ -805,23 +823,7 @@ fn a_guest_reaches_its_granted_origin_only() {
     // Without the grant, a component that imports wasi:http does not load.
     let mut toml = config(&[]);
     toml.push_str("\n[[routers]]\nname = \"probe\"\nwasm = \"netprobe.wasm\"\n");
-    let path = std::env::temp_dir().join(format!("mcp-broker-nogrant-{}.toml", std::process::id()));
-    std::fs::write(&path, toml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
-        .arg("--config")
-        .arg(&path)
-        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
-        .args([
-            "--http-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&path);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&toml, &dir);
     assert!(err.contains("probe") && err.contains("wasi:http"), "{err}");
 }
 
@@ -1237,27 +1239,11 @@ fn an_https_upstream_is_trusted_through_its_ca_file_only() {
     // A CA file that is not one is a start-up error naming it.
     let bad = dir.join("not-a-ca.pem");
     std::fs::write(&bad, "not PEM\n").unwrap();
-    let mut toml = config(&[(
+    let toml = config(&[(
         "secure",
         &url,
         &format!("upstream_ca_file = \"{}\"", bad.display()),
     )]);
-    toml.push('\n');
-    let path = dir.join("bad.toml");
-    std::fs::write(&path, toml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
-        .arg("--config")
-        .arg(&path)
-        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
-        .args([
-            "--http-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&toml, &dir);
     assert!(err.contains("not-a-ca.pem"), "{err}");
 }

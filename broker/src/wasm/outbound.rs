@@ -326,8 +326,13 @@ impl WasiHttpHooks for OutboundHooks {
             out.denied.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 router = %out.router,
-                refused = %request.uri().authority().map_or("", |a| a.as_str()),
-                allowed = %out.authority,
+                // Scheme and authority only: a path or query may carry data.
+                refused = %format_args!(
+                    "{}://{}",
+                    request.uri().scheme_str().unwrap_or("?"),
+                    request.uri().authority().map_or("", |a| a.as_str())
+                ),
+                allowed = %format_args!("{}://{}", out.scheme, out.authority),
                 "outgoing request to another origin refused"
             );
             return ready(Err(Error::HttpRequestDenied));
