@@ -95,23 +95,27 @@ impl Live<'_> {
         let call = caller.call_tool_live(tool, json, deadline, Some(tx));
         let mut call = std::pin::pin!(call);
         let mut step = 0u32;
+        /// What woke the call's task: its answer, or an event before it.
+        enum Next<R> {
+            Done(R),
+            Event(crate::wasm::LiveEvent),
+        }
         let result = loop {
             let next = std::future::poll_fn(|cx| {
-                if let std::task::Poll::Ready(r) = call.as_mut().poll(cx) {
-                    return std::task::Poll::Ready(Err(r));
+                use std::task::Poll;
+                if let Poll::Ready(r) = call.as_mut().poll(cx) {
+                    return Poll::Ready(Next::Done(r));
                 }
                 match std::pin::Pin::new(&mut rx).poll_next(cx) {
-                    std::task::Poll::Ready(Some(ev)) => std::task::Poll::Ready(Ok(ev)),
+                    Poll::Ready(Some(ev)) => Poll::Ready(Next::Event(ev)),
                     // Every sender gone: only the call is left to wait for.
-                    std::task::Poll::Ready(None) | std::task::Poll::Pending => {
-                        std::task::Poll::Pending
-                    }
+                    Poll::Ready(None) | Poll::Pending => Poll::Pending,
                 }
             })
             .await;
             match next {
-                Ok(ev) => self.emit(&ev, &mut step, out),
-                Err(r) => break r,
+                Next::Event(ev) => self.emit(&ev, &mut step, out),
+                Next::Done(r) => break r,
             }
         };
         // Reported just before the call returned, not yet taken.
