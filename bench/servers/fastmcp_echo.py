@@ -73,12 +73,22 @@ def build(json_response: bool, stateless: bool) -> FastMCP:
     return server
 
 
-async def serve(port: int, json_response: bool, stateless: bool) -> None:
-    app = build(json_response, stateless).streamable_http_app()
+async def run_uvicorn(app: Any, port: int, label: str, **tls: Any) -> None:
+    """Serves `app` on 127.0.0.1:`port` (0: any) and prints
+    `LABEL ready http=127.0.0.1:PORT path=/mcp` once it accepts connections.
+    Also used by bench/servers/fastmcp_slow.py and the broker's upstream test
+    fixture (broker/tests/upstreams/server.py); `tls`: uvicorn's
+    `ssl_certfile`/`ssl_keyfile`."""
     # Bound by uvicorn itself, as `FastMCP.run("streamable-http")` does, so
     # the sockets are set up as a stock deployment's are.
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        **tls,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -90,10 +100,14 @@ async def serve(port: int, json_response: bool, stateless: bool) -> None:
     if not server.started:
         if task.done():
             task.result()
-        sys.exit("fastmcp-echo: uvicorn did not start within 10 s")
+        sys.exit(f"{label}: uvicorn did not start within 10 s")
     port = server.servers[0].sockets[0].getsockname()[1]
-    print(f"fastmcp-echo ready http=127.0.0.1:{port} path=/mcp", flush=True)
+    print(f"{label} ready http=127.0.0.1:{port} path=/mcp", flush=True)
     await task
+
+
+async def serve(port: int, json_response: bool, stateless: bool) -> None:
+    await run_uvicorn(build(json_response, stateless).streamable_http_app(), port, "fastmcp-echo")
 
 
 def main() -> None:

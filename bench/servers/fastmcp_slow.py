@@ -15,10 +15,8 @@ Tool:
 
 import argparse
 import asyncio
-import sys
 
-import uvicorn
-
+from fastmcp_echo import run_uvicorn  # the same directory: one launcher
 from mcp.server.fastmcp import FastMCP
 
 
@@ -39,25 +37,7 @@ def build(json_response: bool) -> FastMCP:
 
 
 async def serve(port: int, json_response: bool) -> None:
-    app = build(json_response).streamable_http_app()
-    # Bound by uvicorn itself (TCP_NODELAY on its connections), as
-    # bench/servers/fastmcp_echo.py explains.
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(1000):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
-    if not server.started:
-        if task.done():
-            task.result()
-        sys.exit("fastmcp-slow: uvicorn did not start within 10 s")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    print(f"fastmcp-slow ready http=127.0.0.1:{port} path=/mcp", flush=True)
-    await task
+    await run_uvicorn(build(json_response).streamable_http_app(), port, "fastmcp-slow")
 
 
 def main() -> None:

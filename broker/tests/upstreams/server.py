@@ -35,11 +35,14 @@ import argparse
 import asyncio
 import os
 import sys
-
-import uvicorn
+from pathlib import Path
 
 from mcp import types
 from mcp.server.fastmcp import Context, FastMCP
+
+# One uvicorn launcher for every FastMCP server of the repository.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "servers"))
+from fastmcp_echo import run_uvicorn  # noqa: E402
 
 
 def build(name: str, json_response: bool, state: str | None) -> FastMCP:
@@ -142,29 +145,8 @@ async def serve(
     port: int, name: str, json_response: bool, state: str | None, tls: list[str] | None
 ) -> None:
     app = build(name, json_response, state).streamable_http_app()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        ssl_certfile=tls[0] if tls else None,
-        ssl_keyfile=tls[1] if tls else None,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(1000):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
-    if not server.started:
-        if task.done():
-            task.result()
-        sys.exit("upstream-fixture: uvicorn did not start within 10 s")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    print(f"upstream-fixture ready http=127.0.0.1:{port} path=/mcp", flush=True)
-    await task
+    files = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
+    await run_uvicorn(app, port, "upstream-fixture", **files)
 
 
 def main() -> None:

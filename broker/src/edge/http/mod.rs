@@ -818,7 +818,12 @@ impl HttpEdge {
         if method != "tools/call" {
             return None;
         }
-        let call: Call<'_> = serde_json::from_str(params?.get()).ok()?;
+        let params = params?.get();
+        // Most calls want neither: no second parse of their params then.
+        if session.level().is_none() && !params.contains("progressToken") {
+            return None;
+        }
+        let call: Call<'_> = serde_json::from_str(params).ok()?;
         let token = call
             .meta
             .and_then(|m| m.progress_token)
