@@ -97,6 +97,7 @@ fn broker() -> Broker {
 /// One MCP session through the balancer, with the `kv` key it wrote.
 struct Session {
     conn: Conn,
+    lb: SocketAddr,
     id: String,
     next: u64,
 }
@@ -105,19 +106,48 @@ impl Session {
     fn open(lb: &Lb) -> Session {
         let mut conn = Conn::connect(lb.http);
         let id = conn.initialize("2025-06-18");
-        Session { conn, id, next: 1 }
+        Session {
+            conn,
+            lb: lb.http,
+            id,
+            next: 1,
+        }
     }
 
     /// A tool call; the HTTP status and the JSON-RPC answer (if 200).
+    ///
+    /// A keep-alive connection closed without an answer is the race every
+    /// HTTP/1.1 client meets (RFC 9112 §9.3.1): HAProxy reused a connection
+    /// to a draining broker just as the broker closed it. Like a stock
+    /// client, this one sends the request again, once, on a new connection
+    /// (these tests send only reads and idempotent writes).
     fn call(&mut self, tool: &str, args: &str) -> (u16, serde_json::Value) {
+        use std::io::{BufRead, Write};
         self.next += 1;
-        let r = self.conn.post(
-            Some(&self.id),
-            &format!(
-                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#,
-                self.next
-            ),
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#,
+            self.next
         );
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: lb\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nMcp-Session-Id: {}\r\nContent-Length: {}\r\n\r\n",
+            self.id,
+            body.len()
+        );
+        for attempt in 0..2 {
+            let sent = self
+                .conn
+                .stream
+                .get_mut()
+                .write_all(format!("{head}{body}").as_bytes());
+            let answered = sent.is_ok() && self.conn.stream.fill_buf().is_ok_and(|b| !b.is_empty());
+            if answered {
+                break;
+            }
+            assert_eq!(attempt, 0, "closed without an answer twice");
+            self.conn = Conn::connect(self.lb);
+        }
+        let r = self.conn.read_reply();
         let v = if r.status == 200 {
             if r.header("content-type")
                 .is_some_and(|c| c.starts_with("text/event-stream"))
