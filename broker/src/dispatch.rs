@@ -23,7 +23,7 @@ use mcp_schema::{ErrorCode, RequestKind, ResponseEncoder, RouteKey, write_argume
 
 use crate::adapt;
 use crate::config::Affinity;
-use crate::route::RouteTable;
+use crate::routing::{Routed, Routing, ShardPools};
 use crate::shared::{Shared, SubmitError};
 use crate::wasm::{RouterPool, types as w};
 
@@ -48,19 +48,30 @@ pub fn negotiate(client: p::ProtocolVersion) -> p::ProtocolVersion {
 pub struct ShardCtx {
     pub index: usize,
     pub shared: Arc<Shared>,
-    pub pools: Vec<RouterPool>,
+    /// This shard's pools of every router of the published routing (and
+    /// of retired ones still finishing calls).
+    pub pools: RefCell<ShardPools>,
     pub enc: RefCell<ResponseEncoder>,
 }
 
 impl ShardCtx {
-    /// The route table in effect (a request keeps the one it started with).
-    fn table(&self) -> arc_swap::Guard<Arc<RouteTable>> {
-        self.shared.table.load()
+    /// The routing in effect (a request keeps the one it started with).
+    fn routing(&self) -> arc_swap::Guard<Arc<Routing>> {
+        self.shared.routing.load()
+    }
+
+    /// This shard's pool of `r`: a handle the call keeps, so that a reload
+    /// retiring the pool meanwhile lets the call finish in it. `None` only
+    /// if `r` was retired between the routing's load and this call, which
+    /// the reload's order (install, publish, retire) rules out for a
+    /// request that reads both without an await between.
+    fn pool(&self, r: &Routed) -> Option<RouterPool> {
+        self.pools.borrow().get(r.uid).cloned()
     }
 
     /// Where a router's request of `session` must run: `None` = here.
-    fn owner_shard(&self, router: usize, session: Option<&str>) -> Option<usize> {
-        if self.shared.affinity[router] != Affinity::Session {
+    fn owner_shard(&self, r: &Routed, session: Option<&str>) -> Option<usize> {
+        if r.affinity != Affinity::Session {
             return None;
         }
         let session = session?;
@@ -177,11 +188,11 @@ pub const MAX_SESSION_ID_BYTES: usize = 256;
 /// session id. `true` when answered.
 async fn answered_elsewhere(
     ctx: &Rc<ShardCtx>,
-    router: usize,
+    router: &Routed,
     req: &VerifiedRequest,
     out: &mut Vec<u8>,
 ) -> bool {
-    if ctx.shared.affinity[router] != Affinity::Session {
+    if router.affinity != Affinity::Session {
         return false;
     }
     let view = req.view();
@@ -206,6 +217,20 @@ async fn answered_elsewhere(
         }
         None => false,
     }
+}
+
+/// The answer for a router whose pool a reload retired under the request
+/// (see [`ShardCtx::pool`]).
+fn retired(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, r: &Routed) {
+    let msg = format!(
+        "router `{}` was removed or replaced by a configuration reload",
+        r.name
+    );
+    out.extend_from_slice(
+        ctx.enc
+            .borrow_mut()
+            .error(to, ErrorCode::NotFound, &msg, None),
+    );
 }
 
 fn not_found(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, what: &str, name: &str) {
@@ -257,7 +282,8 @@ pub async fn handle_live(
         ));
         return;
     }
-    let table = ctx.table();
+    let routing = ctx.routing();
+    let table = &routing.table;
     match (view.kind(), view.route_key()) {
         (RequestKind::Ping, _) => out.extend_from_slice(ctx.enc.borrow_mut().pong(&to)),
         (RequestKind::Initialize, _) => initialize(ctx, &view, out),
@@ -322,7 +348,7 @@ pub async fn handle_live(
             let Some(target) = table.tool(name) else {
                 return not_found(ctx, out, &to, "tool", name);
             };
-            let router = target.router as usize;
+            let router = &routing.routers[target.router as usize];
             if answered_elsewhere(ctx, router, req, out).await {
                 return;
             }
@@ -348,8 +374,10 @@ pub async fn handle_live(
                 out.extend_from_slice(enc.tool_text(&to, tc.id(), json, None, false));
                 return;
             }
-            let pool = &ctx.pools[router];
-            let deadline = call_deadline(pool, view.timeout_ms());
+            let Some(pool) = ctx.pool(router) else {
+                return retired(ctx, out, &to, router);
+            };
+            let deadline = call_deadline(&pool, view.timeout_ms());
             let t0 = std::time::Instant::now();
             let caller = pool.caller(view.session_id());
             let result = if pool.reports_live() {
@@ -364,7 +392,7 @@ pub async fn handle_live(
             } else {
                 caller.call_tool_within(&target.name, json, deadline).await
             };
-            crate::metrics::record::wasm_call(ctx, router, t0);
+            crate::metrics::record::wasm_call(ctx, router.slot, t0);
             if let Ok(w::Response::Completed(tr)) = &result
                 && tr.meta.as_ref().is_some_and(|m| {
                     m.iter()
@@ -372,7 +400,7 @@ pub async fn handle_live(
                 })
             {
                 // The upstream announced a list change during the call.
-                ctx.shared.upstreams.request_refresh(router);
+                ctx.shared.request_refresh(router.uid);
             }
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -386,16 +414,16 @@ pub async fn handle_live(
             let Some(router) = table.resource(uri) else {
                 return not_found(ctx, out, &to, "resource", uri);
             };
-            let router = router as usize;
+            let router = &routing.routers[router as usize];
             if answered_elsewhere(ctx, router, req, out).await {
                 return;
             }
+            let Some(pool) = ctx.pool(router) else {
+                return retired(ctx, out, &to, router);
+            };
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router]
-                .caller(view.session_id())
-                .read_resource(uri)
-                .await;
-            crate::metrics::record::wasm_call(ctx, router, t0);
+            let result = pool.caller(view.session_id()).read_resource(uri).await;
+            crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -409,7 +437,7 @@ pub async fn handle_live(
             let Some(target) = table.prompt(name) else {
                 return not_found(ctx, out, &to, "prompt", name);
             };
-            let router = target.router as usize;
+            let router = &routing.routers[target.router as usize];
             if answered_elsewhere(ctx, router, req, out).await {
                 return;
             }
@@ -449,12 +477,15 @@ pub async fn handle_live(
                 }
                 prompt_args.push((&a.name, "\"\""));
             }
+            let Some(pool) = ctx.pool(router) else {
+                return retired(ctx, out, &to, router);
+            };
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router]
+            let result = pool
                 .caller(view.session_id())
                 .get_prompt(&target.name)
                 .await;
-            crate::metrics::record::wasm_call(ctx, router, t0);
+            crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => {
@@ -493,6 +524,7 @@ pub async fn handle_live(
                     name,
                 );
             };
+            let router = &routing.routers[router];
             if answered_elsewhere(ctx, router, req, out).await {
                 return;
             }
@@ -509,12 +541,12 @@ pub async fn handle_live(
                 streaming: None,
                 meta: None,
             };
+            let Some(pool) = ctx.pool(router) else {
+                return retired(ctx, out, &to, router);
+            };
             let t0 = std::time::Instant::now();
-            let result = ctx.pools[router]
-                .caller(view.session_id())
-                .complete(&request)
-                .await;
-            crate::metrics::record::wasm_call(ctx, router, t0);
+            let result = pool.caller(view.session_id()).complete(&request).await;
+            crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::complete_response(&mut enc, out, &to, &r),
@@ -596,11 +628,11 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
         .payload_as_initialize_request()
         .expect("classified as initialize");
     let version = negotiate(init.client_capabilities().protocol_version());
-    let shared = &ctx.shared;
-    let table = shared.table.load();
+    let routing = ctx.shared.routing.load();
+    let table = &routing.table;
     // An upstream router's listings may appear later (its upstream comes
     // back, or adds tools): offer what it may serve from the start.
-    let any_upstream = shared.upstreams.iter().next().is_some();
+    let any_upstream = routing.any_upstream();
     let mut enc = ctx.enc.borrow_mut();
     let fbb = enc.begin();
     let name = fbb.create_string("mcp-broker");
@@ -618,14 +650,14 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
             protocol_version: version,
             server_name: Some(name),
             server_version: Some(ver),
-            supports_completions: shared.capabilities.completions,
-            supports_resource_subscribe: shared.capabilities.subscribe,
+            supports_completions: routing.capabilities.completions,
+            supports_resource_subscribe: routing.capabilities.subscribe,
             tools_list_changed: false,
             resources_list_changed: false,
             prompts_list_changed: false,
         },
     );
-    let instructions = fbb.create_string(&shared.instructions);
+    let instructions = fbb.create_string(&routing.instructions);
     let r = p::InitializeResponse::create(
         fbb,
         &p::InitializeResponseArgs {
@@ -739,20 +771,18 @@ mod tests {
 
     #[test]
     fn a_full_owner_inbox_is_answered_overloaded_not_shutting_down() {
-        use crate::shared::{Capabilities, INBOX_CAPACITY, ShardMsg};
+        use crate::shared::{INBOX_CAPACITY, ShardMsg};
         use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
         use std::future::Future;
         use std::task::{Context, Waker};
 
-        let table = RouteTable::build(&[], "__").unwrap();
+        let layout = Arc::new(crate::metrics::Layout::new(0, 0));
+        let routing = Routing::build(1, Vec::new(), &[], "__", &layout).unwrap();
         let shared = Shared::new(
             crate::config::Config::embedded_default(),
-            table,
-            Vec::new(),
-            Capabilities::default(),
-            String::new(),
+            routing,
+            layout,
             2,
-            crate::upstream::Upstreams::new(&[], &[]),
         );
         // Fill shard 1's inbox: nothing empties it in this test.
         let mut sent = 0;
@@ -763,7 +793,7 @@ mod tests {
         let ctx = Rc::new(ShardCtx {
             index: 0,
             shared: Arc::new(shared),
-            pools: Vec::new(),
+            pools: RefCell::default(),
             enc: RefCell::new(ResponseEncoder::new(0)),
         });
         let h = RequestHeader {

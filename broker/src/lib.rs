@@ -7,10 +7,13 @@
 //! table), [`adapt`] (WIT results → wire frames), [`wasm`] (the only module
 //! that knows wasmtime), [`config`], [`metrics`], [`process`] (the CPU mask
 //! and descriptor limit it inherited), [`server`] (start-up and shutdown),
-//! [`upstream`] (upstream routers' listings, re-read and swapped in).
+//! [`routing`] (the route table with the routers that serve it, swapped
+//! whole), [`control`] (the thread that swaps it: reloads and upstream
+//! refreshes), [`upstream`] (upstream routers' status).
 
 pub mod adapt;
 pub mod config;
+pub mod control;
 pub mod dispatch;
 pub mod edge;
 mod fault;
@@ -18,6 +21,7 @@ mod local;
 pub mod metrics;
 pub mod process;
 pub mod route;
+pub mod routing;
 pub mod server;
 pub mod shard;
 pub mod shared;

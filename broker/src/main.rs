@@ -61,6 +61,10 @@ fn main() -> ExitCode {
         metrics_listen: cli.metrics_listen,
         shards: cli.shards,
     };
+    let source = mcp_broker::control::Source {
+        path: cli.config.clone(),
+        overrides: overrides.clone(),
+    };
     let config = match Config::load(cli.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ]) {
         Ok(s) => s,
         Err(e) => {
@@ -80,7 +85,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let running = match mcp_broker::server::start(config) {
+    let running = match mcp_broker::server::start(config, source) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mcp-broker: {e:#}");
@@ -97,10 +102,19 @@ fn main() -> ExitCode {
     // cannot serve every connection it accepts, so it drains the rest and
     // exits non-zero for its supervisor to restart it.
     let (sig_tx, sig_rx) = crossbeam_channel::unbounded();
+    let reloads = running.shared.clone();
     let _ = std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for sig in signals.forever() {
+                // SIGHUP: reload the config file; the routing thread logs
+                // the outcome.
+                if sig == signal_hook::consts::SIGHUP {
+                    if !reloads.request_reload(None) {
+                        tracing::warn!("SIGHUP ignored: too many reloads already queued");
+                    }
+                    continue;
+                }
                 if sig_tx.send(sig).is_err() {
                     break;
                 }

@@ -1,7 +1,9 @@
 //! The admin endpoint and the broker's metrics: `GET /metrics` (Prometheus
-//! text exposition 0.0.4), `GET /healthz` (the process answers) and
+//! text exposition 0.0.4), `GET /healthz` (the process answers),
 //! `GET /readyz` (every shard accepts, every router is loaded, not
-//! draining), on the admin thread. `docs/metrics.md` is the reference.
+//! draining) and `POST /admin/reload` (re-read the config file, from
+//! loopback peers only), on the admin thread. `docs/metrics.md` is the
+//! reference.
 //!
 //! Where the numbers come from:
 //! - [`series`]: the label space, fixed at start-up, and each shard's
@@ -22,7 +24,8 @@
 //!   [`collect::SNAPSHOT_TIMEOUT`] only delays that scrape.
 //! - No atomic is written by two threads; nothing on the request path
 //!   allocates or locks for metrics.
-//! - Every label set is bounded and fixed at start-up.
+//! - Every label set is bounded; its capacity is fixed at start-up
+//!   ([`series::Layout`]).
 
 pub mod collect;
 pub mod hist;
@@ -76,8 +79,11 @@ const RENDER_THREADS: usize = 2;
 struct Admin {
     shared: Arc<Shared>,
     collector: Arc<Collector>,
-    routers: Vec<String>,
 }
+
+/// How long `POST /admin/reload` waits for the reload's outcome (compiling
+/// components and warming their pools on every shard).
+const RELOAD_ANSWER_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Serves the admin endpoint on `listener` until the process exits, and
 /// starts the ticker that keeps the summary's window moving between scrapes.
@@ -87,7 +93,7 @@ struct Admin {
 /// [`MAX_ADMIN_CONNECTIONS`], each with a header deadline, a head size
 /// limit and a lifetime limit, so no client can hold `/readyz` up for
 /// another.
-pub fn serve(listener: TcpListener, shared: Arc<Shared>, routers: Vec<String>) {
+pub fn serve(listener: TcpListener, shared: Arc<Shared>) {
     let collector = Arc::new(Collector::new(shared.clone()));
     {
         let collector = collector.clone();
@@ -115,11 +121,7 @@ pub fn serve(listener: TcpListener, shared: Arc<Shared>, routers: Vec<String>) {
             return;
         }
     };
-    let admin = Arc::new(Admin {
-        shared,
-        collector,
-        routers,
-    });
+    let admin = Arc::new(Admin { shared, collector });
     rt.block_on(accept_loop(listener, admin));
 }
 
@@ -158,7 +160,7 @@ async fn accept_loop(listener: TcpListener, admin: Arc<Admin>) {
         let admin = admin.clone();
         let conn = http.serve_connection(
             TokioIo::new(stream),
-            hyper::service::service_fn(move |req| answer(admin.clone(), req)),
+            hyper::service::service_fn(move |req| answer(admin.clone(), peer, req)),
         );
         tokio::spawn(async move {
             match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
@@ -192,9 +194,13 @@ fn text(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Resp
 
 async fn answer(
     admin: Arc<Admin>,
+    peer: std::net::SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     const PLAIN: &str = "text/plain";
+    if req.uri().path() == "/admin/reload" {
+        return Ok(reload(&admin, peer, req.method()).await);
+    }
     if req.method() != Method::GET {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "only GET\n");
         r.headers_mut()
@@ -205,10 +211,8 @@ async fn answer(
         "/metrics" => {
             let a = admin.clone();
             // Off this thread: a scrape may wait for the shards.
-            match tokio::task::spawn_blocking(move || {
-                render(&a.shared, &a.collector.collect(), &a.routers)
-            })
-            .await
+            match tokio::task::spawn_blocking(move || render(&a.shared, &a.collector.collect()))
+                .await
             {
                 Ok(body) => text(
                     StatusCode::OK,
@@ -232,7 +236,9 @@ async fn answer(
                 // An unavailable upstream does not make the broker unready
                 // (its other routers serve); it is named in the detail.
                 let mut body = String::from("ready\n");
-                for (i, s) in shared.upstreams.iter() {
+                let routing = shared.routing.load();
+                for r in &routing.routers {
+                    let Some(s) = &r.upstream else { continue };
                     if !s.available.load(Ordering::Relaxed) {
                         let reason = s
                             .reason
@@ -240,11 +246,8 @@ async fn answer(
                             .unwrap_or_else(|e| e.into_inner())
                             .clone()
                             .unwrap_or_default();
-                        let _ = writeln!(
-                            body,
-                            "upstream {} unavailable (retrying): {reason}",
-                            admin.routers.get(i).map_or("?", String::as_str)
-                        );
+                        let _ =
+                            writeln!(body, "upstream {} unavailable (retrying): {reason}", r.name);
                     }
                 }
                 text(StatusCode::OK, PLAIN, body)
@@ -270,9 +273,66 @@ async fn answer(
         _ => text(
             StatusCode::NOT_FOUND,
             PLAIN,
-            "not found: try /metrics, /healthz, /readyz\n",
+            "not found: try /metrics, /healthz, /readyz, POST /admin/reload\n",
         ),
     })
+}
+
+/// `POST /admin/reload`: asks the `routing` thread to reload the config
+/// file and answers with the outcome as JSON (200 applied, 422 refused).
+/// Only loopback peers may: the endpoint may be bound wider for scrapers,
+/// and a reload is an operator's act.
+async fn reload(
+    admin: &Admin,
+    peer: std::net::SocketAddr,
+    method: &Method,
+) -> Response<Full<Bytes>> {
+    const PLAIN: &str = "text/plain";
+    const JSON: &str = "application/json";
+    if method != Method::POST {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "only POST\n");
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return r;
+    }
+    if !peer.ip().is_loopback() && !peer.ip().to_canonical().is_loopback() {
+        return text(
+            StatusCode::FORBIDDEN,
+            PLAIN,
+            "reloads are taken from loopback peers only\n",
+        );
+    }
+    if admin.shared.is_draining() {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            PLAIN,
+            "draining: no reloads\n",
+        );
+    }
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    if !admin.shared.request_reload(Some(tx)) {
+        return text(
+            StatusCode::TOO_MANY_REQUESTS,
+            PLAIN,
+            "too many reloads queued; try again\n",
+        );
+    }
+    let outcome = tokio::task::spawn_blocking(move || rx.recv_timeout(RELOAD_ANSWER_TIMEOUT)).await;
+    match outcome {
+        Ok(Ok(o)) => {
+            let status = if o.is_applied() {
+                StatusCode::OK
+            } else {
+                StatusCode::UNPROCESSABLE_ENTITY
+            };
+            text(status, JSON, o.to_json())
+        }
+        _ => text(
+            StatusCode::GATEWAY_TIMEOUT,
+            PLAIN,
+            "the reload did not finish in time; its outcome will be logged\n",
+        ),
+    }
 }
 
 /// A label value with `\`, `"` and newlines escaped, as the text format
@@ -314,8 +374,14 @@ fn histogram(o: &mut String, name: &str, labels: &str, h: &HistSnapshot) {
 }
 
 /// The Prometheus text exposition.
-pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> String {
-    let layout = &*shared.stats[0].layout;
+pub fn render(shared: &Shared, collected: &Collected) -> String {
+    let layout = &*shared.layout;
+    let names = layout.snapshot();
+    let routing = shared.routing.load();
+    // Series of routers being served, and `broker`.
+    let serving: Vec<usize> = std::iter::once(series::BROKER)
+        .chain(routing.routers.iter().map(|r| r.slot))
+        .collect();
     let stats = &shared.stats;
     let mut o = String::with_capacity(32 * 1024);
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
@@ -328,7 +394,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         "Requests answered, by edge they came in on, router that served them (broker: answered by the broker itself), request kind and outcome of the final response.",
     );
     for edge in Edge::ALL {
-        for (r, router) in layout.routers.iter().enumerate() {
+        for (r, router) in names.routers.iter().enumerate() {
             for kind in mcp_schema::RequestKind::ALL {
                 for outcome in Outcome::ALL {
                     let slot = layout.request_slot(edge, r, series::kind_index(kind), outcome);
@@ -353,21 +419,22 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         &mut o,
         "mcp_request_duration_seconds",
         "histogram",
-        "End-to-end request latency in the broker, from the read that completed the frame (or the gRPC hand-off) to the final response queued for writing, by router and tool (other: unknown at start-up; none: not a tool call).",
+        "End-to-end request latency in the broker, from the read that completed the frame (or the gRPC hand-off) to the final response queued for writing, by router and tool (other: an unknown tool, or one past the label capacity; none: not a tool call).",
     );
-    let mut by_router = vec![HistSnapshot::default(); layout.routers.len()];
-    for (r, router) in layout.routers.iter().enumerate() {
-        for (t, (tool, _)) in layout.tools.iter().enumerate() {
-            let slot = layout.latency_slot(r, t);
-            let mut h = HistSnapshot::default();
-            for s in stats {
-                s.series.duration[slot].add_to(&mut h);
-            }
-            if h.count() > 0 {
-                by_router[r].add(&h);
-                let labels = format!("router=\"{}\",tool=\"{}\"", esc(router), esc(tool));
-                histogram(&mut o, "mcp_request_duration_seconds", &labels, &h);
-            }
+    let mut by_router = vec![HistSnapshot::default(); names.routers.len()];
+    for (label, (r, tool)) in names.labels.iter().enumerate() {
+        let mut h = HistSnapshot::default();
+        for s in stats {
+            s.series.duration[label].add_to(&mut h);
+        }
+        if h.count() > 0 {
+            by_router[*r].add(&h);
+            let labels = format!(
+                "router=\"{}\",tool=\"{}\"",
+                esc(&names.routers[*r]),
+                esc(tool)
+            );
+            histogram(&mut o, "mcp_request_duration_seconds", &labels, &h);
         }
     }
     family(
@@ -376,13 +443,15 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         "summary",
         "End-to-end request latency by router: exact quantiles (HdrHistogram, 3 significant digits) over the last minute; _sum and _count since start.",
     );
-    for (r, router) in layout.routers.iter().enumerate() {
+    for (r, router) in names.routers.iter().enumerate() {
         let total = &by_router[r];
         if total.count() == 0 {
             continue;
         }
         let router = esc(router);
-        for (q, v) in collect::QUANTILES.iter().zip(&collected.quantiles[r]) {
+        let none = [f64::NAN; collect::QUANTILES.len()];
+        let quantiles = collected.quantiles.get(r).unwrap_or(&none);
+        for (q, v) in collect::QUANTILES.iter().zip(quantiles) {
             let _ = writeln!(
                 o,
                 "mcp_request_duration_hdr_seconds{{router=\"{router}\",quantile=\"{q}\"}} {}",
@@ -406,7 +475,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         "histogram",
         "Router calls (call-tool, read-resource, get-prompt, complete) by router, from asking the pool for an instance to the result lifted out of the guest.",
     );
-    for (r, router) in layout.routers.iter().enumerate().take(layout.broker()) {
+    for &r in &serving[1..] {
         let mut h = HistSnapshot::default();
         for s in stats {
             s.series.wasm[r].add_to(&mut h);
@@ -414,7 +483,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         histogram(
             &mut o,
             "mcp_wasm_call_duration_seconds",
-            &format!("router=\"{}\"", esc(router)),
+            &format!("router=\"{}\"", esc(&names.routers[r])),
             &h,
         );
     }
@@ -424,7 +493,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         "histogram",
         "Time a request waited in the broker before a worker took it up (per-connection queue, or the inbox of the shard it was handed to), by router.",
     );
-    for (r, router) in layout.routers.iter().enumerate() {
+    for &r in &serving {
         let mut h = HistSnapshot::default();
         for s in stats {
             s.series.queue[r].add_to(&mut h);
@@ -432,13 +501,23 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         histogram(
             &mut o,
             "mcp_queue_wait_seconds",
-            &format!("router=\"{}\"", esc(router)),
+            &format!("router=\"{}\"", esc(&names.routers[r])),
             &h,
         );
     }
 
-    // Router pools, from the shards' last snapshot answers.
-    let pools = &collected.pools;
+    // Router pools, from the shards' last snapshot answers, for the routers
+    // being served (a replaced router's pools count under its name).
+    let no_pool = crate::wasm::PoolStats::default();
+    let pools: Vec<(&str, &crate::wasm::PoolStats)> = serving[1..]
+        .iter()
+        .map(|&r| {
+            (
+                &*names.routers[r],
+                collected.pools.get(r).unwrap_or(&no_pool),
+            )
+        })
+        .collect();
     let pool_families: [Family<crate::wasm::PoolStats>; 7] = [
         (
             "mcp_router_queued_calls",
@@ -489,7 +568,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         "gauge",
         "Router instances by state (idle: free; busy: serving or handed to a call), all shards.",
     );
-    for (router, p) in layout.routers.iter().zip(pools) {
+    for (router, p) in &pools {
         let router = esc(router);
         let _ = writeln!(
             o,
@@ -499,7 +578,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
     }
     for (name, kind, help, get) in pool_families {
         family(&mut o, name, kind, help);
-        for (router, p) in layout.routers.iter().zip(pools) {
+        for (router, p) in &pools {
             let _ = writeln!(o, "{name}{{router=\"{}\"}} {}", esc(router), get(p));
         }
     }
@@ -681,18 +760,49 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
             |s| s.router.outbound_cancels(),
         ),
     ];
-    if shared.upstreams.iter().next().is_some() {
+    if routing.any_upstream() {
         for (name, kind, help, value) in upstream_series {
             family(&mut o, name, kind, help);
-            for (i, s) in shared.upstreams.iter() {
-                let _ = writeln!(
-                    o,
-                    "{name}{{router=\"{}\"}} {}",
-                    esc(routers.get(i).map_or("?", String::as_str)),
-                    value(s)
-                );
+            for r in &routing.routers {
+                let Some(s) = &r.upstream else { continue };
+                let _ = writeln!(o, "{name}{{router=\"{}\"}} {}", esc(&r.name), value(s));
             }
         }
+    }
+    // Reloads.
+    family(
+        &mut o,
+        "mcp_config_reloads_total",
+        "counter",
+        "Configuration reloads (SIGHUP, POST /admin/reload) by result: applied, or refused with the running configuration kept (the reasons are in the log and the reload's answer).",
+    );
+    for (result, n) in [
+        ("applied", &shared.reloads_applied),
+        ("refused", &shared.reloads_refused),
+    ] {
+        let _ = writeln!(
+            o,
+            "mcp_config_reloads_total{{result=\"{result}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+    let scalars: [(&str, &str, &str, u64); 2] = [
+        (
+            "mcp_config_generation",
+            "gauge",
+            "Generation of the configuration in effect: 1 at start-up, +1 per applied reload.",
+            routing.generation,
+        ),
+        (
+            "mcp_router_pools_draining",
+            "gauge",
+            "Pools of routers removed or replaced by a reload that still finish calls, over all shards.",
+            collected.draining,
+        ),
+    ];
+    for (name, kind, help, v) in scalars {
+        family(&mut o, name, kind, help);
+        let _ = writeln!(o, "{name} {v}");
     }
     family(
         &mut o,
@@ -704,7 +814,7 @@ pub fn render(shared: &Shared, collected: &Collected, routers: &[String]) -> Str
         o,
         "mcp_build_info{{version=\"{}\",routers=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION"),
-        esc(&routers.join(","))
+        esc(&routing.names().join(","))
     );
     o
 }

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::config::Config;
-use crate::route::{RouteTable, RouterEntry};
+use crate::routing::Routing;
 use crate::shard::{self, ShardStart};
-use crate::shared::{Capabilities, Shared};
+use crate::shared::Shared;
 use crate::wasm::{HostConfig, WasmHost};
 
 /// A listener bound with `SO_REUSEPORT`, so each shard can have its own on
@@ -42,7 +42,7 @@ pub struct Running {
     shards: Vec<std::thread::JoinHandle<()>>,
     /// Owns the engine's epoch ticker: dropping it would stop every guest
     /// deadline and yield, so it lives as long as the shards.
-    _host: WasmHost,
+    _host: Arc<WasmHost>,
 }
 
 impl Running {
@@ -99,8 +99,9 @@ impl Running {
     }
 }
 
-/// Starts everything and returns once every shard accepts.
-pub fn start(config: Config) -> Result<Running> {
+/// Starts everything and returns once every shard accepts. `source` is
+/// where reloads read the configuration again.
+pub fn start(config: Config, source: crate::control::Source) -> Result<Running> {
     // Before anything is opened or spawned: a placement error is the
     // operator's to fix, and should not wait for the routers to compile.
     let limit = crate::process::raise_nofile_limit();
@@ -129,14 +130,14 @@ pub fn start(config: Config) -> Result<Running> {
             );
         }
     }
-    // Reserve exactly the instance slots this configuration can use: every
+    // Reserve the instance slots this configuration can use: every
     // shard's pool of every router (shared instances plus, for a
-    // session-affine router, one per session), plus one per router for the transient
-    // instance that reads its metadata at load. A fixed number either
+    // session-affine router, one per session), plus two per router for the
+    // transient instance that reads its metadata at load and an upstream
+    // router's metadata reader; then as many again, so that a reload can
+    // replace every router while the old pools drain. A fixed number either
     // refuses start-up for a large deployment (many routers × many shards)
     // or reserves terabytes of address space a small one never touches.
-    // A session-affine router also holds up to `max_sessions_per_shard`
-    // instances of its own per shard, one per live session.
     let per_shard: usize = config
         .routers
         .iter()
@@ -148,67 +149,33 @@ pub fn start(config: Config) -> Result<Running> {
     let slots = config
         .shard_count()
         .saturating_mul(per_shard)
-        .saturating_add(config.routers.len())
-        .max(1);
+        .saturating_add(config.routers.len().saturating_mul(2))
+        .saturating_mul(2)
+        .max(16);
     let host_config = HostConfig {
         max_instances: u32::try_from(slots).unwrap_or(u32::MAX),
         ..HostConfig::default()
     };
-    let host = WasmHost::new(&host_config).context("starting the WASM host")?;
-    let mut routers = Vec::new();
-    let mut entries = Vec::new();
-    let mut caps = Capabilities::default();
-    let mut instructions = Vec::new();
-    // Per router: `Some(unavailable reason)` for upstream routers.
-    let mut upstream = Vec::new();
+    let host = Arc::new(WasmHost::new(&host_config).context("starting the WASM host")?);
+    let mut loaded = Vec::new();
     for r in &config.routers {
-        let spec = config.router_spec(r);
-        let router = host
-            .load(&spec)
-            .with_context(|| format!("loading router `{}` from {}", r.name, spec.wasm.display()))?;
-        let mut meta = router.meta().clone();
-        if r.upstream.is_some() {
-            let unavailable = meta.unavailable();
-            if let Some(reason) = &unavailable {
-                // Not fatal: it is retried with backoff (upstream.rs), and
-                // the other routers serve meanwhile.
-                tracing::warn!(router = %r.name, %reason, "upstream unavailable at start-up; retrying with backoff");
-                meta = Arc::new(crate::wasm::RouterMeta {
-                    server: meta.server.clone(),
-                    ..Default::default()
-                });
-            }
-            upstream.push(Some(unavailable));
-        } else {
-            upstream.push(None);
-        }
-        if let Some(server) = &meta.server {
-            caps.completions |= server
-                .capabilities
-                .completions
-                .as_ref()
-                .is_some_and(|c| c.enabled);
-            caps.subscribe |= server
-                .capabilities
-                .resources
-                .as_ref()
-                .and_then(|r| r.subscribe)
-                .unwrap_or(false);
-        }
-        if !meta.instructions.is_empty() {
-            instructions.push(format!("{}: {}", r.name, meta.instructions));
-        }
-        entries.push(RouterEntry {
-            name: r.name.clone(),
-            prefix: r.prefix.clone(),
-            meta,
-        });
-        routers.push(router);
+        loaded.push(crate::routing::load(&host, &config, r).map_err(anyhow::Error::msg)?);
     }
-    let table = RouteTable::build(&entries, &config.naming.separator)
-        .context("building the route table")?;
+    let tools: usize = loaded.iter().map(|l| l.entry.meta.tools.len()).sum();
+    let layout = Arc::new(crate::metrics::Layout::new(loaded.len(), tools));
+    for l in &mut loaded {
+        l.assign_slot(&layout).map_err(anyhow::Error::msg)?;
+    }
+    let entries: Vec<_> = loaded.iter().map(|l| l.entry.clone()).collect();
+    let routing = Routing::build(
+        1,
+        loaded.iter().map(|l| l.routed.clone()).collect(),
+        &entries,
+        &config.naming.separator,
+        &layout,
+    )
+    .context("building the route table")?;
     let shards = config.shard_count();
-    let affinity = config.routers.iter().map(|r| r.affinity).collect();
     let names: Vec<String> = config.routers.iter().map(|r| r.name.clone()).collect();
 
     // Bind everything before reporting ready, so port 0 resolves and a busy
@@ -240,15 +207,7 @@ pub fn start(config: Config) -> Result<Running> {
         .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
     let grpc = grpc_listener.local_addr()?;
 
-    let shared = Arc::new(Shared::new(
-        config,
-        table,
-        affinity,
-        caps,
-        instructions.join("\n"),
-        shards,
-        crate::upstream::Upstreams::new(&upstream, &routers),
-    ));
+    let shared = Arc::new(Shared::new(config.clone(), routing, layout, shards));
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut handles = Vec::new();
@@ -258,7 +217,6 @@ pub fn start(config: Config) -> Result<Running> {
         let start = ShardStart {
             index,
             shared: shared.clone(),
-            routers: routers.clone(),
             listener,
             http_listener,
             cpu,
@@ -284,32 +242,16 @@ pub fn start(config: Config) -> Result<Running> {
     }
     {
         let shared = shared.clone();
-        let names = names.clone();
         std::thread::Builder::new()
             .name("admin".into())
-            .spawn(move || crate::metrics::serve(metrics_listener, shared, names))
+            .spawn(move || crate::metrics::serve(metrics_listener, shared))
             .context("spawning the admin thread")?;
     }
     let grpc_edge = crate::edge::grpc::start(grpc_listener, shared.clone())
         .context("starting the gRPC edge")?;
-    crate::upstream::Refresher {
-        shared: shared.clone(),
-        routers: routers.clone(),
-        entries,
-        intervals: shared
-            .config
-            .routers
-            .iter()
-            .map(|r| {
-                r.upstream.as_ref().map(|_| {
-                    r.refresh_interval
-                        .unwrap_or(crate::upstream::DEFAULT_REFRESH_INTERVAL)
-                })
-            })
-            .collect(),
-    }
-    .spawn()
-    .context("spawning the upstream refresher")?;
+    crate::control::Control::new(shared.clone(), host.clone(), source, config, loaded)
+        .spawn()
+        .context("spawning the routing thread")?;
     Ok(Running {
         shared,
         frames,

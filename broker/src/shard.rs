@@ -26,13 +26,12 @@ use crate::dispatch::ShardCtx;
 use crate::local::{Latch, YieldQueue};
 use crate::metrics;
 use crate::shared::{ShardMsg, ShardStats, Shared};
-use crate::wasm::{Router, RouterPool};
+use crate::wasm::RouterPool;
 
 /// Everything a shard thread needs to start.
 pub struct ShardStart {
     pub index: usize,
     pub shared: Arc<Shared>,
-    pub routers: Vec<Arc<Router>>,
     pub listener: std::net::TcpListener,
     /// This shard's listener of the MCP HTTP edge (same address on every
     /// shard, `SO_REUSEPORT`).
@@ -140,21 +139,16 @@ impl Shard {
 
 async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>) {
     let index = s.index;
-    let pools: Vec<RouterPool> = s
-        .routers
-        .iter()
-        .map(|r| RouterPool::new(r.clone()))
-        .collect();
+    let mut pools = crate::routing::ShardPools::default();
     // Instantiate every pool now, so the first requests do not pay for it
     // and a broken router fails start-up rather than a request.
-    for pool in &pools {
+    for r in &s.shared.routing.load().routers {
+        let pool = RouterPool::new(r.router.clone());
         if let Err(e) = pool.warm().await {
-            let _ = ready.send(Err(format!(
-                "shard {index}: router `{}`: {e}",
-                pool.router().spec().name
-            )));
+            let _ = ready.send(Err(format!("shard {index}: router `{}`: {e}", r.name)));
             return;
         }
+        pools.insert(r.uid, r.slot, pool);
     }
     let listener = match TcpListener::from_std(s.listener) {
         Ok(l) => l,
@@ -174,7 +168,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         ctx: Rc::new(ShardCtx {
             index,
             shared: s.shared.clone(),
-            pools,
+            pools: RefCell::new(pools),
             enc: RefCell::new(ResponseEncoder::new(index as u64)),
         }),
         draining: Rc::default(),
@@ -188,7 +182,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         let shard = shard.clone();
         monoio::spawn(async move { shard.yields.run().await });
     }
-    monoio::spawn(expire_sessions(shard.ctx.clone()));
+    monoio::spawn(housekeeping(shard.ctx.clone()));
     let http = crate::edge::http::HttpEdge::new(shard.ctx.clone(), shard.draining.clone());
     monoio::spawn(crate::edge::http::accept_loop(http.clone(), http_listener));
     monoio::spawn(crate::edge::http::expire_sessions(http.clone()));
@@ -238,26 +232,54 @@ pub(crate) async fn poll_until(latch: &Latch, done: impl Fn() -> bool) {
 }
 
 /// Drops the instances of sessions idle past their router's
-/// `session_idle_timeout`, checking a few times per timeout, so an abandoned
-/// session holds its instance at most a quarter of the timeout too long.
-/// Returns at once when no router is session-affine.
-async fn expire_sessions(ctx: Rc<ShardCtx>) {
-    let Some(shortest) = ctx
-        .pools
-        .iter()
-        .filter_map(|p| p.session_idle_timeout())
-        .min()
-    else {
-        return;
-    };
-    let every = (shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
+/// `session_idle_timeout`, checking a few times per timeout (so an
+/// abandoned session holds its instance at most a quarter of the timeout
+/// too long), and the retired pools whose last call ended, at least once a
+/// second. The routers (and so the timeouts) change with reloads: each
+/// round reads them again.
+async fn housekeeping(ctx: Rc<ShardCtx>) {
     loop {
+        let every = ctx
+            .pools
+            .borrow()
+            .iter()
+            .filter_map(|p| p.session_idle_timeout())
+            .min()
+            .map_or(Duration::from_secs(1), |t| {
+                (t / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+            });
         monoio::time::sleep(every).await;
         let now = Instant::now();
-        for pool in &ctx.pools {
+        let mut pools = ctx.pools.borrow_mut();
+        for pool in pools.iter() {
             pool.expire_sessions(now);
         }
+        pools.sweep();
     }
+}
+
+/// Makes and warms a reload's new pools, then installs them (all or none)
+/// and answers the `routing` thread.
+async fn add_pools(ctx: Rc<ShardCtx>, add: crate::shared::AddPools) {
+    let mut made = Vec::with_capacity(add.pools.len());
+    for (uid, slot, router) in add.pools {
+        let pool = RouterPool::new(router);
+        if let Err(e) = pool.warm().await {
+            let _ = add.reply.send(Err(format!(
+                "shard {}: router `{}`: {e}",
+                ctx.index,
+                pool.router().spec().name
+            )));
+            return;
+        }
+        made.push((uid, slot, pool));
+    }
+    let mut pools = ctx.pools.borrow_mut();
+    for (uid, slot, pool) in made {
+        pools.insert(uid, slot, pool);
+    }
+    drop(pools);
+    let _ = add.reply.send(Ok(()));
 }
 
 /// Empties the shard's inbox: hand-offs from other shards and the gRPC edge,
@@ -355,6 +377,15 @@ async fn inbox_loop(shard: Rc<Shard>) {
             }
             ShardMsg::Snapshot(req) => metrics::record::answer_snapshot(&shard.ctx, req),
             ShardMsg::ListChanged(kinds) => tell_list_changed(&shard, kinds),
+            ShardMsg::AddPools(add) => {
+                monoio::spawn(add_pools(shard.ctx.clone(), add));
+            }
+            ShardMsg::DropPools(uids) => {
+                let mut pools = shard.ctx.pools.borrow_mut();
+                for uid in uids {
+                    pools.retire(uid);
+                }
+            }
             ShardMsg::Drain => shard.draining.set(),
             ShardMsg::DrainExpired => {
                 shard.draining.set();

@@ -1,6 +1,6 @@
-//! What all shards share: read-only after start-up (but for the route
-//! table, which is swapped whole when an upstream's listings change), plus
-//! the cross-thread hand-off queues.
+//! What all shards share: read-only after start-up (but for the routing,
+//! which is swapped whole by a reload or when an upstream's listings
+//! change), plus the cross-thread hand-off queues.
 //!
 //! # Invariants
 //! - Nothing here is written on the request path except a shard's own inbox
@@ -16,8 +16,8 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use futures_channel::oneshot;
 use mcp_schema::verify::VerifiedRequest;
 
-use crate::config::{Affinity, Config};
-use crate::route::RouteTable;
+use crate::config::Config;
+use crate::routing::Routing;
 
 /// A request handed to a shard from another thread, and where its response
 /// frames go.
@@ -50,6 +50,18 @@ pub enum ShardMsg {
     /// The route table changed: tell the shard's frame connections that
     /// initialized.
     ListChanged(ListKinds),
+    /// A reload brings routers: make and warm their pools, then answer.
+    AddPools(AddPools),
+    /// A reload removed or replaced these routers (by uid): drop their
+    /// pools once the calls running in them end.
+    DropPools(Vec<usize>),
+}
+
+/// New routers' pools for a shard to make: `(uid, metrics slot, router)`.
+pub struct AddPools {
+    pub pools: Vec<(usize, usize, Arc<crate::wasm::Router>)>,
+    /// `Err`: why a pool could not be warmed on this shard.
+    pub reply: Sender<Result<(), String>>,
 }
 
 /// One shard's inbox: a bounded lock-free queue plus the waker of the task
@@ -138,15 +150,24 @@ pub struct Capabilities {
 }
 
 pub struct Shared {
+    /// The configuration the process started with. Its `[[routers]]` and
+    /// `[naming]` are those of start-up: a reload's are in [`Self::routing`].
     pub config: Config,
-    /// The route table in effect. Readers `load()` it per request (no lock);
-    /// `upstream::Refresher` stores a new one when listings change.
-    pub table: arc_swap::ArcSwap<RouteTable>,
-    /// Upstream routers' availability and the refresh queue.
-    pub upstreams: crate::upstream::Upstreams,
-    pub affinity: Vec<Affinity>,
-    pub capabilities: Capabilities,
-    pub instructions: String,
+    /// The routing in effect. Readers `load()` it per request (no lock);
+    /// only the `routing` thread (`control.rs`) stores a new one.
+    pub routing: arc_swap::ArcSwap<Routing>,
+    /// The metrics label space.
+    pub layout: Arc<crate::metrics::Layout>,
+    /// Upstream routers whose calls' answers said their listings changed
+    /// (by uid), for the `routing` thread.
+    kicks: (Sender<usize>, Receiver<usize>),
+    /// Reloads asked for (SIGHUP, `POST /admin/reload`).
+    reloads: (
+        Sender<crate::control::ReloadRequest>,
+        Receiver<crate::control::ReloadRequest>,
+    ),
+    pub reloads_applied: AtomicU64,
+    pub reloads_refused: AtomicU64,
     pub inboxes: Vec<Inbox>,
     pub stats: Vec<ShardStats>,
     draining: AtomicBool,
@@ -195,12 +216,9 @@ pub enum SubmitError {
 impl Shared {
     pub fn new(
         config: Config,
-        table: RouteTable,
-        affinity: Vec<Affinity>,
-        capabilities: Capabilities,
-        instructions: String,
+        routing: Routing,
+        layout: Arc<crate::metrics::Layout>,
         shards: usize,
-        upstreams: crate::upstream::Upstreams,
     ) -> Self {
         let inboxes = (0..shards)
             .map(|_| {
@@ -213,7 +231,6 @@ impl Shared {
                 }
             })
             .collect();
-        let layout = Arc::new(crate::metrics::Layout::new(&table));
         let http_sessions = crate::edge::http::session::Sessions::new(
             shards,
             config.http.max_sessions,
@@ -223,13 +240,14 @@ impl Shared {
         Self {
             http_sessions,
             config,
-            table: arc_swap::ArcSwap::from_pointee(table),
-            upstreams,
-            affinity,
-            capabilities,
-            instructions,
+            routing: arc_swap::ArcSwap::from_pointee(routing),
+            kicks: crossbeam_channel::bounded(1024),
+            reloads: crossbeam_channel::bounded(64),
+            reloads_applied: AtomicU64::new(0),
+            reloads_refused: AtomicU64::new(0),
             inboxes,
             stats: (0..shards).map(|_| ShardStats::new(&layout)).collect(),
+            layout,
             draining: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
             deaths: crossbeam_channel::unbounded(),
@@ -239,6 +257,29 @@ impl Shared {
 
     pub fn shards(&self) -> usize {
         self.inboxes.len()
+    }
+
+    /// Asks for upstream router `uid`'s listings to be re-read soon (from a
+    /// shard: never blocks; a full queue already holds enough requests).
+    pub fn request_refresh(&self, uid: usize) {
+        let _ = self.kicks.0.try_send(uid);
+    }
+
+    pub(crate) fn kicks(&self) -> &Receiver<usize> {
+        &self.kicks.1
+    }
+
+    /// Asks the `routing` thread to reload the config file; the outcome
+    /// goes to `reply`. `false` when too many reloads are already queued.
+    pub fn request_reload(&self, reply: Option<Sender<crate::control::ReloadOutcome>>) -> bool {
+        self.reloads
+            .0
+            .try_send(crate::control::ReloadRequest { reply })
+            .is_ok()
+    }
+
+    pub(crate) fn reloads(&self) -> &Receiver<crate::control::ReloadRequest> {
+        &self.reloads.1
     }
 
     /// The shard that owns a session: the one an HTTP edge session id

@@ -44,6 +44,8 @@ struct State {
     window: VecDeque<Slot>,
     /// Per shard: the pools' state at its last answer.
     pools: Vec<Option<Vec<PoolStats>>>,
+    /// Per shard: retired pools still finishing calls, at its last answer.
+    draining: Vec<usize>,
     /// Cleared histogram sets to hand to the shards.
     spares: Vec<Vec<Histogram<u64>>>,
     /// Collections in which some shard did not answer in time.
@@ -53,7 +55,6 @@ struct State {
 /// Gathers shard snapshots; shared by the HTTP handler and the ticker.
 pub struct Collector {
     shared: Arc<Shared>,
-    routers: usize,
     tx: Sender<ShardSnapshot>,
     rx: Receiver<ShardSnapshot>,
     state: Mutex<State>,
@@ -64,33 +65,39 @@ pub struct Collected {
     /// Per router label: quantile values in seconds over the window (`NaN`
     /// when the window holds no observation).
     pub quantiles: Vec<[f64; QUANTILES.len()]>,
-    /// Per router: pool state summed over shards (shards that never
+    /// Per router slot: pool state summed over shards (shards that never
     /// answered are missing from the sum).
     pub pools: Vec<PoolStats>,
+    /// Retired pools still finishing calls, all shards.
+    pub draining: u64,
     pub timeouts: u64,
 }
 
 impl Collector {
     pub fn new(shared: Arc<Shared>) -> Self {
-        let routers = shared.stats[0].layout.routers.len();
         let shards = shared.shards();
         let (tx, rx) = crossbeam_channel::unbounded();
         Self {
             shared,
-            routers,
             tx,
             rx,
             state: Mutex::new(State {
                 window: VecDeque::with_capacity(SLOTS + 1),
                 pools: vec![None; shards],
+                draining: vec![0; shards],
                 spares: Vec::new(),
                 timeouts: 0,
             }),
         }
     }
 
+    /// Router labels registered so far (reloads add some).
+    fn routers(&self) -> usize {
+        self.shared.layout.routers_registered()
+    }
+
     fn fresh(&self) -> Vec<Histogram<u64>> {
-        (0..self.routers).map(|_| new_hdr()).collect()
+        (0..self.routers()).map(|_| new_hdr()).collect()
     }
 
     /// Asks every shard for its snapshot and merges what comes back (and
@@ -152,26 +159,34 @@ impl Collector {
         }
         let slot = st.window.back_mut().expect("a slot was just ensured");
         let mut hdr = snap.hdr;
+        // A router added by a reload: its histogram joins the slot.
+        if slot.hdr.len() < hdr.len() {
+            slot.hdr.resize_with(hdr.len(), new_hdr);
+        }
         for (into, h) in slot.hdr.iter_mut().zip(hdr.iter_mut()) {
             // Same bounds on both sides: `add` cannot fail.
             let _ = into.add(&*h);
             h.reset();
         }
-        if hdr.len() == self.routers {
+        if hdr.len() == self.routers() {
             st.spares.push(hdr);
         }
         if let Some(p) = st.pools.get_mut(snap.shard) {
             *p = Some(snap.pools);
         }
+        if let Some(d) = st.draining.get_mut(snap.shard) {
+            *d = snap.draining;
+        }
     }
 
     fn read(&self, st: &State) -> Collected {
         let mut merged = new_hdr();
-        let mut quantiles = Vec::with_capacity(self.routers);
-        for r in 0..self.routers {
+        let routers = self.routers();
+        let mut quantiles = Vec::with_capacity(routers);
+        for r in 0..routers {
             merged.reset();
-            for slot in &st.window {
-                let _ = merged.add(&slot.hdr[r]);
+            for h in st.window.iter().filter_map(|slot| slot.hdr.get(r)) {
+                let _ = merged.add(h);
             }
             let mut q = [f64::NAN; QUANTILES.len()];
             if !merged.is_empty() {
@@ -183,24 +198,20 @@ impl Collector {
             }
             quantiles.push(q);
         }
-        let mut pools = vec![PoolStats::default(); self.routers.saturating_sub(1)];
+        // By router slot.
+        let mut pools = Vec::new();
         for shard in st.pools.iter().flatten() {
+            if pools.len() < shard.len() {
+                pools.resize(shard.len(), PoolStats::default());
+            }
             for (sum, p) in pools.iter_mut().zip(shard) {
-                sum.instances += p.instances;
-                sum.idle += p.idle;
-                sum.busy += p.busy;
-                sum.queued += p.queued;
-                sum.calls += p.calls;
-                sum.faults += p.faults;
-                sum.replaced += p.replaced;
-                sum.overloaded += p.overloaded;
-                sum.sessions += p.sessions;
-                sum.sessions_evicted += p.sessions_evicted;
+                sum.add(p);
             }
         }
         Collected {
             quantiles,
             pools,
+            draining: st.draining.iter().sum::<usize>() as u64,
             timeouts: st.timeouts,
         }
     }

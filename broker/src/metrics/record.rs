@@ -13,8 +13,9 @@
 //!   filled one back. Nothing is copied or allocated on the shard.
 //!
 //! # Invariants
-//! - Called on the shard thread only; no locks, no allocation after the
-//!   first recorded request (which sizes the thread-local HdrHistograms).
+//! - Called on the shard thread only; no locks, no allocation but the first
+//!   recorded request of each router slot (which sizes the thread-local
+//!   HdrHistograms).
 //! - Each request is recorded exactly once: by the worker of the frame
 //!   connection it arrived on (even when it ran on another shard for session
 //!   affinity), or by the inbox task for a gRPC call.
@@ -28,7 +29,7 @@ use mcp_schema::{RequestKind, RouteKey};
 
 use super::hist::bump;
 use super::peek;
-use super::series::{Edge, kind_index};
+use super::series::{BROKER, BROKER_NONE, BROKER_OTHER, Edge, kind_index};
 use crate::dispatch::ShardCtx;
 use crate::wasm::PoolStats;
 
@@ -62,7 +63,10 @@ pub struct SnapshotRequest {
 pub struct ShardSnapshot {
     pub shard: usize,
     pub hdr: Vec<Histogram<u64>>,
+    /// By router metrics slot.
     pub pools: Vec<PoolStats>,
+    /// Retired pools still finishing calls.
+    pub draining: usize,
 }
 
 fn elapsed_ns(from: Instant, to: Instant) -> u64 {
@@ -91,34 +95,39 @@ pub fn request(
     let now = Instant::now();
     let view = req.view();
     let kind = view.kind();
-    let table = ctx.shared.table.load();
-    let broker = layout.broker();
-    let none = layout.no_tool();
+    let routing = ctx.shared.routing.load();
+    let table = &routing.table;
+    // The router's slot and its `other`/`none` labels, by route table id.
+    let of = |id: Option<u16>| {
+        id.and_then(|i| routing.routers.get(i as usize))
+            .map_or((BROKER, BROKER_OTHER, BROKER_NONE), |r| {
+                (r.slot, r.labels.0, r.labels.1)
+            })
+    };
     let (router, tool) = match view.route_key() {
-        RouteKey::Tool(name) => match layout.tool(name) {
-            Some((tool, router)) => (router, tool),
-            // Served by a route table swapped in after start-up, or unknown.
-            None => (
-                table.tool(name).map_or(broker, |t| t.router as usize),
-                layout.other_tool(),
-            ),
-        },
-        RouteKey::Resource(uri) if kind == RequestKind::ReadResource => {
-            (table.resource(uri).map_or(broker, usize::from), none)
+        RouteKey::Tool(name) => {
+            let (slot, other, _) = of(table.tool(name).map(|t| t.router));
+            let label = routing.tool_labels.get(name).copied().unwrap_or(other);
+            (slot, label)
         }
-        RouteKey::Prompt(name) => (
-            table.prompt(name).map_or(broker, |t| t.router as usize),
-            none,
-        ),
+        RouteKey::Resource(uri) if kind == RequestKind::ReadResource => {
+            let (slot, _, none) = of(table.resource(uri));
+            (slot, none)
+        }
+        RouteKey::Prompt(name) => {
+            let (slot, _, none) = of(table.prompt(name).map(|t| t.router));
+            (slot, none)
+        }
         RouteKey::Completion { kind: ck, name } => {
             let r = if ck == mcp_schema::fb::protocol::CompletionRefKind::Resource {
                 table.resource(name)
             } else {
                 table.prompt(name).map(|t| t.router)
             };
-            (r.map_or(broker, usize::from), none)
+            let (slot, _, none) = of(r);
+            (slot, none)
         }
-        _ => (broker, none),
+        _ => (BROKER, BROKER_NONE),
     };
     let outcome = peek::outcome(frames);
     let s = &stats.series;
@@ -127,19 +136,21 @@ pub fn request(
         1,
     );
     let total = elapsed_ns(arrived, now);
-    s.duration[layout.latency_slot(router, tool)].record(total);
+    s.duration[tool as usize].record(total);
     s.queue[router].record(elapsed_ns(arrived, started));
     HDR.with_borrow_mut(|h| {
-        if h.is_empty() {
-            h.extend((0..layout.routers.len()).map(|_| new_hdr()));
+        // Sized on the first request of each router slot (a reload may
+        // add slots), never again.
+        if h.len() <= router {
+            h.resize_with(router + 1, new_hdr);
         }
         h[router].saturating_record(total.max(1));
     });
     now
 }
 
-/// Records one WASM call of router `router` that began at `started`
-/// (including any wait for a free instance of the pool).
+/// Records one WASM call of the router in metrics slot `router` that began
+/// at `started` (including any wait for a free instance of the pool).
 pub fn wasm_call(ctx: &ShardCtx, router: usize, started: Instant) {
     let stats = &ctx.shared.stats[ctx.index];
     if !stats.layout.recording {
@@ -157,6 +168,7 @@ pub fn answer_snapshot(ctx: &ShardCtx, req: SnapshotRequest) {
     let _ = req.reply.send(ShardSnapshot {
         shard: ctx.index,
         hdr,
-        pools: ctx.pools.iter().map(|p| p.stats()).collect(),
+        pools: ctx.pools.borrow().stats(),
+        draining: ctx.pools.borrow().draining(),
     });
 }

@@ -1,15 +1,21 @@
-//! The label space (fixed at start-up) and one shard's series in it.
+//! The label space (its capacity fixed at start-up) and one shard's series
+//! in it.
 //!
-//! Every label set is bounded and known before the first request, so each
-//! series is a slot in a flat array indexed by label numbers: recording is
-//! index arithmetic and a relaxed store, never a map insertion.
+//! Every label set is bounded and allocated before the first request, so
+//! each series is a slot in a flat array indexed by label numbers:
+//! recording is index arithmetic and a relaxed store, never a map
+//! insertion.
 //!
 //! # Invariants
-//! - `router` takes the configured router names plus `broker` (answered by
-//!   the broker itself: initialize, ping, listings, unknown names).
-//! - `tool` takes the tool names the route table served at start-up, plus
-//!   `other` (a name unknown at start-up) and `none` (not a tool call).
-//! - Nothing here grows after start-up.
+//! - `router` takes the names of every router the process has served
+//!   (configured at start-up or added by a reload) plus `broker` (answered
+//!   by the broker itself: initialize, ping, listings, unknown names).
+//! - `tool` takes the tool names route tables have served, plus, per
+//!   router, `other` (a tool past the label capacity, or unknown) and
+//!   `none` (not a tool call).
+//! - Labels are registered off the shards (start-up, reload, upstream
+//!   refresh) before any shard can record under them; the arrays never
+//!   grow.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -18,7 +24,6 @@ use std::sync::atomic::AtomicU64;
 use mcp_schema::{ErrorCode, RequestKind};
 
 use super::hist::AtomicHistogram;
-use crate::route::RouteTable;
 
 /// Where a request came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,81 +190,139 @@ impl Hasher for Fnv {
     }
 }
 
-/// The label space: fixed at start-up, shared by every shard and the
-/// admin thread.
+/// The label space: shared by every shard and the admin thread. Its
+/// capacity is fixed at start-up (so every series is a preallocated slot);
+/// its names only grow, as configuration reloads bring routers and tools
+/// it has not seen, and a name keeps its slot for the life of the process,
+/// so that a router's counters carry on across reloads that keep or
+/// replace it.
 #[derive(Debug)]
 pub struct Layout {
-    /// Configured routers, then `broker`.
-    pub routers: Vec<Box<str>>,
-    /// Tools known at start-up (exposed name, router), then `other`, `none`.
-    pub tools: Vec<(Box<str>, usize)>,
-    tool_index: HashMap<Box<str>, u16, BuildHasherDefault<Fnv>>,
+    /// Router slots (slot [`BROKER`] is `broker`).
+    pub router_capacity: usize,
+    /// Latency label slots (a tool of a router, or a router's `other` /
+    /// `none`).
+    pub label_capacity: usize,
+    names: std::sync::Mutex<Names>,
     /// Whether the shards record requests and latencies (the switch the
     /// cost benchmark flips; see `docs/metrics.md`).
     pub recording: bool,
 }
+
+/// The names registered so far.
+#[derive(Debug, Default, Clone)]
+pub struct Names {
+    /// By router slot.
+    pub routers: Vec<Box<str>>,
+    /// By label: (router slot, tool name or `other` / `none`).
+    pub labels: Vec<(usize, Box<str>)>,
+    /// By router slot: its `other` and `none` labels.
+    pub router_labels: Vec<(u32, u32)>,
+    label_index: HashMap<(usize, Box<str>), u32, BuildHasherDefault<Fnv>>,
+}
+
+/// The router slot of requests the broker answers itself.
+pub const BROKER: usize = 0;
+/// `broker`'s `other` (an unknown tool) and `none` (not a tool call) labels.
+pub const BROKER_OTHER: u32 = 0;
+pub const BROKER_NONE: u32 = 1;
+
+/// Router names a process may see beyond those it started with, over all
+/// its reloads (a reload that would exceed it is refused).
+pub const RELOAD_ROUTER_HEADROOM: usize = 64;
+/// Tool labels beyond those known at start-up; past them a new tool is
+/// counted under its router's `other`.
+pub const RELOAD_LABEL_HEADROOM: usize = 2048;
 
 /// The environment variable that turns request recording off
 /// (`MCP_BROKER_METRICS=off`): for the metrics-cost benchmark only.
 pub const RECORDING_ENV: &str = "MCP_BROKER_METRICS";
 
 impl Layout {
-    pub fn new(table: &RouteTable) -> Self {
-        let mut routers: Vec<Box<str>> = table
-            .router_names()
-            .iter()
-            .map(|r| r.as_str().into())
-            .collect();
-        routers.push("broker".into());
-        let mut tools: Vec<(Box<str>, usize)> = table
-            .tool_list
-            .iter()
-            .map(|t| (t.exposed.clone(), t.router as usize))
-            .collect();
-        let tool_index = tools
-            .iter()
-            .enumerate()
-            .map(|(i, (name, _))| (name.clone(), i as u16))
-            .collect();
-        let broker = routers.len() - 1;
-        tools.push(("other".into(), broker));
-        tools.push(("none".into(), broker));
+    /// Room for `routers` configured routers and `tools` tools, plus the
+    /// reload headroom.
+    pub fn new(routers: usize, tools: usize) -> Self {
+        let router_capacity = 1 + routers + RELOAD_ROUTER_HEADROOM;
+        let label_capacity = tools + 2 * router_capacity + RELOAD_LABEL_HEADROOM;
         let recording = std::env::var(RECORDING_ENV).map_or(true, |v| v != "off");
-        Self {
-            routers,
-            tools,
-            tool_index,
+        let layout = Self {
+            router_capacity,
+            label_capacity,
+            names: std::sync::Mutex::default(),
             recording,
-        }
+        };
+        let broker = layout.router_slot("broker");
+        debug_assert_eq!(broker, Some(BROKER));
+        layout
     }
 
-    /// The `broker` router label.
-    pub fn broker(&self) -> usize {
-        self.routers.len() - 1
+    fn names(&self) -> std::sync::MutexGuard<'_, Names> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
     }
-    pub fn other_tool(&self) -> usize {
-        self.tools.len() - 2
+
+    /// How many router slots are registered (`broker` included).
+    pub fn routers_registered(&self) -> usize {
+        self.names().routers.len()
     }
-    pub fn no_tool(&self) -> usize {
-        self.tools.len() - 1
+
+    /// The registered names (for rendering).
+    pub fn snapshot(&self) -> Names {
+        self.names().clone()
     }
-    /// A tool's label number and router, if it was known at start-up.
-    pub fn tool(&self, name: &str) -> Option<(usize, usize)> {
-        self.tool_index.get(name).map(|&i| {
-            let i = i as usize;
-            (i, self.tools[i].1)
-        })
+
+    /// The slot of router `name`, registered on first sight; `None` when
+    /// the capacity is spent.
+    pub fn router_slot(&self, name: &str) -> Option<usize> {
+        let mut n = self.names();
+        if let Some(i) = n.routers.iter().position(|r| &**r == name) {
+            return Some(i);
+        }
+        if n.routers.len() >= self.router_capacity {
+            return None;
+        }
+        let slot = n.routers.len();
+        n.routers.push(name.into());
+        let other = Self::add_label(&mut n, slot, "other");
+        let none = Self::add_label(&mut n, slot, "none");
+        n.router_labels.push((other, none));
+        Some(slot)
+    }
+
+    fn add_label(n: &mut Names, slot: usize, tool: &str) -> u32 {
+        let label = n.labels.len() as u32;
+        n.labels.push((slot, tool.into()));
+        n.label_index.insert((slot, tool.into()), label);
+        label
+    }
+
+    /// The `other` and `none` labels of router slot `slot`.
+    pub fn router_labels(&self, slot: usize) -> (u32, u32) {
+        self.names()
+            .router_labels
+            .get(slot)
+            .copied()
+            .unwrap_or((BROKER_OTHER, BROKER_NONE))
+    }
+
+    /// The label of tool `tool` of router slot `slot`, registered on first
+    /// sight; its router's `other` once the capacity is spent.
+    pub fn tool_label(&self, slot: usize, tool: &str) -> u32 {
+        let mut n = self.names();
+        if let Some(&l) = n.label_index.get(&(slot, tool.into())) {
+            return l;
+        }
+        if n.labels.len() >= self.label_capacity {
+            return n.router_labels.get(slot).map_or(BROKER_OTHER, |l| l.0);
+        }
+        Self::add_label(&mut n, slot, tool)
     }
 
     pub fn request_slot(&self, edge: Edge, router: usize, kind: usize, outcome: Outcome) -> usize {
-        ((edge as usize * self.routers.len() + router) * KINDS + kind) * Outcome::COUNT
+        ((edge as usize * self.router_capacity + router) * KINDS + kind) * Outcome::COUNT
             + outcome as usize
     }
     pub fn request_slots(&self) -> usize {
-        Edge::ALL.len() * self.routers.len() * KINDS * Outcome::COUNT
-    }
-    pub fn latency_slot(&self, router: usize, tool: usize) -> usize {
-        router * self.tools.len() + tool
+        Edge::ALL.len() * self.router_capacity * KINDS * Outcome::COUNT
     }
 }
 
@@ -268,9 +331,9 @@ impl Layout {
 pub struct ShardSeries {
     /// `mcp_requests_total`, by `request_slot`.
     pub requests: Box<[AtomicU64]>,
-    /// `mcp_request_duration_seconds`, by `latency_slot(router, tool)`.
+    /// `mcp_request_duration_seconds`, by label.
     pub duration: Box<[AtomicHistogram]>,
-    /// `mcp_wasm_call_duration_seconds`, by router (no `broker`).
+    /// `mcp_wasm_call_duration_seconds`, by router slot (`broker`'s unused).
     pub wasm: Box<[AtomicHistogram]>,
     /// `mcp_queue_wait_seconds`, by router (with `broker`).
     pub queue: Box<[AtomicHistogram]>,
@@ -280,17 +343,15 @@ pub struct ShardSeries {
 
 impl ShardSeries {
     pub fn new(layout: &Layout) -> Self {
-        let routers = layout.routers.len();
+        let routers = layout.router_capacity;
         Self {
             requests: (0..layout.request_slots())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            duration: (0..routers * layout.tools.len())
+            duration: (0..layout.label_capacity)
                 .map(|_| AtomicHistogram::default())
                 .collect(),
-            wasm: (0..routers - 1)
-                .map(|_| AtomicHistogram::default())
-                .collect(),
+            wasm: (0..routers).map(|_| AtomicHistogram::default()).collect(),
             queue: (0..routers).map(|_| AtomicHistogram::default()).collect(),
             rejected: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -300,6 +361,39 @@ impl ShardSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_keep_their_slots_and_the_capacity_holds() {
+        let layout = Layout::new(2, 3);
+        assert_eq!(layout.router_slot("broker"), Some(BROKER));
+        let echo = layout.router_slot("echo").unwrap();
+        let kv = layout.router_slot("kv").unwrap();
+        assert_ne!(echo, kv);
+        // A name seen before keeps its slot (a replaced router counts on).
+        assert_eq!(layout.router_slot("echo"), Some(echo));
+        let t = layout.tool_label(echo, "echo");
+        assert_eq!(layout.tool_label(echo, "echo"), t);
+        assert_ne!(layout.tool_label(kv, "echo"), t, "labels are per router");
+        let (other, none) = layout.router_labels(kv);
+        assert_ne!(other, none);
+        let names = layout.snapshot();
+        assert_eq!(&*names.routers[kv], "kv");
+        assert_eq!(names.labels[t as usize], (echo, "echo".into()));
+        // Routers past the capacity are refused, not wrapped.
+        let mut added = 0;
+        while layout.router_slot(&format!("r{added}")).is_some() {
+            added += 1;
+        }
+        assert_eq!(layout.routers_registered(), layout.router_capacity);
+        assert_eq!(added, layout.router_capacity - 3);
+        // Tools past the label capacity fall to their router's `other`.
+        let mut last = 0;
+        for i in 0..layout.label_capacity + 1 {
+            last = layout.tool_label(echo, &format!("t{i}"));
+        }
+        assert_eq!(last, layout.router_labels(echo).0);
+        assert!(layout.snapshot().labels.len() <= layout.label_capacity);
+    }
 
     #[test]
     fn request_kind_discriminants_are_their_index_in_all() {

@@ -79,6 +79,34 @@ pub struct PoolStats {
     pub sessions_evicted: u64,
 }
 
+impl PoolStats {
+    /// Adds `o` into `self`, gauges and counters alike.
+    pub fn add(&mut self, o: &PoolStats) {
+        self.instances += o.instances;
+        self.idle += o.idle;
+        self.busy += o.busy;
+        self.queued += o.queued;
+        self.calls += o.calls;
+        self.faults += o.faults;
+        self.replaced += o.replaced;
+        self.overloaded += o.overloaded;
+        self.sessions += o.sessions;
+        self.sessions_evicted += o.sessions_evicted;
+    }
+
+    /// The counters alone (what a dropped pool leaves behind).
+    pub fn counters(&self) -> PoolStats {
+        PoolStats {
+            calls: self.calls,
+            faults: self.faults,
+            replaced: self.replaced,
+            overloaded: self.overloaded,
+            sessions_evicted: self.sessions_evicted,
+            ..PoolStats::default()
+        }
+    }
+}
+
 /// One slot of the pool: an instance, or `None` until (re)instantiated.
 /// Boxed (once per instantiation) so that handing a slot around moves a
 /// pointer, not the bindings' table of export indices.
@@ -306,6 +334,13 @@ impl RouterPool {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Whether anything but this handle holds the pool: a call running or
+    /// waiting in it, or another handle (a retired pool is dropped once
+    /// this is false).
+    pub fn in_use(&self) -> bool {
+        Rc::strong_count(&self.inner) > 1
     }
 
     /// The router this pool runs.

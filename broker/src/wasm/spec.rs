@@ -94,7 +94,7 @@ impl Default for SessionLimits {
 }
 
 /// One router to load: what the broker's config says about it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RouterSpec {
     /// Name used in routes, metrics and errors.
     pub name: String,

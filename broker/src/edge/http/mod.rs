@@ -831,8 +831,12 @@ impl HttpEdge {
         if token.is_none() && session.level().is_none() {
             return None;
         }
-        let target = self.ctx.shared.table.load().tool(&call.name)?.router as usize;
-        self.ctx.pools[target].reports_live().then_some(token)
+        let routing = self.ctx.shared.routing.load();
+        let target = routing.table.tool(&call.name)?.router as usize;
+        routing.routers[target]
+            .router
+            .reports_live()
+            .then_some(token)
     }
 
     /// Answers a call on an SSE stream opened before it runs: its progress

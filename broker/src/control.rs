@@ -1,0 +1,618 @@
+//! The `routing` thread: the one writer of [`Shared::routing`]. It applies
+//! configuration reloads (SIGHUP, `POST /admin/reload`) and keeps upstream
+//! routers' listings current (`upstream.rs`), one change at a time, so that
+//! a reload and a refresh never build tables from different router sets.
+//!
+//! # A reload
+//! 1. Re-read the config file (with the command line's overrides) and
+//!    validate it. Only `[[routers]]`, `[naming]` and `broker.routers_dir`
+//!    may differ from the running configuration; listeners, limits and the
+//!    rest are read at start-up, and a reload that changes them is refused
+//!    naming each section, so that what runs is always what the file says.
+//! 2. Compile each router that is new or changed (its entry, its resolved
+//!    spec or its `.wasm` content differs); the others are kept as they
+//!    are, with their instances and sessions.
+//! 3. Build the new route table.
+//! 4. Install the new routers' pools on every shard and wait until each has
+//!    warmed them (instantiated its `instances_per_shard`).
+//! 5. Publish the new routing, tell listening clients what changed
+//!    (`list_changed` on every edge), and retire the pools of removed and
+//!    replaced routers: each shard drops one once its last call finished.
+//!
+//! Any failure in 1–4 refuses the whole reload with every error found; the
+//! running routing is untouched (pools installed on some shards are
+//! dropped again).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use crate::config::{Config, Overrides};
+use crate::route::RouteTable;
+use crate::routing::{Loaded, Routing};
+use crate::shared::{AddPools, ListKinds, ShardMsg, Shared};
+use crate::upstream::{DEFAULT_REFRESH_INTERVAL, FIRST_RETRY, MIN_HINTED_GAP};
+use crate::wasm::{MetaReader, WasmHost};
+
+/// How long a reload waits for every shard to warm the new routers' pools.
+pub const INSTALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    Applied {
+        generation: u64,
+        added: Vec<String>,
+        changed: Vec<String>,
+        removed: Vec<String>,
+        unchanged: Vec<String>,
+    },
+    Refused {
+        generation: u64,
+        errors: Vec<String>,
+    },
+}
+
+impl ReloadOutcome {
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Self::Applied { .. })
+    }
+
+    /// The admin endpoint's answer body.
+    pub fn to_json(&self) -> String {
+        let v = match self {
+            Self::Applied {
+                generation,
+                added,
+                changed,
+                removed,
+                unchanged,
+            } => serde_json::json!({
+                "status": "applied",
+                "generation": generation,
+                "added": added,
+                "changed": changed,
+                "removed": removed,
+                "unchanged": unchanged,
+            }),
+            Self::Refused { generation, errors } => serde_json::json!({
+                "status": "refused",
+                "generation": generation,
+                "errors": errors,
+            }),
+        };
+        v.to_string()
+    }
+}
+
+/// A reload asked for; the outcome goes to `reply` when there is one.
+pub struct ReloadRequest {
+    pub reply: Option<Sender<ReloadOutcome>>,
+}
+
+/// Where the configuration comes from, for reloads.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// `None`: the embedded default.
+    pub path: Option<PathBuf>,
+    pub overrides: Overrides,
+}
+
+/// One router of the running routing, as this thread tracks it.
+struct Current {
+    loaded: Loaded,
+    /// Upstream routers: their refresh interval.
+    interval: Option<Duration>,
+    /// Upstream routers: one metadata instance kept between reads (made on
+    /// first use).
+    reader: Option<MetaReader>,
+    /// Upstream routers: when next due, and the backoff after the next
+    /// failure.
+    due: Option<(Instant, Duration)>,
+    last_read: Option<Instant>,
+}
+
+impl Current {
+    fn new(loaded: Loaded, now: Instant) -> Self {
+        let interval = loaded.config.upstream.as_ref().map(|_| {
+            loaded
+                .config
+                .refresh_interval
+                .unwrap_or(DEFAULT_REFRESH_INTERVAL)
+        });
+        let due = interval.map(|iv| {
+            let available = loaded
+                .routed
+                .upstream
+                .as_ref()
+                .is_some_and(|s| s.available.load(Ordering::Relaxed));
+            if available {
+                (now + iv, FIRST_RETRY)
+            } else {
+                (now + FIRST_RETRY, (FIRST_RETRY * 2).min(iv))
+            }
+        });
+        Self {
+            loaded,
+            interval,
+            reader: None,
+            due,
+            last_read: None,
+        }
+    }
+}
+
+/// The routing thread's state.
+pub struct Control {
+    pub shared: Arc<Shared>,
+    /// Compiles the routers a reload brings (the process's one engine).
+    pub host: Arc<WasmHost>,
+    pub source: Source,
+    /// The configuration in effect.
+    pub config: Config,
+    /// The routers of the published routing, in its order.
+    current: Vec<Current>,
+}
+
+impl Control {
+    pub fn new(
+        shared: Arc<Shared>,
+        host: Arc<WasmHost>,
+        source: Source,
+        config: Config,
+        loaded: Vec<Loaded>,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            shared,
+            host,
+            source,
+            config,
+            current: loaded.into_iter().map(|l| Current::new(l, now)).collect(),
+        }
+    }
+
+    /// Starts the `routing` thread; it runs until the broker drains.
+    pub fn spawn(self) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("routing".into())
+            .spawn(move || self.run())
+            .map(drop)
+    }
+
+    fn run(mut self) {
+        let kicks = self.shared.kicks().clone();
+        let reloads = self.shared.reloads().clone();
+        loop {
+            if self.shared.is_draining() {
+                // Answer reloads asked for meanwhile rather than leave their
+                // askers waiting.
+                while let Ok(req) = reloads.try_recv() {
+                    self.answer(req, self.refused(vec!["the broker is draining".into()]));
+                }
+                return;
+            }
+            let next = self.current.iter().filter_map(|c| c.due).map(|d| d.0).min();
+            // At most 1 s, so a drain is noticed.
+            let wait = next
+                .map_or(Duration::from_secs(1), |t| {
+                    t.saturating_duration_since(Instant::now())
+                })
+                .min(Duration::from_secs(1));
+            crossbeam_channel::select! {
+                recv(kicks) -> uid => {
+                    if let Ok(uid) = uid {
+                        self.hint(uid);
+                    }
+                }
+                recv(reloads) -> req => {
+                    if let Ok(req) = req {
+                        let outcome = self.reload();
+                        self.answer(req, outcome);
+                    }
+                }
+                default(wait) => {}
+            }
+            self.refresh_due();
+        }
+    }
+
+    fn answer(&self, req: ReloadRequest, outcome: ReloadOutcome) {
+        match &outcome {
+            ReloadOutcome::Applied {
+                generation,
+                added,
+                changed,
+                removed,
+                ..
+            } => {
+                self.shared.reloads_applied.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(generation, ?added, ?changed, ?removed, "reload applied");
+            }
+            ReloadOutcome::Refused { errors, .. } => {
+                self.shared.reloads_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    "reload refused; the running configuration is kept:\n{}",
+                    errors
+                        .iter()
+                        .map(|e| format!("  - {e}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+        }
+        if let Some(reply) = req.reply {
+            let _ = reply.send(outcome);
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.shared.routing.load().generation
+    }
+
+    fn refused(&self, errors: Vec<String>) -> ReloadOutcome {
+        ReloadOutcome::Refused {
+            generation: self.generation(),
+            errors,
+        }
+    }
+
+    /// Reads the config file and applies what changed (module doc).
+    fn reload(&mut self) -> ReloadOutcome {
+        let config = match Config::load(self.source.path.as_deref(), &self.source.overrides) {
+            Ok(c) => c,
+            Err(e) => return self.refused(e.0),
+        };
+        // Every error is reported: the sections that need a restart, and
+        // each router that does not compile.
+        let mut errors = restart_only_changes(&self.config, &config);
+
+        // Keep, or compile anew.
+        let mut next: Vec<Result<Loaded, usize>> = Vec::with_capacity(config.routers.len());
+        let (mut added, mut changed, mut unchanged) = (Vec::new(), Vec::new(), Vec::new());
+        for r in &config.routers {
+            let old = self
+                .current
+                .iter()
+                .position(|c| c.loaded.routed.name == r.name);
+            let spec = config.router_spec(r);
+            if let Some(i) = old {
+                let cur = &self.current[i].loaded;
+                let same_file = crate::routing::file_digest(&spec.wasm).ok() == Some(cur.digest);
+                if cur.config == *r && cur.spec == spec && same_file {
+                    unchanged.push(r.name.clone());
+                    next.push(Err(i));
+                    continue;
+                }
+                changed.push(r.name.clone());
+            } else {
+                added.push(r.name.clone());
+            }
+            match crate::routing::load(&self.host, &config, r) {
+                Ok(mut l) => match l.assign_slot(&self.shared.layout) {
+                    Ok(()) => next.push(Ok(l)),
+                    Err(e) => errors.push(e),
+                },
+                Err(e) => errors.push(e),
+            }
+        }
+        if !errors.is_empty() {
+            return self.refused(errors);
+        }
+        let removed: Vec<String> = self
+            .current
+            .iter()
+            .map(|c| c.loaded.routed.name.clone())
+            .filter(|n| !config.routers.iter().any(|r| &r.name == n))
+            .collect();
+
+        // The new table, from the kept routers' current listings.
+        let routed: Vec<_> = next
+            .iter()
+            .map(|n| match n {
+                Ok(l) => l.routed.clone(),
+                Err(i) => self.current[*i].loaded.routed.clone(),
+            })
+            .collect();
+        let entries: Vec<_> = next
+            .iter()
+            .map(|n| match n {
+                Ok(l) => l.entry.clone(),
+                Err(i) => self.current[*i].loaded.entry.clone(),
+            })
+            .collect();
+        let old = self.shared.routing.load_full();
+        let routing = match Routing::build(
+            old.generation + 1,
+            routed,
+            &entries,
+            &config.naming.separator,
+            &self.shared.layout,
+        ) {
+            Ok(r) => r,
+            Err(e) => return self.refused(vec![format!("route table: {e}")]),
+        };
+
+        // Every shard warms the new pools before anything routes to them.
+        let fresh: Vec<_> = next
+            .iter()
+            .filter_map(|n| n.as_ref().ok())
+            .map(|l| (l.routed.uid, l.routed.slot, l.routed.router.clone()))
+            .collect();
+        if let Err(errors) = self.install(&fresh) {
+            self.retire(fresh.iter().map(|f| f.0).collect());
+            return self.refused(errors);
+        }
+
+        let kinds = table_changes(&old.table, &routing.table);
+        let kept: std::collections::HashSet<usize> =
+            routing.routers.iter().map(|r| r.uid).collect();
+        let dropped: Vec<usize> = old
+            .routers
+            .iter()
+            .map(|r| r.uid)
+            .filter(|u| !kept.contains(u))
+            .collect();
+        let generation = routing.generation;
+        self.shared.routing.store(Arc::new(routing));
+        if kinds != ListKinds::default() {
+            self.shared.notify_list_changed(kinds);
+        }
+        self.retire(dropped);
+
+        // Track the new set: kept routers keep their refresh state.
+        let now = Instant::now();
+        let mut old_current: Vec<Option<Current>> = std::mem::take(&mut self.current)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.current = next
+            .into_iter()
+            .map(|n| match n {
+                Ok(l) => Current::new(l, now),
+                Err(i) => old_current[i].take().expect("each kept router once"),
+            })
+            .collect();
+        self.config = config;
+        ReloadOutcome::Applied {
+            generation,
+            added,
+            changed,
+            removed,
+            unchanged,
+        }
+    }
+
+    /// Installs pools of `fresh` routers on every shard, waiting for each to
+    /// warm them.
+    fn install(
+        &self,
+        fresh: &[(usize, usize, Arc<crate::wasm::Router>)],
+    ) -> Result<(), Vec<String>> {
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let shards = self.shared.shards();
+        let (tx, rx) = crossbeam_channel::bounded(shards);
+        let mut asked = 0;
+        let mut errors = Vec::new();
+        for shard in 0..shards {
+            let msg = ShardMsg::AddPools(AddPools {
+                pools: fresh.to_vec(),
+                reply: tx.clone(),
+            });
+            match self.shared.send(shard, msg) {
+                Ok(()) => asked += 1,
+                Err(e) => errors.push(format!("installing the new routers: {e}")),
+            }
+        }
+        let deadline = Instant::now() + INSTALL_TIMEOUT;
+        for _ in 0..asked {
+            match rx.recv_deadline(deadline) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errors.push(e),
+                Err(_) => {
+                    errors.push(format!(
+                        "the shards did not warm the new routers within {INSTALL_TIMEOUT:?}"
+                    ));
+                    break;
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Tells every shard to drop the pools of `uids` once their calls end.
+    fn retire(&self, uids: Vec<usize>) {
+        if uids.is_empty() {
+            return;
+        }
+        for shard in 0..self.shared.shards() {
+            let _ = self.shared.send(shard, ShardMsg::DropPools(uids.clone()));
+        }
+    }
+
+    /// A call's answer said router `uid`'s upstream announced a change:
+    /// re-read it soon, but not more often than the gap.
+    fn hint(&mut self, uid: usize) {
+        let now = Instant::now();
+        if let Some(c) = self.current.iter_mut().find(|c| c.loaded.routed.uid == uid)
+            && let Some((t, _)) = c.due.as_mut()
+        {
+            let earliest = c.last_read.map_or(now, |l| l + MIN_HINTED_GAP);
+            *t = (*t).min(earliest.max(now));
+        }
+    }
+
+    fn refresh_due(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.current.len() {
+            let Some((t, backoff)) = self.current[i].due else {
+                continue;
+            };
+            if t > now {
+                continue;
+            }
+            self.current[i].last_read = Some(now);
+            let ok = self.refresh(i);
+            // `backoff` is the wait after the next failure: it doubles up to
+            // the interval, and a success resets it.
+            let iv = self.current[i].interval.unwrap_or(DEFAULT_REFRESH_INTERVAL);
+            let (wait, next) = if ok {
+                (iv, FIRST_RETRY)
+            } else {
+                (backoff, (backoff * 2).min(iv))
+            };
+            self.current[i].due = Some((Instant::now() + wait, next));
+        }
+    }
+
+    /// Re-reads upstream router `i`; publishes a new table if its listings
+    /// changed. `false` when the upstream is unavailable.
+    fn refresh(&mut self, i: usize) -> bool {
+        let cur = &mut self.current[i];
+        let name = cur.loaded.routed.name.clone();
+        let Some(status) = cur.loaded.routed.upstream.clone() else {
+            return true;
+        };
+        let reader = cur
+            .reader
+            .get_or_insert_with(|| cur.loaded.routed.router.meta_reader());
+        let meta = match reader.read() {
+            Ok(m) => m,
+            Err(e) => {
+                status.mark(&name, Some(format!("reading its listings failed: {e}")));
+                return false;
+            }
+        };
+        if let Some(reason) = meta.unavailable() {
+            status.mark(&name, Some(reason));
+            return false;
+        }
+        status.mark(&name, None);
+        let kinds = crate::upstream::changed(&cur.loaded.entry.meta, &meta);
+        if kinds == ListKinds::default() {
+            return true;
+        }
+        let old_meta = std::mem::replace(&mut cur.loaded.entry.meta, Arc::new(meta));
+        let old = self.shared.routing.load_full();
+        let entries: Vec<_> = self
+            .current
+            .iter()
+            .map(|c| c.loaded.entry.clone())
+            .collect();
+        match Routing::build(
+            old.generation,
+            old.routers.clone(),
+            &entries,
+            &self.config.naming.separator,
+            &self.shared.layout,
+        ) {
+            Ok(routing) => {
+                self.shared.routing.store(Arc::new(routing));
+                status.swaps.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(router = %name, "upstream listings changed: route table swapped");
+                self.shared.notify_list_changed(kinds);
+            }
+            Err(e) => {
+                self.current[i].loaded.entry.meta = old_meta;
+                tracing::error!(router = %name, error = %e, "upstream listings changed but the new route table was refused; keeping the old one");
+            }
+        }
+        true
+    }
+}
+
+/// Errors for every section a reload may not change.
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut restart = |section: &str, same: bool| {
+        if !same {
+            errors.push(format!(
+                "[{section}] changed: it is read only at start-up; restart the broker to apply it (a reload applies [[routers]], [naming] and broker.routers_dir)"
+            ));
+        }
+    };
+    let mut broker = new.broker.clone();
+    broker.routers_dir = old.broker.routers_dir.clone();
+    restart("broker", broker == old.broker);
+    restart("frames", new.frames == old.frames);
+    restart("grpc", new.grpc == old.grpc);
+    restart("http", new.http == old.http);
+    restart("metrics", new.metrics == old.metrics);
+    restart("bench", new.bench == old.bench);
+    errors
+}
+
+/// Which listings differ between two tables, by what clients see (served
+/// names and items), not by router ids.
+fn table_changes(a: &RouteTable, b: &RouteTable) -> ListKinds {
+    fn seen<T: std::fmt::Debug>(l: &[crate::route::Listed<T>]) -> String {
+        l.iter()
+            .map(|x| format!("{}={:?}", x.exposed, x.item))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+    ListKinds {
+        tools: seen(&a.tool_list) != seen(&b.tool_list),
+        resources: seen(&a.resource_list) != seen(&b.resource_list)
+            || seen(&a.template_list) != seen(&b.template_list),
+        prompts: seen(&a.prompt_list) != seen(&b.prompt_list),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_routers_naming_and_routers_dir_may_change_without_a_restart() {
+        let old = Config::embedded_default();
+        let mut new = old.clone();
+        new.routers.pop();
+        new.naming.separator = "::".into();
+        new.broker.routers_dir = "/elsewhere".into();
+        assert!(restart_only_changes(&old, &new).is_empty());
+
+        new.frames.max_frame_bytes += 1;
+        new.http.max_sessions += 1;
+        new.broker.shards += 1;
+        let errors = restart_only_changes(&old, &new);
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        for (e, section) in errors.iter().zip(["[broker]", "[frames]", "[http]"]) {
+            assert!(e.starts_with(section), "{e}");
+            assert!(e.contains("restart"), "{e}");
+        }
+    }
+
+    #[test]
+    fn outcomes_are_the_documented_json() {
+        let applied = ReloadOutcome::Applied {
+            generation: 2,
+            added: vec!["chaos".into()],
+            changed: vec![],
+            removed: vec!["library".into()],
+            unchanged: vec!["echo".into()],
+        };
+        let v: serde_json::Value = serde_json::from_str(&applied.to_json()).unwrap();
+        assert_eq!(v["status"], "applied");
+        assert_eq!(v["generation"], 2);
+        assert_eq!(v["added"][0], "chaos");
+        assert_eq!(v["removed"][0], "library");
+        let refused = ReloadOutcome::Refused {
+            generation: 2,
+            errors: vec!["a".into(), "b".into()],
+        };
+        assert!(!refused.is_applied());
+        let v: serde_json::Value = serde_json::from_str(&refused.to_json()).unwrap();
+        assert_eq!(v["status"], "refused");
+        assert_eq!(v["errors"].as_array().unwrap().len(), 2);
+    }
+}
