@@ -6,9 +6,11 @@
 //! # A reload
 //! 1. Re-read the config file (with the command line's overrides) and
 //!    validate it. Only `[[routers]]`, `[naming]` and `broker.routers_dir`
-//!    may differ from the running configuration; listeners, limits and the
-//!    rest are read at start-up, and a reload that changes them is refused
-//!    naming each section, so that what runs is always what the file says.
+//!    may differ from the running configuration, and each edge's `listen`
+//!    (new listeners are bound before anything changes; new connections go
+//!    to them, established ones stay). Limits and the rest are read at
+//!    start-up, and a reload that changes them is refused naming each
+//!    section, so that what runs is always what the file says.
 //! 2. Compile each router that is new or changed (its entry, its resolved
 //!    spec or its `.wasm` content differs); the others are kept as they
 //!    are, with their instances and sessions.
@@ -49,6 +51,8 @@ pub enum ReloadOutcome {
         changed: Vec<String>,
         removed: Vec<String>,
         unchanged: Vec<String>,
+        /// Where each edge listens after the reload.
+        listen: Option<crate::shared::Addrs>,
     },
     Refused {
         generation: u64,
@@ -70,6 +74,7 @@ impl ReloadOutcome {
                 changed,
                 removed,
                 unchanged,
+                listen,
             } => serde_json::json!({
                 "status": "applied",
                 "generation": generation,
@@ -77,6 +82,12 @@ impl ReloadOutcome {
                 "changed": changed,
                 "removed": removed,
                 "unchanged": unchanged,
+                "listen": listen.map(|a| serde_json::json!({
+                    "frames": a.frames.to_string(),
+                    "grpc": a.grpc.to_string(),
+                    "http": a.http.to_string(),
+                    "metrics": a.metrics.to_string(),
+                })),
             }),
             Self::Refused { generation, errors } => serde_json::json!({
                 "status": "refused",
@@ -210,7 +221,13 @@ impl Control {
                 }
                 recv(reloads) -> req => {
                     if let Ok(req) = req {
-                        let outcome = self.reload();
+                        // A drain that began while the request was queued
+                        // wins: nothing changes under a draining broker.
+                        let outcome = if self.shared.is_draining() {
+                            self.refused(vec!["the broker is draining".into()])
+                        } else {
+                            self.reload()
+                        };
                         self.answer(req, outcome);
                     }
                 }
@@ -266,9 +283,21 @@ impl Control {
             Ok(c) => c,
             Err(e) => return self.refused(e.0),
         };
-        // Every error is reported: the sections that need a restart, and
-        // each router that does not compile.
+        // Every error is reported: the sections that need a restart, the
+        // listeners that cannot be bound, and each router that does not
+        // compile.
         let mut errors = restart_only_changes(&self.config, &config);
+        let moves = if errors.is_empty() {
+            match Moves::bind(&self.config, &config, self.shared.shards()) {
+                Ok(m) => m,
+                Err(e) => {
+                    errors.extend(e);
+                    Moves::default()
+                }
+            }
+        } else {
+            Moves::default()
+        };
 
         // Keep, or compile anew.
         let mut next: Vec<Result<Loaded, usize>> = Vec::with_capacity(config.routers.len());
@@ -362,6 +391,7 @@ impl Control {
             self.shared.notify_list_changed(kinds);
         }
         self.retire(dropped);
+        moves.hand_over(&self.shared);
 
         // Track the new set: kept routers keep their refresh state.
         let now = Instant::now();
@@ -383,6 +413,7 @@ impl Control {
             changed,
             removed,
             unchanged,
+            listen: self.shared.addrs(),
         }
     }
 
@@ -536,19 +567,141 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     let mut restart = |section: &str, same: bool| {
         if !same {
             errors.push(format!(
-                "[{section}] changed: it is read only at start-up; restart the broker to apply it (a reload applies [[routers]], [naming] and broker.routers_dir)"
+                "[{section}] changed: it is read only at start-up; restart the broker to apply it (a reload applies [[routers]], [naming], broker.routers_dir and each edge's listen)"
             ));
         }
     };
     let mut broker = new.broker.clone();
     broker.routers_dir = old.broker.routers_dir.clone();
     restart("broker", broker == old.broker);
-    restart("frames", new.frames == old.frames);
-    restart("grpc", new.grpc == old.grpc);
-    restart("http", new.http == old.http);
-    restart("metrics", new.metrics == old.metrics);
+    // The listeners may move (`Moves`); the rest of each section may not.
+    let mut frames = new.frames.clone();
+    frames.listen = old.frames.listen;
+    restart("frames", frames == old.frames);
+    let mut grpc = new.grpc.clone();
+    grpc.listen = old.grpc.listen;
+    restart("grpc", grpc == old.grpc);
+    let mut http = new.http.clone();
+    http.listen = old.http.listen;
+    restart("http", http == old.http);
+    let mut metrics = new.metrics.clone();
+    metrics.listen = old.metrics.listen;
+    restart("metrics", metrics == old.metrics);
     restart("bench", new.bench == old.bench);
     errors
+}
+
+/// New listeners a reload binds before it changes anything, for the edges
+/// whose `listen` changed: the frame and HTTP edges get one per shard
+/// (`SO_REUSEPORT`, as at start-up).
+#[derive(Default)]
+struct Moves {
+    frames: Vec<std::net::TcpListener>,
+    http: Vec<std::net::TcpListener>,
+    grpc: Option<std::net::TcpListener>,
+    metrics: Option<std::net::TcpListener>,
+}
+
+impl Moves {
+    /// Binds the listeners of every edge whose address changed; an error
+    /// names the edge and the address.
+    fn bind(old: &Config, new: &Config, shards: usize) -> Result<Self, Vec<String>> {
+        let mut m = Moves::default();
+        let mut errors = Vec::new();
+        let per_shard =
+            |addr: std::net::SocketAddr| -> std::io::Result<Vec<std::net::TcpListener>> {
+                let first = crate::server::bind_reuseport(addr)?;
+                let resolved = first.local_addr()?;
+                let mut all = vec![first];
+                for _ in 1..shards {
+                    all.push(crate::server::bind_reuseport(resolved)?);
+                }
+                Ok(all)
+            };
+        if new.frames.listen != old.frames.listen {
+            match per_shard(new.frames.listen) {
+                Ok(l) => m.frames = l,
+                Err(e) => errors.push(format!(
+                    "[frames] listen: cannot bind {}: {e}",
+                    new.frames.listen
+                )),
+            }
+        }
+        if new.http.listen != old.http.listen {
+            match per_shard(new.http.listen) {
+                Ok(l) => m.http = l,
+                Err(e) => errors.push(format!(
+                    "[http] listen: cannot bind {}: {e}",
+                    new.http.listen
+                )),
+            }
+        }
+        for (section, old_addr, new_addr, slot) in [
+            ("grpc", old.grpc.listen, new.grpc.listen, &mut m.grpc),
+            (
+                "metrics",
+                old.metrics.listen,
+                new.metrics.listen,
+                &mut m.metrics,
+            ),
+        ] {
+            if new_addr != old_addr {
+                match std::net::TcpListener::bind(new_addr) {
+                    Ok(l) => *slot = Some(l),
+                    Err(e) => {
+                        errors.push(format!("[{section}] listen: cannot bind {new_addr}: {e}"))
+                    }
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(m)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Hands the listeners to their edges and records the new addresses.
+    fn hand_over(self, shared: &Shared) {
+        let mut addrs = shared.addrs.lock().unwrap_or_else(|e| e.into_inner());
+        let local = |l: &std::net::TcpListener| l.local_addr().ok();
+        if let Some(a) = addrs.as_mut() {
+            if let Some(x) = self.frames.first().and_then(local) {
+                a.frames = x;
+            }
+            if let Some(x) = self.http.first().and_then(local) {
+                a.http = x;
+            }
+            if let Some(x) = self.grpc.as_ref().and_then(local) {
+                a.grpc = x;
+            }
+            if let Some(x) = self.metrics.as_ref().and_then(local) {
+                a.metrics = x;
+            }
+        }
+        drop(addrs);
+        if !self.frames.is_empty() || !self.http.is_empty() {
+            let mut frames = self.frames.into_iter();
+            let mut http = self.http.into_iter();
+            for shard in 0..shared.shards() {
+                let _ = shared.send(
+                    shard,
+                    ShardMsg::Listen {
+                        frames: frames.next(),
+                        http: http.next(),
+                    },
+                );
+            }
+        }
+        for (l, to) in [
+            (self.grpc, shared.grpc_rebind.get()),
+            (self.metrics, shared.admin_rebind.get()),
+        ] {
+            if let (Some(l), Some(to)) = (l, to) {
+                let _ = to.unbounded_send(l);
+            }
+        }
+    }
 }
 
 /// Which listings differ between two tables, by what clients see (served
@@ -581,6 +734,12 @@ mod tests {
         new.broker.routers_dir = "/elsewhere".into();
         assert!(restart_only_changes(&old, &new).is_empty());
 
+        new.frames.listen = "127.0.0.1:1".parse().unwrap();
+        new.metrics.listen = "127.0.0.1:2".parse().unwrap();
+        assert!(
+            restart_only_changes(&old, &new).is_empty(),
+            "listeners move without a restart"
+        );
         new.frames.max_frame_bytes += 1;
         new.http.max_sessions += 1;
         new.broker.shards += 1;
@@ -600,6 +759,7 @@ mod tests {
             changed: vec![],
             removed: vec!["library".into()],
             unchanged: vec!["echo".into()],
+            listen: None,
         };
         let v: serde_json::Value = serde_json::from_str(&applied.to_json()).unwrap();
         assert_eq!(v["status"], "applied");

@@ -142,8 +142,29 @@ async fn accept_loop(listener: TcpListener, admin: Arc<Admin>) {
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
+    // A reload may move the endpoint: new connections then go to the new
+    // listener, and the old one closes at once (probes and scrapers retry).
+    let (tx, mut rebinds) = futures_channel::mpsc::unbounded::<TcpListener>();
+    let _ = admin.shared.admin_rebind.set(tx);
+    let mut listener = listener;
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            Some(l) = futures_util_next(&mut rebinds) => {
+                match l
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpListener::from_std(l))
+                {
+                    Ok(new) => {
+                        tracing::info!(addr = ?new.local_addr().ok(), "admin endpoint listening on a new address after a reload");
+                        listener = new;
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot take a reload's new admin listener; keeping the old one"),
+                }
+                continue;
+            }
+        };
+        let (stream, peer) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 // EMFILE and the like: back off rather than spin.
@@ -173,6 +194,13 @@ async fn accept_loop(listener: TcpListener, admin: Arc<Admin>) {
             drop(slot);
         });
     }
+}
+
+/// The next item of an unbounded channel (`None` once every sender is
+/// gone, which `select!` then skips).
+async fn futures_util_next<T>(rx: &mut futures_channel::mpsc::UnboundedReceiver<T>) -> Option<T> {
+    use futures_core::Stream;
+    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *rx).poll_next(cx)).await
 }
 
 /// Whether the broker takes traffic: every shard accepting with its

@@ -208,6 +208,12 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
     let grpc = grpc_listener.local_addr()?;
 
     let shared = Arc::new(Shared::new(config.clone(), routing, layout, shards));
+    *shared.addrs.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::shared::Addrs {
+        frames,
+        grpc,
+        http,
+        metrics,
+    });
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut handles = Vec::new();

@@ -129,7 +129,15 @@ pub(crate) struct Shard {
     /// route table changes (`ListChangedNotification`).
     pub(crate) list_listeners: RefCell<Vec<std::rc::Weak<dyn crate::dispatch::LiveOut>>>,
     pub(crate) yields: YieldQueue,
+    /// Where a reload's new listeners go: the frame and HTTP accept loops.
+    rebind_frames: Rebind,
+    rebind_http: Rebind,
 }
+
+/// The sending half of an accept loop's listener hand-off.
+type Rebind = futures_channel::mpsc::UnboundedSender<std::net::TcpListener>;
+/// What an accept loop takes new listeners from.
+pub(crate) type Rebinds = futures_channel::mpsc::UnboundedReceiver<std::net::TcpListener>;
 
 impl Shard {
     pub(crate) fn stats(&self) -> &ShardStats {
@@ -164,6 +172,8 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
             return;
         }
     };
+    let (rebind_frames, frames_rebinds) = futures_channel::mpsc::unbounded();
+    let (rebind_http, http_rebinds) = futures_channel::mpsc::unbounded();
     let shard = Rc::new(Shard {
         ctx: Rc::new(ShardCtx {
             index,
@@ -176,6 +186,8 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         connections: Cell::new(0),
         list_listeners: RefCell::default(),
         yields: YieldQueue::default(),
+        rebind_frames,
+        rebind_http,
     });
     monoio::spawn(inbox_loop(shard.clone()));
     {
@@ -184,7 +196,11 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
     }
     monoio::spawn(housekeeping(shard.ctx.clone()));
     let http = crate::edge::http::HttpEdge::new(shard.ctx.clone(), shard.draining.clone());
-    monoio::spawn(crate::edge::http::accept_loop(http.clone(), http_listener));
+    monoio::spawn(crate::edge::http::accept_loop(
+        http.clone(),
+        http_listener,
+        http_rebinds,
+    ));
     monoio::spawn(crate::edge::http::expire_sessions(http.clone()));
     shard
         .stats()
@@ -193,8 +209,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
     let _ = ready.send(Ok(index));
     drop(ready);
 
-    crate::edge::frames::accept_loop(&shard, &listener).await;
-    drop(listener);
+    crate::edge::frames::accept_loop(&shard, listener, frames_rebinds).await;
     // Draining: every connection stops reading, waits for the answers to
     // what it read, and flushes them; gRPC jobs finish. The shard ends when
     // all of that is done, or at the drain deadline plus a short grace for
@@ -217,6 +232,75 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         .await;
     }
     tracing::debug!(shard = index, "shard drained");
+}
+
+/// Accepts on `listener`, and on each listener a reload hands over: the
+/// newest takes new connections, the one it replaces lingers for
+/// [`crate::shared::LISTENER_LINGER`] (its backlog, clients that raced the
+/// change) and closes. Ends when the shard drains; `on_accept` serves each
+/// connection.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    mut rebinds: Rebinds,
+    draining: &Latch,
+    on_accept: impl Fn(std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>),
+    what: &'static str,
+) {
+    use futures_core::Stream;
+    let mut listener = listener;
+    let mut old: Option<(TcpListener, Instant)> = None;
+    loop {
+        /// What woke the loop.
+        enum Next {
+            Accepted(std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>),
+            FromOld(std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>),
+            Rebind(std::net::TcpListener),
+            OldDone,
+            Drain,
+        }
+        let linger = async {
+            match &old {
+                Some((l, until)) => monoio::select! {
+                    r = l.accept() => Next::FromOld(r),
+                    _ = monoio::time::sleep_until((*until).into()) => Next::OldDone,
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let rebind = poll_fn(|cx| match Pin::new(&mut rebinds).poll_next(cx) {
+            Poll::Ready(Some(l)) => Poll::Ready(l),
+            // No more hand-offs: keep serving this listener.
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        });
+        let next = monoio::select! {
+            r = listener.accept() => Next::Accepted(r),
+            l = rebind => Next::Rebind(l),
+            n = linger => n,
+            _ = draining.wait() => Next::Drain,
+        };
+        match next {
+            Next::Accepted(r) | Next::FromOld(r) => {
+                let failed = r.is_err();
+                on_accept(r);
+                if failed {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            Next::Rebind(l) => match TcpListener::from_std(l) {
+                Ok(new) => {
+                    tracing::info!(what, addr = ?new.local_addr().ok(), "listening on a new address after a reload");
+                    let prev = std::mem::replace(&mut listener, new);
+                    old = Some((prev, Instant::now() + crate::shared::LISTENER_LINGER));
+                }
+                Err(e) => {
+                    tracing::error!(what, error = %e, "cannot take a reload's new listener; keeping the old one")
+                }
+            },
+            Next::OldDone => old = None,
+            Next::Drain => return,
+        }
+    }
 }
 
 /// After the drain deadline, how long a shard waits for the answers of the
@@ -379,6 +463,14 @@ async fn inbox_loop(shard: Rc<Shard>) {
             ShardMsg::ListChanged(kinds) => tell_list_changed(&shard, kinds),
             ShardMsg::AddPools(add) => {
                 monoio::spawn(add_pools(shard.ctx.clone(), add));
+            }
+            ShardMsg::Listen { frames, http } => {
+                if let Some(l) = frames {
+                    let _ = shard.rebind_frames.unbounded_send(l);
+                }
+                if let Some(l) = http {
+                    let _ = shard.rebind_http.unbounded_send(l);
+                }
             }
             ShardMsg::DropPools(uids) => {
                 let mut pools = shard.ctx.pools.borrow_mut();

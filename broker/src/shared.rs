@@ -55,7 +55,32 @@ pub enum ShardMsg {
     /// A reload removed or replaced these routers (by uid): drop their
     /// pools once the calls running in them end.
     DropPools(Vec<usize>),
+    /// A reload moved the frame or HTTP edge: accept new connections on
+    /// these listeners (this shard's own, `SO_REUSEPORT`); the old one
+    /// lingers for [`LISTENER_LINGER`] and closes.
+    Listen {
+        frames: Option<std::net::TcpListener>,
+        http: Option<std::net::TcpListener>,
+    },
 }
+
+/// After a reload moved an edge, how long its old listener still accepts
+/// (connections already in its backlog, clients that raced the change)
+/// before it closes.
+pub const LISTENER_LINGER: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Where each edge listens now (port 0 resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addrs {
+    pub frames: std::net::SocketAddr,
+    pub grpc: std::net::SocketAddr,
+    pub http: std::net::SocketAddr,
+    pub metrics: std::net::SocketAddr,
+}
+
+/// A channel that hands a reload's new listener to an edge off the shards
+/// (the gRPC edge, the admin endpoint).
+pub type ListenerSender = futures_channel::mpsc::UnboundedSender<std::net::TcpListener>;
 
 /// New routers' pools for a shard to make: `(uid, metrics slot, router)`.
 pub struct AddPools {
@@ -168,6 +193,12 @@ pub struct Shared {
     ),
     pub reloads_applied: AtomicU64,
     pub reloads_refused: AtomicU64,
+    /// Where each edge listens; a reload may move them.
+    pub addrs: std::sync::Mutex<Option<Addrs>>,
+    /// Where a reload hands the gRPC edge's new listener.
+    pub grpc_rebind: std::sync::OnceLock<ListenerSender>,
+    /// Where a reload hands the admin endpoint's new listener.
+    pub admin_rebind: std::sync::OnceLock<ListenerSender>,
     pub inboxes: Vec<Inbox>,
     pub stats: Vec<ShardStats>,
     draining: AtomicBool,
@@ -245,6 +276,9 @@ impl Shared {
             reloads: crossbeam_channel::bounded(64),
             reloads_applied: AtomicU64::new(0),
             reloads_refused: AtomicU64::new(0),
+            addrs: std::sync::Mutex::new(None),
+            grpc_rebind: std::sync::OnceLock::new(),
+            admin_rebind: std::sync::OnceLock::new(),
             inboxes,
             stats: (0..shards).map(|_| ShardStats::new(&layout)).collect(),
             layout,
@@ -280,6 +314,11 @@ impl Shared {
 
     pub(crate) fn reloads(&self) -> &Receiver<crate::control::ReloadRequest> {
         &self.reloads.1
+    }
+
+    /// Where each edge listens now (`None` before start-up bound them).
+    pub fn addrs(&self) -> Option<Addrs> {
+        *self.addrs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The shard that owns a session: the one an HTTP edge session id

@@ -49,14 +49,13 @@ use crate::shard::{Panicked, Shard, drop_future, poll_until};
 use crate::shared::ShardStats;
 
 /// Accepts frame connections until the drain begins.
-pub(crate) async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
+pub(crate) async fn accept_loop(
+    shard: &Rc<Shard>,
+    listener: TcpListener,
+    rebinds: crate::shard::Rebinds,
+) {
     let max = shard.ctx.shared.config.frames.max_connections_per_shard;
-    loop {
-        let accepted = monoio::select! {
-            r = listener.accept() => Some(r),
-            _ = shard.draining.wait() => None,
-        };
-        let Some(accepted) = accepted else { return };
+    let on_accept = |accepted: std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>| {
         match accepted {
             Ok((stream, peer)) => {
                 let stats = shard.stats();
@@ -64,19 +63,19 @@ pub(crate) async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
                     ShardStats::add(&stats.connections_refused, 1);
                     tracing::warn!(shard = shard.ctx.index, %peer, max, "connection refused: max_connections_per_shard reached");
                     drop(stream);
-                    continue;
+                    return;
                 }
                 ShardStats::add(&stats.connections_accepted, 1);
                 let _ = stream.set_nodelay(true);
                 monoio::spawn(connection(shard.clone(), stream, peer));
             }
             Err(e) => {
-                // EMFILE and friends: log and back off briefly rather than spin.
+                // EMFILE and friends: log; the loop goes on.
                 tracing::warn!(shard = shard.ctx.index, error = %e, "accept failed");
-                monoio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-    }
+    };
+    crate::shard::accept_loop(listener, rebinds, &shard.draining, on_accept, "frames").await;
 }
 
 /// One request while it is served: what the handler owns and gives back.

@@ -118,18 +118,36 @@ impl Broker {
     }
 
     fn start_inner(toml: Option<&str>, args: &[&str], edit: impl FnOnce(&mut Command)) -> Broker {
+        Self::start_full(toml, args, edit, true)
+    }
+
+    /// Like [`Broker::start_command`], but without the `--listen 127.0.0.1:0`
+    /// flags: the listeners are the config file's, which a reload may then
+    /// move (a flag would win over the file).
+    pub fn start_on_file_listeners(args: &[&str]) -> Broker {
+        Self::start_full(None, args, |_| {}, false)
+    }
+
+    fn start_full(
+        toml: Option<&str>,
+        args: &[&str],
+        edit: impl FnOnce(&mut Command),
+        port_zero_flags: bool,
+    ) -> Broker {
         routers_built();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
-        cmd.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ]);
+        if port_zero_flags {
+            cmd.args([
+                "--listen",
+                "127.0.0.1:0",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ]);
+        }
         let config = toml.map(|t| {
             let path = std::env::temp_dir().join(format!(
                 "mcp-broker-test-{}-{}.toml",

@@ -220,17 +220,57 @@ impl AsyncWrite for EdgeIo {
     }
 }
 
-/// The listener's connections, each wrapped in an [`EdgeIo`].
+/// The listener's connections, each wrapped in an [`EdgeIo`]. A reload may
+/// hand over a new listener (`rebinds`): it takes new connections from then
+/// on, and the old one lingers for [`crate::shared::LISTENER_LINGER`] (its
+/// backlog, clients that raced the change) before it closes.
 pub struct Incoming {
     inner: TcpIncoming,
     handshake_timeout: Duration,
+    rebinds: Option<futures_channel::mpsc::UnboundedReceiver<std::net::TcpListener>>,
+    old: Option<(TcpIncoming, Pin<Box<tokio::time::Sleep>>)>,
 }
 
 impl Incoming {
-    pub fn new(inner: TcpIncoming, handshake_timeout: Duration) -> Self {
+    pub fn new(
+        inner: TcpIncoming,
+        handshake_timeout: Duration,
+        rebinds: Option<futures_channel::mpsc::UnboundedReceiver<std::net::TcpListener>>,
+    ) -> Self {
         Self {
             inner,
             handshake_timeout,
+            rebinds,
+            old: None,
+        }
+    }
+
+    /// Takes a listener a reload handed over, if any (on the edge's runtime,
+    /// where tokio can register it).
+    fn take_rebind(&mut self, cx: &mut Context<'_>) {
+        let Some(rx) = self.rebinds.as_mut() else {
+            return;
+        };
+        while let Poll::Ready(next) = Pin::new(&mut *rx).poll_next(cx) {
+            let Some(l) = next else {
+                self.rebinds = None;
+                return;
+            };
+            let new = l
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpListener::from_std(l));
+            match new {
+                Ok(new) => {
+                    tracing::info!(addr = ?new.local_addr().ok(), "gRPC edge listening on a new address after a reload");
+                    let new = TcpIncoming::from(new).with_nodelay(Some(true));
+                    let prev = std::mem::replace(&mut self.inner, new);
+                    let until = Box::pin(tokio::time::sleep(crate::shared::LISTENER_LINGER));
+                    self.old = Some((prev, until));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot take a reload's new gRPC listener; keeping the old one")
+                }
+            }
         }
     }
 }
@@ -240,6 +280,14 @@ impl Stream for Incoming {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let timeout = self.handshake_timeout;
+        self.take_rebind(cx);
+        if let Some((old, until)) = self.old.as_mut() {
+            if until.as_mut().poll(cx).is_ready() {
+                self.old = None;
+            } else if let Poll::Ready(Some(r)) = Pin::new(old).poll_next(cx) {
+                return Poll::Ready(Some(r.map(|io| EdgeIo::new(io, timeout))));
+            }
+        }
         let next = ready!(Pin::new(&mut self.inner).poll_next(cx));
         Poll::Ready(next.map(|r| r.map(|io| EdgeIo::new(io, timeout))))
     }

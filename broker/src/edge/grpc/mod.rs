@@ -117,9 +117,12 @@ pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<Edg
     let incoming = {
         let _enter = runtime.enter();
         let l = tokio::net::TcpListener::from_std(listener).context("gRPC listener")?;
+        let (tx, rebinds) = futures_channel::mpsc::unbounded();
+        let _ = shared.grpc_rebind.set(tx);
         conn::Incoming::new(
             tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)),
             cfg.handshake_timeout,
+            Some(rebinds),
         )
     };
 

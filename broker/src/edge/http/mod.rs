@@ -143,29 +143,28 @@ impl HttpEdge {
 }
 
 /// Accepts connections until the drain begins.
-pub async fn accept_loop(edge: Rc<HttpEdge>, listener: TcpListener) {
+pub async fn accept_loop(
+    edge: Rc<HttpEdge>,
+    listener: TcpListener,
+    rebinds: crate::shard::Rebinds,
+) {
     let max = edge.cfg.max_connections_per_shard;
-    loop {
-        let accepted = monoio::select! {
-            r = listener.accept() => Some(r),
-            _ = edge.draining.wait() => None,
-        };
-        let Some(accepted) = accepted else { return };
+    let on_accept = |accepted: std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>| {
         match accepted {
             Ok((stream, peer)) => {
                 if edge.connections.get() >= max {
                     tracing::warn!(shard = edge.ctx.index, %peer, max, "HTTP connection refused: http.max_connections_per_shard reached");
-                    continue;
+                    return;
                 }
                 let _ = stream.set_nodelay(true);
                 monoio::spawn(connection(edge.clone(), stream, peer));
             }
             Err(e) => {
                 tracing::warn!(shard = edge.ctx.index, error = %e, "HTTP accept failed");
-                monoio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-    }
+    };
+    crate::shard::accept_loop(listener, rebinds, &edge.draining, on_accept, "http").await;
 }
 
 /// Ends every session this shard owns that has idled out, a few times per
