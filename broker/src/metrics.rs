@@ -306,6 +306,12 @@ async fn answer(
     })
 }
 
+/// Whether `peer` may ask for a reload: loopback only (IPv4, IPv6, and
+/// IPv4-mapped IPv6 loopback).
+fn reload_allowed(peer: std::net::SocketAddr) -> bool {
+    peer.ip().to_canonical().is_loopback()
+}
+
 /// `POST /admin/reload`: asks the `routing` thread to reload the config
 /// file and answers with the outcome as JSON (200 applied, 422 refused).
 /// Only loopback peers may: the endpoint may be bound wider for scrapers,
@@ -323,7 +329,7 @@ async fn reload(
             .insert(ALLOW, HeaderValue::from_static("POST"));
         return r;
     }
-    if !peer.ip().is_loopback() && !peer.ip().to_canonical().is_loopback() {
+    if !reload_allowed(peer) {
         return text(
             StatusCode::FORBIDDEN,
             PLAIN,
@@ -845,4 +851,29 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         esc(&routing.names().join(","))
     );
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_may_reload() {
+        for ok in [
+            "127.0.0.1:1",
+            "127.9.9.9:1",
+            "[::1]:1",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert!(reload_allowed(ok.parse().unwrap()), "{ok}");
+        }
+        for refused in [
+            "10.0.0.1:1",
+            "192.168.1.2:1",
+            "[2001:db8::1]:1",
+            "[::ffff:10.0.0.1]:1",
+        ] {
+            assert!(!reload_allowed(refused.parse().unwrap()), "{refused}");
+        }
+    }
 }
