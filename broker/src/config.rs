@@ -261,6 +261,47 @@ impl Default for NamingSection {
     }
 }
 
+/// `[auth]`: present, every edge requires a valid bearer JWT
+/// (`docs/security.md`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// The `iss` every token must carry.
+    pub issuer: String,
+    /// This broker's canonical resource URI (RFC 8707): the `aud` every
+    /// token must carry, and the `resource` of its RFC 9728 metadata.
+    pub audience: String,
+    /// The issuer's signing keys (a JWK Set), read at start-up and again
+    /// (at most every 30 s) when a token names a key it does not hold.
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    /// Scopes every request needs.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// Advertised in the RFC 9728 metadata; empty: `[issuer]`.
+    #[serde(default)]
+    pub authorization_servers: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    #[serde(default = "default_leeway", with = "humantime_serde")]
+    pub leeway: Duration,
+    /// Extra scopes for some tools (`[[auth.rules]]`).
+    #[serde(default)]
+    pub rules: Vec<AuthRule>,
+}
+
+fn default_leeway() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// One `[[auth.rules]]` entry: calling any of `tools` (the names clients
+/// see) also needs every scope of `scopes`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthRule {
+    pub tools: Vec<String>,
+    pub scopes: Vec<String>,
+}
+
 /// `[bench]`: switches for `scripts/bench` only; never set in production.
 #[derive(Debug, Clone, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -423,6 +464,8 @@ pub struct Config {
     pub metrics: MetricsSection,
     pub naming: NamingSection,
     pub bench: BenchSection,
+    /// `None`: no authentication (`[auth]` absent).
+    pub auth: Option<AuthSection>,
     pub routers: Vec<RouterConfig>,
 }
 
@@ -468,6 +511,10 @@ impl Config {
                 "metrics" => section(&key, value, &mut config.metrics, &mut errors),
                 "naming" => section(&key, value, &mut config.naming, &mut errors),
                 "bench" => section(&key, value, &mut config.bench, &mut errors),
+                "auth" => match AuthSection::deserialize(value) {
+                    Ok(a) => config.auth = Some(a),
+                    Err(e) => errors.push(format!("auth: {}", e.message())),
+                },
                 "routers" => match value {
                     toml::Value::Array(items) => {
                         for (i, item) in items.into_iter().enumerate() {
@@ -480,7 +527,7 @@ impl Config {
                     _ => errors.push("routers: must be an array of tables ([[routers]])".into()),
                 },
                 other => errors.push(format!(
-                    "{other}: unknown section (expected broker, frames, grpc, http, metrics, naming, bench, routers)"
+                    "{other}: unknown section (expected broker, frames, grpc, http, metrics, naming, bench, auth, routers)"
                 )),
             }
         }
@@ -534,6 +581,34 @@ impl Config {
     }
 
     fn validate(&self, errors: &mut Vec<String>) {
+        if let Some(a) = &self.auth {
+            if a.issuer.is_empty() {
+                errors.push("auth.issuer: must not be empty".into());
+            }
+            if !(a.audience.starts_with("https://") || a.audience.starts_with("http://"))
+                || a.audience.contains('#')
+            {
+                errors.push(format!(
+                    "auth.audience: `{}` is not an absolute http(s) URI without a fragment (this broker's canonical resource URI, e.g. https://mcp.example/mcp)",
+                    a.audience
+                ));
+            }
+            match &a.jwks_file {
+                None => errors.push("auth.jwks_file: the issuer's JWK Set is needed".into()),
+                Some(p) => {
+                    if let Err(e) = crate::auth::KeySet::load(p) {
+                        errors.push(format!("auth.jwks_file: {e}"));
+                    }
+                }
+            }
+            for (i, r) in a.rules.iter().enumerate() {
+                if r.tools.is_empty() || r.scopes.is_empty() {
+                    errors.push(format!(
+                        "auth.rules[{i}]: needs at least one tool and one scope"
+                    ));
+                }
+            }
+        }
         let f = &self.frames;
         if f.max_frame_bytes < 64 || f.max_frame_bytes > MAX_FRAME_BYTES_LIMIT {
             errors.push(format!(

@@ -588,6 +588,7 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     metrics.listen = old.metrics.listen;
     restart("metrics", metrics == old.metrics);
     restart("bench", new.bench == old.bench);
+    restart("auth", new.auth == old.auth);
     errors
 }
 

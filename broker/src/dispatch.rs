@@ -783,6 +783,7 @@ mod tests {
             routing,
             layout,
             2,
+            None,
         );
         // Fill shard 1's inbox: nothing empties it in this test.
         let mut sent = 0;

@@ -12,6 +12,7 @@
 //! refreshes), [`upstream`] (upstream routers' status).
 
 pub mod adapt;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod dispatch;

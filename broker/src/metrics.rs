@@ -803,6 +803,21 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             }
         }
     }
+    if let Some(auth) = &shared.auth {
+        family(
+            &mut o,
+            "mcp_auth_failures_total",
+            "counter",
+            "Requests refused by [auth], every edge, by reason (missing, malformed, algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience, insufficient_scope). Tokens never appear in metrics or logs.",
+        );
+        for (f, n) in auth.failures() {
+            let _ = writeln!(
+                o,
+                "mcp_auth_failures_total{{reason=\"{}\"}} {n}",
+                f.as_str()
+            );
+        }
+    }
     // Reloads.
     family(
         &mut o,

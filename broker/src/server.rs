@@ -207,7 +207,15 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
     let grpc = grpc_listener.local_addr()?;
 
-    let shared = Arc::new(Shared::new(config.clone(), routing, layout, shards));
+    // Fails start-up, never serves open: a key file that cannot be read
+    // is the operator's to fix.
+    let auth = match &config.auth {
+        Some(a) => Some(Arc::new(
+            crate::auth::Auth::new(a).map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(config.clone(), routing, layout, shards, auth));
     *shared.addrs.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::shared::Addrs {
         frames,
         grpc,

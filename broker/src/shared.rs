@@ -183,6 +183,8 @@ pub struct Shared {
     pub routing: arc_swap::ArcSwap<Routing>,
     /// The metrics label space.
     pub layout: Arc<crate::metrics::Layout>,
+    /// `[auth]`: bearer tokens are required on every edge.
+    pub auth: Option<Arc<crate::auth::Auth>>,
     /// Upstream routers whose calls' answers said their listings changed
     /// (by uid), for the `routing` thread.
     kicks: (Sender<usize>, Receiver<usize>),
@@ -250,6 +252,7 @@ impl Shared {
         routing: Routing,
         layout: Arc<crate::metrics::Layout>,
         shards: usize,
+        auth: Option<Arc<crate::auth::Auth>>,
     ) -> Self {
         let inboxes = (0..shards)
             .map(|_| {
@@ -272,6 +275,7 @@ impl Shared {
             http_sessions,
             config,
             routing: arc_swap::ArcSwap::from_pointee(routing),
+            auth,
             kicks: crossbeam_channel::bounded(1024),
             reloads: crossbeam_channel::bounded(64),
             reloads_applied: AtomicU64::new(0),

@@ -496,6 +496,26 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
             return started;
         }
     };
+    if let Some(auth) = &shard.ctx.shared.auth
+        && !matches!(
+            req.view().kind(),
+            mcp_schema::RequestKind::Initialize | mcp_schema::RequestKind::Ping
+        )
+    {
+        // Fail closed: frames carry no bearer token yet, so with `[auth]`
+        // only initialize and ping are answered here.
+        auth.count(crate::auth::Failure::Missing);
+        ShardStats::add(&stats.error_responses, 1);
+        let to = req.view().reply_to();
+        let mut enc = shard.ctx.enc.borrow_mut();
+        conn.push_out(enc.error(
+            &to,
+            mcp_schema::ErrorCode::Unauthorized,
+            "authentication required: [auth] is on and the frame edge does not carry bearer tokens yet; use the MCP HTTP or gRPC edge",
+            None,
+        ));
+        return started;
+    }
     if !conn.listening.get() && req.view().kind() == mcp_schema::RequestKind::Initialize {
         // An MCP client: it handles notifications, so it is told when the
         // listings change.

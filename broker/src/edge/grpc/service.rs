@@ -38,6 +38,7 @@ use super::notify::{Hub, SubscribeError, SubscriptionStream, Topics, is_resource
 use super::request::{self, Refused};
 use super::session::{SessionError, Sessions};
 use super::status;
+use crate::auth::Principal;
 use crate::shared::{Shared, SubmitError};
 
 thread_local! {
@@ -147,13 +148,47 @@ impl EdgeState {
     /// A call's metadata, its session checked against the caller: a session
     /// the caller does not own is unknown (NOT_FOUND), whoever owns it.
     fn meta<T>(&self, req: &Request<T>) -> Result<CallMeta, Status> {
-        let meta = CallMeta::of(req)?;
+        let mut meta = CallMeta::of(req)?;
+        meta.principal = self.authorize(req)?;
         if let Some(s) = &meta.session
             && !self.sessions.touch(s, &meta.identity())
         {
             return Err(unknown_session());
         }
         Ok(meta)
+    }
+
+    /// With `[auth]`: the caller's bearer token (`authorization` metadata),
+    /// verified; UNAUTHENTICATED without a valid one, PERMISSION_DENIED
+    /// without the scopes every request needs.
+    fn authorize<T>(&self, req: &Request<T>) -> Result<Option<Principal>, Status> {
+        let Some(auth) = &self.shared.auth else {
+            return Ok(None);
+        };
+        let header = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        auth.authenticate(header)
+            .map(Some)
+            .map_err(|f| auth_status(f, auth.base_scopes()))
+    }
+
+    /// With `[auth]`: PERMISSION_DENIED when tool `tool` needs scopes the
+    /// caller lacks (`[[auth.rules]]`).
+    fn authorize_tool(&self, meta: &CallMeta, tool: &str) -> Result<(), Status> {
+        let (Some(auth), Some(p)) = (&self.shared.auth, &meta.principal) else {
+            return Ok(());
+        };
+        let missing = auth.missing_for_tool(p, tool);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        auth.count(crate::auth::Failure::InsufficientScope);
+        Err(auth_status(
+            crate::auth::Failure::InsufficientScope,
+            &missing,
+        ))
     }
 
     /// Publishes `n` for `session`, filtered by the log level that applies.
@@ -239,9 +274,25 @@ impl Drop for Issued<'_> {
     }
 }
 
+/// The status of an auth refusal: the reason in the message, never the
+/// token.
+fn auth_status(f: crate::auth::Failure, needed: &[String]) -> Status {
+    if f == crate::auth::Failure::InsufficientScope {
+        let mut m = f.message().to_owned();
+        if !needed.is_empty() {
+            m.push_str(&format!(": needs {}", needed.join(" ")));
+        }
+        Status::permission_denied(m)
+    } else {
+        Status::unauthenticated(f.message())
+    }
+}
+
 /// What a call's metadata says.
 struct CallMeta {
     session: Option<String>,
+    /// With `[auth]`: whom the call's token speaks for.
+    principal: Option<Principal>,
     /// The client's deadline (`grpc-timeout`).
     deadline: Option<Duration>,
     /// The connection the call came on.
@@ -274,6 +325,7 @@ impl CallMeta {
             .and_then(parse_grpc_timeout);
         Ok(Self {
             session,
+            principal: None,
             deadline,
             conn,
         })
@@ -546,7 +598,8 @@ impl McpService for Edge {
         &self,
         req: Request<pb::InitializeRequest>,
     ) -> Result<Response<pb::InitializeResult>, Status> {
-        let meta = CallMeta::of(&req)?;
+        let mut meta = CallMeta::of(&req)?;
+        meta.principal = self.0.authorize(&req)?;
         let r = req.into_inner();
         // Initialize starts a session: a fresh unguessable id bound to this
         // caller, owned (by hash) by one shard, which answers this call
@@ -625,6 +678,7 @@ impl McpService for Edge {
     ) -> Result<Response<pb::CallToolResult>, Status> {
         let meta = self.0.meta(&req)?;
         let r = req.get_ref();
+        self.0.authorize_tool(&meta, &r.name)?;
         let members = request::arguments(r.arguments.as_deref()).map_err(refused)?;
         let tool_call_id = next_id();
         let op = Op {
@@ -734,6 +788,7 @@ impl McpService for Edge {
     ) -> Result<Response<pb::GetPromptResult>, Status> {
         let meta = self.0.meta(&req)?;
         let r = req.get_ref();
+        self.0.authorize_tool(&meta, &r.name)?;
         let members = request::arguments(r.arguments.as_deref()).map_err(refused)?;
         let op = Op {
             method: "prompts/get",
@@ -930,6 +985,7 @@ mod tests {
     fn the_frame_deadline_leaves_room_for_the_answer() {
         let m = |d| CallMeta {
             session: None,
+            principal: None,
             deadline: Some(d),
             conn: ConnInfo::detached(),
         };
@@ -939,6 +995,7 @@ mod tests {
         assert_eq!(
             CallMeta {
                 session: None,
+                principal: None,
                 deadline: None,
                 conn: ConnInfo::detached(),
             }

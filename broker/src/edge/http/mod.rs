@@ -51,6 +51,7 @@ use serde_json::value::RawValue;
 
 use self::jsonrpc::{Body as RpcBody, FrameKind, Id, Message, Method, RpcError};
 use self::session::{Cancel, Session, StreamId};
+use crate::auth::Principal;
 use crate::config::HttpSection;
 use crate::dispatch::{LiveOut, ShardCtx};
 use crate::local::Latch;
@@ -333,6 +334,31 @@ fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>, session: Option<&str>) -> Re
     r
 }
 
+/// 401 (no valid token) or 403 (too few scopes) with the RFC 6750 /
+/// RFC 9728 challenge; the body is a JSON-RPC error without an id (the
+/// request was not read).
+fn auth_refusal(
+    auth: &crate::auth::Auth,
+    f: crate::auth::Failure,
+    needed: &[String],
+) -> Response<Body> {
+    let status = if f == crate::auth::Failure::InsufficientScope {
+        StatusCode::FORBIDDEN
+    } else {
+        StatusCode::UNAUTHORIZED
+    };
+    let message = if needed.is_empty() || f != crate::auth::Failure::InsufficientScope {
+        f.message().to_owned()
+    } else {
+        format!("{}: needs {}", f.message(), needed.join(" "))
+    };
+    let mut r = refuse(status, ErrorCode::Unauthorized.code(), &message);
+    if let Ok(v) = HeaderValue::from_str(&auth.challenge(f, needed)) {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    r
+}
+
 fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
@@ -428,6 +454,27 @@ fn frames(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 impl HttpEdge {
     async fn serve(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+        if let Some(auth) = &self.ctx.shared.auth
+            && matches!(
+                req.uri().path(),
+                "/.well-known/oauth-protected-resource"
+                    | "/.well-known/oauth-protected-resource/mcp"
+            )
+        {
+            // RFC 9728 metadata: public, so that a client can learn where
+            // to get a token.
+            if *req.method() != HttpMethod::GET {
+                let mut r = refuse(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    ErrorCode::InvalidRequest.code(),
+                    "method not allowed: the metadata is read with GET",
+                );
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET"));
+                return r;
+            }
+            return json_response(StatusCode::OK, auth.metadata().as_bytes().to_vec());
+        }
         if req.uri().path() != "/mcp" {
             return refuse(
                 StatusCode::NOT_FOUND,
@@ -469,10 +516,19 @@ impl HttpEdge {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
+        // `[auth]`: every request to /mcp carries a valid bearer token.
+        let who = match &self.ctx.shared.auth {
+            None => None,
+            Some(auth) => match auth.authenticate(header_str(req.headers(), "authorization")) {
+                Ok(p) => Some(p),
+                Err(f) => return auth_refusal(auth, f, auth.base_scopes()),
+            },
+        };
+        let who = who.as_ref();
         match *req.method() {
-            HttpMethod::POST => self.post(req).await,
-            HttpMethod::GET => self.get(req),
-            HttpMethod::DELETE => self.delete(req),
+            HttpMethod::POST => self.post(req, who).await,
+            HttpMethod::GET => self.get(req, who),
+            HttpMethod::DELETE => self.delete(req, who),
             _ => {
                 let mut r = refuse(
                     StatusCode::METHOD_NOT_ALLOWED,
@@ -486,13 +542,59 @@ impl HttpEdge {
         }
     }
 
-    /// The session a request names.
-    fn session_of(&self, id: Option<&str>) -> Result<Arc<Session>, NoSession> {
+    /// The session a request names: with `[auth]`, only to the subject
+    /// whose token created it (anyone else is told it is unknown, as if it
+    /// did not exist).
+    fn session_of(
+        &self,
+        id: Option<&str>,
+        who: Option<&Principal>,
+    ) -> Result<Arc<Session>, NoSession> {
         let id = id.ok_or(NoSession::Missing)?;
-        self.sessions().get(id).ok_or(NoSession::Unknown)
+        let s = self.sessions().get(id).ok_or(NoSession::Unknown)?;
+        if let Some(p) = who
+            && s.subject.get() != Some(&p.subject)
+        {
+            return Err(NoSession::Unknown);
+        }
+        Ok(s)
     }
 
-    async fn post(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+    /// With `[auth]`: the refusal of a `tools/call` whose tool needs scopes
+    /// `who` lacks (`[[auth.rules]]`).
+    fn tool_refusal(
+        &self,
+        who: Option<&Principal>,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Option<Response<Body>> {
+        let (auth, who) = (self.ctx.shared.auth.as_ref()?, who?);
+        if method != "tools/call" {
+            return None;
+        }
+        #[derive(serde::Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+        }
+        let named: Named<'_> = serde_json::from_str(params?.get()).ok()?;
+        let missing = auth.missing_for_tool(who, &named.name);
+        if missing.is_empty() {
+            return None;
+        }
+        auth.count(crate::auth::Failure::InsufficientScope);
+        Some(auth_refusal(
+            auth,
+            crate::auth::Failure::InsufficientScope,
+            &missing,
+        ))
+    }
+
+    async fn post(
+        self: Rc<Self>,
+        req: Request<Incoming>,
+        who: Option<&Principal>,
+    ) -> Response<Body> {
         let arrived = Instant::now();
         let h = req.headers();
         if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
@@ -560,10 +662,29 @@ impl HttpEdge {
                 return json_response(StatusCode::BAD_REQUEST, out);
             }
         };
+        // Tools whose rules need scopes the token lacks: refused before
+        // anything runs.
+        match &parsed {
+            RpcBody::One(Message::Request { method, params, .. }) => {
+                if let Some(r) = self.tool_refusal(who, method, *params) {
+                    return r;
+                }
+            }
+            RpcBody::Batch(items) => {
+                for item in items {
+                    if let Ok(Message::Request { method, params, .. }) = item
+                        && let Some(r) = self.tool_refusal(who, method, *params)
+                    {
+                        return r;
+                    }
+                }
+            }
+            _ => {}
+        }
         // Requests that need no session first.
         if let RpcBody::One(Message::Request { id, method, params }) = &parsed {
             match method.as_ref() {
-                "initialize" => return self.initialize(id, *params, arrived).await,
+                "initialize" => return self.initialize(id, *params, arrived, who).await,
                 // A 2026-07-28 client probes with server/discover; until the
                 // edge serves that revision the probe gets a clean 4xx and
                 // the client falls back to initialize.
@@ -581,7 +702,7 @@ impl HttpEdge {
                 _ => {}
             }
         }
-        let session = match self.session_of(session_header.as_deref()) {
+        let session = match self.session_of(session_header.as_deref(), who) {
             Ok(s) => s,
             Err(e) => return e.response(),
         };
@@ -607,6 +728,7 @@ impl HttpEdge {
         id: &Id<'_>,
         params: Option<&RawValue>,
         arrived: Instant,
+        who: Option<&Principal>,
     ) -> Response<Body> {
         // Build and run the frame first: bad params are refused before a
         // session exists.
@@ -668,6 +790,9 @@ impl HttpEdge {
                     );
                 }
             };
+        if let Some(p) = who {
+            let _ = session.subject.set(p.subject.clone());
+        }
         jsonrpc::write_response(&mut out, id, Method::Initialize, fin, info_version);
         let mut r = json_response(StatusCode::OK, out);
         if let Ok(v) = HeaderValue::from_str(&session.id) {
@@ -1316,7 +1441,7 @@ impl HttpEdge {
 
     /// GET: the session's standalone SSE stream (server notifications), or
     /// the resumption of a stream after `Last-Event-ID`.
-    fn get(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+    fn get(self: Rc<Self>, req: Request<Incoming>, who: Option<&Principal>) -> Response<Body> {
         let h = req.headers();
         if !accepts(h, "text/event-stream") {
             return refuse(
@@ -1325,7 +1450,7 @@ impl HttpEdge {
                 "not acceptable: GET /mcp opens an SSE stream; accept text/event-stream",
             );
         }
-        let session = match self.session_of(header_str(h, SESSION_HEADER)) {
+        let session = match self.session_of(header_str(h, SESSION_HEADER), who) {
             Ok(s) => s,
             Err(e) => return e.response(),
         };
@@ -1353,7 +1478,7 @@ impl HttpEdge {
         sse_response(rx, Some(&session.id))
     }
 
-    fn delete(&self, req: Request<Incoming>) -> Response<Body> {
+    fn delete(&self, req: Request<Incoming>, who: Option<&Principal>) -> Response<Body> {
         let h = req.headers();
         let Some(id) = header_str(h, SESSION_HEADER) else {
             return refuse(
@@ -1362,6 +1487,14 @@ impl HttpEdge {
                 "bad request: DELETE needs the Mcp-Session-Id header of the session to end",
             );
         };
+        // Another subject cannot end a session it does not own.
+        if who.is_some() && self.session_of(Some(id), who).is_err() {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                ErrorCode::InvalidRequest.code(),
+                "session not found (ended or expired)",
+            );
+        }
         if self.sessions().remove(id) {
             empty(StatusCode::OK)
         } else {

@@ -118,6 +118,9 @@ pub struct Session {
     pub client_elicitation: bool,
     /// The client declared the `sampling` capability.
     pub client_sampling: bool,
+    /// With `[auth]`: the subject of the token that created the session;
+    /// a request with another subject's token treats it as unknown.
+    pub subject: std::sync::OnceLock<String>,
     last_used_ms: AtomicU64,
     /// Open SSE streams and requests in flight: while non-zero the session
     /// is in use and never idles out.
@@ -444,6 +447,7 @@ impl Sessions {
             version,
             client_elicitation,
             client_sampling,
+            subject: std::sync::OnceLock::new(),
             last_used_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
             busy: AtomicUsize::new(0),
             level: AtomicU8::new(0),

@@ -1,0 +1,468 @@
+//! `[auth]`: bearer JWTs on every edge, against the real binary.
+//!
+//! The keys are made by `openssl` in a temporary directory for each test
+//! run (nothing is checked in); the tokens are signed here with the
+//! `jsonwebtoken` crate, and the bad ones are built by hand where a signer
+//! would refuse to make them (`alg: none`, HS256 over the RSA public key).
+//! Every entry of the bad-token catalogue of `docs/security.md` gets its
+//! documented outcome on the HTTP and gRPC edges; the frame edge, which has
+//! no token field yet, refuses everything but initialize and ping.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use common::Broker;
+use common::http::Conn;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+
+const ISSUER: &str = "https://issuer.test";
+const AUDIENCE: &str = "https://mcp.test/mcp";
+const METADATA_URL: &str = "https://mcp.test/.well-known/oauth-protected-resource/mcp";
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// An RSA key pair made by openssl: the private PEM, the public PEM, and
+/// its modulus (for the JWK).
+struct RsaKey {
+    private_pem: Vec<u8>,
+    public_pem: Vec<u8>,
+    modulus: Vec<u8>,
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("openssl (scripts/setup installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn rsa_key(dir: &Path, name: &str) -> RsaKey {
+    let key = format!("{name}.pem");
+    let public = format!("{name}.pub.pem");
+    openssl(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            &key,
+        ],
+    );
+    openssl(dir, &["rsa", "-in", &key, "-pubout", "-out", &public]);
+    let m = String::from_utf8(openssl(dir, &["rsa", "-in", &key, "-noout", "-modulus"])).unwrap();
+    let hex = m.trim().trim_start_matches("Modulus=");
+    let modulus = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    RsaKey {
+        private_pem: std::fs::read(dir.join(&key)).unwrap(),
+        public_pem: std::fs::read(dir.join(&public)).unwrap(),
+        modulus,
+    }
+}
+
+/// A test's keys, JWK Set file and broker.
+struct Fixture {
+    dir: PathBuf,
+    trusted: RsaKey,
+    /// Not in the JWK Set.
+    stranger: RsaKey,
+    b: Broker,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Fixture {
+    fn start(test: &str) -> Fixture {
+        let dir = std::env::temp_dir().join(format!("mcp-auth-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let trusted = rsa_key(&dir, "trusted");
+        let stranger = rsa_key(&dir, "stranger");
+        let jwks = json!({"keys": [{
+            "kty": "RSA", "kid": "k1", "use": "sig",
+            "n": b64(&trusted.modulus), "e": "AQAB",
+        }]});
+        let jwks_path = dir.join("jwks.json");
+        std::fs::write(&jwks_path, jwks.to_string()).unwrap();
+        let toml = format!(
+            r#"{}
+
+[auth]
+issuer = "{ISSUER}"
+audience = "{AUDIENCE}"
+jwks_file = "{}"
+scopes = ["mcp"]
+leeway = "5s"
+
+[[auth.rules]]
+tools = ["put"]
+scopes = ["kv:write"]
+"#,
+            mcp_broker::config::DEFAULT_TOML,
+            jwks_path.display()
+        );
+        let b = Broker::start_with_config(&toml, &[]);
+        Fixture {
+            dir,
+            trusted,
+            stranger,
+            b,
+        }
+    }
+
+    fn sign(&self, claims: &Value) -> String {
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some("k1".into());
+        let k = EncodingKey::from_rsa_pem(&self.trusted.private_pem).unwrap();
+        jsonwebtoken::encode(&h, claims, &k).unwrap()
+    }
+
+    /// A valid token for `sub` with `scope`.
+    fn token(&self, sub: &str, scope: &str) -> String {
+        self.sign(&claims(sub, scope))
+    }
+}
+
+fn claims(sub: &str, scope: &str) -> Value {
+    json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": sub, "scope": scope,
+        "exp": now() + 300, "nbf": now() - 10, "iat": now(),
+    })
+}
+
+/// The bad-token catalogue: name, Authorization header value (None: no
+/// header), and the failure reason `mcp_auth_failures_total` counts.
+fn catalogue(f: &Fixture) -> Vec<(&'static str, Option<String>, &'static str)> {
+    let good = claims("alice", "mcp");
+    let with = |k: &str, v: Value| {
+        let mut c = good.clone();
+        c[k] = v;
+        format!("Bearer {}", f.sign(&c))
+    };
+    let header = |h: Value| b64(h.to_string().as_bytes());
+    let body = b64(good.to_string().as_bytes());
+    // alg none: no signature at all.
+    let none = format!(
+        "Bearer {}.{body}.",
+        header(json!({"alg":"none","typ":"JWT","kid":"k1"}))
+    );
+    // HS256 keyed with the RSA public key (the classic confusion attack).
+    let hs = {
+        let mut h = Header::new(Algorithm::HS256);
+        h.kid = Some("k1".into());
+        let k = EncodingKey::from_secret(&f.trusted.public_pem).unwrap();
+        format!("Bearer {}", jsonwebtoken::encode(&h, &good, &k).unwrap())
+    };
+    let tampered = {
+        let t = f.sign(&good);
+        let (rest, sig) = t.rsplit_once('.').unwrap();
+        let mut sig = sig.as_bytes().to_vec();
+        sig[10] = if sig[10] == b'A' { b'B' } else { b'A' };
+        format!("Bearer {rest}.{}", String::from_utf8(sig).unwrap())
+    };
+    let unknown_kid = {
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some("k-unknown".into());
+        let k = EncodingKey::from_rsa_pem(&f.stranger.private_pem).unwrap();
+        format!("Bearer {}", jsonwebtoken::encode(&h, &good, &k).unwrap())
+    };
+    let wrong_signer = {
+        // The trusted kid, signed by another key.
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some("k1".into());
+        let k = EncodingKey::from_rsa_pem(&f.stranger.private_pem).unwrap();
+        format!("Bearer {}", jsonwebtoken::encode(&h, &good, &k).unwrap())
+    };
+    vec![
+        ("missing", None, "missing"),
+        ("not a JWT", Some("Bearer not-a-jwt".into()), "malformed"),
+        ("alg none", Some(none), "algorithm"),
+        ("HS256 with the RSA public key", Some(hs), "algorithm"),
+        ("tampered signature", Some(tampered), "signature"),
+        ("signed by another key", Some(wrong_signer), "signature"),
+        ("unknown kid", Some(unknown_kid), "unknown_key"),
+        ("expired", Some(with("exp", json!(now() - 600))), "expired"),
+        (
+            "not yet valid",
+            Some(with("nbf", json!(now() + 600))),
+            "not_yet_valid",
+        ),
+        (
+            "wrong issuer",
+            Some(with("iss", json!("https://evil.test"))),
+            "issuer",
+        ),
+        (
+            "wrong audience",
+            Some(with("aud", json!("https://other.test/mcp"))),
+            "audience",
+        ),
+        (
+            "without the scope every request needs",
+            Some(with("scope", json!("other"))),
+            "insufficient_scope",
+        ),
+    ]
+}
+
+fn initialize_body() -> &'static str {
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#
+}
+
+/// POSTs `body` to /mcp with `auth` (and `session`).
+fn post(b: &Broker, auth: Option<&str>, session: Option<&str>, body: &str) -> common::http::Reply {
+    let mut c = Conn::connect(b.http);
+    let mut headers = vec![
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    if let Some(a) = auth {
+        headers.push(("Authorization", a));
+    }
+    if let Some(s) = session {
+        headers.push(("Mcp-Session-Id", s));
+    }
+    c.request("POST", "/mcp", &headers, body.as_bytes())
+}
+
+/// An initialized session for `token`.
+fn session(b: &Broker, token: &str) -> String {
+    let auth = format!("Bearer {token}");
+    let r = post(b, Some(&auth), None, initialize_body());
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("mcp-session-id")
+        .expect("a session id")
+        .to_string()
+}
+
+fn call(b: &Broker, token: &str, session: &str, tool: &str, args: &str) -> common::http::Reply {
+    let auth = format!("Bearer {token}");
+    post(
+        b,
+        Some(&auth),
+        Some(session),
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+        ),
+    )
+}
+
+#[test]
+fn every_bad_token_gets_its_documented_answer_on_http_and_is_counted() {
+    let f = Fixture::start("http");
+    let b = &f.b;
+    let mut expected: std::collections::HashMap<&str, f64> = Default::default();
+    for (name, auth, reason) in catalogue(&f) {
+        let r = post(b, auth.as_deref(), None, initialize_body());
+        let challenge = r.header("www-authenticate").unwrap_or_default().to_string();
+        assert!(
+            challenge.starts_with("Bearer ")
+                && challenge.contains(&format!("resource_metadata=\"{METADATA_URL}\"")),
+            "{name}: WWW-Authenticate {challenge:?}"
+        );
+        if reason == "insufficient_scope" {
+            assert_eq!(r.status, 403, "{name}: {}", r.text());
+            assert!(
+                challenge.contains("error=\"insufficient_scope\""),
+                "{name}: {challenge}"
+            );
+            assert!(challenge.contains("scope=\"mcp\""), "{name}: {challenge}");
+        } else {
+            assert_eq!(r.status, 401, "{name}: {}", r.text());
+            if reason == "missing" {
+                assert!(
+                    !challenge.contains("error="),
+                    "{name}: no token, no error: {challenge}"
+                );
+            } else {
+                assert!(
+                    challenge.contains("error=\"invalid_token\""),
+                    "{name}: {challenge}"
+                );
+            }
+        }
+        let v = r.json();
+        assert_eq!(v["error"]["code"], -32003, "{name}: {v}");
+        assert!(
+            r.header("mcp-session-id").is_none(),
+            "{name}: no session for a refused token"
+        );
+        *expected.entry(reason).or_default() += 1.0;
+    }
+    let metrics = b.http_get("/metrics").1;
+    for (reason, n) in expected {
+        let line = format!("mcp_auth_failures_total{{reason=\"{reason}\"}} ");
+        let got: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("no {line} in /metrics"))
+            .parse()
+            .unwrap();
+        assert_eq!(got, n, "{reason}");
+    }
+}
+
+#[test]
+fn a_valid_token_is_served_and_tool_rules_and_sessions_follow_it() {
+    let f = Fixture::start("ok");
+    let b = &f.b;
+    let alice = f.token("alice", "mcp");
+    let s = session(b, &alice);
+    let r = call(b, &alice, &s, "echo_text", r#"{"text":"hi"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("hi"), "{}", r.text());
+
+    // `put` needs kv:write besides mcp.
+    let r = call(b, &alice, &s, "put", r#"{"key":"k","value":1}"#);
+    assert_eq!(r.status, 403, "{}", r.text());
+    let challenge = r.header("www-authenticate").unwrap();
+    assert!(
+        challenge.contains("error=\"insufficient_scope\""),
+        "{challenge}"
+    );
+    assert!(challenge.contains("scope=\"kv:write\""), "{challenge}");
+    let writer = f.token("alice", "mcp kv:write");
+    let r = call(b, &writer, &s, "put", r#"{"key":"k","value":1}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Bob's valid token on Alice's session: as if it did not exist.
+    let bob = f.token("bob", "mcp");
+    let r = call(b, &bob, &s, "echo_text", r#"{"text":"hi"}"#);
+    assert_eq!(
+        r.status,
+        404,
+        "another subject's session is unknown: {}",
+        r.text()
+    );
+}
+
+#[test]
+fn protected_resource_metadata_is_public_and_names_the_issuer() {
+    let f = Fixture::start("meta");
+    for path in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
+        let mut c = Conn::connect(f.b.http);
+        let r = c.request("GET", path, &[("Connection", "close")], b"");
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["resource"], AUDIENCE, "{v}");
+        assert_eq!(v["authorization_servers"], json!([ISSUER]), "{v}");
+        assert_eq!(v["bearer_methods_supported"], json!(["header"]), "{v}");
+        let scopes = v["scopes_supported"].as_array().unwrap();
+        assert!(
+            scopes.contains(&json!("kv:write")) && scopes.contains(&json!("mcp")),
+            "{v}"
+        );
+    }
+}
+
+/// `m` with `authorization: Bearer <token>` metadata when `token` is set.
+fn with<T>(token: Option<&str>, m: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(m);
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+#[test]
+fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
+    use mcp_proto::v1 as pb;
+    let f = Fixture::start("grpc");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{}", f.b.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut g = pb::mcp_service_client::McpServiceClient::new(ch);
+        let e = g
+            .list_tools(with(None, pb::ListToolsRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        for (name, auth, reason) in catalogue(&f) {
+            let token = auth.as_deref().map(|a| a.trim_start_matches("Bearer "));
+            let e = g
+                .list_tools(with(token, pb::ListToolsRequest::default()))
+                .await
+                .unwrap_err();
+            let code = if reason == "insufficient_scope" {
+                tonic::Code::PermissionDenied
+            } else {
+                tonic::Code::Unauthenticated
+            };
+            assert_eq!(e.code(), code, "{name}: {e:?}");
+        }
+        let alice = f.token("alice", "mcp");
+        let tools = g
+            .list_tools(with(Some(&alice), pb::ListToolsRequest::default()))
+            .await
+            .expect("a valid token lists")
+            .into_inner();
+        assert!(tools.tools.iter().any(|t| t.name == "put"), "{tools:?}");
+        let put = |t: &str| {
+            with(
+                Some(t),
+                pb::CallToolRequest {
+                    name: "put".into(),
+                    arguments: Some(br#"{"key":"k","value":1}"#.to_vec()),
+                },
+            )
+        };
+        let e = g.call_tool(put(&alice)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("kv:write"), "{e:?}");
+        let writer = f.token("alice", "mcp kv:write");
+        g.call_tool(put(&writer)).await.expect("with kv:write");
+    });
+}
+
+#[test]
+fn the_frame_edge_answers_only_initialize_and_ping_under_auth() {
+    let f = Fixture::start("frames");
+    let mut c = f.b.connect();
+    let r = c.call("echo_text", &[("text", "\"hi\"")], None);
+    assert_eq!(common::error_code(&r), Some(-32003), "frames call refused");
+    let pong = c.request(None, |e, h| e.ping(h).to_vec());
+    assert_eq!(common::error_code(&pong), None, "ping is answered");
+}
