@@ -12,14 +12,25 @@
 //!   with the configured leeway.
 //! - A token, or any part of one, never reaches a log line or a metric; a
 //!   failure is counted by its reason only.
+//! - No request waits for the JWK Set: it is read (file) or fetched
+//!   (`jwks_url`) on the `auth-keys` thread only, at start-up, every
+//!   `jwks_refresh_interval`, and when kicked by a token naming an unknown
+//!   key (at most once per [`KEY_REFRESH_GAP`]). A request path may be a
+//!   shard thread, where blocking I/O would stall every connection of the
+//!   shard. A failed refresh keeps the keys held.
+//! - `http://` for `jwks_url` is refused but for loopback hosts: a key set
+//!   fetched in clear from a remote host could be replaced on the way, and
+//!   whoever controls it mints tokens.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use http_body_util::BodyExt as _;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
@@ -27,8 +38,21 @@ use crate::config::AuthSection;
 
 /// The shortest time between two re-reads of the JWK Set caused by tokens
 /// naming a key it does not hold: a flood of such tokens costs one read per
-/// interval, not one per token.
+/// interval, not one per token. It counts from the last refresh made after
+/// start-up (asked for or periodic), so the first unknown key after
+/// start-up is looked up at once.
 pub const KEY_REFRESH_GAP: Duration = Duration::from_secs(30);
+
+/// The shortest `jwks_refresh_interval`: the issuer is not to be polled in
+/// a loop.
+pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Bound on one fetch of a `jwks_url`, connecting included: start-up waits
+/// for the first one.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest JWK Set answer read: a set of a few keys is a few KiB.
+pub const MAX_JWKS_BYTES: usize = 1 << 20;
 
 /// Why a request was not authenticated or not authorized; the label of
 /// `mcp_auth_failures_total`.
@@ -42,7 +66,8 @@ pub enum Failure {
     /// `alg` is `none`, unknown, or not one the key's type allows (e.g.
     /// HS256 over an RSA key).
     Algorithm,
-    /// `kid` names no key of the set (after a rate-limited re-read).
+    /// `kid` names no key of the set held (the `auth-keys` thread is then
+    /// asked to read it again, rate-limited: a later request may pass).
     UnknownKey,
     /// The signature does not verify.
     Signature,
@@ -107,6 +132,16 @@ pub struct Principal {
     pub subject: String,
     /// `scope` (space-separated) or `scp` (array).
     pub scopes: Vec<String>,
+    /// `exp`, in seconds since the Unix epoch: a connection authenticated
+    /// once (frames) stops being served when its token expires.
+    pub expires_at: u64,
+}
+
+impl Principal {
+    /// Whether its token's `exp` has passed.
+    pub fn expired(&self) -> bool {
+        jsonwebtoken::get_current_timestamp() >= self.expires_at
+    }
 }
 
 /// One verification key and the algorithms its type allows.
@@ -196,13 +231,24 @@ impl KeySet {
     }
 }
 
+/// What the request paths and the `auth-keys` thread share. The thread
+/// holds it by a [`Weak`] only: dropping the [`Auth`] frees it.
+struct KeyState {
+    keys: arc_swap::ArcSwap<KeySet>,
+    /// Refreshes after start-up that stored a new set.
+    refreshes: AtomicU64,
+    /// Refreshes after start-up that failed (the keys held were kept).
+    refresh_failures: AtomicU64,
+}
+
 /// The configured authentication: keys, rules, counters.
 pub struct Auth {
     pub cfg: AuthSection,
-    jwks_file: PathBuf,
-    keys: arc_swap::ArcSwap<KeySet>,
-    /// When the key set was last read.
-    read_at: Mutex<Instant>,
+    state: Arc<KeyState>,
+    /// Asks the `auth-keys` thread for a refresh; bounded (1) and only ever
+    /// `try_send`: a request never waits, and kicks while one is queued
+    /// coalesce. Dropped with the `Auth`, which ends the thread.
+    kick: crossbeam_channel::Sender<()>,
     /// Tool name (as clients see it) → scopes it needs besides `cfg.scopes`.
     rules: HashMap<String, Vec<String>>,
     /// Failures by reason ([`Failure::ALL`] order).
@@ -221,12 +267,24 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
+    /// Reads the JWK Set (fetches it, for `jwks_url`, within
+    /// [`FETCH_TIMEOUT`]) and starts the `auth-keys` thread; fails, naming
+    /// the file or URL and why, when the set cannot be had: never serve
+    /// without keys.
     pub fn new(cfg: &AuthSection) -> Result<Self, String> {
-        let jwks_file = cfg
-            .jwks_file
-            .clone()
-            .ok_or("auth.jwks_file: the issuer's JWK Set is needed")?;
-        let keys = KeySet::load(&jwks_file).map_err(|e| format!("auth.jwks_file: {e}"))?;
+        let source = Source::new(cfg)?;
+        let state = Arc::new(KeyState {
+            keys: arc_swap::ArcSwap::from_pointee(KeySet { keys: Vec::new() }),
+            refreshes: AtomicU64::new(0),
+            refresh_failures: AtomicU64::new(0),
+        });
+        let (kick, kicked) = crossbeam_channel::bounded(1);
+        start_refresher(
+            source,
+            Arc::downgrade(&state),
+            kicked,
+            cfg.jwks_refresh_interval,
+        )?;
         let mut rules: HashMap<String, Vec<String>> = HashMap::new();
         for r in &cfg.rules {
             for t in &r.tools {
@@ -258,9 +316,8 @@ impl Auth {
         Ok(Self {
             resource_metadata_url: resource_metadata_url(&cfg.audience),
             cfg: cfg.clone(),
-            jwks_file,
-            keys: arc_swap::ArcSwap::from_pointee(keys),
-            read_at: Mutex::new(Instant::now()),
+            state,
+            kick,
             rules,
             failures: std::array::from_fn(|_| AtomicU64::new(0)),
             metadata,
@@ -289,6 +346,17 @@ impl Auth {
             .iter()
             .zip(&self.failures)
             .map(|(f, n)| (*f, n.load(Ordering::Relaxed)))
+    }
+
+    /// JWK Set refreshes after start-up that failed (the keys held were
+    /// kept): for `/metrics`.
+    pub fn key_refresh_failures(&self) -> u64 {
+        self.state.refresh_failures.load(Ordering::Relaxed)
+    }
+
+    /// JWK Set refreshes after start-up that stored a fresh set.
+    pub fn key_refreshes(&self) -> u64 {
+        self.state.refreshes.load(Ordering::Relaxed)
     }
 
     /// The token of an `Authorization` header value (`Bearer`, any case).
@@ -385,36 +453,30 @@ impl Auth {
                 .collect(),
             _ => Vec::new(),
         };
-        Ok(Principal { subject, scopes })
+        let expires_at = claims
+            .get("exp")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
+        Ok(Principal {
+            subject,
+            scopes,
+            expires_at,
+        })
     }
 
-    /// The key set, read again first when `kid` names a key it lacks and
-    /// the last read is older than [`KEY_REFRESH_GAP`].
-    fn keys_for(
-        &self,
-        kid: Option<&str>,
-    ) -> Result<arc_swap::Guard<std::sync::Arc<KeySet>>, Failure> {
-        let keys = self.keys.load();
-        if kid.is_none() || keys.find(kid).is_some() {
-            return Ok(keys);
+    /// The key set held. When `kid` names a key it lacks, the `auth-keys`
+    /// thread is kicked (never waited for: this may run on a shard thread)
+    /// and the token is refused; once the thread has stored a set with that
+    /// key, the same token passes.
+    fn keys_for(&self, kid: Option<&str>) -> Result<arc_swap::Guard<Arc<KeySet>>, Failure> {
+        let keys = self.state.keys.load();
+        if kid.is_some() && keys.find(kid).is_none() {
+            // Full: a kick is already queued. Disconnected: the thread is
+            // gone (it ends only with the `Auth`). Either way, nothing to do.
+            let _ = self.kick.try_send(());
+            return Err(Failure::UnknownKey);
         }
-        {
-            let mut at = self.read_at.lock().unwrap_or_else(|e| e.into_inner());
-            if at.elapsed() < KEY_REFRESH_GAP {
-                return Err(Failure::UnknownKey);
-            }
-            *at = Instant::now();
-        }
-        match KeySet::load(&self.jwks_file) {
-            Ok(fresh) => {
-                tracing::info!(file = %self.jwks_file.display(), "a token named an unknown key: JWK Set read again");
-                self.keys.store(std::sync::Arc::new(fresh));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "re-reading the JWK Set failed; keeping the keys held")
-            }
-        }
-        Ok(self.keys.load())
+        Ok(keys)
     }
 
     /// Scopes `p` lacks to call tool `tool` (its `[[auth.rules]]`).
@@ -458,6 +520,325 @@ impl Auth {
     /// insufficient-scope challenge.
     pub fn base_scopes(&self) -> &[String] {
         &self.cfg.scopes
+    }
+}
+
+/// Checks a `jwks_url` without any network I/O: an absolute `https://`
+/// URL with a host, or `http://` to a loopback host (see the module's
+/// invariants).
+pub fn check_jwks_url(url: &str) -> Result<hyper::Uri, String> {
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    let host = uri
+        .host()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("`{url}` is not an absolute URL with a host"))?;
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        // Credentials in the URL would be logged with it.
+        return Err(format!(
+            "`{url}`: user information in the URL is not supported"
+        ));
+    }
+    match uri.scheme_str() {
+        Some("https") => Ok(uri),
+        Some("http") if is_loopback_host(host) => Ok(uri),
+        Some("http") => Err(format!(
+            "`{url}`: http:// is allowed only to a loopback host (127.0.0.0/8, ::1, localhost); a JWK Set fetched in clear from elsewhere could be forged: use https://"
+        )),
+        _ => Err(format!("`{url}` must be an https:// URL")),
+    }
+}
+
+/// 127.0.0.0/8, `::1` (as `[::1]` in a URL) or `localhost`.
+fn is_loopback_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => a.is_loopback(),
+        // `::ffff:127.0.0.1` is not taken: the form is unusual in a URL and
+        // needs no support.
+        Ok(IpAddr::V6(a)) => a.is_loopback(),
+        Err(_) => {
+            let name = bare.strip_suffix('.').unwrap_or(bare);
+            name.eq_ignore_ascii_case("localhost")
+        }
+    }
+}
+
+/// rustls client settings for a `jwks_url`: TLS 1.3 and 1.2, the webpki
+/// roots plus the certificates of `ca_file` (`jwks_ca_file`). Errors name
+/// the file.
+pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("{shown}: {e}"))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{shown}: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!("{shown}: no PEM certificate in it"));
+        }
+        for c in certs {
+            roots.add(c).map_err(|e| format!("{shown}: {e}"))?;
+        }
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS settings: {e}"))
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// Where the JWK Set comes from, checked but not read yet.
+enum Source {
+    File(PathBuf),
+    /// Boxed: the TLS settings are large, and a source is built once.
+    Url(Box<UrlSource>),
+}
+
+struct UrlSource {
+    url: String,
+    uri: hyper::Uri,
+    tls: rustls::ClientConfig,
+}
+
+impl Source {
+    fn new(cfg: &AuthSection) -> Result<Self, String> {
+        match (&cfg.jwks_file, &cfg.jwks_url) {
+            (Some(p), None) => Ok(Source::File(p.clone())),
+            (None, Some(u)) => {
+                let uri = check_jwks_url(u).map_err(|e| format!("auth.jwks_url: {e}"))?;
+                let tls = tls_config(cfg.jwks_ca_file.as_deref())
+                    .map_err(|e| format!("auth.jwks_ca_file: {e}"))?;
+                Ok(Source::Url(Box::new(UrlSource {
+                    url: u.clone(),
+                    uri,
+                    tls,
+                })))
+            }
+            _ => Err("auth.jwks_file, auth.jwks_url: exactly one of them is needed".into()),
+        }
+    }
+
+    /// The reader, built on the `auth-keys` thread: its tokio runtime
+    /// lives and is dropped there, never inside another runtime.
+    fn reader(self) -> Result<Reader, String> {
+        match self {
+            Source::File(p) => Ok(Reader::File(p)),
+            Source::Url(u) => {
+                let UrlSource { url, uri, tls } = *u;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("auth.jwks_url: a runtime to fetch with: {e}"))?;
+                let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+                connector.set_connect_timeout(Some(FETCH_TIMEOUT));
+                // The TLS layer below takes https:// itself.
+                connector.enforce_http(false);
+                let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(tls)
+                    .https_or_http()
+                    .enable_http1()
+                    .wrap_connector(connector);
+                // No idle connection is kept: fetches are minutes apart.
+                let client = hyper_util::client::legacy::Client::builder(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .pool_max_idle_per_host(0)
+                .build(connector);
+                Ok(Reader::Url(Box::new(UrlReader {
+                    url,
+                    uri,
+                    rt,
+                    client,
+                })))
+            }
+        }
+    }
+}
+
+enum Reader {
+    File(PathBuf),
+    Url(Box<UrlReader>),
+}
+
+struct UrlReader {
+    url: String,
+    uri: hyper::Uri,
+    rt: tokio::runtime::Runtime,
+    client: hyper_util::client::legacy::Client<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+        http_body_util::Empty<bytes::Bytes>,
+    >,
+}
+
+impl Reader {
+    /// The key set, or why not (naming the file or URL, with the config
+    /// key it comes from).
+    fn read(&self) -> Result<KeySet, String> {
+        match self {
+            Reader::File(p) => KeySet::load(p).map_err(|e| format!("auth.jwks_file: {e}")),
+            Reader::Url(u) => u
+                .fetch()
+                .map_err(|e| format!("auth.jwks_url: fetching {}: {e}", u.url)),
+        }
+    }
+}
+
+impl UrlReader {
+    /// One GET, bounded in time ([`FETCH_TIMEOUT`]) and size
+    /// ([`MAX_JWKS_BYTES`]); anything but 200 is an error naming the status.
+    fn fetch(&self) -> Result<KeySet, String> {
+        let req = hyper::Request::get(self.uri.clone())
+            .header(
+                hyper::header::ACCEPT,
+                "application/jwk-set+json, application/json",
+            )
+            .header(hyper::header::USER_AGENT, "mcp-broker")
+            .body(http_body_util::Empty::new())
+            .map_err(|e| e.to_string())?;
+        let exchange = async {
+            let res = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| error_chain(&e))?;
+            if res.status() != hyper::StatusCode::OK {
+                return Err(format!("the server answered {}", res.status()));
+            }
+            http_body_util::Limited::new(res.into_body(), MAX_JWKS_BYTES)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        format!("the answer is larger than {MAX_JWKS_BYTES} bytes")
+                    } else {
+                        format!("reading the answer: {}", error_chain(&*e))
+                    }
+                })
+        };
+        let body = self.rt.block_on(async {
+            tokio::time::timeout(FETCH_TIMEOUT, exchange)
+                .await
+                .map_err(|_| format!("no complete answer within {FETCH_TIMEOUT:?}"))?
+        })?;
+        let text = std::str::from_utf8(&body).map_err(|_| "the answer is not UTF-8".to_owned())?;
+        KeySet::parse(text)
+    }
+}
+
+/// An error with its sources: hyper's own message alone ("client error
+/// (Connect)") does not say what failed.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        next = c.source();
+    }
+    s
+}
+
+/// Starts the `auth-keys` thread, which reads the set once before this
+/// returns (the start-up read: its error is returned) and then refreshes
+/// it (see [`refresh_loop`]).
+fn start_refresher(
+    source: Source,
+    state: Weak<KeyState>,
+    kicked: crossbeam_channel::Receiver<()>,
+    interval: Duration,
+) -> Result<(), String> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
+    std::thread::Builder::new()
+        .name("auth-keys".into())
+        .spawn(move || {
+            let first = source.reader().and_then(|r| r.read().map(|k| (r, k)));
+            let reader = match first {
+                Ok((reader, keys)) => {
+                    if let Some(s) = state.upgrade() {
+                        s.keys.store(Arc::new(keys));
+                    }
+                    let _ = ready_tx.send(Ok(()));
+                    reader
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            refresh_loop(&reader, &state, &kicked, interval);
+        })
+        .map_err(|e| format!("auth: starting the auth-keys thread: {e}"))?;
+    ready_rx.recv().unwrap_or_else(|_| {
+        Err("auth: the auth-keys thread ended before reading the JWK Set".into())
+    })
+}
+
+/// The `auth-keys` thread after start-up: a refresh every `interval`, and
+/// one when kicked, at most once per [`KEY_REFRESH_GAP`] (a kick within the
+/// gap is remembered and served when the gap ends, so a rotated key is
+/// found within the gap without another kick). Ends when the [`Auth`] is
+/// dropped (the kick channel disconnects, or the state is gone).
+fn refresh_loop(
+    reader: &Reader,
+    state: &Weak<KeyState>,
+    kicked: &crossbeam_channel::Receiver<()>,
+    interval: Duration,
+) {
+    // Bounded so that adding it to an `Instant` cannot overflow.
+    let interval = interval.clamp(MIN_REFRESH_INTERVAL, Duration::from_secs(365 * 86_400));
+    // The last refresh after start-up: the start-up read does not count, so
+    // the first kick is served at once (a key rotated just before start-up).
+    let mut last: Option<Instant> = None;
+    let mut periodic_from = Instant::now();
+    let mut pending = false;
+    loop {
+        let periodic_at = periodic_from + interval;
+        let deferred_at = last.filter(|_| pending).map(|t| t + KEY_REFRESH_GAP);
+        let wake = deferred_at.map_or(periodic_at, |d| d.min(periodic_at));
+        let why = match kicked.recv_deadline(wake) {
+            Ok(()) => {
+                if last.is_some_and(|t| t.elapsed() < KEY_REFRESH_GAP) {
+                    pending = true;
+                    continue;
+                }
+                "a token named an unknown key"
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if deferred_at.is_some_and(|d| d <= Instant::now()) {
+                    "a token named an unknown key (deferred by the refresh gap)"
+                } else {
+                    "periodic"
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        };
+        let read = reader.read();
+        let Some(state) = state.upgrade() else { return };
+        let now = Instant::now();
+        last = Some(now);
+        periodic_from = now;
+        pending = false;
+        match read {
+            Ok(keys) => {
+                state.keys.store(Arc::new(keys));
+                state.refreshes.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(reason = why, "JWK Set refreshed");
+            }
+            Err(e) => {
+                state.refresh_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reason = why, error = %e, "refreshing the JWK Set failed; keeping the keys held");
+            }
+        }
     }
 }
 
@@ -507,6 +888,239 @@ mod tests {
         ] {
             assert_eq!(Auth::bearer(bad), Err(Failure::Missing), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn plain_http_is_allowed_only_to_loopback_hosts() {
+        for ok in [
+            "https://issuer.example/jwks.json",
+            "https://10.0.0.1:8443/keys",
+            "http://127.0.0.1:8080/jwks.json",
+            "http://127.1.2.3/jwks.json",
+            "http://[::1]:9000/jwks.json",
+            "http://localhost/jwks.json",
+            "http://LOCALHOST.:80/jwks.json",
+        ] {
+            assert!(check_jwks_url(ok).is_ok(), "{ok}: {:?}", check_jwks_url(ok));
+        }
+        for bad in [
+            "http://issuer.example/jwks.json",
+            "http://10.0.0.1/jwks.json",
+            "http://128.0.0.1/jwks.json",
+            "http://[::2]/jwks.json",
+            "http://localhost.evil.example/jwks.json",
+            "http://127.0.0.1.nip.io/jwks.json",
+        ] {
+            let e = check_jwks_url(bad).unwrap_err();
+            assert!(e.contains("loopback") && e.contains(bad), "{bad}: {e}");
+        }
+        for bad in [
+            "ftp://issuer.example/jwks.json",
+            "/jwks.json",
+            "issuer.example/jwks.json",
+            "https://user:pw@issuer.example/jwks.json",
+            "not a url",
+        ] {
+            assert!(check_jwks_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// `[auth]` over the embedded default, with `extra` lines.
+    fn config(extra: &str) -> Result<crate::config::Config, String> {
+        crate::config::Config::parse(&format!(
+            "{}\n[auth]\nissuer = \"https://issuer.test\"\naudience = \"https://mcp.test/mcp\"\n{extra}\n",
+            crate::config::DEFAULT_TOML
+        ))
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn exactly_one_key_source_is_configured_and_checked_without_network_io() {
+        let dir = temp_dir("config");
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, jwks(&["k1"])).unwrap();
+        let file_line = format!("jwks_file = \"{}\"", file.display());
+
+        let e = config("").unwrap_err();
+        assert!(
+            e.contains("auth.jwks_file") && e.contains("auth.jwks_url"),
+            "{e}"
+        );
+        let e = config(&format!(
+            "{file_line}\njwks_url = \"https://issuer.test/jwks.json\""
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("auth.jwks_file") && e.contains("auth.jwks_url") && e.contains("both"),
+            "{e}"
+        );
+        let c = config(&file_line).unwrap();
+        let a = c.auth.unwrap();
+        assert_eq!(a.jwks_refresh_interval, Duration::from_secs(600));
+        // Nothing listens there and the name does not resolve: validation
+        // does not try.
+        let c = config("jwks_url = \"https://jwks.invalid/keys\"\njwks_refresh_interval = \"2m\"")
+            .unwrap();
+        assert_eq!(
+            c.auth.unwrap().jwks_refresh_interval,
+            Duration::from_secs(120)
+        );
+        let e = config("jwks_url = \"http://issuer.test/jwks.json\"").unwrap_err();
+        assert!(e.contains("auth.jwks_url") && e.contains("loopback"), "{e}");
+        let e = config("jwks_url = \"https://issuer.test/k\"\njwks_refresh_interval = \"0s\"")
+            .unwrap_err();
+        assert!(e.contains("auth.jwks_refresh_interval"), "{e}");
+        let e = config(&format!(
+            "{file_line}\njwks_ca_file = \"{}\"",
+            file.display()
+        ))
+        .unwrap_err();
+        assert!(e.contains("auth.jwks_ca_file"), "{e}");
+        let e = config(&format!(
+            "jwks_url = \"https://issuer.test/k\"\njwks_ca_file = \"{}\"",
+            file.display()
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("auth.jwks_ca_file") && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mcp-auth-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A JWK Set of RSA keys named `kids` (their modulus is arbitrary: no
+    /// signature is checked here).
+    fn jwks(kids: &[&str]) -> String {
+        let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([0xC3u8; 256]);
+        let keys: Vec<_> = kids
+            .iter()
+            .map(|k| serde_json::json!({"kty": "RSA", "kid": k, "n": n, "e": "AQAB"}))
+            .collect();
+        serde_json::json!({ "keys": keys }).to_string()
+    }
+
+    /// A token naming `kid` (not validly signed).
+    fn token(kid: &str) -> String {
+        let b = |v: serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        format!(
+            "{}.{}.c2ln",
+            b(serde_json::json!({"alg": "RS256", "kid": kid})),
+            b(serde_json::json!({"iss": "https://issuer.test"}))
+        )
+    }
+
+    fn wait_for(mut f: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    #[test]
+    fn an_unknown_key_kicks_a_refresh_off_the_request_path_once_per_gap() {
+        let dir = temp_dir("kick");
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, jwks(&["k1"])).unwrap();
+        let c = config(&format!("jwks_file = \"{}\"", file.display())).unwrap();
+        let auth = Auth::new(c.auth.as_ref().unwrap()).unwrap();
+        // A known key: past the key lookup (the signature is bogus).
+        assert_eq!(auth.verify(&token("k1")), Err(Failure::Signature));
+
+        // Rotation: refused until the thread has read the new set; the
+        // first kick after start-up is served at once.
+        std::fs::write(&file, jwks(&["k1", "k2"])).unwrap();
+        assert_eq!(auth.verify(&token("k2")), Err(Failure::UnknownKey));
+        assert!(
+            wait_for(|| auth.verify(&token("k2")) == Err(Failure::Signature)),
+            "k2 found after the kick"
+        );
+        assert_eq!(auth.key_refreshes(), 1);
+
+        // Within the gap, kicks coalesce into one refresh at its end.
+        std::fs::write(&file, jwks(&["k1", "k2", "k3"])).unwrap();
+        for _ in 0..50 {
+            assert_eq!(auth.verify(&token("k3")), Err(Failure::UnknownKey));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(auth.key_refreshes(), 1, "no refresh within the gap");
+        assert_eq!(auth.verify(&token("k3")), Err(Failure::UnknownKey));
+
+        assert_eq!(auth.key_refresh_failures(), 0);
+        drop(auth);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn periodic_refreshes_keep_the_keys_held_when_they_fail() {
+        let dir = temp_dir("periodic");
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, jwks(&["k1"])).unwrap();
+        let c = config(&format!(
+            "jwks_file = \"{}\"\njwks_refresh_interval = \"1s\"",
+            file.display()
+        ))
+        .unwrap();
+        let auth = Auth::new(c.auth.as_ref().unwrap()).unwrap();
+        std::fs::write(&file, "not json").unwrap();
+        assert!(
+            wait_for(|| auth.key_refresh_failures() >= 1),
+            "a failed periodic refresh is counted"
+        );
+        assert_eq!(auth.verify(&token("k1")), Err(Failure::Signature));
+        std::fs::write(&file, jwks(&["k1", "k2"])).unwrap();
+        assert!(
+            wait_for(|| auth.verify(&token("k2")) == Err(Failure::Signature)),
+            "a periodic refresh finds k2 without a kick"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn start_up_fails_naming_the_source_and_the_thread_holds_no_strong_reference() {
+        let dir = temp_dir("startup");
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, jwks(&["k1"])).unwrap();
+        let mut a = config(&format!("jwks_file = \"{}\"", file.display()))
+            .unwrap()
+            .auth
+            .unwrap();
+        let auth = Auth::new(&a).unwrap();
+        let weak = Arc::downgrade(&auth.state);
+        drop(auth);
+        // The thread held only a Weak: nothing is left once the Auth goes.
+        assert!(weak.upgrade().is_none());
+
+        std::fs::remove_file(&file).unwrap();
+        let e = Auth::new(&a).unwrap_err();
+        assert!(
+            e.contains("auth.jwks_file") && e.contains("jwks.json"),
+            "{e}"
+        );
+
+        // A closed port: refused at once, naming the URL.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}/jwks.json");
+        a.jwks_file = None;
+        a.jwks_url = Some(url.clone());
+        let e = Auth::new(&a).unwrap_err();
+        assert!(e.contains("auth.jwks_url") && e.contains(&url), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

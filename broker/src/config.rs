@@ -271,10 +271,24 @@ pub struct AuthSection {
     /// This broker's canonical resource URI (RFC 8707): the `aud` every
     /// token must carry, and the `resource` of its RFC 9728 metadata.
     pub audience: String,
-    /// The issuer's signing keys (a JWK Set), read at start-up and again
-    /// (at most every 30 s) when a token names a key it does not hold.
+    /// The issuer's signing keys (a JWK Set file), read at start-up, every
+    /// `jwks_refresh_interval`, and again (at most every 30 s) when a token
+    /// names a key it does not hold. Exactly one of this and `jwks_url`.
     #[serde(default)]
     pub jwks_file: Option<PathBuf>,
+    /// The issuer's JWK Set fetched over HTTPS (`http://` for loopback
+    /// hosts only: a key set fetched in clear from a remote host could be
+    /// forged on the way), on the same schedule as `jwks_file`. Start-up
+    /// fails when the first fetch does.
+    #[serde(default)]
+    pub jwks_url: Option<String>,
+    /// How often the JWK Set is read again without being asked to.
+    #[serde(default = "default_jwks_refresh_interval", with = "humantime_serde")]
+    pub jwks_refresh_interval: Duration,
+    /// PEM certificates trusted for an `https://` `jwks_url` besides the
+    /// webpki roots (a private issuer's CA).
+    #[serde(default)]
+    pub jwks_ca_file: Option<PathBuf>,
     /// Scopes every request needs.
     #[serde(default)]
     pub scopes: Vec<String>,
@@ -291,6 +305,10 @@ pub struct AuthSection {
 
 fn default_leeway() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_jwks_refresh_interval() -> Duration {
+    Duration::from_secs(600)
 }
 
 /// One `[[auth.rules]]` entry: calling any of `tools` (the names clients
@@ -593,12 +611,43 @@ impl Config {
                     a.audience
                 ));
             }
-            match &a.jwks_file {
-                None => errors.push("auth.jwks_file: the issuer's JWK Set is needed".into()),
-                Some(p) => {
+            // No network I/O here: a URL is checked for its form only, and
+            // fetched by `Auth::new` at start-up.
+            match (&a.jwks_file, &a.jwks_url) {
+                (None, None) => errors.push(
+                    "auth.jwks_file, auth.jwks_url: the issuer's JWK Set is needed (set one of them)"
+                        .into(),
+                ),
+                (Some(_), Some(_)) => errors.push(
+                    "auth.jwks_file, auth.jwks_url: set only one of them (both are set)".into(),
+                ),
+                (Some(p), None) => {
                     if let Err(e) = crate::auth::KeySet::load(p) {
                         errors.push(format!("auth.jwks_file: {e}"));
                     }
+                }
+                (None, Some(u)) => {
+                    if let Err(e) = crate::auth::check_jwks_url(u) {
+                        errors.push(format!("auth.jwks_url: {e}"));
+                    }
+                }
+            }
+            if a.jwks_refresh_interval < crate::auth::MIN_REFRESH_INTERVAL {
+                errors.push(format!(
+                    "auth.jwks_refresh_interval: {:?} is below {:?}",
+                    a.jwks_refresh_interval,
+                    crate::auth::MIN_REFRESH_INTERVAL
+                ));
+            }
+            if let Some(ca) = &a.jwks_ca_file {
+                if !a
+                    .jwks_url
+                    .as_deref()
+                    .is_some_and(|u| u.starts_with("https://"))
+                {
+                    errors.push("auth.jwks_ca_file: only for an https:// auth.jwks_url".into());
+                } else if let Err(e) = crate::auth::tls_config(Some(ca)) {
+                    errors.push(format!("auth.jwks_ca_file: {e}"));
                 }
             }
             for (i, r) in a.rules.iter().enumerate() {

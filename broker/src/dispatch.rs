@@ -249,6 +249,13 @@ fn not_found(ctx: &ShardCtx, out: &mut Vec<u8>, to: &ReplyTo<'_>, what: &str, na
 pub trait LiveOut {
     /// One non-final response frame (progress or log) of the request.
     fn frame(&self, frame: &[u8]);
+
+    /// With `[auth]`: whether the edge's caller may see tool `name` in a
+    /// listing. Edges that filter their own answers (HTTP, gRPC) keep the
+    /// default; the frame edge asks its connection's principal.
+    fn shows_tool(&self, _auth: &crate::auth::Auth, _name: &str) -> bool {
+        true
+    }
 }
 
 /// Handles one verified request, appending its response frames to `out`.
@@ -308,8 +315,23 @@ pub async fn handle_live(
                     .and_then(|x| x.cursor()),
                 _ => r.payload_as_list_prompts_request().and_then(|x| x.cursor()),
             };
+            // With `[auth]`, the tools this caller may call (the frame edge;
+            // the others filter their own answers).
+            let shown: Option<Vec<crate::route::Listed<w::Tool>>> =
+                match (kind, &ctx.shared.auth, live) {
+                    (RequestKind::ListTools, Some(auth), Some(l)) => Some(
+                        table
+                            .tool_list
+                            .iter()
+                            .filter(|t| l.shows_tool(auth, &t.exposed))
+                            .cloned()
+                            .collect(),
+                    ),
+                    _ => None,
+                };
+            let tool_list = shown.as_deref().unwrap_or(&table.tool_list);
             let len = match kind {
-                RequestKind::ListTools => table.tool_list.len(),
+                RequestKind::ListTools => tool_list.len(),
                 RequestKind::ListResources => table.resource_list.len(),
                 RequestKind::ListResourceTemplates => table.template_list.len(),
                 _ => table.prompt_list.len(),
@@ -325,9 +347,7 @@ pub async fn handle_live(
                 return;
             };
             match kind {
-                RequestKind::ListTools => {
-                    adapt::list_tools(&mut enc, out, &to, &table.tool_list, start)
-                }
+                RequestKind::ListTools => adapt::list_tools(&mut enc, out, &to, tool_list, start),
                 RequestKind::ListResources => {
                     adapt::list_resources(&mut enc, out, &to, &table.resource_list, start)
                 }

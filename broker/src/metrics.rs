@@ -817,6 +817,21 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
                 f.as_str()
             );
         }
+        for (name, help, n) in [
+            (
+                "mcp_auth_key_refreshes_total",
+                "Reads of the issuer's JWK Set after start-up (periodic, or asked for by a token naming an unknown kid).",
+                auth.key_refreshes(),
+            ),
+            (
+                "mcp_auth_key_refresh_failures_total",
+                "Reads of the JWK Set that failed; the keys held are kept (the reason is logged).",
+                auth.key_refresh_failures(),
+            ),
+        ] {
+            family(&mut o, name, "counter", help);
+            let _ = writeln!(o, "{name} {n}");
+        }
     }
     // Reloads.
     family(

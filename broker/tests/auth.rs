@@ -89,6 +89,8 @@ fn rsa_key(dir: &Path, name: &str) -> RsaKey {
 
 /// A test's keys, JWK Set file and broker.
 struct Fixture {
+    /// The broker's stderr (debug level).
+    log: PathBuf,
     dir: PathBuf,
     trusted: RsaKey,
     /// Not in the JWK Set.
@@ -132,8 +134,15 @@ scopes = ["kv:write"]
             mcp_broker::config::DEFAULT_TOML,
             jwks_path.display()
         );
-        let b = Broker::start_with_config(&toml, &[]);
+        // Debug logs, kept in a file: no test may find a token in them.
+        let log = dir.join("broker.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let b = Broker::start_command(Some(&toml), &[], |c| {
+            c.env("RUST_LOG", "debug,cranelift=info,wasmtime=info")
+                .stderr(file);
+        });
         Fixture {
+            log,
             dir,
             trusted,
             stranger,
@@ -321,6 +330,21 @@ fn every_bad_token_gets_its_documented_answer_on_http_and_is_counted() {
         );
         *expected.entry(reason).or_default() += 1.0;
     }
+    // Neither a presented token nor any signature appears in the logs.
+    let log = std::fs::read_to_string(&f.log).unwrap();
+    assert!(log.contains("DEBUG"), "debug logging was on");
+    for (name, auth, _) in catalogue(&f) {
+        let Some(auth) = auth else { continue };
+        let token = auth.trim_start_matches("Bearer ");
+        let sig = token.rsplit('.').next().unwrap_or(token);
+        if sig.len() > 8 {
+            assert!(
+                !log.contains(sig),
+                "{name}: a token's signature is in the log"
+            );
+        }
+        assert!(!log.contains(token), "{name}: the token is in the log");
+    }
     let metrics = b.http_get("/metrics").1;
     for (reason, n) in expected {
         let line = format!("mcp_auth_failures_total{{reason=\"{reason}\"}} ");
@@ -344,7 +368,54 @@ fn a_valid_token_is_served_and_tool_rules_and_sessions_follow_it() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains("hi"), "{}", r.text());
 
-    // `put` needs kv:write besides mcp.
+    // Listings show only what the token may call: `put` needs kv:write.
+    let listed = |token: &str, body: &str| -> Vec<String> {
+        let r = post(b, Some(&format!("Bearer {token}")), Some(&s), body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["result"]["tools"]
+            .as_array()
+            .expect("a tools/list answer")
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let list = r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#;
+    let names = listed(&alice, list);
+    assert!(
+        names.iter().any(|n| n == "get") && !names.iter().any(|n| n == "put"),
+        "{names:?}"
+    );
+    {
+        // Batches (protocol 2025-03-26 only) hide it too.
+        let auth = format!("Bearer {alice}");
+        let init = initialize_body().replace("2025-06-18", "2025-03-26");
+        let r = post(b, Some(&auth), None, &init);
+        let old = r.header("mcp-session-id").unwrap().to_string();
+        let mut c = Conn::connect(b.http);
+        let r = c.request(
+            "POST",
+            "/mcp",
+            &[
+                ("Content-Type", "application/json"),
+                ("Accept", "application/json, text/event-stream"),
+                ("MCP-Protocol-Version", "2025-03-26"),
+                ("Authorization", &auth),
+                ("Mcp-Session-Id", &old),
+            ],
+            format!("[{list}]").as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let tools = v[0]["result"]["tools"].as_array().expect("a batch answer");
+        assert!(
+            tools.iter().any(|t| t["name"] == "get") && !tools.iter().any(|t| t["name"] == "put"),
+            "{v}"
+        );
+    }
+    let names = listed(&f.token("alice", "mcp kv:write"), list);
+    assert!(names.iter().any(|n| n == "put"), "{names:?}");
+
+    // Calling it anyway: 403 naming the scope.
     let r = call(b, &alice, &s, "put", r#"{"key":"k","value":1}"#);
     assert_eq!(r.status, 403, "{}", r.text());
     let challenge = r.header("www-authenticate").unwrap();
@@ -439,7 +510,9 @@ fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
             .await
             .expect("a valid token lists")
             .into_inner();
-        assert!(tools.tools.iter().any(|t| t.name == "put"), "{tools:?}");
+        // A caller sees only the tools its scopes let it call.
+        assert!(tools.tools.iter().any(|t| t.name == "get"), "{tools:?}");
+        assert!(!tools.tools.iter().any(|t| t.name == "put"), "{tools:?}");
         let put = |t: &str| {
             with(
                 Some(t),
@@ -453,16 +526,149 @@ fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         assert!(e.message().contains("kv:write"), "{e:?}");
         let writer = f.token("alice", "mcp kv:write");
+        let tools = g
+            .list_tools(with(Some(&writer), pb::ListToolsRequest::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(tools.tools.iter().any(|t| t.name == "put"), "{tools:?}");
         g.call_tool(put(&writer)).await.expect("with kv:write");
     });
 }
 
+/// Frames: the token rides in the connection's `InitializeRequest`; before
+/// a valid one only initialize and ping are answered.
 #[test]
-fn the_frame_edge_answers_only_initialize_and_ping_under_auth() {
+fn the_frame_edge_takes_the_token_in_initialize() {
+    use mcp_schema::fb::protocol::ProtocolVersion;
     let f = Fixture::start("frames");
+    let init = |c: &mut common::Client, token: Option<&str>| {
+        c.request(None, |e, h| {
+            e.initialize_with_token(h, ProtocolVersion::V2025_06_18, "t", "1", token)
+                .to_vec()
+        })
+    };
     let mut c = f.b.connect();
     let r = c.call("echo_text", &[("text", "\"hi\"")], None);
-    assert_eq!(common::error_code(&r), Some(-32003), "frames call refused");
+    assert_eq!(common::error_code(&r), Some(-32003), "before initialize");
     let pong = c.request(None, |e, h| e.ping(h).to_vec());
     assert_eq!(common::error_code(&pong), None, "ping is answered");
+    for (name, auth, _) in catalogue(&f) {
+        let token = auth.as_deref().map(|a| a.trim_start_matches("Bearer "));
+        let r = init(&mut c, token);
+        assert_eq!(common::error_code(&r), Some(-32003), "{name}");
+        let r = c.call("echo_text", &[("text", "\"hi\"")], None);
+        assert_eq!(
+            common::error_code(&r),
+            Some(-32003),
+            "{name}: still refused"
+        );
+    }
+    let r = init(&mut c, Some(&f.token("alice", "mcp")));
+    assert_eq!(common::error_code(&r), None, "a valid token");
+    let r = c.call("echo_text", &[("text", "\"hi\"")], None);
+    assert_eq!(common::tool_text(&r), "hi");
+    let r = c.call("put", &[("key", "\"k\""), ("value", "1")], None);
+    assert_eq!(common::error_code(&r), Some(-32003), "put needs kv:write");
+    // Its listing shows only the tools it may call.
+    let listed = |c: &mut common::Client| -> Vec<String> {
+        let r = c.request(None, |e, h| {
+            e.list(h, mcp_schema::client::Listing::Tools, None).to_vec()
+        });
+        let v = mcp_schema::client::ResponseView::parse(&r).unwrap();
+        let l = v
+            .response
+            .payload_as_list_tools_result()
+            .expect("a tool list");
+        l.tools()
+            .iter()
+            .flatten()
+            .map(|t| t.name().to_string())
+            .collect()
+    };
+    let names = listed(&mut c);
+    assert!(
+        names.iter().any(|n| n == "get") && !names.iter().any(|n| n == "put"),
+        "{names:?}"
+    );
+    // A token that expires: the connection stops being served with it.
+    let short = f.sign(&json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "scope": "mcp",
+        "exp": now() + 2, "nbf": now() - 10,
+    }));
+    let mut c = f.b.connect();
+    let r = init(&mut c, Some(&short));
+    assert_eq!(common::error_code(&r), None);
+    let r = c.call("echo_text", &[("text", "\"hi\"")], None);
+    assert_eq!(common::tool_text(&r), "hi");
+    std::thread::sleep(std::time::Duration::from_millis(3100));
+    let r = c.call("echo_text", &[("text", "\"hi\"")], None);
+    assert_eq!(common::error_code(&r), Some(-32003), "after exp");
+}
+
+/// No token passthrough with `[auth]` on: a FastMCP upstream behind the
+/// broker sees its router's `upstream_headers`, never the client's JWT.
+#[test]
+fn an_upstream_sees_its_routers_credentials_never_the_clients_token() {
+    use std::io::BufRead;
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let venv = repo.join(".tools/mcp1/bin/python");
+    let python = if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    };
+    let f = Fixture::start("upstream-keys");
+    let state = f.dir.join("upstream");
+    std::fs::create_dir_all(&state).unwrap();
+    let mut server = Command::new(&python)
+        .arg(repo.join("broker/tests/upstreams/server.py"))
+        .args(["0", "--name", "alpha", "--state"])
+        .arg(&state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("FastMCP (scripts/setup installs it in .tools/mcp1)");
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http=127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no ready line from server.py: {line:?}"))
+        .parse()
+        .unwrap();
+    let toml = format!(
+        r#"[broker]
+shards = 1
+
+[auth]
+issuer = "{ISSUER}"
+audience = "{AUDIENCE}"
+jwks_file = "{}"
+
+[[routers]]
+name = "alpha"
+upstream = "http://127.0.0.1:{port}/mcp"
+upstream_headers = {{ Authorization = "Bearer alpha-secret" }}
+"#,
+        f.dir.join("jwks.json").display()
+    );
+    let b = Broker::start_with_config(&toml, &[]);
+    let token = f.token("alice", "");
+    let s = session(&b, &token);
+    let r = call(&b, &token, &s, "whoami", "{}");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("alpha auth=Bearer alpha-secret"),
+        "the upstream must see the router's credentials: {text}"
+    );
+    assert!(
+        !text.contains(&token),
+        "the client's token reached the upstream: {text}"
+    );
 }

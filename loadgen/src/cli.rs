@@ -134,6 +134,12 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: u32,
 
+    /// http:// only: send `Authorization: Bearer <token>` on every request,
+    /// the token read from this file (not a flag, so that it stays out of
+    /// process listings). For a broker running `[auth]`.
+    #[arg(long)]
+    pub bearer_file: Option<PathBuf>,
+
     /// Seed for workload choices and argument templates.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -269,6 +275,24 @@ impl Args {
             (None, None) => Some(self.connections as u64),
             (c, _) => c,
         };
+        let bearer = match &self.bearer_file {
+            None => None,
+            Some(p) => {
+                let t = std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("--bearer-file {}: {e}", p.display()))?;
+                let t = t.trim().to_owned();
+                if t.is_empty() || !t.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                    anyhow::bail!(
+                        "--bearer-file {}: not one token of visible ASCII",
+                        p.display()
+                    );
+                }
+                if target.scheme != crate::target::Scheme::Http {
+                    anyhow::bail!("--bearer-file is for http:// targets only");
+                }
+                Some(t)
+            }
+        };
         let duration = match (self.duration, self.requests) {
             (None, None) => Some(Duration::from_secs(10)),
             (d, _) => d,
@@ -290,6 +314,7 @@ impl Args {
             spin: self.spin,
             max_frame: self.max_frame,
             seed: self.seed,
+            bearer,
         })
     }
 }

@@ -102,6 +102,8 @@ pub struct RunConfig {
     pub spin: Duration,
     pub max_frame: u32,
     pub seed: u64,
+    /// http://: the bearer token sent on every request (`--bearer-file`).
+    pub bearer: Option<String>,
 }
 
 impl RunConfig {

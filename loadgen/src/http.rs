@@ -84,6 +84,9 @@ pub struct HttpDriver {
     /// A response body still open this long after its answer is dropped
     /// with its connection (`--timeout`).
     pub timeout: Duration,
+    /// Header lines sent on every request (`Authorization: Bearer …\r\n`
+    /// from `--bearer-file`), else empty.
+    pub extra_headers: String,
 }
 
 /// Why reading a response stopped before its end.
@@ -564,8 +567,8 @@ impl HttpConn {
                 self.wbuf,
                 "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mcp-loadgen\r\n\
                  Accept: application/json, text/event-stream\r\n\
-                 Content-Type: application/json\r\nContent-Length: ",
-                d.path, d.authority
+                 Content-Type: application/json\r\n{}Content-Length: ",
+                d.path, d.authority, d.extra_headers
             );
         }
         let _ = write!(self.wbuf, "{}\r\n\r\n", body.len());
@@ -870,9 +873,10 @@ impl HttpDriver {
             c.head,
             "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mcp-loadgen\r\n\
              Accept: application/json, text/event-stream\r\n\
-             Content-Type: application/json\r\n{}Content-Length: ",
+             Content-Type: application/json\r\n{}{}Content-Length: ",
             self.path,
             self.authority,
+            self.extra_headers,
             c.session_headers()
         );
         c.ensure_stream()
@@ -1055,8 +1059,8 @@ impl HttpDriver {
                 c.wbuf,
                 "DELETE {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mcp-loadgen\r\n\
                  Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: {}\r\n\
-                 Content-Length: 0\r\n\r\n",
-                self.path, self.authority, c.version
+                 {}Content-Length: 0\r\n\r\n",
+                self.path, self.authority, c.version, self.extra_headers
             );
             c.send().await.ok()?;
             let mut stop = || Monoio::sleep_until(deadline);

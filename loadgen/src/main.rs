@@ -81,6 +81,11 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
                         path: cfg.target.path.clone(),
                         max_body: max_message,
                         timeout: cfg.timeout,
+                        extra_headers: cfg
+                            .bearer
+                            .as_ref()
+                            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                            .unwrap_or_default(),
                     };
                     engine::run(cfg, driver, tx, shared)
                 }

@@ -185,8 +185,22 @@ impl RequestEncoder {
         client_name: &str,
         client_version: &str,
     ) -> &[u8] {
+        self.initialize_with_token(h, version, client_name, client_version, None)
+    }
+
+    /// [`Self::initialize`] carrying the connection's bearer token (a
+    /// broker running `[auth]` answers nothing else but ping without one).
+    pub fn initialize_with_token(
+        &mut self,
+        h: &RequestHeader<'_>,
+        version: ProtocolVersion,
+        client_name: &str,
+        client_version: &str,
+        auth_token: Option<&str>,
+    ) -> &[u8] {
         self.fbb.reset();
         let fbb = &mut self.fbb;
+        let auth_token = auth_token.map(|t| fbb.create_string(t));
         let client_name = fbb.create_string(client_name);
         let client_version = fbb.create_string(client_version);
         let caps = ClientCapabilities::create(
@@ -205,6 +219,7 @@ impl RequestEncoder {
             &InitializeRequestArgs {
                 client_capabilities: Some(caps),
                 client_info: None,
+                auth_token,
             },
         );
         self.finish(h, RequestPayload::InitializeRequest, p.as_union_value())

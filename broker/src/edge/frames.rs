@@ -108,11 +108,22 @@ impl LiveOut for Live {
             conn.frame(frame);
         }
     }
+
+    fn shows_tool(&self, auth: &crate::auth::Auth, name: &str) -> bool {
+        self.0.upgrade().is_some_and(|c| c.shows_tool(auth, name))
+    }
 }
 
 impl<F> LiveOut for Conn<F> {
     fn frame(&self, frame: &[u8]) {
         self.push_out(frame);
+    }
+
+    fn shows_tool(&self, auth: &crate::auth::Auth, name: &str) -> bool {
+        self.principal
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| auth.allows_tool(p, name))
     }
 }
 
@@ -215,6 +226,9 @@ struct Conn<F> {
     broken: Cell<bool>,
     /// Registered in the shard's `list_listeners` (it initialized).
     listening: Cell<bool>,
+    /// With `[auth]`: whom the token of its `InitializeRequest` speaks for
+    /// (nothing but initialize and ping is answered before).
+    principal: RefCell<Option<crate::auth::Principal>>,
 }
 
 impl<F> Conn<F> {
@@ -264,6 +278,7 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
         writing: Cell::new(0),
         out_ready: Notify::default(),
         listening: Cell::new(false),
+        principal: RefCell::new(None),
         capacity: Notify::default(),
         closed: Latch::default(),
         broken: Cell::new(false),
@@ -497,23 +512,12 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
         }
     };
     if let Some(auth) = &shard.ctx.shared.auth
-        && !matches!(
-            req.view().kind(),
-            mcp_schema::RequestKind::Initialize | mcp_schema::RequestKind::Ping
-        )
+        && let Err(why) = admit(auth, conn, &req)
     {
-        // Fail closed: frames carry no bearer token yet, so with `[auth]`
-        // only initialize and ping are answered here.
-        auth.count(crate::auth::Failure::Missing);
         ShardStats::add(&stats.error_responses, 1);
         let to = req.view().reply_to();
         let mut enc = shard.ctx.enc.borrow_mut();
-        conn.push_out(enc.error(
-            &to,
-            mcp_schema::ErrorCode::Unauthorized,
-            "authentication required: [auth] is on and the frame edge does not carry bearer tokens yet; use the MCP HTTP or gRPC edge",
-            None,
-        ));
+        conn.push_out(enc.error(&to, mcp_schema::ErrorCode::Unauthorized, &why, None));
         return started;
     }
     if !conn.listening.get() && req.view().kind() == mcp_schema::RequestKind::Initialize {
@@ -566,6 +570,70 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
     // Outside the unwind guard on purpose: a test's way to kill this shard.
     crate::fault::kill_shard_if_asked();
     ended
+}
+
+/// With `[auth]`: whether `req` may be served on `conn`, else the refusal's
+/// message. The token rides in the connection's `InitializeRequest`
+/// (`auth_token`); before a valid one only initialize and ping are
+/// answered; the token's expiry ends what the connection may do; a tool
+/// with `[[auth.rules]]` needs their scopes.
+fn admit<F>(auth: &crate::auth::Auth, conn: &Conn<F>, req: &VerifiedRequest) -> Result<(), String> {
+    use crate::auth::Failure;
+    use mcp_schema::RequestKind;
+    let view = req.view();
+    match view.kind() {
+        RequestKind::Ping => Ok(()),
+        RequestKind::Initialize => {
+            let token = view
+                .request()
+                .payload_as_initialize_request()
+                .and_then(|i| i.auth_token());
+            let header = token.map(|t| format!("Bearer {t}"));
+            match auth.authenticate(header.as_deref()) {
+                Ok(p) => {
+                    *conn.principal.borrow_mut() = Some(p);
+                    Ok(())
+                }
+                Err(f) => {
+                    *conn.principal.borrow_mut() = None;
+                    Err(refusal(f, auth.base_scopes()))
+                }
+            }
+        }
+        kind => {
+            let principal = conn.principal.borrow();
+            let Some(p) = principal.as_ref() else {
+                auth.count(Failure::Missing);
+                return Err(
+                    "authentication required: send the bearer token in this connection's InitializeRequest (auth_token) first"
+                        .into(),
+                );
+            };
+            if p.expired() {
+                auth.count(Failure::Expired);
+                return Err(refusal(Failure::Expired, &[]));
+            }
+            if kind == RequestKind::CallTool
+                && let mcp_schema::RouteKey::Tool(name) = view.route_key()
+            {
+                let missing = auth.missing_for_tool(p, name);
+                if !missing.is_empty() {
+                    auth.count(Failure::InsufficientScope);
+                    return Err(refusal(Failure::InsufficientScope, &missing));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The message of an auth refusal (never the token).
+fn refusal(f: crate::auth::Failure, needed: &[String]) -> String {
+    if needed.is_empty() || f != crate::auth::Failure::InsufficientScope {
+        f.message().to_owned()
+    } else {
+        format!("{}: needs {}", f.message(), needed.join(" "))
+    }
 }
 
 /// Answers a served request: records it, queues its frames for the writer,

@@ -5916,6 +5916,7 @@ impl<'a> ::flatbuffers::Follow<'a> for InitializeRequest<'a> {
 impl<'a> InitializeRequest<'a> {
   pub const VT_CLIENT_CAPABILITIES: ::flatbuffers::VOffsetT = 4;
   pub const VT_CLIENT_INFO: ::flatbuffers::VOffsetT = 6;
+  pub const VT_AUTH_TOKEN: ::flatbuffers::VOffsetT = 8;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -5927,6 +5928,7 @@ impl<'a> InitializeRequest<'a> {
     args: &'args InitializeRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<InitializeRequest<'bldr>> {
     let mut builder = InitializeRequestBuilder::new(_fbb);
+    if let Some(x) = args.auth_token { builder.add_auth_token(x); }
     if let Some(x) = args.client_info { builder.add_client_info(x); }
     if let Some(x) = args.client_capabilities { builder.add_client_capabilities(x); }
     builder.finish()
@@ -5947,6 +5949,13 @@ impl<'a> InitializeRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<super::KeyValue>>>>(InitializeRequest::VT_CLIENT_INFO, None)}
   }
+  #[inline]
+  pub fn auth_token(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(InitializeRequest::VT_AUTH_TOKEN, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for InitializeRequest<'_> {
@@ -5957,6 +5966,7 @@ impl ::flatbuffers::Verifiable for InitializeRequest<'_> {
     v.visit_table(pos)?
      .visit_field::<::flatbuffers::ForwardsUOffset<ClientCapabilities>>("client_capabilities", Self::VT_CLIENT_CAPABILITIES, true)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<super::KeyValue>>>>("client_info", Self::VT_CLIENT_INFO, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("auth_token", Self::VT_AUTH_TOKEN, false)?
      .finish();
     Ok(())
   }
@@ -5964,6 +5974,7 @@ impl ::flatbuffers::Verifiable for InitializeRequest<'_> {
 pub struct InitializeRequestArgs<'a> {
     pub client_capabilities: Option<::flatbuffers::WIPOffset<ClientCapabilities<'a>>>,
     pub client_info: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<super::KeyValue<'a>>>>>,
+    pub auth_token: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for InitializeRequestArgs<'a> {
   #[inline]
@@ -5971,6 +5982,7 @@ impl<'a> Default for InitializeRequestArgs<'a> {
     InitializeRequestArgs {
       client_capabilities: None, // required field
       client_info: None,
+      auth_token: None,
     }
   }
 }
@@ -5987,6 +5999,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> InitializeRequestBuilder<'a, 
   #[inline]
   pub fn add_client_info(&mut self, client_info: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<super::KeyValue<'b >>>>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(InitializeRequest::VT_CLIENT_INFO, client_info);
+  }
+  #[inline]
+  pub fn add_auth_token(&mut self, auth_token: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(InitializeRequest::VT_AUTH_TOKEN, auth_token);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> InitializeRequestBuilder<'a, 'b, A> {
@@ -6009,6 +6025,7 @@ impl ::core::fmt::Debug for InitializeRequest<'_> {
     let mut ds = f.debug_struct("InitializeRequest");
       ds.field("client_capabilities", &self.client_capabilities());
       ds.field("client_info", &self.client_info());
+      ds.field("auth_token", &self.auth_token());
       ds.finish()
   }
 }

@@ -669,7 +669,12 @@ impl McpService for Edge {
             .answer()?
             .payload_as_list_tools_result()
             .ok_or_else(|| unexpected("list tools"))?;
-        Ok(Response::new(convert::tools(r)))
+        let mut tools = convert::tools(r);
+        // With `[auth]`, a caller sees only the tools it may call.
+        if let (Some(auth), Some(p)) = (&self.0.shared.auth, &meta.principal) {
+            tools.tools.retain(|t| auth.allows_tool(p, &t.name));
+        }
+        Ok(Response::new(tools))
     }
 
     async fn call_tool(

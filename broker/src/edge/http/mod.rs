@@ -334,6 +334,34 @@ fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>, session: Option<&str>) -> Re
     r
 }
 
+/// A `tools/list` answer without the tools `shown` refuses: with `[auth]`
+/// a caller sees only the tools its scopes let it call. (A page may then
+/// hold fewer tools than others; its cursor still leads on.)
+fn hide_tools(r: Response<Body>, shown: impl Fn(&str) -> bool) -> Response<Body> {
+    let (parts, body) = r.into_parts();
+    let Body::Full(Some(bytes)) = body else {
+        return Response::from_parts(parts, body);
+    };
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Response::from_parts(parts, Body::Full(Some(bytes)));
+    };
+    // One answer, or a batch's answers (only listings have `result.tools`).
+    let answers = match &mut v {
+        serde_json::Value::Array(a) => a.iter_mut().collect(),
+        one => vec![one],
+    };
+    for a in answers {
+        if let Some(tools) = a
+            .pointer_mut("/result/tools")
+            .and_then(serde_json::Value::as_array_mut)
+        {
+            tools.retain(|t| t.get("name").and_then(|n| n.as_str()).is_some_and(&shown));
+        }
+    }
+    let body = serde_json::to_vec(&v).map_or(bytes, Bytes::from);
+    Response::from_parts(parts, Body::Full(Some(body)))
+}
+
 /// 401 (no valid token) or 403 (too few scopes) with the RFC 6750 /
 /// RFC 9728 challenge; the body is a JSON-RPC error without an id (the
 /// request was not read).
@@ -709,7 +737,13 @@ impl HttpEdge {
         let _busy = session.busy();
         match parsed {
             RpcBody::One(Message::Request { id, method, params }) => {
-                self.request(&session, &id, &method, params, arrived).await
+                let r = self.request(&session, &id, &method, params, arrived).await;
+                match (&*method, who, &self.ctx.shared.auth) {
+                    ("tools/list", Some(p), Some(auth)) => {
+                        hide_tools(r, |t| auth.allows_tool(p, t))
+                    }
+                    _ => r,
+                }
             }
             RpcBody::One(Message::Notification { method, params }) => {
                 self.notification(&session, &method, params);
@@ -719,7 +753,16 @@ impl HttpEdge {
                 self.client_answer(&session, &id, &body);
                 empty(StatusCode::ACCEPTED)
             }
-            RpcBody::Batch(items) => self.batch(&session, items, &body, arrived).await,
+            RpcBody::Batch(items) => {
+                let lists = items.iter().any(
+                    |i| matches!(i, Ok(Message::Request { method, .. }) if method == "tools/list"),
+                );
+                let r = self.batch(&session, items, &body, arrived).await;
+                match (lists, who, &self.ctx.shared.auth) {
+                    (true, Some(p), Some(auth)) => hide_tools(r, |t| auth.allows_tool(p, t)),
+                    _ => r,
+                }
+            }
         }
     }
 

@@ -1,0 +1,343 @@
+//! `[auth] jwks_url`: the issuer's JWK Set fetched over HTTP, against the
+//! real binary.
+//!
+//! The JWK Set is served by a minimal HTTP/1.1 responder on 127.0.0.1
+//! (plain `http://` is allowed to loopback hosts only), which counts the
+//! fetches: start-up fetches once, a token naming an unknown key kicks one
+//! refresh on the `auth-keys` thread (the request itself is refused, never
+//! waits), and a burst of such tokens costs one fetch, not one per token.
+//! The keys are made by `openssl` per run, as in `tests/auth.rs` (whose
+//! helpers are copied here: they are small).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use common::Broker;
+use common::http::{Conn, eventually};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+
+const ISSUER: &str = "https://issuer.test";
+const AUDIENCE: &str = "https://mcp.test/mcp";
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// An RSA key pair made by openssl: the private PEM and its modulus (for
+/// the JWK).
+struct RsaKey {
+    private_pem: Vec<u8>,
+    modulus: Vec<u8>,
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("openssl (scripts/setup installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn rsa_key(dir: &Path, name: &str) -> RsaKey {
+    let key = format!("{name}.pem");
+    openssl(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            &key,
+        ],
+    );
+    let m = String::from_utf8(openssl(dir, &["rsa", "-in", &key, "-noout", "-modulus"])).unwrap();
+    let hex = m.trim().trim_start_matches("Modulus=");
+    let modulus = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    RsaKey {
+        private_pem: std::fs::read(dir.join(&key)).unwrap(),
+        modulus,
+    }
+}
+
+fn jwk(kid: &str, k: &RsaKey) -> Value {
+    json!({"kty": "RSA", "kid": kid, "use": "sig", "n": b64(&k.modulus), "e": "AQAB"})
+}
+
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mcp-auth-jwks-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A JWK Set served on 127.0.0.1 by a thread: `GET /jwks.json` answers the
+/// current body (200, `Connection: close`), anything else 404. Counts the
+/// fetches of /jwks.json.
+struct JwksServer {
+    addr: SocketAddr,
+    body: Arc<Mutex<String>>,
+    fetches: Arc<AtomicUsize>,
+}
+
+impl JwksServer {
+    fn start(body: &Value) -> JwksServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let body = Arc::new(Mutex::new(body.to_string()));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let (b, f) = (body.clone(), fetches.clone());
+        // Lives as long as the test process: a blocked accept costs nothing.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    continue;
+                }
+                // The rest of the head (a GET has no body).
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if line == "\r\n" || line == "\n" => break,
+                        Ok(_) => {}
+                    }
+                }
+                let path = request_line.split_whitespace().nth(1).unwrap_or_default();
+                let (status, text) = if request_line.starts_with("GET ") && path == "/jwks.json" {
+                    f.fetch_add(1, Ordering::SeqCst);
+                    ("200 OK", b.lock().unwrap().clone())
+                } else {
+                    ("404 Not Found", String::new())
+                };
+                let _ = stream.write_all(
+                    format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                        text.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        });
+        JwksServer {
+            addr,
+            body,
+            fetches,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/jwks.json", self.addr)
+    }
+
+    fn serve(&self, body: &Value) {
+        *self.body.lock().unwrap() = body.to_string();
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(Ordering::SeqCst)
+    }
+}
+
+/// The embedded default with `[auth]` taking its keys from `url`.
+fn config(url: &str) -> String {
+    format!(
+        r#"{}
+
+[auth]
+issuer = "{ISSUER}"
+audience = "{AUDIENCE}"
+jwks_url = "{url}"
+scopes = ["mcp"]
+"#,
+        mcp_broker::config::DEFAULT_TOML
+    )
+}
+
+fn token(kid: &str, key: &RsaKey) -> String {
+    let mut h = Header::new(Algorithm::RS256);
+    h.kid = Some(kid.into());
+    let claims = json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "scope": "mcp",
+        "exp": now() + 300, "nbf": now() - 10, "iat": now(),
+    });
+    let k = EncodingKey::from_rsa_pem(&key.private_pem).unwrap();
+    jsonwebtoken::encode(&h, &claims, &k).unwrap()
+}
+
+/// The status of an `initialize` POSTed with `token`.
+fn initialize(b: &Broker, token: &str) -> u16 {
+    let mut c = Conn::connect(b.http);
+    let auth = format!("Bearer {token}");
+    c.request(
+        "POST",
+        "/mcp",
+        &[
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("MCP-Protocol-Version", "2025-06-18"),
+            ("Authorization", &auth),
+        ],
+        br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    )
+    .status
+}
+
+#[test]
+fn keys_are_fetched_at_start_up_and_a_rotated_key_is_found_after_a_kick() {
+    let dir = temp_dir("rotate");
+    let k1 = rsa_key(&dir, "k1");
+    let k2 = rsa_key(&dir, "k2");
+    let server = JwksServer::start(&json!({"keys": [jwk("k1", &k1)]}));
+    let b = Broker::start_with_config(&config(&server.url()), &[]);
+    assert_eq!(server.fetches(), 1, "fetched once at start-up");
+    assert_eq!(initialize(&b, &token("k1", &k1)), 200);
+
+    // The issuer rotates: k2 appears in its set. The first token signed
+    // with it is refused (the request never waits for a fetch) and kicks a
+    // refresh; the same token passes once the new set is stored.
+    server.serve(&json!({"keys": [jwk("k1", &k1), jwk("k2", &k2)]}));
+    let t2 = token("k2", &k2);
+    assert_eq!(initialize(&b, &t2), 401, "unknown until fetched again");
+    assert!(
+        eventually(Duration::from_secs(15), || initialize(&b, &t2) == 200),
+        "k2 accepted after the kick's refresh"
+    );
+    assert_eq!(server.fetches(), 2, "one fetch for the kick");
+    assert_eq!(initialize(&b, &token("k1", &k1)), 200, "k1 still held");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_burst_of_unknown_keys_costs_one_fetch() {
+    let dir = temp_dir("burst");
+    let k1 = rsa_key(&dir, "k1");
+    let stranger = rsa_key(&dir, "stranger");
+    let server = JwksServer::start(&json!({"keys": [jwk("k1", &k1)]}));
+    let b = Broker::start_with_config(&config(&server.url()), &[]);
+    assert_eq!(server.fetches(), 1);
+    for i in 0..20 {
+        let t = token(&format!("unknown-{i}"), &stranger);
+        assert_eq!(initialize(&b, &t), 401, "unknown-{i}");
+    }
+    // The first kick after start-up is served at once; the others fall in
+    // the 30 s refresh gap and coalesce into (at most) one fetch at its end.
+    assert!(
+        eventually(Duration::from_secs(10), || server.fetches() >= 2),
+        "the first kick fetches"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let n = server.fetches();
+    assert!(
+        (2..=3).contains(&n),
+        "20 unknown keys: {} fetches after start-up",
+        n - 1
+    );
+    // Serving goes on with the keys held.
+    assert_eq!(initialize(&b, &token("k1", &k1)), 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs the broker on `toml` expecting it to exit without becoming ready;
+/// its stderr.
+fn fails_to_start(toml: &str, test: &str) -> String {
+    let dir = temp_dir(test);
+    let path = dir.join("broker.toml");
+    std::fs::write(&path, toml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        .arg("--config")
+        .arg(&path)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the broker neither failed nor exited within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!status.success(), "it started: {stderr}");
+    assert!(out.stdout.is_empty(), "no ready line expected: {stderr}");
+    stderr
+}
+
+#[test]
+fn the_broker_does_not_start_without_its_keys() {
+    // A port nothing listens on: connection refused.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/jwks.json");
+    let stderr = fails_to_start(&config(&url), "unreachable");
+    assert!(
+        stderr.contains(&url) && stderr.contains("auth.jwks_url"),
+        "{stderr}"
+    );
+
+    // A server that answers, but not 200.
+    let server = JwksServer::start(&json!({"keys": []}));
+    let url = format!("http://{}/elsewhere.json", server.addr);
+    let stderr = fails_to_start(&config(&url), "status");
+    assert!(stderr.contains(&url) && stderr.contains("404"), "{stderr}");
+}
+
+#[test]
+fn plain_http_to_a_remote_host_is_a_config_error() {
+    let stderr = fails_to_start(&config("http://issuer.test/jwks.json"), "remote");
+    assert!(
+        stderr.contains("auth.jwks_url") && stderr.contains("loopback"),
+        "{stderr}"
+    );
+}
