@@ -533,6 +533,40 @@ fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
             .into_inner();
         assert!(tools.tools.iter().any(|t| t.name == "put"), "{tools:?}");
         g.call_tool(put(&writer)).await.expect("with kv:write");
+
+        // A session is bound to the subject that initialized it: Bob's
+        // valid token on Alice's session id (same connection) is refused
+        // as an unknown session.
+        let init = g
+            .initialize(with(
+                Some(&alice),
+                pb::InitializeRequest {
+                    protocol_version: "2025-06-18".into(),
+                    capabilities: Some(pb::ClientCapabilities::default()),
+                    client_info: None,
+                },
+            ))
+            .await
+            .expect("initialize with a valid token");
+        let session = init
+            .metadata()
+            .get(mcp_proto::SESSION_METADATA_KEY)
+            .expect("a session id")
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let in_session = |token: &str| {
+            let mut r = with(Some(token), pb::ListToolsRequest::default());
+            r.metadata_mut()
+                .insert(mcp_proto::SESSION_METADATA_KEY, session.parse().unwrap());
+            r
+        };
+        g.list_tools(in_session(&alice))
+            .await
+            .expect("Alice in her session");
+        let bob = f.token("bob", "mcp");
+        let e = g.list_tools(in_session(&bob)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
     });
 }
 

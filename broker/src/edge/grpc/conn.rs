@@ -4,7 +4,7 @@
 //! Every accepted TCP connection gets a process-unique id (never reused) and
 //! is wrapped in [`EdgeIo`], which tonic hands back to each call as a
 //! [`ConnInfo`] request extension. [`Identity`] is what a session is bound
-//! to: today the connection; with auth, the authenticated subject.
+//! to: the connection, and with `[auth]` also the token's subject.
 //!
 //! # Invariants
 //! - A connection that has not sent the 24-byte HTTP/2 client preface within
@@ -40,9 +40,13 @@ const PREFACE_LEN: usize = 24;
 /// other identity is unknown to that caller.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Identity {
-    /// The HTTP/2 connection the call arrived on (ids are never reused). It
-    /// stands in for the caller until auth gives an authenticated subject.
+    /// The HTTP/2 connection the call arrived on (ids are never reused),
+    /// when the broker runs without `[auth]`.
     Connection(u64),
+    /// With `[auth]`: the connection and the subject (`sub`) of the token
+    /// the call carried. A session is unknown to another subject even on
+    /// the same connection.
+    Subject { conn: u64, subject: String },
 }
 
 /// What the edge knows about one connection; shared by its calls.
@@ -79,6 +83,15 @@ impl ConnInfo {
 
     pub fn identity(&self) -> Identity {
         Identity::Connection(self.0.id)
+    }
+
+    /// The identity of a call on this connection authenticated as
+    /// `subject`.
+    pub fn authenticated(&self, subject: &str) -> Identity {
+        Identity::Subject {
+            conn: self.0.id,
+            subject: subject.to_owned(),
+        }
     }
 
     pub fn remote(&self) -> Option<SocketAddr> {

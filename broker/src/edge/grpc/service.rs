@@ -239,8 +239,8 @@ impl Drop for InFlight<'_> {
 fn unknown_session() -> Status {
     status::edge(
         ErrorCode::NotFound,
-        "unknown mcp-session-id: never issued, expired, or issued to another connection; \
-         call Initialize for a new session",
+        "unknown mcp-session-id: never issued, expired, or issued to another connection \
+         or subject; call Initialize for a new session",
     )
 }
 
@@ -332,7 +332,10 @@ impl CallMeta {
     }
 
     fn identity(&self) -> Identity {
-        self.conn.identity()
+        match &self.principal {
+            Some(p) => self.conn.authenticated(&p.subject),
+            None => self.conn.identity(),
+        }
     }
 
     /// The frame's `timeout_ms`: the deadline less a margin for the answer
@@ -604,10 +607,14 @@ impl McpService for Edge {
         // Initialize starts a session: a fresh unguessable id bound to this
         // caller, owned (by hash) by one shard, which answers this call
         // already. A session id the call may carry is ignored.
-        let session = self.0.sessions.create(&meta.conn).map_err(|e| match e {
-            SessionError::Full(_) => status::edge(ErrorCode::Overloaded, e.to_string()),
-            SessionError::Random(_) => status::edge(ErrorCode::Internal, e.to_string()),
-        })?;
+        let session = self
+            .0
+            .sessions
+            .create_for(&meta.conn, meta.identity())
+            .map_err(|e| match e {
+                SessionError::Full(_) => status::edge(ErrorCode::Overloaded, e.to_string()),
+                SessionError::Random(_) => status::edge(ErrorCode::Internal, e.to_string()),
+            })?;
         // Unless the answer carries it, the session is nobody's: a refused,
         // failed or cancelled Initialize must not hold a registry place.
         let issued = Issued {
@@ -863,6 +870,7 @@ impl McpService for Edge {
         }
         let max = self.0.shared.config.grpc.max_subscribers;
         let session = meta.session.clone();
+        let identity = meta.identity();
         match self
             .0
             .hub
@@ -871,7 +879,7 @@ impl McpService for Edge {
             Ok(s) => {
                 // An open stream keeps its session from idling out.
                 let s = match session {
-                    Some(id) if self.0.sessions.subscribed(&id, &meta.conn.identity()) => {
+                    Some(id) if self.0.sessions.subscribed(&id, &identity) => {
                         let sessions = self.0.sessions.clone();
                         s.on_drop(move || sessions.unsubscribed(&id))
                     }

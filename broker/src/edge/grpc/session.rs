@@ -106,8 +106,15 @@ impl Sessions {
         }
     }
 
-    /// Issues a new session to the caller on `conn`.
+    /// Issues a new session to the caller on `conn` (no `[auth]`).
+    #[cfg(test)]
     pub fn create(&self, conn: &ConnInfo) -> Result<String, SessionError> {
+        self.create_for(conn, conn.identity())
+    }
+
+    /// Issues a new session on `conn` bound to `identity` (with `[auth]`:
+    /// the connection and the token's subject).
+    pub fn create_for(&self, conn: &ConnInfo, identity: Identity) -> Result<String, SessionError> {
         let mut key = [0u8; 16];
         getrandom::fill(&mut key).map_err(|e| SessionError::Random(e.to_string()))?;
         let now = Instant::now();
@@ -122,7 +129,7 @@ impl Sessions {
         map.insert(
             key,
             Entry {
-                identity: conn.identity(),
+                identity,
                 conn: conn.clone(),
                 last_used: now,
                 level: None,
