@@ -235,10 +235,41 @@ impl KeySet {
 /// holds it by a [`Weak`] only: dropping the [`Auth`] frees it.
 struct KeyState {
     keys: arc_swap::ArcSwap<KeySet>,
+    /// Which key set is in `keys`: this `Auth`'s unique id in the high 32
+    /// bits, a count of stores in the low 32. A cached verification
+    /// ([`VERIFIED`]) holds only under the generation it was made with.
+    generation: AtomicU64,
     /// Refreshes after start-up that stored a new set.
     refreshes: AtomicU64,
     /// Refreshes after start-up that failed (the keys held were kept).
     refresh_failures: AtomicU64,
+}
+
+impl KeyState {
+    /// Puts a new key set in service; verifications cached under the old
+    /// one no longer count (a key removed from the set stops its tokens).
+    fn store(&self, keys: KeySet) {
+        self.keys.store(Arc::new(keys));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Distinguishes the `Auth`s of one process (tests make several) in the
+/// key-set generation.
+static NEXT_AUTH: AtomicU64 = AtomicU64::new(1);
+
+/// Verified tokens a thread keeps. A client presents the same token on
+/// every request until it expires, and checking an RS256 signature costs
+/// about 150 µs of CPU (`bench/results/2026-11-30-vm-auth.md`), three times
+/// a whole HTTP request: so a valid token is verified once per thread and
+/// key set, and found here after that (its `exp` still checked on every
+/// use). Only successes are kept; the map is bounded and emptied when full.
+const VERIFIED_PER_THREAD: usize = 1024;
+
+thread_local! {
+    /// Token → (key-set generation, whom it speaks for).
+    static VERIFIED: std::cell::RefCell<HashMap<Box<str>, (u64, Principal)>> =
+        std::cell::RefCell::new(HashMap::new());
 }
 
 /// The configured authentication: keys, rules, counters.
@@ -275,6 +306,7 @@ impl Auth {
         let source = Source::new(cfg)?;
         let state = Arc::new(KeyState {
             keys: arc_swap::ArcSwap::from_pointee(KeySet { keys: Vec::new() }),
+            generation: AtomicU64::new(NEXT_AUTH.fetch_add(1, Ordering::Relaxed) << 32),
             refreshes: AtomicU64::new(0),
             refresh_failures: AtomicU64::new(0),
         });
@@ -389,8 +421,30 @@ impl Auth {
         r
     }
 
-    /// Verifies a token's signature and claims.
+    /// Verifies a token's signature and claims, or finds it verified
+    /// already on this thread under the current key set ([`VERIFIED`]).
     pub fn verify(&self, token: &str) -> Result<Principal, Failure> {
+        let generation = self.state.generation.load(Ordering::Acquire);
+        let known = VERIFIED.with_borrow(|c| {
+            c.get(token)
+                .filter(|(g, p)| *g == generation && !p.expired())
+                .map(|(_, p)| p.clone())
+        });
+        if let Some(p) = known {
+            return Ok(p);
+        }
+        let p = self.verify_signed(token)?;
+        VERIFIED.with_borrow_mut(|c| {
+            if c.len() >= VERIFIED_PER_THREAD {
+                c.clear();
+            }
+            c.insert(token.into(), (generation, p.clone()));
+        });
+        Ok(p)
+    }
+
+    /// [`Self::verify`] without the cache: header, key, signature, claims.
+    fn verify_signed(&self, token: &str) -> Result<Principal, Failure> {
         let mut parts = token.split('.');
         let (Some(head), Some(_), Some(_), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -765,7 +819,7 @@ fn start_refresher(
             let reader = match first {
                 Ok((reader, keys)) => {
                     if let Some(s) = state.upgrade() {
-                        s.keys.store(Arc::new(keys));
+                        s.store(keys);
                     }
                     let _ = ready_tx.send(Ok(()));
                     reader
@@ -830,7 +884,7 @@ fn refresh_loop(
         pending = false;
         match read {
             Ok(keys) => {
-                state.keys.store(Arc::new(keys));
+                state.store(keys);
                 state.refreshes.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(reason = why, "JWK Set refreshed");
             }

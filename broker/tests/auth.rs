@@ -706,3 +706,40 @@ upstream_headers = {{ Authorization = "Bearer alpha-secret" }}
         "the client's token reached the upstream: {text}"
     );
 }
+
+/// A verified token is remembered per thread, but only under the key set
+/// that verified it: once its key leaves the JWK Set (rotated out), the
+/// token is refused although it was served a moment before.
+#[test]
+fn a_key_rotated_out_stops_its_tokens_even_once_verified() {
+    let f = Fixture::start("rotate");
+    let b = &f.b;
+    let old = f.token("alice", "mcp");
+    for _ in 0..3 {
+        let r = post(b, Some(&format!("Bearer {old}")), None, initialize_body());
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // The new set holds only `k2` (the stranger key).
+    let jwks = json!({"keys": [{
+        "kty": "RSA", "kid": "k2", "use": "sig",
+        "n": b64(&f.stranger.modulus), "e": "AQAB",
+    }]});
+    std::fs::write(f.dir.join("jwks.json"), jwks.to_string()).unwrap();
+    let new = {
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some("k2".into());
+        let k = EncodingKey::from_rsa_pem(&f.stranger.private_pem).unwrap();
+        jsonwebtoken::encode(&h, &claims("alice", "mcp"), &k).unwrap()
+    };
+    // Its first use asks for the set to be read again.
+    assert!(
+        common::http::eventually(std::time::Duration::from_secs(10), || {
+            post(b, Some(&format!("Bearer {new}")), None, initialize_body()).status == 200
+        }),
+        "the rotated-in key was never accepted"
+    );
+    for _ in 0..3 {
+        let r = post(b, Some(&format!("Bearer {old}")), None, initialize_body());
+        assert_eq!(r.status, 401, "a token of a removed key: {}", r.text());
+    }
+}
