@@ -146,6 +146,8 @@ pub struct Shared {
     interrupted: AtomicBool,
     failure: Mutex<Option<String>>,
     start: OnceLock<(Instant, SystemTime)>,
+    /// The process's CPU time when the first send began.
+    start_cpu: OnceLock<Duration>,
 }
 
 impl Shared {
@@ -479,6 +481,9 @@ pub struct Outcome {
     pub stats: ThreadStats,
     pub failure: Option<String>,
     pub started: Option<SystemTime>,
+    /// The generator's own CPU time (user + system, every thread) and the
+    /// wall time over which it was spent, from the first send to the end.
+    pub cpu: Option<(Duration, Duration)>,
     /// Whether the io_uring driver was used (else epoll).
     pub io_uring: bool,
 }
@@ -516,6 +521,7 @@ pub fn run<D: Driver + Send>(
                     stats: ThreadStats::default(),
                     failure: shared.failure(),
                     started: None,
+                    cpu: None,
                     io_uring: false,
                 };
             }
@@ -529,12 +535,30 @@ pub fn run<D: Driver + Send>(
             Err(_) => shared.fail("a worker thread panicked".into()),
         }
     }
+    let cpu = shared
+        .start_cpu
+        .get()
+        .zip(process_cpu())
+        .zip(shared.start.get())
+        .map(|((c0, c1), (t0, _))| (c1.saturating_sub(*c0), t0.elapsed()));
     Outcome {
         stats: total,
         failure: shared.failure(),
         started: shared.start.get().map(|s| s.1),
+        cpu,
         io_uring: D::Rt::io_uring(),
     }
+}
+
+/// This process's CPU time so far, every thread (ended ones too).
+pub fn process_cpu() -> Option<Duration> {
+    // SAFETY: getrusage writes the struct it is given, nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return None;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Some(tv(u.ru_utime) + tv(u.ru_stime))
 }
 
 /// One worker thread: pins itself, builds its runtime, runs its share.
@@ -594,9 +618,12 @@ async fn worker_main<D: Driver>(
     if shared.aborted() {
         return ThreadStats::default();
     }
-    let (start, _) = *shared
-        .start
-        .get_or_init(|| (Instant::now(), SystemTime::now()));
+    let (start, _) = *shared.start.get_or_init(|| {
+        if let Some(c) = process_cpu() {
+            let _ = shared.start_cpu.set(c);
+        }
+        (Instant::now(), SystemTime::now())
+    });
     let measure_start = start + cfg.warmup;
     let ctx = Rc::new(ThreadCtx {
         cfg: Arc::clone(cfg),

@@ -104,6 +104,13 @@ pub struct Report {
     /// request counts once, as `timeout` in `errors_by_kind`).
     pub late_responses: u64,
     pub kept_up: bool,
+    /// The generator's own CPU, in cores busy (1.0 = one core the whole
+    /// time), over the run from its first send.
+    pub generator_cpu: Option<f64>,
+    /// The generator's CPU time per answered request, in µs (its cores
+    /// busy over the achieved rate): what a run costs the machine besides
+    /// the server.
+    pub generator_cpu_us_per_request: Option<f64>,
     /// Why the run stopped early, if it did; the numbers are then partial.
     pub failure: Option<String>,
     pub started_unix_ms: Option<u64>,
@@ -149,6 +156,13 @@ impl Report {
                 && send_lag
                     .as_ref()
                     .is_none_or(|l| l.p99 <= KEEP_UP_SEND_LAG_US));
+        // The load is steady from the first send on (warmup included), so
+        // its share of the cores over the whole run is that of the measured
+        // phase.
+        let generator_cpu = outcome
+            .cpu
+            .filter(|(_, wall)| !wall.is_zero())
+            .map(|(cpu, wall)| cpu.as_secs_f64() / wall.as_secs_f64());
         Self {
             target: target.to_owned(),
             mode: mode.map_or("none", Mode::as_str),
@@ -177,6 +191,10 @@ impl Report {
             progress_frames: c.progress_frames,
             late_responses: c.late,
             kept_up,
+            generator_cpu,
+            generator_cpu_us_per_request: generator_cpu
+                .filter(|_| achieved_rps > 0.0)
+                .map(|c| c * 1e6 / achieved_rps),
             failure: outcome.failure.clone(),
             started_unix_ms: outcome.started.and_then(|t| {
                 t.duration_since(std::time::UNIX_EPOCH)
@@ -216,6 +234,9 @@ impl Report {
             "  offered {:.1} req/s  achieved {:.1} req/s",
             self.offered_rps, self.achieved_rps
         );
+        if let (Some(c), Some(per)) = (self.generator_cpu, self.generator_cpu_us_per_request) {
+            let _ = writeln!(o, "  generator CPU {c:.2} core(s), {per:.1} µs per request");
+        }
         let l = &self.latency_us;
         let _ = writeln!(o, "  latency (successful responses only):");
         for (name, v) in [
@@ -308,6 +329,7 @@ mod tests {
             stats: Default::default(),
             failure: Some("cannot connect".into()),
             started: None,
+            cpu: None,
             io_uring: false,
         };
         let r = Report::new(None, "frames://x:1", &outcome);
