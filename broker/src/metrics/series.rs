@@ -311,7 +311,10 @@ impl Layout {
         if let Some(&l) = n.label_index.get(&(slot, tool.into())) {
             return l;
         }
-        if n.labels.len() >= self.label_capacity {
+        // Room stays for the `other` and `none` of every router slot not
+        // yet registered, so a router a reload brings always gets them.
+        let reserved = 2 * (self.router_capacity - n.routers.len());
+        if n.labels.len() + reserved >= self.label_capacity {
             return n.router_labels.get(slot).map_or(BROKER_OTHER, |l| l.0);
         }
         Self::add_label(&mut n, slot, tool)
@@ -393,6 +396,17 @@ mod tests {
         }
         assert_eq!(last, layout.router_labels(echo).0);
         assert!(layout.snapshot().labels.len() <= layout.label_capacity);
+        // Tools filling the labels first still leave room for every router.
+        let fresh = Layout::new(1, 0);
+        let r = fresh.router_slot("r").unwrap();
+        for i in 0..fresh.label_capacity + 1 {
+            fresh.tool_label(r, &format!("t{i}"));
+        }
+        while fresh
+            .router_slot(&format!("late{}", fresh.routers_registered()))
+            .is_some()
+        {}
+        assert!(fresh.snapshot().labels.len() <= fresh.label_capacity);
     }
 
     #[test]
