@@ -361,6 +361,25 @@ impl Auth {
         &self.metadata
     }
 
+    /// [`Self::metadata`] with what the routers describe merged in: the
+    /// `default-scopes` of each `resource-metadata` of their
+    /// `describe-server` join `scopes_supported`. Their authorization
+    /// servers and resource indicators do not: this broker accepts tokens
+    /// of its own issuer for its own resource only, and advertising others
+    /// would send clients for tokens it refuses.
+    pub fn metadata_with(&self, routers: &[crate::routing::Routed]) -> String {
+        let extra: Vec<String> = routers
+            .iter()
+            .filter_map(|r| r.router.meta().server.as_ref())
+            .flat_map(|s| s.resource_metadata.iter().flatten())
+            .flat_map(|m| m.default_scopes.iter().cloned())
+            .collect();
+        if extra.is_empty() {
+            return self.metadata.clone();
+        }
+        merge_scopes(&self.metadata, extra)
+    }
+
     /// Where clients find [`Self::metadata`] (for `WWW-Authenticate`).
     pub fn resource_metadata_url(&self) -> &str {
         &self.resource_metadata_url
@@ -896,6 +915,27 @@ fn refresh_loop(
     }
 }
 
+/// `metadata` (a JSON object) with `extra` joined to its `scopes_supported`,
+/// sorted and without duplicates.
+fn merge_scopes(metadata: &str, extra: Vec<String>) -> String {
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(metadata) else {
+        return metadata.to_owned();
+    };
+    let mut all: Vec<String> = v["scopes_supported"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    all.extend(extra);
+    all.sort();
+    all.dedup();
+    v["scopes_supported"] = serde_json::json!(all);
+    v.to_string()
+}
+
 /// RFC 9728 §3.1: the well-known path inserted between the resource's
 /// authority and its path (`https://h/mcp` →
 /// `https://h/.well-known/oauth-protected-resource/mcp`).
@@ -916,6 +956,15 @@ fn resource_metadata_url(resource: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn router_scopes_join_the_metadata_without_duplicates() {
+        let m = r#"{"resource":"https://m/mcp","scopes_supported":["mcp"]}"#;
+        let v: serde_json::Value =
+            serde_json::from_str(&merge_scopes(m, vec!["kv:read".into(), "mcp".into()])).unwrap();
+        assert_eq!(v["scopes_supported"], serde_json::json!(["kv:read", "mcp"]));
+        assert_eq!(v["resource"], "https://m/mcp");
+    }
 
     #[test]
     fn the_metadata_url_inserts_the_well_known_path() {

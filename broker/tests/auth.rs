@@ -458,6 +458,8 @@ fn protected_resource_metadata_is_public_and_names_the_issuer() {
             scopes.contains(&json!("kv:write")) && scopes.contains(&json!("mcp")),
             "{v}"
         );
+        // The `library` router's describe-server names its scope.
+        assert!(scopes.contains(&json!("library:read")), "{v}");
     }
 }
 

@@ -22,8 +22,8 @@ use exports::wasix::mcp::router::{
     CompletionsCapability, ContentBlock, GetPromptResult, Guest, McpResource, Prompt,
     PromptArgument, PromptError, PromptMessage, PromptMessageContent, PromptMessageRole,
     PromptsCapability, ReadResourceResult, ResourceContents, ResourceError, ResourceLinkContent,
-    ResourcesCapability, Response, ServerCapabilities, ServerDescription, TextContent,
-    TextResourceContents, Tool, ToolError, ToolResult, ToolsCapability,
+    ResourceMetadata, ResourcesCapability, Response, ServerCapabilities, ServerDescription,
+    TextContent, TextResourceContents, Tool, ToolError, ToolResult, ToolsCapability,
 };
 
 struct Book {
@@ -156,7 +156,14 @@ impl Guest for Library {
                 completions: Some(CompletionsCapability { enabled: true }),
             },
             resources: Some(Self::list_resources()),
-            resource_metadata: None,
+            // The scope its tools and resources would ask for behind an
+            // authorization server: a broker running `[auth]` advertises it
+            // in its RFC 9728 metadata.
+            resource_metadata: Some(vec![ResourceMetadata {
+                authorization_servers: Vec::new(),
+                resource_indicator: "library://".into(),
+                default_scopes: vec!["library:read".into()],
+            }]),
             meta: None,
         }
     }

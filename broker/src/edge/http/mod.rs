@@ -501,7 +501,11 @@ impl HttpEdge {
                     .insert(header::ALLOW, HeaderValue::from_static("GET"));
                 return r;
             }
-            return json_response(StatusCode::OK, auth.metadata().as_bytes().to_vec());
+            let routing = self.ctx.shared.routing.load();
+            return json_response(
+                StatusCode::OK,
+                auth.metadata_with(&routing.routers).into_bytes(),
+            );
         }
         if req.uri().path() != "/mcp" {
             return refuse(
