@@ -10,82 +10,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use base64::Engine as _;
 use common::Broker;
 use common::http::Conn;
+use common::jwt::{RsaKey, b64, now, rsa_key};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 
 const ISSUER: &str = "https://issuer.test";
 const AUDIENCE: &str = "https://mcp.test/mcp";
 const METADATA_URL: &str = "https://mcp.test/.well-known/oauth-protected-resource/mcp";
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// An RSA key pair made by openssl: the private PEM, the public PEM, and
-/// its modulus (for the JWK).
-struct RsaKey {
-    private_pem: Vec<u8>,
-    public_pem: Vec<u8>,
-    modulus: Vec<u8>,
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stderr(Stdio::piped())
-        .output()
-        .expect("openssl (scripts/setup installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-fn rsa_key(dir: &Path, name: &str) -> RsaKey {
-    let key = format!("{name}.pem");
-    let public = format!("{name}.pub.pem");
-    openssl(
-        dir,
-        &[
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-            &key,
-        ],
-    );
-    openssl(dir, &["rsa", "-in", &key, "-pubout", "-out", &public]);
-    let m = String::from_utf8(openssl(dir, &["rsa", "-in", &key, "-noout", "-modulus"])).unwrap();
-    let hex = m.trim().trim_start_matches("Modulus=");
-    let modulus = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    RsaKey {
-        private_pem: std::fs::read(dir.join(&key)).unwrap(),
-        public_pem: std::fs::read(dir.join(&public)).unwrap(),
-        modulus,
-    }
-}
 
 /// A test's keys, JWK Set file and broker.
 struct Fixture {
@@ -111,10 +47,7 @@ impl Fixture {
         std::fs::create_dir_all(&dir).unwrap();
         let trusted = rsa_key(&dir, "trusted");
         let stranger = rsa_key(&dir, "stranger");
-        let jwks = json!({"keys": [{
-            "kty": "RSA", "kid": "k1", "use": "sig",
-            "n": b64(&trusted.modulus), "e": "AQAB",
-        }]});
+        let jwks = json!({"keys": [common::jwt::jwk("k1", &trusted)]});
         let jwks_path = dir.join("jwks.json");
         std::fs::write(&jwks_path, jwks.to_string()).unwrap();
         let toml = format!(
@@ -722,10 +655,7 @@ fn a_key_rotated_out_stops_its_tokens_even_once_verified() {
         assert_eq!(r.status, 200, "{}", r.text());
     }
     // The new set holds only `k2` (the stranger key).
-    let jwks = json!({"keys": [{
-        "kty": "RSA", "kid": "k2", "use": "sig",
-        "n": b64(&f.stranger.modulus), "e": "AQAB",
-    }]});
+    let jwks = json!({"keys": [common::jwt::jwk("k2", &f.stranger)]});
     std::fs::write(f.dir.join("jwks.json"), jwks.to_string()).unwrap();
     let new = {
         let mut h = Header::new(Algorithm::RS256);

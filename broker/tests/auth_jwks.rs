@@ -6,90 +6,26 @@
 //! fetches: start-up fetches once, a token naming an unknown key kicks one
 //! refresh on the `auth-keys` thread (the request itself is refused, never
 //! waits), and a burst of such tokens costs one fetch, not one per token.
-//! The keys are made by `openssl` per run, as in `tests/auth.rs` (whose
-//! helpers are copied here: they are small).
+//! The keys are made by `openssl` per run (`common::jwt`).
 
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use common::Broker;
 use common::http::{Conn, eventually};
+use common::jwt::{RsaKey, jwk, now, rsa_key};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 
 const ISSUER: &str = "https://issuer.test";
 const AUDIENCE: &str = "https://mcp.test/mcp";
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// An RSA key pair made by openssl: the private PEM and its modulus (for
-/// the JWK).
-struct RsaKey {
-    private_pem: Vec<u8>,
-    modulus: Vec<u8>,
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stderr(Stdio::piped())
-        .output()
-        .expect("openssl (scripts/setup installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-fn rsa_key(dir: &Path, name: &str) -> RsaKey {
-    let key = format!("{name}.pem");
-    openssl(
-        dir,
-        &[
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-            &key,
-        ],
-    );
-    let m = String::from_utf8(openssl(dir, &["rsa", "-in", &key, "-noout", "-modulus"])).unwrap();
-    let hex = m.trim().trim_start_matches("Modulus=");
-    let modulus = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    RsaKey {
-        private_pem: std::fs::read(dir.join(&key)).unwrap(),
-        modulus,
-    }
-}
-
-fn jwk(kid: &str, k: &RsaKey) -> Value {
-    json!({"kty": "RSA", "kid": kid, "use": "sig", "n": b64(&k.modulus), "e": "AQAB"})
-}
 
 fn temp_dir(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mcp-auth-jwks-{test}-{}", std::process::id()));

@@ -9,6 +9,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub mod http;
+pub mod jwt;
 
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 
