@@ -638,34 +638,6 @@ fn is_loopback_host(host: &str) -> bool {
     }
 }
 
-/// rustls client settings for a `jwks_url`: TLS 1.3 and 1.2, the webpki
-/// roots plus the certificates of `ca_file` (`jwks_ca_file`). Errors name
-/// the file.
-pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(path) = ca_file {
-        let shown = path.display();
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("{shown}: {e}"))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{shown}: {e}"))?;
-        if certs.is_empty() {
-            return Err(format!("{shown}: no PEM certificate in it"));
-        }
-        for c in certs {
-            roots.add(c).map_err(|e| format!("{shown}: {e}"))?;
-        }
-    }
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS settings: {e}"))
-        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
-}
-
 /// Where the JWK Set comes from, checked but not read yet.
 enum Source {
     File(PathBuf),
@@ -685,7 +657,7 @@ impl Source {
             (Some(p), None) => Ok(Source::File(p.clone())),
             (None, Some(u)) => {
                 let uri = check_jwks_url(u).map_err(|e| format!("auth.jwks_url: {e}"))?;
-                let tls = tls_config(cfg.jwks_ca_file.as_deref())
+                let tls = crate::tls::client_config(cfg.jwks_ca_file.as_deref())
                     .map_err(|e| format!("auth.jwks_ca_file: {e}"))?;
                 Ok(Source::Url(Box::new(UrlSource {
                     url: u.clone(),

@@ -646,7 +646,7 @@ impl Config {
                     .is_some_and(|u| u.starts_with("https://"))
                 {
                     errors.push("auth.jwks_ca_file: only for an https:// auth.jwks_url".into());
-                } else if let Err(e) = crate::auth::tls_config(Some(ca)) {
+                } else if let Err(e) = crate::tls::client_config(Some(ca)) {
                     errors.push(format!("auth.jwks_ca_file: {e}"));
                 }
             }

@@ -26,5 +26,6 @@ pub mod routing;
 pub mod server;
 pub mod shard;
 pub mod shared;
+pub mod tls;
 pub mod upstream;
 pub mod wasm;

@@ -153,7 +153,10 @@ impl Outbound {
         // The TLS layer below takes https:// itself.
         connector.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(grant.ca_file.as_deref())?)
+            .with_tls_config(
+                crate::tls::client_config(grant.ca_file.as_deref())
+                    .map_err(|e| format!("upstream_ca_file {e}"))?,
+            )
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
@@ -376,39 +379,6 @@ impl WasiHttpHooks for OutboundHooks {
             Ok((res, done))
         })
     }
-}
-
-/// rustls client settings: TLS 1.3 and 1.2, the webpki roots plus the
-/// certificates of `ca_file`. Errors name the file.
-fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(path) = ca_file {
-        let shown = path.display();
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("upstream_ca_file {shown}: {e}"))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("upstream_ca_file {shown}: {e}"))?;
-        if certs.is_empty() {
-            return Err(format!(
-                "upstream_ca_file {shown}: no PEM certificate in it"
-            ));
-        }
-        for c in certs {
-            roots
-                .add(c)
-                .map_err(|e| format!("upstream_ca_file {shown}: {e}"))?;
-        }
-    }
-    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| format!("TLS settings: {e}"))
-    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
 }
 
 /// A pooled client's failure as `wasi:http` error code the guest can name.
