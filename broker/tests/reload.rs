@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Broker;
+use common::grpc::{client as grpc_client, rt, with_session};
 use common::http::{Conn, Reply, eventually};
 use mcp_schema::client::ResponseView;
 use serde_json::Value;
@@ -354,31 +355,6 @@ fn initialized_frames(b: &Broker) -> common::Client {
     f
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn grpc_client(
-    b: &Broker,
-) -> mcp_proto::v1::mcp_service_client::McpServiceClient<tonic::transport::Channel> {
-    let ch = tonic::transport::Channel::from_shared(format!("http://{}", b.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connecting to the gRPC edge");
-    mcp_proto::v1::mcp_service_client::McpServiceClient::new(ch)
-}
-
-fn with_session<T>(m: T, session: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(m);
-    r.metadata_mut()
-        .insert(mcp_proto::SESSION_METADATA_KEY, session.parse().unwrap());
-    r
-}
-
 /// A running `mcp-loadgen` against one edge, with its JSON report's path.
 struct Load {
     edge: &'static str,
@@ -682,25 +658,7 @@ fn list_changed_reaches_every_edge_on_reload() {
     let rt = rt();
     let (mut g, mut sub) = rt.block_on(async {
         let mut g = grpc_client(b).await;
-        let init = g
-            .initialize(pb::InitializeRequest {
-                protocol_version: "2025-06-18".into(),
-                capabilities: Some(pb::ClientCapabilities::default()),
-                client_info: Some(pb::Implementation {
-                    name: "reload-test".into(),
-                    version: "1".into(),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap();
-        let session = init
-            .metadata()
-            .get(mcp_proto::SESSION_METADATA_KEY)
-            .expect("Initialize answers a session id")
-            .to_str()
-            .unwrap()
-            .to_string();
+        let session = common::grpc::initialize(&mut g, "reload-test").await;
         let sub = g
             .subscribe(with_session(
                 pb::SubscribeRequest {

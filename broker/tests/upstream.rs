@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Broker;
+use common::grpc::{client as grpc_client, rt, with_session};
 use common::http::{ACCEPT_BOTH, Conn, JSON, eventually};
 use mcp_schema::client::ResponseView;
 use serde_json::Value;
@@ -137,14 +138,6 @@ fn dead_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// A current-thread tokio runtime for the gRPC client.
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// A connection holding session `s`'s GET stream open (head read).
@@ -420,17 +413,6 @@ fn two_upstreams_with_colliding_names_are_listed_and_called_on_every_edge() {
             other => panic!("{other:?}"),
         }
     });
-}
-
-async fn grpc_client(
-    b: &Broker,
-) -> mcp_proto::v1::mcp_service_client::McpServiceClient<tonic::transport::Channel> {
-    let ch = tonic::transport::Channel::from_shared(format!("http://{}", b.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connecting to the gRPC edge");
-    mcp_proto::v1::mcp_service_client::McpServiceClient::new(ch)
 }
 
 /// The final JSON-RPC message of a reply (JSON, or the last SSE event).
@@ -1019,31 +1001,7 @@ fn progress_and_logs_reach_every_edge_while_the_call_runs() {
     rt().block_on(async {
         use mcp_proto::v1 as pb;
         let mut g = grpc_client(&b).await;
-        let init = g
-            .initialize(pb::InitializeRequest {
-                protocol_version: "2025-06-18".into(),
-                capabilities: Some(pb::ClientCapabilities::default()),
-                client_info: Some(pb::Implementation {
-                    name: "live".into(),
-                    version: "1".into(),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap();
-        let session = init
-            .metadata()
-            .get(mcp_proto::SESSION_METADATA_KEY)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string();
-        fn with_session<T>(m: T, session: &str) -> tonic::Request<T> {
-            let mut r = tonic::Request::new(m);
-            r.metadata_mut()
-                .insert(mcp_proto::SESSION_METADATA_KEY, session.parse().unwrap());
-            r
-        }
+        let session = common::grpc::initialize(&mut g, "live").await;
         let mut sub = g
             .subscribe(with_session(
                 pb::SubscribeRequest {
