@@ -185,11 +185,14 @@ def main():
             errs = sum(e or 0 for _, e, _ in res[n][f])
             cells.append((f"{B.med(p99s):,.0f}" if p99s else "n/a") + (f" ({errs} errors)" if errs else ""))
         print(f"| {n} | " + " | ".join(cells) + " |")
-    off, on = B.med(res["off"]["peak"]), B.med(res["on"]["peak"])
-    coff = B.med([c for c in res["off"]["cpu"] if c])
-    con = B.med([c for c in res["on"]["cpu"] if c])
-    print(f"\n[auth] on/off: closed-loop throughput {on / off:.3f}×, "
-          f"CPU per request {con / coff:.3f}× (+{con - coff:.1f} µs)")
+    # Paired by round (the two servers ran back to back): drift of the
+    # machine between rounds cancels out of each ratio.
+    tput = [a / b for a, b in zip(res["on"]["peak"], res["off"]["peak"])]
+    cpu = [(a / b, a - b) for a, b in zip(res["on"]["cpu"], res["off"]["cpu"]) if a and b]
+    print(f"\n[auth] on/off, paired by round (median [min-max]): closed-loop throughput "
+          f"{B.med(tput):.3f}× [{min(tput):.3f}–{max(tput):.3f}], CPU per request "
+          f"{B.med([r for r, _ in cpu]):.3f}× [{min(r for r, _ in cpu):.3f}–{max(r for r, _ in cpu):.3f}] "
+          f"(+{B.med([d for _, d in cpu]):.1f} µs)")
 
 
 if __name__ == "__main__":

@@ -266,10 +266,11 @@ static NEXT_AUTH: AtomicU64 = AtomicU64::new(1);
 /// use). Only successes are kept; the map is bounded and emptied when full.
 const VERIFIED_PER_THREAD: usize = 1024;
 
+/// Token → (key-set generation, whom it speaks for).
+type Verified = HashMap<Box<str>, (u64, Arc<Principal>)>;
+
 thread_local! {
-    /// Token → (key-set generation, whom it speaks for).
-    static VERIFIED: std::cell::RefCell<HashMap<Box<str>, (u64, Principal)>> =
-        std::cell::RefCell::new(HashMap::new());
+    static VERIFIED: std::cell::RefCell<Verified> = std::cell::RefCell::new(HashMap::new());
 }
 
 /// The configured authentication: keys, rules, counters.
@@ -425,7 +426,7 @@ impl Auth {
     }
 
     /// Verifies a bearer token and the scopes every request needs.
-    pub fn authenticate(&self, header: Option<&str>) -> Result<Principal, Failure> {
+    pub fn authenticate(&self, header: Option<&str>) -> Result<Arc<Principal>, Failure> {
         let r = Self::bearer(header).and_then(|t| self.verify(t));
         let r = r.and_then(|p| {
             if self.cfg.scopes.iter().all(|s| p.scopes.contains(s)) {
@@ -442,7 +443,7 @@ impl Auth {
 
     /// Verifies a token's signature and claims, or finds it verified
     /// already on this thread under the current key set ([`VERIFIED`]).
-    pub fn verify(&self, token: &str) -> Result<Principal, Failure> {
+    pub fn verify(&self, token: &str) -> Result<Arc<Principal>, Failure> {
         let generation = self.state.generation.load(Ordering::Acquire);
         let known = VERIFIED.with_borrow(|c| {
             c.get(token)
@@ -452,7 +453,9 @@ impl Auth {
         if let Some(p) = known {
             return Ok(p);
         }
-        let p = self.verify_signed(token)?;
+        // Shared, not copied: a hit costs a reference count, not the
+        // subject's and scopes' allocations.
+        let p = Arc::new(self.verify_signed(token)?);
         VERIFIED.with_borrow_mut(|c| {
             if c.len() >= VERIFIED_PER_THREAD {
                 c.clear();

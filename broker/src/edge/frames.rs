@@ -228,7 +228,7 @@ struct Conn<F> {
     listening: Cell<bool>,
     /// With `[auth]`: whom the token of its `InitializeRequest` speaks for
     /// (nothing but initialize and ping is answered before).
-    principal: RefCell<Option<crate::auth::Principal>>,
+    principal: RefCell<Option<std::sync::Arc<crate::auth::Principal>>>,
 }
 
 impl<F> Conn<F> {

@@ -161,7 +161,7 @@ impl EdgeState {
     /// With `[auth]`: the caller's bearer token (`authorization` metadata),
     /// verified; UNAUTHENTICATED without a valid one, PERMISSION_DENIED
     /// without the scopes every request needs.
-    fn authorize<T>(&self, req: &Request<T>) -> Result<Option<Principal>, Status> {
+    fn authorize<T>(&self, req: &Request<T>) -> Result<Option<Arc<Principal>>, Status> {
         let Some(auth) = &self.shared.auth else {
             return Ok(None);
         };
@@ -292,7 +292,7 @@ fn auth_status(f: crate::auth::Failure, needed: &[String]) -> Status {
 struct CallMeta {
     session: Option<String>,
     /// With `[auth]`: whom the call's token speaks for.
-    principal: Option<Principal>,
+    principal: Option<Arc<Principal>>,
     /// The client's deadline (`grpc-timeout`).
     deadline: Option<Duration>,
     /// The connection the call came on.

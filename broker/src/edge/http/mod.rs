@@ -556,7 +556,7 @@ impl HttpEdge {
                 Err(f) => return auth_refusal(auth, f, auth.base_scopes()),
             },
         };
-        let who = who.as_ref();
+        let who = who.as_deref();
         match *req.method() {
             HttpMethod::POST => self.post(req, who).await,
             HttpMethod::GET => self.get(req, who),
