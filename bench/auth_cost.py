@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """bench/auth_cost.py: what `[auth]` costs on the MCP HTTP edge.
 
-Two brokers from the same binary run side by side, each with one shard on
-the server CPU: `off` (no [auth]) and `on` ([auth] with an RS256 JWK Set,
-one global scope and one tool rule). Both serve `echo_text` through the
+Three brokers from the same binary run side by side, each with one shard
+on the server CPU: `off` (no [auth]), `off+header` (no [auth], but the
+client sends the token anyway: what its bytes cost apart from checking
+it) and `on` ([auth] with an RS256 JWK Set, one global scope and one tool
+rule). Both serve `echo_text` through the
 WASM `echo` router on the HTTP edge, over keep-alive connections. Every
 request to `on` carries the same valid bearer token (mcp-loadgen
 --bearer-file), so each one pays a full verification: header parse, key
 lookup, RSA-2048 signature check, claim checks.
 
-Each round drives both servers, in an order rotated every round, with
+Each round drives every server, in an order rotated every round, with
 mcp-loadgen on the other CPU:
 - a closed loop: 8 connections, one request in flight each;
 - open loops at fixed fractions of `off`'s closed-loop rate, reporting p99
@@ -142,12 +144,14 @@ def main():
     wd = tempfile.mkdtemp(prefix="auth-cost-")
     jwks, token = keys_and_token(wd)
     servers = {}
-    for name, j in (("off", None), ("on", jwks)):
+    # `off+header`: no [auth], but the client sends the same token: what
+    # the bytes of the header cost by themselves, apart from checking it.
+    for name, j in (("off", None), ("off+header", None), ("on", jwks)):
         cfg = os.path.join(wd, f"{name}.toml")
         with open(cfg, "w") as f:
             f.write(config(srv_cpus, j))
         servers[name] = B.Server(name, [B.BROKER, "--config", cfg], wd, addr_key="http")
-    tokens = {"off": None, "on": token}
+    tokens = {"off": None, "off+header": token, "on": token}
     res = {n: {"peak": [], "cpu": [], **{f: [] for f in FRACTIONS}} for n in servers}
     try:
         for rnd in range(rounds):
@@ -187,12 +191,14 @@ def main():
         print(f"| {n} | " + " | ".join(cells) + " |")
     # Paired by round (the two servers ran back to back): drift of the
     # machine between rounds cancels out of each ratio.
-    tput = [a / b for a, b in zip(res["on"]["peak"], res["off"]["peak"])]
-    cpu = [(a / b, a - b) for a, b in zip(res["on"]["cpu"], res["off"]["cpu"]) if a and b]
-    print(f"\n[auth] on/off, paired by round (median [min-max]): closed-loop throughput "
-          f"{B.med(tput):.3f}× [{min(tput):.3f}–{max(tput):.3f}], CPU per request "
-          f"{B.med([r for r, _ in cpu]):.3f}× [{min(r for r, _ in cpu):.3f}–{max(r for r, _ in cpu):.3f}] "
-          f"(+{B.med([d for _, d in cpu]):.1f} µs)")
+    for num, den in (("on", "off"), ("off+header", "off"), ("on", "off+header")):
+        tput = [a / b for a, b in zip(res[num]["peak"], res[den]["peak"])]
+        cpu = [(a / b, a - b) for a, b in zip(res[num]["cpu"], res[den]["cpu"]) if a and b]
+        print(f"\n{num} / {den}, paired by round (median [min-max]): closed-loop throughput "
+              f"{B.med(tput):.3f}× [{min(tput):.3f}–{max(tput):.3f}], CPU per request "
+              f"{B.med([r for r, _ in cpu]):.3f}× "
+              f"[{min(r for r, _ in cpu):.3f}–{max(r for r, _ in cpu):.3f}] "
+              f"({B.med([d for _, d in cpu]):+.1f} µs)")
 
 
 if __name__ == "__main__":
