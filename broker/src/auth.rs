@@ -108,6 +108,16 @@ impl Failure {
         }
     }
 
+    /// What the client is told: [`Self::message`], and for a missing scope
+    /// the scopes `needed` (never the token).
+    pub fn describe(self, needed: &[String]) -> String {
+        if needed.is_empty() || self != Failure::InsufficientScope {
+            self.message().to_owned()
+        } else {
+            format!("{}: needs {}", self.message(), needed.join(" "))
+        }
+    }
+
     /// What the client is told (never the token).
     pub fn message(self) -> &'static str {
         match self {
@@ -553,6 +563,17 @@ impl Auth {
             return Err(Failure::UnknownKey);
         }
         Ok(keys)
+    }
+
+    /// Whether `p` may call tool `tool`; else the scopes it lacks, and the
+    /// refusal is counted (every edge asks here).
+    pub fn check_tool(&self, p: &Principal, tool: &str) -> Result<(), Vec<String>> {
+        let missing = self.missing_for_tool(p, tool);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        self.count(Failure::InsufficientScope);
+        Err(missing)
     }
 
     /// Scopes `p` lacks to call tool `tool` (its `[[auth.rules]]`).

@@ -713,7 +713,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             u8::from(s.ready.load(Ordering::Relaxed))
         );
     }
-    let scalars: [(&str, &str, &str, u64); 5] = [
+    let scalars: [(&str, &str, &str, u64); 7] = [
         (
             "mcp_shards",
             "gauge",
@@ -743,6 +743,18 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "counter",
             "Scrapes in which a shard did not hand over its HdrHistograms in time (they are merged by a later scrape).",
             collected.timeouts,
+        ),
+        (
+            "mcp_config_generation",
+            "gauge",
+            "Generation of the configuration in effect: 1 at start-up, +1 per applied reload.",
+            routing.generation,
+        ),
+        (
+            "mcp_router_pools_draining",
+            "gauge",
+            "Pools of routers removed or replaced by a reload that still finish calls, over all shards.",
+            collected.draining,
         ),
     ];
     for (name, kind, help, v) in scalars {
@@ -849,24 +861,6 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "mcp_config_reloads_total{{result=\"{result}\"}} {}",
             n.load(Ordering::Relaxed)
         );
-    }
-    let scalars: [(&str, &str, &str, u64); 2] = [
-        (
-            "mcp_config_generation",
-            "gauge",
-            "Generation of the configuration in effect: 1 at start-up, +1 per applied reload.",
-            routing.generation,
-        ),
-        (
-            "mcp_router_pools_draining",
-            "gauge",
-            "Pools of routers removed or replaced by a reload that still finish calls, over all shards.",
-            collected.draining,
-        ),
-    ];
-    for (name, kind, help, v) in scalars {
-        family(&mut o, name, kind, help);
-        let _ = writeln!(o, "{name} {v}");
     }
     family(
         &mut o,

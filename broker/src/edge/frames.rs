@@ -596,7 +596,7 @@ fn admit<F>(auth: &crate::auth::Auth, conn: &Conn<F>, req: &VerifiedRequest) -> 
                 }
                 Err(f) => {
                     *conn.principal.borrow_mut() = None;
-                    Err(refusal(f, auth.base_scopes()))
+                    Err(f.describe(auth.base_scopes()))
                 }
             }
         }
@@ -611,28 +611,16 @@ fn admit<F>(auth: &crate::auth::Auth, conn: &Conn<F>, req: &VerifiedRequest) -> 
             };
             if p.expired() {
                 auth.count(Failure::Expired);
-                return Err(refusal(Failure::Expired, &[]));
+                return Err(Failure::Expired.describe(&[]));
             }
             if kind == RequestKind::CallTool
                 && let mcp_schema::RouteKey::Tool(name) = view.route_key()
             {
-                let missing = auth.missing_for_tool(p, name);
-                if !missing.is_empty() {
-                    auth.count(Failure::InsufficientScope);
-                    return Err(refusal(Failure::InsufficientScope, &missing));
-                }
+                auth.check_tool(p, name)
+                    .map_err(|missing| Failure::InsufficientScope.describe(&missing))?;
             }
             Ok(())
         }
-    }
-}
-
-/// The message of an auth refusal (never the token).
-fn refusal(f: crate::auth::Failure, needed: &[String]) -> String {
-    if needed.is_empty() || f != crate::auth::Failure::InsufficientScope {
-        f.message().to_owned()
-    } else {
-        format!("{}: needs {}", f.message(), needed.join(" "))
     }
 }
 

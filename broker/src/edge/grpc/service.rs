@@ -180,15 +180,8 @@ impl EdgeState {
         let (Some(auth), Some(p)) = (&self.shared.auth, &meta.principal) else {
             return Ok(());
         };
-        let missing = auth.missing_for_tool(p, tool);
-        if missing.is_empty() {
-            return Ok(());
-        }
-        auth.count(crate::auth::Failure::InsufficientScope);
-        Err(auth_status(
-            crate::auth::Failure::InsufficientScope,
-            &missing,
-        ))
+        auth.check_tool(p, tool)
+            .map_err(|missing| auth_status(crate::auth::Failure::InsufficientScope, &missing))
     }
 
     /// Publishes `n` for `session`, filtered by the log level that applies.
@@ -278,11 +271,7 @@ impl Drop for Issued<'_> {
 /// token.
 fn auth_status(f: crate::auth::Failure, needed: &[String]) -> Status {
     if f == crate::auth::Failure::InsufficientScope {
-        let mut m = f.message().to_owned();
-        if !needed.is_empty() {
-            m.push_str(&format!(": needs {}", needed.join(" ")));
-        }
-        Status::permission_denied(m)
+        Status::permission_denied(f.describe(needed))
     } else {
         Status::unauthenticated(f.message())
     }

@@ -375,12 +375,7 @@ fn auth_refusal(
     } else {
         StatusCode::UNAUTHORIZED
     };
-    let message = if needed.is_empty() || f != crate::auth::Failure::InsufficientScope {
-        f.message().to_owned()
-    } else {
-        format!("{}: needs {}", f.message(), needed.join(" "))
-    };
-    let mut r = refuse(status, ErrorCode::Unauthorized.code(), &message);
+    let mut r = refuse(status, ErrorCode::Unauthorized.code(), &f.describe(needed));
     if let Ok(v) = HeaderValue::from_str(&auth.challenge(f, needed)) {
         r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
@@ -610,11 +605,7 @@ impl HttpEdge {
             name: Cow<'a, str>,
         }
         let named: Named<'_> = serde_json::from_str(params?.get()).ok()?;
-        let missing = auth.missing_for_tool(who, &named.name);
-        if missing.is_empty() {
-            return None;
-        }
-        auth.count(crate::auth::Failure::InsufficientScope);
+        let missing = auth.check_tool(who, &named.name).err()?;
         Some(auth_refusal(
             auth,
             crate::auth::Failure::InsufficientScope,
