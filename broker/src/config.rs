@@ -311,6 +311,44 @@ fn default_jwks_refresh_interval() -> Duration {
     Duration::from_secs(600)
 }
 
+/// `[tls]`: present, the frame, gRPC and MCP HTTP edges all serve TLS 1.3
+/// and 1.2 (rustls) instead of plaintext (`docs/security.md`). The admin
+/// endpoint stays plaintext.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// The server's certificate chain (PEM, leaf first).
+    pub cert_file: PathBuf,
+    /// The leaf's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// Non-empty: clients must present a certificate signed by one of these
+    /// PEM certificates (mutual TLS).
+    #[serde(default, deserialize_with = "empty_path_is_none")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Time from accept until the TLS handshake has finished; a connection
+    /// still handshaking then is closed.
+    #[serde(default = "default_tls_handshake_timeout", with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// How often the three files are checked for changes (modification time
+    /// and size); a change loads them again for new connections. `0s`: only
+    /// a reload (SIGHUP, `POST /admin/reload`) loads them again.
+    #[serde(default = "default_tls_watch_interval", with = "humantime_serde")]
+    pub watch_interval: Duration,
+}
+
+fn empty_path_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let s: Option<PathBuf> = Option::deserialize(d)?;
+    Ok(s.filter(|p| !p.as_os_str().is_empty()))
+}
+
+fn default_tls_handshake_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_tls_watch_interval() -> Duration {
+    Duration::from_secs(10)
+}
+
 /// One `[[auth.rules]]` entry: calling any of `tools` (the names clients
 /// see) also needs every scope of `scopes`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -484,6 +522,8 @@ pub struct Config {
     pub bench: BenchSection,
     /// `None`: no authentication (`[auth]` absent).
     pub auth: Option<AuthSection>,
+    /// `None`: plaintext edges (`[tls]` absent).
+    pub tls: Option<TlsSection>,
     pub routers: Vec<RouterConfig>,
 }
 
@@ -533,6 +573,10 @@ impl Config {
                     Ok(a) => config.auth = Some(a),
                     Err(e) => errors.push(format!("auth: {}", e.message())),
                 },
+                "tls" => match TlsSection::deserialize(value) {
+                    Ok(t) => config.tls = Some(t),
+                    Err(e) => errors.push(format!("tls: {}", e.message())),
+                },
                 "routers" => match value {
                     toml::Value::Array(items) => {
                         for (i, item) in items.into_iter().enumerate() {
@@ -545,7 +589,7 @@ impl Config {
                     _ => errors.push("routers: must be an array of tables ([[routers]])".into()),
                 },
                 other => errors.push(format!(
-                    "{other}: unknown section (expected broker, frames, grpc, http, metrics, naming, bench, auth, routers)"
+                    "{other}: unknown section (expected broker, frames, grpc, http, metrics, naming, bench, auth, tls, routers)"
                 )),
             }
         }
@@ -656,6 +700,16 @@ impl Config {
                         "auth.rules[{i}]: needs at least one tool and one scope"
                     ));
                 }
+            }
+        }
+        if let Some(t) = &self.tls {
+            if t.handshake_timeout.is_zero() {
+                errors.push("tls.handshake_timeout: must be greater than zero".into());
+            }
+            // The files are read here, so that a bad certificate or key is
+            // a start-up error (and a refused reload) naming the file.
+            if let Err(e) = crate::tls::ServerConfigs::load(t) {
+                errors.extend(e.into_iter().map(|e| format!("tls: {e}")));
             }
         }
         let f = &self.frames;

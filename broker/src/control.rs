@@ -21,6 +21,11 @@
 //!    (`list_changed` on every edge), and retire the pools of removed and
 //!    replaced routers: each shard drops one once its last call finished.
 //!
+//! A reload also loads `[tls]`'s certificate and key files again (new
+//! connections use them; established ones keep theirs), and between
+//! reloads this thread watches those files for changes
+//! ([`crate::tls::ServerTls::watch`]).
+//!
 //! Any failure in 1–4 refuses the whole reload with every error found; the
 //! running routing is untouched (pools installed on some shards are
 //! dropped again).
@@ -234,6 +239,9 @@ impl Control {
                 default(wait) => {}
             }
             self.refresh_due();
+            if let Some(tls) = &self.shared.tls {
+                tls.watch();
+            }
         }
     }
 
@@ -297,6 +305,22 @@ impl Control {
             }
         } else {
             Moves::default()
+        };
+        // The certificate files are read again on every reload (SIGHUP is
+        // how certificate tools ask for it), and put in effect with the
+        // rest.
+        let tls = match (&self.shared.tls, &config.tls) {
+            (Some(_), Some(section)) => match crate::tls::ServerTls::prepare(section) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    if let Some(t) = &self.shared.tls {
+                        t.reload_failed();
+                    }
+                    errors.extend(e.into_iter().map(|e| format!("tls: {e}")));
+                    None
+                }
+            },
+            _ => None,
         };
 
         // Keep, or compile anew.
@@ -392,6 +416,9 @@ impl Control {
         }
         self.retire(dropped);
         moves.hand_over(&self.shared);
+        if let (Some(server), Some(section), Some(loaded)) = (&self.shared.tls, &config.tls, tls) {
+            server.install(section, loaded);
+        }
 
         // Track the new set: kept routers keep their refresh state.
         let now = Instant::now();
@@ -567,7 +594,7 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     let mut restart = |section: &str, same: bool| {
         if !same {
             errors.push(format!(
-                "[{section}] changed: it is read only at start-up; restart the broker to apply it (a reload applies [[routers]], [naming], broker.routers_dir and each edge's listen)"
+                "[{section}] changed: it is read only at start-up; restart the broker to apply it (a reload applies [[routers]], [naming], broker.routers_dir, each edge's listen and [tls])"
             ));
         }
     };
@@ -589,6 +616,14 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     restart("metrics", metrics == old.metrics);
     restart("bench", new.bench == old.bench);
     restart("auth", new.auth == old.auth);
+    // The files (and the other keys) of [tls] reload; serving TLS or
+    // plaintext is decided at start-up.
+    if new.tls.is_some() != old.tls.is_some() {
+        errors.push(
+            "[tls] added or removed: whether the edges serve TLS is decided at start-up; restart the broker to apply it (a reload loads [tls]'s files again)"
+                .into(),
+        );
+    }
     errors
 }
 

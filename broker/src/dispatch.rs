@@ -804,6 +804,7 @@ mod tests {
             layout,
             2,
             None,
+            None,
         );
         // Fill shard 1's inbox: nothing empties it in this test.
         let mut sent = 0;

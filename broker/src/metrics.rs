@@ -845,6 +845,32 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             let _ = writeln!(o, "{name} {n}");
         }
     }
+    if let Some(tls) = &shared.tls {
+        family(
+            &mut o,
+            "mcp_tls_handshake_failures_total",
+            "counter",
+            "TLS handshakes that failed or did not finish within tls.handshake_timeout, by edge (a client offering no shared protocol version or suite, an untrusted or missing client certificate with mTLS, plaintext sent to a TLS port).",
+        );
+        for edge in crate::tls::Edge::ALL {
+            let _ = writeln!(
+                o,
+                "mcp_tls_handshake_failures_total{{edge=\"{}\"}} {}",
+                edge.as_str(),
+                tls.handshake_failures(edge)
+            );
+        }
+        let (applied, failed) = tls.reload_counts();
+        family(
+            &mut o,
+            "mcp_tls_reloads_total",
+            "counter",
+            "Loads of [tls]'s certificate files after start-up (a reload, or a change the file watcher saw), by result: applied (new connections use them), or failed (the files loaded before stay in effect; the reason is logged).",
+        );
+        for (result, n) in [("applied", applied), ("failed", failed)] {
+            let _ = writeln!(o, "mcp_tls_reloads_total{{result=\"{result}\"}} {n}");
+        }
+    }
     // Reloads.
     family(
         &mut o,

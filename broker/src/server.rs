@@ -215,7 +215,26 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         )),
         None => None,
     };
-    let shared = Arc::new(Shared::new(config.clone(), routing, layout, shards, auth));
+    let tls = match &config.tls {
+        Some(t) => Some(Arc::new(crate::tls::ServerTls::new(t).map_err(|e| {
+            anyhow::anyhow!(
+                "[tls]:\n{}",
+                e.iter()
+                    .map(|e| format!("  - {e}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        })?)),
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(
+        config.clone(),
+        routing,
+        layout,
+        shards,
+        auth,
+        tls,
+    ));
     *shared.addrs.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::shared::Addrs {
         frames,
         grpc,

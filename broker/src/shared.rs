@@ -185,6 +185,8 @@ pub struct Shared {
     pub layout: Arc<crate::metrics::Layout>,
     /// `[auth]`: bearer tokens are required on every edge.
     pub auth: Option<Arc<crate::auth::Auth>>,
+    /// `[tls]`: the edges serve TLS; what new handshakes use.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// Upstream routers whose calls' answers said their listings changed
     /// (by uid), for the `routing` thread.
     kicks: (Sender<usize>, Receiver<usize>),
@@ -253,6 +255,7 @@ impl Shared {
         layout: Arc<crate::metrics::Layout>,
         shards: usize,
         auth: Option<Arc<crate::auth::Auth>>,
+        tls: Option<Arc<crate::tls::ServerTls>>,
     ) -> Self {
         let inboxes = (0..shards)
             .map(|_| {
@@ -276,6 +279,7 @@ impl Shared {
             config,
             routing: arc_swap::ArcSwap::from_pointee(routing),
             auth,
+            tls,
             kicks: crossbeam_channel::bounded(1024),
             reloads: crossbeam_channel::bounded(64),
             reloads_applied: AtomicU64::new(0),

@@ -1,8 +1,295 @@
-//! TLS settings shared by the broker's outgoing connections (upstream
-//! routers, `auth.jwks_url`).
+//! TLS: the edges' server side (`[tls]`) and the client settings of the
+//! broker's outgoing connections (upstream routers, `auth.jwks_url`).
+//!
+//! # Server side
+//! - One rustls configuration per edge, differing only in ALPN: `h2` for
+//!   gRPC (grpc clients insist on it), `http/1.1` for the MCP HTTP edge,
+//!   none for frames. TLS 1.3 and 1.2 only, with ring's default suites
+//!   (AEAD only, forward-secret key exchange only).
+//! - [`ServerTls`] holds the configurations behind an `ArcSwap`: each
+//!   handshake takes the current one, so loading the files again (a reload,
+//!   or a change seen by the watcher of the `routing` thread) changes what
+//!   new connections get and leaves established ones alone.
+//! - A handshake is bounded by `tls.handshake_timeout` and runs in the
+//!   connection's own task, never in an accept loop.
+//! - The shards' streams are in [`uring`]; the gRPC edge uses tokio-rustls.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::TlsSection;
+
+pub mod uring;
+
+/// The edges that serve TLS, as metrics label them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Edge {
+    Frames = 0,
+    Grpc = 1,
+    Http = 2,
+}
+
+impl Edge {
+    pub const ALL: [Edge; 3] = [Edge::Frames, Edge::Grpc, Edge::Http];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Edge::Frames => "frames",
+            Edge::Grpc => "grpc",
+            Edge::Http => "http",
+        }
+    }
+}
+
+/// The rustls configuration of each edge, built from one `[tls]`.
+pub struct ServerConfigs {
+    edges: [Arc<ServerConfig>; 3],
+}
+
+impl ServerConfigs {
+    /// Reads the files of `section`. Every error names its file.
+    pub fn load(section: &TlsSection) -> Result<Self, Vec<String>> {
+        let mut errors = Vec::new();
+        let certs = read_certs(&section.cert_file, "tls.cert_file")
+            .map_err(|e| errors.push(e))
+            .ok();
+        let key = read_key(&section.key_file).map_err(|e| errors.push(e)).ok();
+        let verifier = match &section.client_ca_file {
+            None => None,
+            Some(p) => match client_verifier(p) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    errors.push(e);
+                    None
+                }
+            },
+        };
+        let (Some(certs), Some(key)) = (certs, key) else {
+            return Err(errors);
+        };
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| vec![format!("TLS settings: {e}")])?;
+        let builder = match verifier {
+            Some(v) => builder.with_client_cert_verifier(v),
+            None => builder.with_no_client_auth(),
+        };
+        let base = builder.with_single_cert(certs, key).map_err(|e| {
+            vec![format!(
+                "tls.cert_file {}, tls.key_file {}: {e}",
+                section.cert_file.display(),
+                section.key_file.display()
+            )]
+        })?;
+        let with_alpn = |alpn: &[&[u8]]| {
+            let mut c = base.clone();
+            c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            Arc::new(c)
+        };
+        Ok(Self {
+            edges: [
+                with_alpn(&[]),
+                with_alpn(&[b"h2"]),
+                with_alpn(&[b"http/1.1"]),
+            ],
+        })
+    }
+
+    pub fn get(&self, edge: Edge) -> &Arc<ServerConfig> {
+        &self.edges[edge as usize]
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let shown = path.display();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{key} {shown}: {e}"))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{key} {shown}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{key} {shown}: no PEM certificate in it"));
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+        format!(
+            "tls.key_file {}: {e} (expected a PEM private key: PKCS#8, PKCS#1 or SEC1)",
+            path.display()
+        )
+    })
+}
+
+fn client_verifier(
+    path: &Path,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in read_certs(path, "tls.client_ca_file")? {
+        roots
+            .add(c)
+            .map_err(|e| format!("tls.client_ca_file {}: {e}", path.display()))?;
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| format!("tls.client_ca_file {}: {e}", path.display()))
+}
+
+/// What the watcher compares: each file's modification time and size.
+type Stamps = Vec<Option<(SystemTime, u64)>>;
+
+fn stamps(section: &TlsSection) -> Stamps {
+    let mut files: Vec<&PathBuf> = vec![&section.cert_file, &section.key_file];
+    files.extend(section.client_ca_file.as_ref());
+    files
+        .into_iter()
+        .map(|p| {
+            std::fs::metadata(p)
+                .ok()
+                .and_then(|m| Some((m.modified().ok()?, m.len())))
+        })
+        .collect()
+}
+
+/// The edges' TLS: the current configurations, what they were loaded from,
+/// and counters for `/metrics`.
+pub struct ServerTls {
+    configs: ArcSwap<ServerConfigs>,
+    /// The section in effect, the files' stamps when last loaded (or last
+    /// tried), and when the watcher looks next.
+    state: Mutex<(TlsSection, Stamps, Instant)>,
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    handshake_failures: [AtomicU64; 3],
+}
+
+impl ServerTls {
+    /// Loads the files of `section` (start-up).
+    pub fn new(section: &TlsSection) -> Result<Self, Vec<String>> {
+        let stamps = stamps(section);
+        let configs = ServerConfigs::load(section)?;
+        Ok(Self {
+            configs: ArcSwap::from_pointee(configs),
+            state: Mutex::new((
+                section.clone(),
+                stamps,
+                Instant::now() + section.watch_interval,
+            )),
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
+            handshake_failures: Default::default(),
+        })
+    }
+
+    /// The configuration a new connection of `edge` handshakes with.
+    pub fn config(&self, edge: Edge) -> Arc<ServerConfig> {
+        self.configs.load().get(edge).clone()
+    }
+
+    /// The handshake timeout in effect.
+    pub fn handshake_timeout(&self) -> Duration {
+        self.lock().0.handshake_timeout
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (TlsSection, Stamps, Instant)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Loads `section`'s files, for a reload: built first, then swapped in
+    /// whole by [`Self::install`] once the rest of the reload succeeded.
+    pub fn prepare(section: &TlsSection) -> Result<(ServerConfigs, Stamps), Vec<String>> {
+        let stamps = stamps(section);
+        ServerConfigs::load(section).map(|c| (c, stamps))
+    }
+
+    /// Puts what [`Self::prepare`] loaded in effect for new connections.
+    pub fn install(&self, section: &TlsSection, (configs, stamps): (ServerConfigs, Stamps)) {
+        self.configs.store(Arc::new(configs));
+        *self.lock() = (
+            section.clone(),
+            stamps,
+            Instant::now() + section.watch_interval,
+        );
+        self.reloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The watcher (the `routing` thread, about once a second): when
+    /// `watch_interval` has passed and a file changed since it was last
+    /// loaded, load them again. A failure keeps the configuration in effect
+    /// and is tried again only after the files change once more.
+    pub fn watch(&self) {
+        let section = {
+            let mut st = self.lock();
+            if st.0.watch_interval.is_zero() || Instant::now() < st.2 {
+                return;
+            }
+            st.2 = Instant::now() + st.0.watch_interval;
+            let now = stamps(&st.0);
+            if now == st.1 {
+                return;
+            }
+            st.1 = now;
+            st.0.clone()
+        };
+        match ServerConfigs::load(&section) {
+            Ok(c) => {
+                self.configs.store(Arc::new(c));
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    cert_file = %section.cert_file.display(),
+                    "TLS certificate files changed; new connections use them"
+                );
+            }
+            Err(errors) => {
+                self.reload_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    "TLS certificate files changed but cannot be used; the ones loaded before stay in effect:\n{}",
+                    errors
+                        .iter()
+                        .map(|e| format!("  - {e}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+        }
+    }
+
+    /// A reload refused for its TLS files.
+    pub fn reload_failed(&self) {
+        self.reload_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A handshake on `edge` failed (or timed out).
+    pub fn handshake_failed(&self, edge: Edge) {
+        self.handshake_failures[edge as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn handshake_failures(&self, edge: Edge) -> u64 {
+        self.handshake_failures[edge as usize].load(Ordering::Relaxed)
+    }
+
+    /// Loads of the files after start-up: (applied, failed).
+    pub fn reload_counts(&self) -> (u64, u64) {
+        (
+            self.reloads.load(Ordering::Relaxed),
+            self.reload_failures.load(Ordering::Relaxed),
+        )
+    }
+}
 
 /// rustls client settings: TLS 1.3 and 1.2, the webpki roots plus the
 /// certificates of `ca_file` (a private CA). Errors name the file.

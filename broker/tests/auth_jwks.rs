@@ -13,10 +13,9 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Broker;
 use common::http::{Conn, eventually};
@@ -204,49 +203,6 @@ fn a_burst_of_unknown_keys_costs_one_fetch() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Runs the broker on `toml` expecting it to exit without becoming ready;
-/// its stderr.
-fn fails_to_start(toml: &str, test: &str) -> String {
-    let dir = temp_dir(test);
-    let path = dir.join("broker.toml");
-    std::fs::write(&path, toml).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
-        .arg("--config")
-        .arg(&path)
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the broker neither failed nor exited within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = child.wait_with_output().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!status.success(), "it started: {stderr}");
-    assert!(out.stdout.is_empty(), "no ready line expected: {stderr}");
-    stderr
-}
-
 #[test]
 fn the_broker_does_not_start_without_its_keys() {
     // A port nothing listens on: connection refused.
@@ -256,7 +212,7 @@ fn the_broker_does_not_start_without_its_keys() {
         .unwrap()
         .port();
     let url = format!("http://127.0.0.1:{port}/jwks.json");
-    let stderr = fails_to_start(&config(&url), "unreachable");
+    let stderr = common::fails_to_start(&config(&url));
     assert!(
         stderr.contains(&url) && stderr.contains("auth.jwks_url"),
         "{stderr}"
@@ -265,13 +221,13 @@ fn the_broker_does_not_start_without_its_keys() {
     // A server that answers, but not 200.
     let server = JwksServer::start(&json!({"keys": []}));
     let url = format!("http://{}/elsewhere.json", server.addr);
-    let stderr = fails_to_start(&config(&url), "status");
+    let stderr = common::fails_to_start(&config(&url));
     assert!(stderr.contains(&url) && stderr.contains("404"), "{stderr}");
 }
 
 #[test]
 fn plain_http_to_a_remote_host_is_a_config_error() {
-    let stderr = fails_to_start(&config("http://issuer.test/jwks.json"), "remote");
+    let stderr = common::fails_to_start(&config("http://issuer.test/jwks.json"));
     assert!(
         stderr.contains("auth.jwks_url") && stderr.contains("loopback"),
         "{stderr}"

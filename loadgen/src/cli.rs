@@ -9,6 +9,7 @@ use clap::Parser;
 
 use crate::engine::RunConfig;
 use crate::target::Target;
+use crate::tls::{TlsClient, TlsFlags};
 use crate::workload::Workload;
 
 /// Largest response frame accepted (body bytes): the broker's default
@@ -35,7 +36,7 @@ pub struct Args {
     /// frames://HOST:PORT (the frame edge), grpc://HOST:PORT (the gRPC
     /// edge) or http://HOST:PORT/PATH (any MCP Streamable HTTP server;
     /// PATH defaults to /mcp): one MCP session per connection, JSON and
-    /// SSE answers.
+    /// SSE answers. Over TLS: frames+tls://, grpcs://, https://.
     #[arg(long)]
     pub target: String,
 
@@ -134,11 +135,33 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: u32,
 
-    /// http:// only: send `Authorization: Bearer <token>` on every request,
+    /// http:// and https:// only: send `Authorization: Bearer <token>` on every request,
     /// the token read from this file (not a flag, so that it stays out of
     /// process listings). For a broker running `[auth]`.
     #[arg(long)]
     pub bearer_file: Option<PathBuf>,
+
+    /// TLS targets: PEM CA bundle that verifies the server's certificate.
+    /// Default: the public web (webpki) roots, which a private broker
+    /// certificate is not signed by.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// TLS targets: the name the server's certificate must carry (and the
+    /// SNI). Default: the target's host; an IP address is verified as an
+    /// IP SAN.
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+
+    /// TLS targets: client certificate chain (PEM) for mTLS; with
+    /// --tls-key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS targets: the client certificate's private key (PEM); with
+    /// --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 
     /// Seed for workload choices and argument templates.
     #[arg(long, default_value_t = 1)]
@@ -263,6 +286,26 @@ impl Args {
                 None
             }
         };
+        let flags = self.tls_flags();
+        let tls = match &target {
+            Some(t) if t.tls => match TlsClient::new(t, &flags) {
+                Ok(c) => Some(Arc::new(c)),
+                Err(e) => {
+                    problems.push(e);
+                    None
+                }
+            },
+            Some(t) if flags.any() => {
+                problems.push(format!(
+                    "--tls-ca, --tls-server-name, --tls-cert and --tls-key are for TLS targets \
+                     only ({}://…); `{}` is plaintext",
+                    t.scheme.tls_str(),
+                    t.scheme_str()
+                ));
+                None
+            }
+            _ => None,
+        };
         let (Some(target), Some(workload), true) = (target, workload, problems.is_empty()) else {
             bail!("{}", problems.join("\n"));
         };
@@ -288,7 +331,7 @@ impl Args {
                     );
                 }
                 if target.scheme != crate::target::Scheme::Http {
-                    anyhow::bail!("--bearer-file is for http:// targets only");
+                    anyhow::bail!("--bearer-file is for http:// and https:// targets only");
                 }
                 Some(t)
             }
@@ -315,7 +358,17 @@ impl Args {
             max_frame: self.max_frame,
             seed: self.seed,
             bearer,
+            tls,
         })
+    }
+
+    fn tls_flags(&self) -> TlsFlags {
+        TlsFlags {
+            ca: self.tls_ca.clone(),
+            server_name: self.tls_server_name.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+        }
     }
 }
 
@@ -403,6 +456,101 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("http:// targets only"), "{e}");
+    }
+
+    fn parse_for(target: &str, extra: &[&str]) -> anyhow::Result<RunConfig> {
+        let mut v = vec!["mcp-loadgen", "--target", target, "--tool", "echo"];
+        v.extend_from_slice(extra);
+        Args::try_parse_from(v).unwrap().validate()
+    }
+
+    #[test]
+    fn tls_targets_build_one_client_config_and_plain_ones_refuse_tls_flags() {
+        // No --tls-ca: the webpki roots; the name is the target's host.
+        for (t, alpn) in [
+            ("https://127.0.0.1:7403/mcp", vec![b"http/1.1".to_vec()]),
+            ("frames+tls://localhost:7400", vec![]),
+            ("grpcs://[::1]:7401", vec![]),
+        ] {
+            let c = parse_for(t, &[]).unwrap();
+            let tls = c.tls.expect("a TLS target has a TLS client");
+            assert!(!tls.custom_ca);
+            assert_eq!(tls.config.alpn_protocols, alpn, "{t}");
+            let host = c.target.host.clone();
+            assert_eq!(tls.server_name.to_str(), host.as_str());
+        }
+        // An IP host is verified as an IP address (no SNI).
+        let c = parse_for("frames+tls://127.0.0.1:7400", &[]).unwrap();
+        assert!(matches!(
+            c.tls.unwrap().server_name,
+            rustls::pki_types::ServerName::IpAddress(_)
+        ));
+        let c = parse_for(
+            "frames+tls://127.0.0.1:7400",
+            &["--tls-server-name", "broker.internal"],
+        )
+        .unwrap();
+        assert_eq!(c.tls.unwrap().server_name.to_str(), "broker.internal");
+        assert!(
+            parse_for("frames://127.0.0.1:7400", &[])
+                .unwrap()
+                .tls
+                .is_none()
+        );
+        for t in [
+            "frames://127.0.0.1:7400",
+            "grpc://127.0.0.1:7401",
+            "http://127.0.0.1:7403/mcp",
+        ] {
+            for flag in ["--tls-ca", "--tls-server-name", "--tls-cert", "--tls-key"] {
+                let e = parse_for(t, &[flag, "x"]).unwrap_err().to_string();
+                assert!(e.contains("for TLS targets only"), "{t} {flag}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn tls_files_are_checked_up_front() {
+        let dir = std::env::temp_dir().join(format!("loadgen-cli-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let junk = junk.to_str().unwrap();
+        let t = "frames+tls://127.0.0.1:7400";
+        for (extra, needle) in [
+            (vec!["--tls-ca", junk], "no PEM certificate"),
+            (
+                vec!["--tls-ca", "/nonexistent/ca.pem"],
+                "--tls-ca /nonexistent/ca.pem",
+            ),
+            (vec!["--tls-cert", junk], "give both"),
+            (vec!["--tls-key", junk], "give both"),
+            (vec!["--tls-cert", junk, "--tls-key", junk], "--tls-cert"),
+            (
+                vec!["--tls-server-name", "not a name!"],
+                "neither a DNS name",
+            ),
+        ] {
+            let e = parse_for(t, &extra).unwrap_err().to_string();
+            assert!(e.contains(needle), "{extra:?}: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bearer_tokens_go_to_http_and_https_only() {
+        let p = std::env::temp_dir().join(format!("loadgen-cli-bearer-{}", std::process::id()));
+        std::fs::write(&p, "tok\n").unwrap();
+        let p = p.to_str().unwrap();
+        for t in ["http://127.0.0.1:7403/mcp", "https://127.0.0.1:7403/mcp"] {
+            let c = parse_for(t, &["--bearer-file", p]).unwrap();
+            assert_eq!(c.bearer.as_deref(), Some("tok"));
+        }
+        for t in ["frames+tls://127.0.0.1:7400", "grpcs://127.0.0.1:7401"] {
+            let e = parse_for(t, &["--bearer-file", p]).unwrap_err().to_string();
+            assert!(e.contains("http:// and https:// targets only"), "{e}");
+        }
+        let _ = std::fs::remove_file(p);
     }
 
     #[test]

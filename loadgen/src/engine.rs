@@ -104,6 +104,8 @@ pub struct RunConfig {
     pub seed: u64,
     /// http://: the bearer token sent on every request (`--bearer-file`).
     pub bearer: Option<String>,
+    /// TLS targets: the run's one client configuration.
+    pub tls: Option<Arc<crate::tls::TlsClient>>,
 }
 
 impl RunConfig {

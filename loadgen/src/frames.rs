@@ -1,4 +1,5 @@
-//! The `frames://` driver: size-prefixed FlatBuffers frames over TCP.
+//! The `frames://` driver: size-prefixed FlatBuffers frames over TCP
+//! (`frames+tls://`: over TLS, through the halves of `tls::Conn`).
 //!
 //! Each connection has one writer task and one reader task. The writer
 //! encodes every request that may go now (window room, schedule due) into
@@ -27,34 +28,31 @@ use bytes::{Buf, BytesMut};
 use mcp_schema::FrameSplitter;
 use mcp_schema::client::{RequestHeader, ResponseView};
 use monoio::buf::IoBufMut;
-use monoio::io::{
-    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
-};
-use monoio::net::TcpStream;
 
 use crate::engine::{ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
 use crate::stats::ErrorKind;
+use crate::tls::{Conn, Connector, ReadHalf, WriteHalf};
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FramesDriver;
+#[derive(Clone, Debug, Default)]
+pub struct FramesDriver {
+    /// TCP, and TLS for `frames+tls://` (the handshake is part of
+    /// `connect`).
+    pub connector: Connector,
+}
 
 impl Driver for FramesDriver {
     type Rt = crate::rt::Monoio;
-    type Conn = TcpStream;
+    type Conn = Conn;
 
-    async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
-        let s = TcpStream::connect_addr(addr).await?;
-        // Requests are latency-measured one by one: never let Nagle hold
-        // one back waiting for more.
-        s.set_nodelay(true)?;
-        Ok(s)
+    async fn connect(&self, addr: SocketAddr) -> io::Result<Conn> {
+        self.connector.connect(addr).await
     }
 
-    async fn drive(&self, conn: TcpStream, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
-        let (r, mut w) = conn.into_split();
+    async fn drive(&self, conn: Conn, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
+        let Conn { r, mut w } = conn;
         let reader = {
             let (ctx, cc) = (Rc::clone(&ctx), Rc::clone(&cc));
             monoio::spawn(async move {
@@ -138,11 +136,7 @@ fn message_id(conn: usize, seq: u64) -> [u8; 16] {
     b
 }
 
-async fn write_loop(
-    ctx: &ThreadCtx,
-    cc: &ConnCtx,
-    w: &mut OwnedWriteHalf<TcpStream>,
-) -> io::Result<()> {
+async fn write_loop(ctx: &ThreadCtx, cc: &ConnCtx, w: &mut WriteHalf) -> io::Result<()> {
     let mut generator = Pacer::generator(ctx, cc);
     let mut pacer = Pacer::new(ctx, cc);
     let mut ids = CorrIds::new(cc.index);
@@ -188,11 +182,7 @@ async fn write_loop(
     Ok(())
 }
 
-async fn read_loop(
-    ctx: &ThreadCtx,
-    cc: &ConnCtx,
-    r: &mut OwnedReadHalf<TcpStream>,
-) -> Result<(), String> {
+async fn read_loop(ctx: &ThreadCtx, cc: &ConnCtx, r: &mut ReadHalf) -> Result<(), String> {
     let splitter = FrameSplitter::new(ctx.cfg.max_frame);
     let ids = CorrIds::new(cc.index);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);

@@ -26,6 +26,7 @@ use std::error::Error as _;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use mcp_proto::v1 as pb;
@@ -38,12 +39,16 @@ use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx, wa
 use crate::notify::{Either, race, yield_now};
 use crate::rt::Tokio;
 use crate::stats::ErrorKind;
+use crate::tls::TlsClient;
 use crate::workload::Next;
 
 #[derive(Clone, Debug)]
 pub struct GrpcDriver {
     /// Largest response message accepted (`--max-frame`).
     pub max_message: usize,
+    /// `grpcs://`: the run's TLS settings; tonic's own rustls client (ALPN
+    /// h2) is configured from `tls.tonic`, built once per run.
+    pub tls: Option<Arc<TlsClient>>,
 }
 
 type Client = McpServiceClient<Channel>;
@@ -120,16 +125,24 @@ impl Driver for GrpcDriver {
     type Conn = Client;
 
     async fn connect(&self, addr: SocketAddr) -> io::Result<Client> {
-        let ep = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| io::Error::other(chain(&e)))?
             .tcp_nodelay(true)
             .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(tls) = &self.tls {
+            // The handshake is part of `connect` below: connection setup,
+            // before the start line.
+            ep = ep
+                .tls_config(tls.tonic.clone())
+                .map_err(|e| io::Error::other(chain(&e)))?;
+        }
         // `connect` (not `connect_lazy`): one TCP connection and HTTP/2
         // handshake per channel, made now, before the start line.
-        let ch = ep
-            .connect()
-            .await
-            .map_err(|e| io::Error::other(chain(&e)))?;
+        let ch = ep.connect().await.map_err(|e| {
+            let tls = self.tls.as_ref().and_then(|t| t.explain_chain(&e));
+            io::Error::other(tls.unwrap_or_else(|| chain(&e)))
+        })?;
         Ok(McpServiceClient::new(ch).max_decoding_message_size(self.max_message))
     }
 

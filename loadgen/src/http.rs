@@ -1,4 +1,5 @@
-//! The `http://` driver: MCP Streamable HTTP, against any MCP server.
+//! The `http://` driver: MCP Streamable HTTP, against any MCP server
+//! (`https://`: the same over TLS, through `tls::Conn`).
 //!
 //! A hand-written HTTP/1.1 client on the monoio runtime the frame target
 //! uses (why not hyper: `docs/loadgen.md`, "HTTP target"). Per connection:
@@ -46,8 +47,6 @@ use bytes::{Buf, BytesMut};
 use mcp_schema::client::Listing;
 use mcp_schema::fb::protocol::ResponsePayload;
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
-use monoio::net::TcpStream;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -55,6 +54,7 @@ use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx, wa
 use crate::notify::{Either, race};
 use crate::rt::{Monoio, Runtime};
 use crate::stats::ErrorKind;
+use crate::tls::{Conn, Connector};
 use crate::workload::Next;
 
 /// The protocol revision offered in `initialize`; the server's answer
@@ -87,6 +87,8 @@ pub struct HttpDriver {
     /// Header lines sent on every request (`Authorization: Bearer …\r\n`
     /// from `--bearer-file`), else empty.
     pub extra_headers: String,
+    /// TCP, and TLS for `https://` (the handshake is part of connecting).
+    pub connector: Connector,
 }
 
 /// Why reading a response stopped before its end.
@@ -152,7 +154,9 @@ struct Head {
 /// One MCP session over one (replaceable) TCP connection.
 pub struct HttpConn {
     addr: SocketAddr,
-    stream: Option<TcpStream>,
+    connector: Connector,
+    /// The connection (TLS or not), when open.
+    stream: Option<Conn>,
     rbuf: BytesMut,
     /// When the last read returned: the arrival time of what it read.
     read_at: Instant,
@@ -172,14 +176,6 @@ pub struct HttpConn {
     /// (or was evicted), and a new one must be initialised before the
     /// next request (the Streamable HTTP rules).
     expired: bool,
-}
-
-async fn tcp_connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_addr(addr).await?;
-    // Requests are latency-measured one by one: never let Nagle hold one
-    // back.
-    s.set_nodelay(true)?;
-    Ok(s)
 }
 
 fn find(hay: &[u8], b: u8) -> Option<usize> {
@@ -279,9 +275,10 @@ impl Framing {
 }
 
 impl HttpConn {
-    fn new(addr: SocketAddr, stream: TcpStream) -> Self {
+    fn new(addr: SocketAddr, connector: Connector, stream: Conn) -> Self {
         Self {
             addr,
+            connector,
             stream: Some(stream),
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             read_at: Instant::now(),
@@ -312,7 +309,7 @@ impl HttpConn {
             return Ok(());
         }
         let deadline = Monoio::sleep_until(Instant::now() + CONNECT_TIMEOUT);
-        match race(tcp_connect(self.addr), deadline).await {
+        match race(self.connector.connect(self.addr), deadline).await {
             Either::Left(s) => {
                 self.stream = Some(s?);
                 self.rbuf = BytesMut::with_capacity(READ_CHUNK);
@@ -330,7 +327,7 @@ impl HttpConn {
         let Some(s) = self.stream.as_mut() else {
             return Err(io::ErrorKind::NotConnected.into());
         };
-        let (res, b) = s.write_all(std::mem::take(&mut self.wbuf)).await;
+        let (res, b) = s.w.write_all(std::mem::take(&mut self.wbuf)).await;
         self.wbuf = b;
         self.wbuf.clear();
         res.map(drop)
@@ -348,7 +345,7 @@ impl HttpConn {
         // spare capacity, so bytes already buffered are kept.
         let buf = std::mem::take(&mut self.rbuf);
         let len = buf.len();
-        match race(s.read(buf.slice_mut(len..)), stop).await {
+        match race(s.r.read(buf.slice_mut(len..)), stop).await {
             Either::Left((res, b)) => {
                 self.rbuf = b.into_inner();
                 self.read_at = Instant::now();
@@ -1079,8 +1076,8 @@ impl Driver for HttpDriver {
     type Conn = HttpConn;
 
     async fn connect(&self, addr: SocketAddr) -> io::Result<HttpConn> {
-        let s = tcp_connect(addr).await?;
-        let mut c = HttpConn::new(addr, s);
+        let s = self.connector.connect(addr).await?;
+        let mut c = HttpConn::new(addr, self.connector.clone(), s);
         self.handshake(&mut c)
             .await
             .map_err(|e| io::Error::other(format!("MCP session setup on {}: {e}", self.path)))?;

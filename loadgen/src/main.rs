@@ -31,6 +31,7 @@ mod rt;
 mod schedule;
 mod stats;
 mod target;
+mod tls;
 mod workload;
 
 use std::io::Write;
@@ -70,11 +71,20 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
     let engine = {
         let (cfg, shared) = (Arc::clone(&cfg), Arc::clone(&shared));
         let max_message = cfg.max_frame as usize;
+        let connector = tls::Connector {
+            tls: cfg.tls.clone(),
+        };
         std::thread::Builder::new()
             .name("loadgen-engine".into())
             .spawn(move || match cfg.target.scheme {
-                Scheme::Frames => engine::run(cfg, frames::FramesDriver, tx, shared),
-                Scheme::Grpc => engine::run(cfg, grpc::GrpcDriver { max_message }, tx, shared),
+                Scheme::Frames => engine::run(cfg, frames::FramesDriver { connector }, tx, shared),
+                Scheme::Grpc => {
+                    let driver = grpc::GrpcDriver {
+                        max_message,
+                        tls: cfg.tls.clone(),
+                    };
+                    engine::run(cfg, driver, tx, shared)
+                }
                 Scheme::Http => {
                     let driver = http::HttpDriver {
                         authority: cfg.target.authority.clone(),
@@ -86,6 +96,7 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
                             .as_ref()
                             .map(|t| format!("Authorization: Bearer {t}\r\n"))
                             .unwrap_or_default(),
+                        connector,
                     };
                     engine::run(cfg, driver, tx, shared)
                 }

@@ -11,8 +11,13 @@ use std::net::{SocketAddr, ToSocketAddrs};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub scheme: Scheme,
+    /// Over TLS: `frames+tls://`, `grpcs://`, `https://`.
+    pub tls: bool,
     /// `HOST:PORT` as given (for the report, and the HTTP `Host` header).
     pub authority: String,
+    /// The host of `authority` (an IPv6 address without its brackets): the
+    /// name a TLS server is verified as unless `--tls-server-name`.
+    pub host: String,
     pub addr: SocketAddr,
     /// `http://` only: the MCP endpoint's path, `/mcp` when none is given.
     /// Empty for the other schemes, which take no path.
@@ -38,17 +43,31 @@ impl Scheme {
             Scheme::Http => "http",
         }
     }
+
+    /// The scheme's name over TLS.
+    pub fn tls_str(self) -> &'static str {
+        match self {
+            Scheme::Frames => "frames+tls",
+            Scheme::Grpc => "grpcs",
+            Scheme::Http => "https",
+        }
+    }
+}
+
+impl Target {
+    /// The scheme as given: `frames`, `frames+tls`, `grpcs`, `https`, …
+    pub fn scheme_str(&self) -> &'static str {
+        if self.tls {
+            self.scheme.tls_str()
+        } else {
+            self.scheme.as_str()
+        }
+    }
 }
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}://{}{}",
-            self.scheme.as_str(),
-            self.authority,
-            self.path
-        )
+        write!(f, "{}://{}{}", self.scheme_str(), self.authority, self.path)
     }
 }
 
@@ -56,21 +75,21 @@ impl Target {
     pub fn parse(s: &str) -> Result<Self, String> {
         let (scheme, rest) = s.split_once("://").ok_or_else(|| {
             format!(
-                "bad target `{s}`: expected frames://HOST:PORT, grpc://HOST:PORT or http://HOST:PORT/PATH"
+                "bad target `{s}`: expected frames://HOST:PORT, grpc://HOST:PORT or \
+                 http://HOST:PORT/PATH (frames+tls://, grpcs://, https:// over TLS)"
             )
         })?;
-        let scheme = match scheme {
-            "frames" => Scheme::Frames,
-            "grpc" => Scheme::Grpc,
-            "http" => Scheme::Http,
-            "https" => {
-                return Err(format!(
-                    "bad target `{s}`: https is not supported (plaintext http:// only)"
-                ));
-            }
+        let (scheme, tls) = match scheme {
+            "frames" => (Scheme::Frames, false),
+            "frames+tls" => (Scheme::Frames, true),
+            "grpc" => (Scheme::Grpc, false),
+            "grpcs" => (Scheme::Grpc, true),
+            "http" => (Scheme::Http, false),
+            "https" => (Scheme::Http, true),
             other => {
                 return Err(format!(
-                    "bad target `{s}`: unknown scheme `{other}` (expected `frames`, `grpc` or `http`)"
+                    "bad target `{s}`: unknown scheme `{other}` (expected `frames`, `grpc` or \
+                     `http`, or over TLS `frames+tls`, `grpcs` or `https`)"
                 ));
             }
         };
@@ -92,7 +111,11 @@ impl Target {
         if authority.is_empty() || authority.contains('/') {
             return Err(format!(
                 "bad target `{s}`: expected {}://HOST:PORT with no path",
-                scheme.as_str()
+                if tls {
+                    scheme.tls_str()
+                } else {
+                    scheme.as_str()
+                }
             ));
         }
         let Some((host, port)) = authority.rsplit_once(':') else {
@@ -109,9 +132,15 @@ impl Target {
             .map_err(|e| format!("bad target `{s}`: cannot resolve `{authority}`: {e}"))?
             .next()
             .ok_or_else(|| format!("bad target `{s}`: `{authority}` resolves to no address"))?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
         Ok(Self {
             scheme,
+            tls,
             authority: authority.to_owned(),
+            host: host.to_owned(),
             addr,
             path: path.to_owned(),
         })
@@ -150,11 +179,34 @@ mod tests {
     }
 
     #[test]
+    fn tls_schemes_pick_the_same_drivers_and_print_as_given() {
+        let t = Target::parse("https://127.0.0.1:7403").unwrap();
+        assert_eq!((t.scheme, t.tls), (Scheme::Http, true));
+        assert_eq!(t.path, "/mcp");
+        assert_eq!(t.host, "127.0.0.1");
+        assert_eq!(t.to_string(), "https://127.0.0.1:7403/mcp");
+        let t = Target::parse("frames+tls://localhost:7400").unwrap();
+        assert_eq!((t.scheme, t.tls), (Scheme::Frames, true));
+        assert_eq!(t.host, "localhost");
+        assert_eq!(t.to_string(), "frames+tls://localhost:7400");
+        let t = Target::parse("grpcs://[::1]:7401").unwrap();
+        assert_eq!((t.scheme, t.tls), (Scheme::Grpc, true));
+        assert_eq!(t.host, "::1");
+        assert_eq!(t.to_string(), "grpcs://[::1]:7401");
+        let t = Target::parse("frames://127.0.0.1:7400").unwrap();
+        assert!(!t.tls);
+        assert_eq!(t.scheme_str(), "frames");
+    }
+
+    #[test]
     fn bad_targets_say_what_is_wrong() {
         for (t, needle) in [
             ("127.0.0.1:7400", "expected frames://"),
             ("tcp://127.0.0.1:7400", "unknown scheme `tcp`"),
-            ("https://127.0.0.1:7400/mcp", "https is not supported"),
+            ("https://127.0.0.1:7400/a b", "printable ASCII"),
+            ("grpcs://127.0.0.1:7401/x", "grpcs://HOST:PORT with no path"),
+            ("frames+tls://127.0.0.1", "missing `:PORT`"),
+            ("tls://127.0.0.1:7400", "unknown scheme `tls`"),
             ("http://127.0.0.1:7400/a b", "printable ASCII"),
             ("http://127.0.0.1/mcp", "missing `:PORT`"),
             ("frames://127.0.0.1", "missing `:PORT`"),

@@ -263,10 +263,52 @@ impl<F> Conn<F> {
     }
 }
 
+/// One accepted connection, from its TLS handshake (with `[tls]`) to its
+/// close. It counts against `max_connections_per_shard` from the accept on.
 async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
     let stats = shard.stats();
     shard.connections.set(shard.connections.get() + 1);
     ShardStats::add(&stats.connections_open, 1);
+    match shard.ctx.shared.tls.clone() {
+        None => {
+            let (rd, wr) = stream.into_split();
+            serve_connection(&shard, rd, wr, peer).await;
+        }
+        Some(tls) => {
+            use crate::tls::Edge;
+            let timeout = tls.handshake_timeout();
+            let handshake = crate::tls::uring::accept(stream, tls.config(Edge::Frames));
+            let done = monoio::select! {
+                r = monoio::time::timeout(timeout, handshake) => Some(r),
+                _ = shard.draining.wait() => None,
+            };
+            match done {
+                Some(Ok(Ok((rd, wr, _)))) => serve_connection(&shard, rd, wr, peer).await,
+                Some(Ok(Err(e))) => {
+                    tls.handshake_failed(Edge::Frames);
+                    tracing::debug!(shard = shard.ctx.index, %peer, error = %e, "TLS handshake failed");
+                }
+                Some(Err(_)) => {
+                    tls.handshake_failed(Edge::Frames);
+                    tracing::debug!(shard = shard.ctx.index, %peer, ?timeout, "TLS handshake not finished within tls.handshake_timeout");
+                }
+                // Draining: a connection not yet handshaken has sent nothing
+                // to answer.
+                None => {}
+            }
+        }
+    }
+    shard.connections.set(shard.connections.get() - 1);
+    ShardStats::sub(&stats.connections_open, 1);
+}
+
+/// Serves one connection's frames over its (plaintext or TLS) halves.
+async fn serve_connection(
+    shard: &Rc<Shard>,
+    rd: impl CancelableAsyncReadRent,
+    wr: impl monoio::io::AsyncWriteRent + 'static,
+    peer: SocketAddr,
+) {
     let conn = Rc::new(Conn {
         serve,
         queue: RefCell::new(VecDeque::new()),
@@ -283,9 +325,8 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
         closed: Latch::default(),
         broken: Cell::new(false),
     });
-    let (rd, wr) = stream.into_split();
     let writer = monoio::spawn(write_loop(shard.clone(), conn.clone(), wr));
-    if let Err(reason) = read_loop(&shard, &conn, rd).await {
+    if let Err(reason) = read_loop(shard, &conn, rd).await {
         tracing::info!(shard = shard.ctx.index, %peer, "closing connection: {reason}");
     }
     // Every request read gets its answer: wait for the last one (at the
@@ -299,8 +340,6 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
     // `write_timeout`), then shuts the socket down.
     conn.close();
     let _ = writer.await;
-    shard.connections.set(shard.connections.get() - 1);
-    ShardStats::sub(&stats.connections_open, 1);
 }
 
 const READ_CHUNK: usize = 16 * 1024;

@@ -294,9 +294,59 @@ impl Drop for Broker {
     }
 }
 
-/// A blocking frame client.
-pub struct Client {
-    pub stream: TcpStream,
+/// Runs the broker on `toml` (port 0 everywhere) expecting it to exit
+/// without becoming ready; returns its stderr.
+pub fn fails_to_start(toml: &str) -> String {
+    let path = std::env::temp_dir().join(format!(
+        "mcp-broker-fails-{}-{}.toml",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::write(&path, toml).unwrap();
+    let _remove = tempfile_path::TempPath(path.clone());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        .arg("--config")
+        .arg(&path)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the broker neither failed nor exited within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!status.success(), "it started: {stderr}");
+    assert!(out.stdout.is_empty(), "no ready line expected: {stderr}");
+    stderr
+}
+
+/// A blocking frame client, over TCP or anything else that reads and
+/// writes (a TLS stream, `tests/tls.rs`).
+pub struct Client<S = TcpStream> {
+    pub stream: S,
     pub enc: RequestEncoder,
     next: u64,
 }
@@ -308,6 +358,13 @@ impl Client {
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
+        Client::over(stream)
+    }
+}
+
+impl<S: Read + Write> Client<S> {
+    /// A client on an established stream.
+    pub fn over(stream: S) -> Client<S> {
         Client {
             stream,
             enc: RequestEncoder::new(),

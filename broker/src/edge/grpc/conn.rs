@@ -15,9 +15,10 @@
 //! - [`ConnInfo::is_open`] turns false when the connection is dropped, so
 //!   sessions bound to it can be reclaimed at once.
 //!
-//! With TLS in front of HTTP/2 (tonic's acceptor over this stream), the
-//! deadline covers the first bytes of the TLS handshake instead; a TLS edge
-//! should bound its own handshake as well.
+//! - With `[tls]`, each accepted connection's TLS handshake runs in a task
+//!   of its own, bounded by `tls.handshake_timeout`; [`Incoming`] yields the
+//!   connection once the handshake is done, so a slow handshake never holds
+//!   up accepting others. The preface deadline then starts.
 
 use std::io;
 use std::net::SocketAddr;
@@ -119,9 +120,28 @@ impl ConnInfo {
     }
 }
 
+/// What an [`EdgeIo`] reads and writes: TCP, or TLS over it.
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Transport {
+    fn pin(&mut self) -> Pin<&mut (dyn AsyncReadWrite + '_)> {
+        match self {
+            Transport::Plain(s) => Pin::new(s),
+            Transport::Tls(s) => Pin::new(&mut **s),
+        }
+    }
+}
+
+/// Both directions of a transport, as one trait object.
+trait AsyncReadWrite: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncReadWrite for T {}
+
 /// An accepted connection with its identity and handshake deadline.
 pub struct EdgeIo {
-    io: TcpStream,
+    io: Transport,
     info: ConnInfo,
     /// Bytes of the client preface still to come, with the deadline for
     /// them; `None` once the preface is in.
@@ -130,7 +150,12 @@ pub struct EdgeIo {
 
 impl EdgeIo {
     fn new(io: TcpStream, handshake_timeout: Duration) -> Self {
-        let info = ConnInfo::new(io.peer_addr().ok());
+        let remote = io.peer_addr().ok();
+        Self::over(Transport::Plain(io), remote, handshake_timeout)
+    }
+
+    fn over(io: Transport, remote: Option<SocketAddr>, handshake_timeout: Duration) -> Self {
+        let info = ConnInfo::new(remote);
         Self {
             io,
             info,
@@ -180,7 +205,7 @@ impl AsyncRead for EdgeIo {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         let before = buf.filled().len();
-        match Pin::new(&mut this.io).poll_read(cx, buf) {
+        match this.io.pin().poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if let Some((left, _)) = &mut this.handshake {
                     *left = left.saturating_sub(buf.filled().len() - before);
@@ -208,15 +233,15 @@ impl AsyncWrite for EdgeIo {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.check_deadline(cx)?;
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        self.io.pin().poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        self.io.pin().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        self.io.pin().poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -225,11 +250,14 @@ impl AsyncWrite for EdgeIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.check_deadline(cx)?;
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        self.io.pin().poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        match &self.io {
+            Transport::Plain(s) => s.is_write_vectored(),
+            Transport::Tls(s) => s.is_write_vectored(),
+        }
     }
 }
 
@@ -242,6 +270,15 @@ pub struct Incoming {
     handshake_timeout: Duration,
     rebinds: Option<futures_channel::mpsc::UnboundedReceiver<std::net::TcpListener>>,
     old: Option<(TcpIncoming, Pin<Box<tokio::time::Sleep>>)>,
+    /// `[tls]`: the handshakes' settings, and the connections whose
+    /// handshake tasks finished.
+    tls: Option<Tls>,
+}
+
+struct Tls {
+    server: Arc<crate::tls::ServerTls>,
+    done_tx: tokio::sync::mpsc::UnboundedSender<EdgeIo>,
+    done_rx: tokio::sync::mpsc::UnboundedReceiver<EdgeIo>,
 }
 
 impl Incoming {
@@ -249,13 +286,67 @@ impl Incoming {
         inner: TcpIncoming,
         handshake_timeout: Duration,
         rebinds: Option<futures_channel::mpsc::UnboundedReceiver<std::net::TcpListener>>,
+        tls: Option<Arc<crate::tls::ServerTls>>,
     ) -> Self {
         Self {
             inner,
             handshake_timeout,
             rebinds,
             old: None,
+            tls: tls.map(|server| {
+                let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
+                Tls {
+                    server,
+                    done_tx,
+                    done_rx,
+                }
+            }),
         }
+    }
+
+    /// Polls the listener (and a lingering old one) for a TCP connection.
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<TcpStream>>> {
+        if let Some((old, until)) = self.old.as_mut() {
+            if until.as_mut().poll(cx).is_ready() {
+                self.old = None;
+            } else if let Poll::Ready(Some(r)) = Pin::new(old).poll_next(cx) {
+                return Poll::Ready(Some(r));
+            }
+        }
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+
+    /// Runs `tcp`'s TLS handshake in a task of its own; the connection
+    /// comes back through `done_rx`.
+    fn spawn_handshake(&self, tls: &Tls, tcp: TcpStream) {
+        use crate::tls::Edge;
+        let server = tls.server.clone();
+        let done = tls.done_tx.clone();
+        let preface_timeout = self.handshake_timeout;
+        tokio::spawn(async move {
+            let remote = tcp.peer_addr().ok();
+            let timeout = server.handshake_timeout();
+            let acceptor = tokio_rustls::TlsAcceptor::from(server.config(Edge::Grpc));
+            match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => {
+                    let io = EdgeIo::over(Transport::Tls(Box::new(s)), remote, preface_timeout);
+                    // Refused only once the edge stopped accepting.
+                    let _ = done.send(io);
+                }
+                Ok(Err(e)) => {
+                    server.handshake_failed(Edge::Grpc);
+                    tracing::debug!(?remote, error = %e, "gRPC edge: TLS handshake failed");
+                }
+                Err(_) => {
+                    server.handshake_failed(Edge::Grpc);
+                    tracing::debug!(
+                        ?remote,
+                        ?timeout,
+                        "gRPC edge: TLS handshake not finished within tls.handshake_timeout"
+                    );
+                }
+            }
+        });
     }
 
     /// Takes a listener a reload handed over, if any (on the edge's runtime,
@@ -294,15 +385,39 @@ impl Stream for Incoming {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let timeout = self.handshake_timeout;
         self.take_rebind(cx);
-        if let Some((old, until)) = self.old.as_mut() {
-            if until.as_mut().poll(cx).is_ready() {
-                self.old = None;
-            } else if let Poll::Ready(Some(r)) = Pin::new(old).poll_next(cx) {
-                return Poll::Ready(Some(r.map(|io| EdgeIo::new(io, timeout))));
+        let Some(tls) = self.tls.take() else {
+            let next = ready!(self.poll_accept(cx));
+            return Poll::Ready(next.map(|r| r.map(|io| EdgeIo::new(io, timeout))));
+        };
+        // Start the handshake of every connection waiting, then hand out
+        // one whose handshake is done.
+        let mut ended = false;
+        let mut failed = None;
+        loop {
+            match self.poll_accept(cx) {
+                Poll::Ready(Some(Ok(tcp))) => self.spawn_handshake(&tls, tcp),
+                Poll::Ready(Some(Err(e))) => {
+                    failed = Some(e);
+                    break;
+                }
+                Poll::Ready(None) => {
+                    ended = true;
+                    break;
+                }
+                Poll::Pending => break,
             }
         }
-        let next = ready!(Pin::new(&mut self.inner).poll_next(cx));
-        Poll::Ready(next.map(|r| r.map(|io| EdgeIo::new(io, timeout))))
+        let mut tls = tls;
+        let ready = tls.done_rx.poll_recv(cx);
+        self.tls = Some(tls);
+        if let Some(e) = failed {
+            return Poll::Ready(Some(Err(e)));
+        }
+        match ready {
+            Poll::Ready(Some(io)) => Poll::Ready(Some(Ok(io))),
+            _ if ended => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
     }
 }
 

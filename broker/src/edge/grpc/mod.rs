@@ -123,6 +123,7 @@ pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<Edg
             tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)),
             cfg.handshake_timeout,
             Some(rebinds),
+            shared.tls.clone(),
         )
     };
 

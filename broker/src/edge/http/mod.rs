@@ -199,11 +199,51 @@ impl Drop for ConnGuard {
     }
 }
 
+/// One accepted connection, from its TLS handshake (with `[tls]`) to its
+/// close. It counts against `max_connections_per_shard` from the accept on.
 async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
     edge.connections.set(edge.connections.get() + 1);
     let _guard = ConnGuard(edge.clone());
-    let io = rt::uring_io(stream);
-    let send_clock = io.send_clock();
+    let Some(tls) = edge.ctx.shared.tls.clone() else {
+        let io = rt::uring_io(stream);
+        let send_clock = io.send_clock();
+        return serve_connection(&edge, io, send_clock, peer).await;
+    };
+    use crate::tls::Edge;
+    let timeout = tls.handshake_timeout();
+    let handshake = crate::tls::uring::accept(stream, tls.config(Edge::Http));
+    let done = monoio::select! {
+        r = monoio::time::timeout(timeout, handshake) => Some(r),
+        _ = edge.draining.wait() => None,
+    };
+    match done {
+        Some(Ok(Ok((rd, wr, _)))) => {
+            let io = rt::halves_io(rd, wr);
+            let send_clock = io.send_clock();
+            serve_connection(&edge, io, send_clock, peer).await;
+        }
+        Some(Ok(Err(e))) => {
+            tls.handshake_failed(Edge::Http);
+            tracing::debug!(%peer, error = %e, "HTTP edge: TLS handshake failed");
+        }
+        Some(Err(_)) => {
+            tls.handshake_failed(Edge::Http);
+            tracing::debug!(%peer, ?timeout, "HTTP edge: TLS handshake not finished within tls.handshake_timeout");
+        }
+        None => {}
+    }
+}
+
+/// Serves HTTP/1.1 on one connection until it ends, the drain closes it,
+/// or the peer stops reading.
+async fn serve_connection<I>(
+    edge: &Rc<HttpEdge>,
+    io: I,
+    send_clock: Rc<Cell<Option<Instant>>>,
+    peer: SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+{
     let svc_edge = edge.clone();
     let service = hyper::service::service_fn(move |req| {
         let edge = svc_edge.clone();

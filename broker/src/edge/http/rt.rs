@@ -100,22 +100,23 @@ const READ_CAPACITY: usize = 16 * 1024;
 /// waiting for hyper's flush (and holds hyper back while a send is out).
 const WRITE_HIGH_WATER: usize = 64 * 1024;
 
-type ReadOp = (BufResult<usize, Vec<u8>>, OwnedReadHalf<TcpStream>);
-type WriteOp = (BufResult<usize, Vec<u8>>, OwnedWriteHalf<TcpStream>);
+type ReadOp<RH> = (BufResult<usize, Vec<u8>>, RH);
+type WriteOp<WH> = (BufResult<usize, Vec<u8>>, WH);
 
 /// One `recv` into an owned buffer; the half comes back with the result.
-async fn recv(mut half: OwnedReadHalf<TcpStream>, buf: Vec<u8>) -> ReadOp {
+async fn recv<RH: AsyncReadRent>(mut half: RH, buf: Vec<u8>) -> ReadOp<RH> {
     let r = half.read(buf).await;
     (r, half)
 }
 
 /// Sends all of an owned buffer (a short send is continued, not reported).
-async fn send(mut half: OwnedWriteHalf<TcpStream>, buf: Vec<u8>) -> WriteOp {
+async fn send<WH: AsyncWriteRent>(mut half: WH, buf: Vec<u8>) -> WriteOp<WH> {
     let r = half.write_all(buf).await;
     (r, half)
 }
 
-/// A TCP stream as hyper's I/O, over owned-buffer completion ops.
+/// A TCP stream (or a TLS stream over one, [`crate::tls::uring`]) as
+/// hyper's I/O, over owned-buffer completion ops.
 ///
 /// Each direction owns its stream half and its buffer while idle and lends
 /// both to its op while one is out; the op future lives in a slot boxed
@@ -131,22 +132,22 @@ async fn send(mut half: OwnedWriteHalf<TcpStream>, buf: Vec<u8>) -> WriteOp {
 /// message) or past [`WRITE_HIGH_WATER`]. A send that fails surfaces on the
 /// next write, flush or shutdown, which is as soon as hyper can learn of it
 /// from any buffered writer.
-pub struct UringIo<R, W> {
-    rd: Option<OwnedReadHalf<TcpStream>>,
+pub struct UringIo<RH, WH, R, W> {
+    rd: Option<RH>,
     /// Received bytes; `rd_pos..` not yet handed to hyper. `None` while a
     /// `recv` owns it.
     rd_buf: Option<Vec<u8>>,
     rd_pos: usize,
     rd_op: Pin<Box<Option<R>>>,
-    make_recv: fn(OwnedReadHalf<TcpStream>, Vec<u8>) -> R,
+    make_recv: fn(RH, Vec<u8>) -> R,
 
-    wr: Option<OwnedWriteHalf<TcpStream>>,
+    wr: Option<WH>,
     /// Bytes hyper wrote that no send carries yet.
     wr_pending: Vec<u8>,
     /// The buffer of the last finished send, cleared, for the next one.
     wr_spare: Option<Vec<u8>>,
     wr_op: Pin<Box<Option<W>>>,
-    make_send: fn(OwnedWriteHalf<TcpStream>, Vec<u8>) -> W,
+    make_send: fn(WH, Vec<u8>) -> W,
     /// A failed send, for the next write, flush or shutdown to report.
     wr_error: Option<io::Error>,
     /// When the send in flight began (`None`: none is): the connection's
@@ -154,11 +155,25 @@ pub struct UringIo<R, W> {
     send_started: Rc<Cell<Option<Instant>>>,
 }
 
+/// hyper's I/O over a plaintext TCP stream.
+pub type TcpIo<R, W> = UringIo<OwnedReadHalf<TcpStream>, OwnedWriteHalf<TcpStream>, R, W>;
+
 /// hyper's I/O over `stream`.
 pub fn uring_io(
     stream: TcpStream,
-) -> UringIo<impl Future<Output = ReadOp>, impl Future<Output = WriteOp>> {
+) -> TcpIo<
+    impl Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
+    impl Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
+> {
     let (rd, wr) = stream.into_split();
+    halves_io(rd, wr)
+}
+
+/// hyper's I/O over a stream's two halves (a TLS stream's, say).
+pub fn halves_io<RH: AsyncReadRent, WH: AsyncWriteRent>(
+    rd: RH,
+    wr: WH,
+) -> UringIo<RH, WH, impl Future<Output = ReadOp<RH>>, impl Future<Output = WriteOp<WH>>> {
     UringIo {
         rd: Some(rd),
         rd_buf: Some(Vec::with_capacity(READ_CAPACITY)),
@@ -175,10 +190,10 @@ pub fn uring_io(
     }
 }
 
-impl<R, W> UringIo<R, W>
+impl<RH, WH: AsyncWriteRent, R, W> UringIo<RH, WH, R, W>
 where
-    R: Future<Output = ReadOp>,
-    W: Future<Output = WriteOp>,
+    R: Future<Output = ReadOp<RH>>,
+    W: Future<Output = WriteOp<WH>>,
 {
     /// Polls the send in flight, if any; `Ready` once none is.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -257,10 +272,10 @@ where
     }
 }
 
-impl<R, W> hyper::rt::Read for UringIo<R, W>
+impl<RH: Unpin, WH: AsyncWriteRent + Unpin, R, W> hyper::rt::Read for UringIo<RH, WH, R, W>
 where
-    R: Future<Output = ReadOp>,
-    W: Future<Output = WriteOp>,
+    R: Future<Output = ReadOp<RH>>,
+    W: Future<Output = WriteOp<WH>>,
 {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -302,10 +317,10 @@ where
     }
 }
 
-impl<R, W> hyper::rt::Write for UringIo<R, W>
+impl<RH: Unpin, WH: AsyncWriteRent + Unpin, R, W> hyper::rt::Write for UringIo<RH, WH, R, W>
 where
-    R: Future<Output = ReadOp>,
-    W: Future<Output = WriteOp>,
+    R: Future<Output = ReadOp<RH>>,
+    W: Future<Output = WriteOp<WH>>,
 {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -338,7 +353,11 @@ where
         std::task::ready!(this.poll_flush_all(cx))?;
         let half = this.wr.as_mut().expect("no send in flight after a flush");
         // monoio shuts a TCP stream down with a plain syscall: the future
-        // is ready at its first poll.
+        // is ready at its first poll. A TLS half first sends close_notify;
+        // should that send not finish at once, the future is dropped (the
+        // send cancelled) and the next poll shuts down without it: HTTP
+        // messages carry their own lengths, so a missing close_notify
+        // truncates nothing.
         let shutdown = std::pin::pin!(half.shutdown());
         shutdown.poll(cx)
     }
@@ -361,7 +380,10 @@ mod tests {
 
     /// Our end on the runtime, the peer's a blocking std socket.
     async fn pair() -> (
-        UringIo<impl Future<Output = ReadOp>, impl Future<Output = WriteOp>>,
+        TcpIo<
+            impl Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
+            impl Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
+        >,
         std::net::TcpStream,
     ) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -373,10 +395,10 @@ mod tests {
     }
 
     /// One hyper read with room for `room` bytes.
-    async fn read<R, W>(io: &mut UringIo<R, W>, room: usize) -> io::Result<Vec<u8>>
+    async fn read<R, W>(io: &mut TcpIo<R, W>, room: usize) -> io::Result<Vec<u8>>
     where
-        R: Future<Output = ReadOp>,
-        W: Future<Output = WriteOp>,
+        R: Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
+        W: Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
     {
         let mut storage = vec![MaybeUninit::<u8>::uninit(); room];
         let mut rb = hyper::rt::ReadBuf::uninit(&mut storage);
@@ -384,19 +406,19 @@ mod tests {
         Ok(rb.filled().to_vec())
     }
 
-    async fn write_vectored<R, W>(io: &mut UringIo<R, W>, bufs: &[&[u8]]) -> io::Result<usize>
+    async fn write_vectored<R, W>(io: &mut TcpIo<R, W>, bufs: &[&[u8]]) -> io::Result<usize>
     where
-        R: Future<Output = ReadOp>,
-        W: Future<Output = WriteOp>,
+        R: Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
+        W: Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
     {
         let slices: Vec<io::IoSlice<'_>> = bufs.iter().map(|b| io::IoSlice::new(b)).collect();
         std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write_vectored(cx, &slices)).await
     }
 
-    async fn flush<R, W>(io: &mut UringIo<R, W>) -> io::Result<()>
+    async fn flush<R, W>(io: &mut TcpIo<R, W>) -> io::Result<()>
     where
-        R: Future<Output = ReadOp>,
-        W: Future<Output = WriteOp>,
+        R: Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
+        W: Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
     {
         std::future::poll_fn(|cx| Pin::new(&mut *io).poll_flush(cx)).await
     }

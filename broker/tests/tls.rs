@@ -1,0 +1,555 @@
+//! `[tls]`: the frame, gRPC and MCP HTTP edges over TLS, against the real
+//! binary, with stock clients where they exist: the Python `mcp` SDK over
+//! `https://`, grpcio with TLS credentials, `openssl s_client`; the frame
+//! edge with a rustls client.
+//!
+//! Certificates are made for each test by `scripts/dev-certs` (a throwaway
+//! CA, a `localhost` server certificate and a client certificate); nothing
+//! is checked in.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Broker;
+use mcp_schema::fb::protocol::ProtocolVersion;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A test's directory, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(test: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!("mcp-tls-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A CA, a server and a client certificate in `dir` (`scripts/dev-certs`).
+fn dev_certs(dir: &Path) {
+    let ok = Command::new("bash")
+        .arg(repo().join("scripts/dev-certs"))
+        .arg(dir)
+        .status()
+        .expect("bash")
+        .success();
+    assert!(ok, "scripts/dev-certs {} failed", dir.display());
+}
+
+/// The embedded default with a `[tls]` table on `certs`' server files and
+/// `extra` lines in it.
+fn tls_toml(certs: &Path, extra: &str) -> String {
+    format!(
+        "{}\n[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n{extra}\n",
+        mcp_broker::config::DEFAULT_TOML,
+        certs.join("server.pem").display(),
+        certs.join("server.key").display(),
+    )
+}
+
+/// rustls client settings trusting `ca`, with a client certificate from
+/// `client` (`client.pem`/`client.key` in that directory) when given.
+fn client_config(ca: &Path, client: Option<&Path>, alpn: &[&[u8]]) -> Arc<ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+    let mut cfg = match client {
+        None => builder.with_no_client_auth(),
+        Some(dir) => {
+            let chain: Vec<_> = CertificateDer::pem_file_iter(dir.join("client.pem"))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let key = PrivateKeyDer::from_pem_file(dir.join("client.key")).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+    };
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(cfg)
+}
+
+/// `cfg` offering `alpn`.
+fn with_alpn(cfg: &Arc<ClientConfig>, alpn: &[u8]) -> Arc<ClientConfig> {
+    let mut c = (**cfg).clone();
+    c.alpn_protocols = vec![alpn.to_vec()];
+    Arc::new(c)
+}
+
+type Tls = StreamOwned<ClientConnection, TcpStream>;
+
+/// A TLS connection to `addr` for `localhost`, its handshake done.
+fn tls_connect(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> std::io::Result<Tls> {
+    let mut tcp = TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut conn = ClientConnection::new(cfg.clone(), name).map_err(std::io::Error::other)?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)?;
+    }
+    Ok(StreamOwned::new(conn, tcp))
+}
+
+/// A frame client over TLS.
+fn frames_client(
+    addr: SocketAddr,
+    cfg: &Arc<ClientConfig>,
+) -> std::io::Result<common::Client<Tls>> {
+    tls_connect(addr, cfg).map(common::Client::over)
+}
+
+/// `echo_text` over a TLS frame connection: its answer, or the I/O error
+/// (a refused client certificate shows on the first read in TLS 1.3).
+fn frames_echo(c: &mut common::Client<Tls>, text: &str) -> Result<String, String> {
+    let (_, f) = c.tool_call_frame("echo_text", &[("text", &format!("\"{text}\""))], None);
+    c.stream.write_all(&f).map_err(|e| e.to_string())?;
+    c.stream.flush().map_err(|e| e.to_string())?;
+    let mut len = [0u8; 4];
+    c.stream.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let mut frame = len.to_vec();
+    frame.resize(4 + u32::from_le_bytes(len) as usize, 0);
+    c.stream
+        .read_exact(&mut frame[4..])
+        .map_err(|e| e.to_string())?;
+    Ok(common::tool_text(&frame))
+}
+
+/// An HTTP/1.1 POST of an MCP `initialize` over TLS: the status line.
+fn https_initialize(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> Result<String, String> {
+    let mut s = tls_connect(addr, cfg).map_err(|e| e.to_string())?;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    match s.read_to_end(&mut out) {
+        Ok(_) => {}
+        // The broker closes without close_notify after a response with
+        // `Connection: close` only on error paths; take what came.
+        Err(e) if !out.is_empty() => eprintln!("read after the answer: {e}"),
+        Err(e) => return Err(e.to_string()),
+    }
+    let text = String::from_utf8_lossy(&out);
+    Ok(text.lines().next().unwrap_or("").to_string())
+}
+
+/// `openssl s_client` against `addr` with `args`: (handshake done, output).
+fn s_client(addr: SocketAddr, ca: &Path, args: &[&str]) -> (bool, String) {
+    let mut child = Command::new("openssl")
+        .arg("s_client")
+        .arg("-connect")
+        .arg(addr.to_string())
+        .arg("-servername")
+        .arg("localhost")
+        .arg("-CAfile")
+        .arg(ca)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl (scripts/setup installs it)");
+    // Closing stdin ends the session once the handshake is over.
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = text.contains("Verify return code: 0 (ok)")
+        && !text.contains("Cipher is (NONE)")
+        && !text.contains("alert");
+    (done, text)
+}
+
+fn line_with<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines().find(|l| l.contains(needle)).unwrap_or("")
+}
+
+#[test]
+fn openssl_s_client_sees_tls_1_3_and_1_2_only_with_aead_suites_on_every_edge() {
+    let dir = Dir::new("versions");
+    dev_certs(&dir.0);
+    let b = Broker::start_with_config(&tls_toml(&dir.0, ""), &[]);
+    let ca = dir.path("ca.pem");
+    for (edge, addr, alpn) in [
+        ("frames", b.frames, None),
+        ("grpc", b.grpc, Some("h2")),
+        ("http", b.http, Some("http/1.1")),
+    ] {
+        let with_alpn = |args: &[&str]| {
+            let mut v: Vec<&str> = args.to_vec();
+            if let Some(a) = alpn {
+                v.extend(["-alpn", a]);
+            }
+            s_client(addr, &ca, &v)
+        };
+        let (ok, out) = with_alpn(&["-tls1_3"]);
+        assert!(ok, "{edge}: TLS 1.3 refused:\n{out}");
+        assert!(
+            line_with(&out, "Cipher is").contains("TLSv1.3"),
+            "{edge}: {out}"
+        );
+        if let Some(a) = alpn {
+            assert!(
+                line_with(&out, "ALPN protocol").contains(a),
+                "{edge}: ALPN {a}:\n{out}"
+            );
+        }
+        let (ok, out) = with_alpn(&["-tls1_2"]);
+        assert!(ok, "{edge}: TLS 1.2 refused:\n{out}");
+        let cipher = line_with(&out, "Cipher is");
+        assert!(
+            cipher.contains("TLSv1.2") && cipher.contains("ECDHE") && cipher.contains("GCM"),
+            "{edge}: TLS 1.2 with a forward-secret AEAD suite: {cipher}"
+        );
+        // Refused: TLS 1.1 and 1.0 (the client is told to offer them at
+        // its lowest security level, so that the refusal is the broker's),
+        // and TLS 1.2 with only CBC suites.
+        for old in ["-tls1_1", "-tls1"] {
+            let (ok, out) = with_alpn(&[old, "-cipher", "DEFAULT@SECLEVEL=0"]);
+            assert!(!ok, "{edge}: {old} accepted:\n{out}");
+            assert!(
+                out.contains("alert protocol version") || out.contains("alert handshake failure"),
+                "{edge}: {old} refused by an alert:\n{out}"
+            );
+        }
+        let (ok, out) = with_alpn(&["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-SHA"]);
+        assert!(!ok, "{edge}: a CBC suite accepted:\n{out}");
+    }
+    // Each refusal is counted for its edge (the plaintext admin endpoint).
+    assert!(b.metric_sum("mcp_tls_handshake_failures_total") >= 9.0);
+}
+
+/// Plaintext sent to a TLS port is refused and counted, and the edge goes
+/// on serving TLS clients.
+#[test]
+fn plaintext_to_a_tls_port_is_closed_and_counted() {
+    let dir = Dir::new("plaintext");
+    dev_certs(&dir.0);
+    let b = Broker::start_with_config(&tls_toml(&dir.0, ""), &[]);
+    let mut c = b.connect();
+    let (_, f) = c.tool_call_frame("echo_text", &[("text", "\"x\"")], None);
+    let _ = c.stream.write_all(&f);
+    assert!(c.read_frame().is_none(), "no frame answers plaintext");
+    let cfg = client_config(&dir.path("ca.pem"), None, &[]);
+    let mut t = frames_client(b.frames, &cfg).unwrap();
+    assert_eq!(frames_echo(&mut t, "after").unwrap(), "after");
+    let failures = |b: &Broker| {
+        b.http_get("/metrics")
+            .1
+            .lines()
+            .find(|l| l.starts_with("mcp_tls_handshake_failures_total{edge=\"frames\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        failures(&b) >= 1.0
+    }));
+}
+
+/// Stock clients over TLS with bearer tokens: the Python `mcp` SDK over
+/// `https://`, grpcio with TLS credentials, and a frame client that sends
+/// its token in `InitializeRequest`.
+#[test]
+fn stock_clients_call_tools_over_tls_with_a_bearer_token() {
+    const ISSUER: &str = "https://issuer.test";
+    const AUDIENCE: &str = "https://localhost/mcp";
+    let dir = Dir::new("clients");
+    dev_certs(&dir.0);
+    let key = common::jwt::rsa_key(&dir.0, "issuer");
+    let jwks = serde_json::json!({"keys": [common::jwt::jwk("k1", &key)]});
+    std::fs::write(dir.path("jwks.json"), jwks.to_string()).unwrap();
+    let toml = format!(
+        "{}\n[auth]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_file = \"{}\"\n",
+        tls_toml(&dir.0, ""),
+        dir.path("jwks.json").display()
+    );
+    let b = Broker::start_with_config(&toml, &[]);
+    let now = common::jwt::now();
+    let claims = serde_json::json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": "alice",
+        "exp": now + 300, "nbf": now - 10, "iat": now,
+    });
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    header.kid = Some("k1".into());
+    let token = jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_rsa_pem(&key.private_pem).unwrap(),
+    )
+    .unwrap();
+    let ca = dir.path("ca.pem");
+
+    // Frames: the token in InitializeRequest, over TLS.
+    let cfg = client_config(&ca, None, &[]);
+    let mut c = frames_client(b.frames, &cfg).unwrap();
+    let r = c.request(None, |e, h| {
+        e.initialize_with_token(h, ProtocolVersion::V2025_06_18, "t", "1", Some(&token))
+            .to_vec()
+    });
+    assert_eq!(common::error_code(&r), None, "initialize with a token");
+    assert_eq!(frames_echo(&mut c, "framed").unwrap(), "framed");
+
+    // The Python SDK 1.x over https://.
+    let python = repo().join(".tools/mcp1/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup",
+        python.display()
+    );
+    let url = format!("https://localhost:{}/mcp", b.http.port());
+    let out = Command::new(&python)
+        .arg(repo().join("broker/tests/clients/tls_client.py"))
+        .arg(&url)
+        .arg(&ca)
+        .arg(&token)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("tls client: ok"),
+        "python SDK over https:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // grpcio with TLS credentials and the token as metadata.
+    let gen_dir = dir.path("grpc-gen");
+    std::fs::create_dir_all(&gen_dir).unwrap();
+    let out = Command::new("python3")
+        .arg(repo().join("broker/tests/python/grpc_tls.py"))
+        .arg(b.grpc.to_string())
+        .arg(repo().join("proto"))
+        .arg(&gen_dir)
+        .arg(&ca)
+        .arg(&token)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 (scripts/setup installs grpcio and grpcio-tools)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("grpc tls: ok"),
+        "grpcio over TLS:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn mutual_tls_refuses_a_client_without_a_certificate_from_the_ca() {
+    let dir = Dir::new("mtls");
+    dev_certs(&dir.0);
+    // Another CA's client certificate: signed, but not by the CA the broker
+    // trusts.
+    let other = dir.path("other");
+    dev_certs(&other);
+    let toml = tls_toml(
+        &dir.0,
+        &format!("client_ca_file = \"{}\"", dir.path("ca.pem").display()),
+    );
+    let b = Broker::start_with_config(&toml, &[]);
+    let ca = dir.path("ca.pem");
+
+    let with_cert = client_config(&ca, Some(&dir.0), &[]);
+    let mut c = frames_client(b.frames, &with_cert).unwrap();
+    assert_eq!(frames_echo(&mut c, "mutual").unwrap(), "mutual");
+    let status = https_initialize(b.http, &with_alpn(&with_cert, b"http/1.1")).unwrap();
+    assert!(status.contains("200"), "{status}");
+
+    for (label, cfg) in [
+        ("no certificate", client_config(&ca, None, &[])),
+        (
+            "another CA's certificate",
+            client_config(&ca, Some(&other), &[]),
+        ),
+    ] {
+        // TLS 1.3: the client's handshake ends before the server has
+        // checked its certificate; the refusal is the first thing read.
+        let refused = match frames_client(b.frames, &cfg) {
+            Err(e) => e.to_string(),
+            Ok(mut c) => frames_echo(&mut c, "x").expect_err(label),
+        };
+        assert!(
+            refused.contains("CertificateRequired")
+                || refused.contains("BadCertificate")
+                || refused.contains("UnknownCA")
+                || refused.contains("DecryptError"),
+            "{label}: refused with a TLS alert, got {refused}"
+        );
+        let http = https_initialize(b.http, &cfg);
+        assert!(
+            http.as_ref().is_err() || http.as_ref().is_ok_and(|s| s.is_empty()),
+            "{label}: HTTP refused: {http:?}"
+        );
+        // gRPC: the HTTP/2 preface, then the refusal instead of SETTINGS.
+        let grpc = tls_connect(b.grpc, &with_alpn(&cfg, b"h2")).and_then(|mut s| {
+            s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")?;
+            s.flush()?;
+            let mut first = [0u8; 9];
+            s.read_exact(&mut first)
+        });
+        assert!(grpc.is_err(), "{label}: gRPC answered");
+    }
+}
+
+/// Certificates load again on a reload and on a file change; established
+/// connections keep theirs; files that cannot be used change nothing.
+#[test]
+fn certificates_reload_for_new_connections_while_established_ones_stay() {
+    let dir = Dir::new("reload");
+    let (a, b_certs, c_certs) = (dir.path("a"), dir.path("b"), dir.path("c"));
+    for d in [&a, &b_certs, &c_certs] {
+        dev_certs(d);
+    }
+    let live = dir.path("live");
+    std::fs::create_dir_all(&live).unwrap();
+    let install = |from: &Path| {
+        // Key first, then certificate, each by rename: what a certificate
+        // tool does; the watcher may see the pair half-replaced and must
+        // keep the old one until both match.
+        for f in ["server.key", "server.pem"] {
+            let tmp = live.join(format!("{f}.tmp"));
+            std::fs::copy(from.join(f), &tmp).unwrap();
+            std::fs::rename(&tmp, live.join(f)).unwrap();
+        }
+    };
+    install(&a);
+    let b = Broker::start_with_config(&tls_toml(&live, "watch_interval = \"1s\""), &[]);
+    let trusts = |ca: &Path| client_config(&ca.join("ca.pem"), None, &[]);
+
+    let mut kept = frames_client(b.frames, &trusts(&a)).unwrap();
+    assert_eq!(frames_echo(&mut kept, "before").unwrap(), "before");
+
+    // A reload with files that do not match is refused; A stays.
+    std::fs::copy(b_certs.join("server.key"), live.join("server.key")).unwrap();
+    let refused = common::http::Conn::connect(b.metrics).request("POST", "/admin/reload", &[], b"");
+    assert_eq!(refused.status, 422, "{}", refused.text());
+    assert!(
+        refused.text().contains("tls.cert_file"),
+        "{}",
+        refused.text()
+    );
+    assert!(
+        frames_client(b.frames, &trusts(&a)).is_ok(),
+        "A still served"
+    );
+
+    // B, by reload.
+    install(&b_certs);
+    let applied = common::http::Conn::connect(b.metrics).request("POST", "/admin/reload", &[], b"");
+    assert_eq!(applied.status, 200, "{}", applied.text());
+    let err = frames_client(b.frames, &trusts(&a))
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        // All dev CAs share a name: A's CA is tried and fails the signature.
+        err.as_deref()
+            .is_some_and(|e| e.contains("UnknownIssuer") || e.contains("BadSignature")),
+        "A's CA no longer verifies a new connection: {err:?}"
+    );
+    let mut fresh = frames_client(b.frames, &trusts(&b_certs)).unwrap();
+    assert_eq!(frames_echo(&mut fresh, "b").unwrap(), "b");
+    assert_eq!(
+        frames_echo(&mut kept, "still").unwrap(),
+        "still",
+        "the connection made under A goes on"
+    );
+
+    // C, by the file watcher alone.
+    install(&c_certs);
+    assert!(
+        common::http::eventually(Duration::from_secs(15), || {
+            frames_client(b.frames, &trusts(&c_certs)).is_ok()
+        }),
+        "the watcher loads C"
+    );
+    assert_eq!(frames_echo(&mut kept, "still").unwrap(), "still");
+    assert_eq!(frames_echo(&mut fresh, "b").unwrap(), "b");
+    let metrics = b.http_get("/metrics").1;
+    let applied = line_with(&metrics, "mcp_tls_reloads_total{result=\"applied\"}");
+    let n: f64 = applied.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 2.0, "{applied}");
+}
+
+#[test]
+fn a_bad_certificate_or_key_file_is_a_start_up_error_naming_it() {
+    let dir = Dir::new("bad");
+    dev_certs(&dir.0);
+    let other = dir.path("other");
+    dev_certs(&other);
+    std::fs::write(dir.path("garbage.pem"), "not a certificate\n").unwrap();
+    let with = |cert: &Path, key: &Path, extra: &str| {
+        format!(
+            "{}\n[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n{extra}\n",
+            mcp_broker::config::DEFAULT_TOML,
+            cert.display(),
+            key.display()
+        )
+    };
+    let (cert, key) = (dir.path("server.pem"), dir.path("server.key"));
+    let missing = dir.path("missing.pem");
+    for (toml, file, what) in [
+        (with(&missing, &key, ""), missing.clone(), "tls.cert_file"),
+        (with(&cert, &missing, ""), missing.clone(), "tls.key_file"),
+        (
+            with(&dir.path("garbage.pem"), &key, ""),
+            dir.path("garbage.pem"),
+            "tls.cert_file",
+        ),
+        // A certificate where the key should be.
+        (with(&cert, &cert, ""), cert.clone(), "tls.key_file"),
+        // Another certificate's key.
+        (
+            with(&cert, &other.join("server.key"), ""),
+            other.join("server.key"),
+            "tls.key_file",
+        ),
+        (
+            with(
+                &cert,
+                &key,
+                &format!("client_ca_file = \"{}\"", missing.display()),
+            ),
+            missing.clone(),
+            "tls.client_ca_file",
+        ),
+    ] {
+        let stderr = common::fails_to_start(&toml);
+        assert!(
+            stderr.contains(&file.display().to_string()) && stderr.contains(what),
+            "names {what} {}:\n{stderr}",
+            file.display()
+        );
+    }
+}
