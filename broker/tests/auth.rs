@@ -5,8 +5,9 @@
 //! `jsonwebtoken` crate, and the bad ones are built by hand where a signer
 //! would refuse to make them (`alg: none`, HS256 over the RSA public key).
 //! Every entry of the bad-token catalogue of `docs/security.md` gets its
-//! documented outcome on the HTTP and gRPC edges; the frame edge, which has
-//! no token field yet, refuses everything but initialize and ping.
+//! documented outcome on the HTTP, gRPC and frame edges (frames: the token in
+//! `InitializeRequest`; before a valid one only initialize and ping are
+//! answered). `mcp-loadgen --bearer-file` is checked on all three.
 
 mod common;
 
@@ -674,4 +675,85 @@ fn a_key_rotated_out_stops_its_tokens_even_once_verified() {
         let r = post(b, Some(&format!("Bearer {old}")), None, initialize_body());
         assert_eq!(r.status, 401, "a token of a removed key: {}", r.text());
     }
+}
+
+/// `mcp-loadgen --bearer-file` on every edge of a broker running `[auth]`:
+/// the HTTP `Authorization` header, the gRPC `authorization` metadata of
+/// every call, and the frame connections' `InitializeRequest` (sent and
+/// answered before the measured traffic). Without the token the frame and
+/// gRPC runs are all errors; a refused token fails a frame run up front.
+#[test]
+fn mcp_loadgen_sends_its_token_on_every_edge() {
+    // Built beside mcp-broker (`cargo test --workspace`, or
+    // `cargo build -p mcp-loadgen`), as broker/tests/loadgen_e2e.rs finds it.
+    let loadgen = PathBuf::from(env!("CARGO_BIN_EXE_mcp-broker")).with_file_name("mcp-loadgen");
+    assert!(
+        loadgen.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` (scripts/test) or \
+         `cargo build -p mcp-loadgen` first",
+        loadgen.display()
+    );
+    let f = Fixture::start("loadgen");
+    let good = f.dir.join("token");
+    std::fs::write(&good, format!("{}\n", f.token("alice", "mcp"))).unwrap();
+    let bad = f.dir.join("bad-token");
+    std::fs::write(&bad, "not-a-jwt\n").unwrap();
+    let run = |target: &str, bearer: Option<&PathBuf>, name: &str| {
+        let json = f.dir.join(format!("{name}.json"));
+        let mut c = Command::new(&loadgen);
+        c.args(["--target", target])
+            .args(["--tool", "echo_text", "--args", r#"{"text":"hi"}"#])
+            .args(["--connections", "2", "--duration", "1s"])
+            .args(["--timeout", "5s", "--drain", "2s", "-q", "--json"])
+            .arg(&json);
+        if let Some(p) = bearer {
+            c.arg("--bearer-file").arg(p);
+        }
+        let out = c.output().expect("run mcp-loadgen");
+        let report: Value = serde_json::from_slice(
+            &std::fs::read(&json).unwrap_or_else(|e| panic!("{name}: no JSON report: {e}")),
+        )
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status, report, stderr)
+    };
+    let b = &f.b;
+    let targets = [
+        ("frames", format!("frames://{}", b.frames)),
+        ("grpc", format!("grpc://{}", b.grpc)),
+        ("http", format!("http://{}/mcp", b.http)),
+    ];
+    for (name, target) in &targets {
+        let (status, r, stderr) = run(target, Some(&good), name);
+        assert!(status.success(), "{name}: {stderr}\n{r}");
+        assert_eq!(r["errors"], 0, "{name}: {r}");
+        let requests = r["requests"].as_u64().unwrap();
+        assert!(requests > 0, "{name}: {r}");
+        assert_eq!(r["ok"].as_u64(), Some(requests), "{name}: {r}");
+    }
+    // Without the token: every frame and gRPC request is refused (the run
+    // itself completes), and an HTTP session cannot even start.
+    for (name, target, kind) in [
+        ("frames", &targets[0].1, "error_response.unauthorized"),
+        ("grpc", &targets[1].1, "grpc_unauthenticated"),
+    ] {
+        let (status, r, stderr) = run(target, None, &format!("{name}-none"));
+        assert!(status.success(), "{name}: {stderr}\n{r}");
+        assert_eq!(r["ok"], 0, "{name} without a token: {r}");
+        let refused = r["errors_by_kind"][kind].as_u64().unwrap_or(0);
+        assert!(refused > 0, "{name} without a token: {r}");
+        assert_eq!(r["errors"].as_u64(), Some(refused), "{name}: {r}");
+    }
+    let (status, r, _) = run(&targets[2].1, None, "http-none");
+    assert!(!status.success(), "http without a token: {r}");
+    // A token the broker refuses: the frame run fails before it starts,
+    // naming the error.
+    let (status, r, stderr) = run(&targets[0].1, Some(&bad), "frames-bad");
+    assert!(!status.success(), "{r}");
+    let failure = r["failure"].as_str().unwrap_or_default();
+    for needle in ["initialize", "-32003", "unauthorized"] {
+        assert!(failure.contains(needle), "{needle:?} in {failure:?}");
+        assert!(stderr.contains(needle), "{needle:?} in {stderr}");
+    }
+    assert!(r["requests"].as_u64().unwrap_or(0) == 0, "{r}");
 }

@@ -135,9 +135,11 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: u32,
 
-    /// http:// and https:// only: send `Authorization: Bearer <token>` on every request,
-    /// the token read from this file (not a flag, so that it stays out of
-    /// process listings). For a broker running `[auth]`.
+    /// The bearer token for a broker running `[auth]`, read from this file
+    /// (not a flag, so that it stays out of process listings). http(s)://:
+    /// `Authorization: Bearer <token>` on every request; grpc(s)://:
+    /// `authorization` metadata on every call; frames(+tls)://: each
+    /// connection's initialize carries it (a refusal fails the run).
     #[arg(long)]
     pub bearer_file: Option<PathBuf>,
 
@@ -329,9 +331,6 @@ impl Args {
                         "--bearer-file {}: not one token of visible ASCII",
                         p.display()
                     );
-                }
-                if target.scheme != crate::target::Scheme::Http {
-                    anyhow::bail!("--bearer-file is for http:// and https:// targets only");
                 }
                 Some(t)
             }
@@ -538,19 +537,57 @@ mod tests {
     }
 
     #[test]
-    fn bearer_tokens_go_to_http_and_https_only() {
-        let p = std::env::temp_dir().join(format!("loadgen-cli-bearer-{}", std::process::id()));
-        std::fs::write(&p, "tok\n").unwrap();
-        let p = p.to_str().unwrap();
-        for t in ["http://127.0.0.1:7403/mcp", "https://127.0.0.1:7403/mcp"] {
-            let c = parse_for(t, &["--bearer-file", p]).unwrap();
-            assert_eq!(c.bearer.as_deref(), Some("tok"));
+    fn bearer_tokens_go_to_every_target_read_once_and_trimmed() {
+        let dir = std::env::temp_dir().join(format!("loadgen-cli-bearer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok");
+        std::fs::write(&ok, "  tok.en-1_x\n\n").unwrap();
+        let ok = ok.to_str().unwrap();
+        for t in [
+            "http://127.0.0.1:7403/mcp",
+            "https://127.0.0.1:7403/mcp",
+            "frames://127.0.0.1:7400",
+            "frames+tls://127.0.0.1:7400",
+            "grpc://127.0.0.1:7401",
+            "grpcs://127.0.0.1:7401",
+        ] {
+            let c = parse_for(t, &["--bearer-file", ok]).unwrap();
+            assert_eq!(c.bearer.as_deref(), Some("tok.en-1_x"), "{t}");
+            assert!(parse_for(t, &[]).unwrap().bearer.is_none(), "{t}");
         }
-        for t in ["frames+tls://127.0.0.1:7400", "grpcs://127.0.0.1:7401"] {
-            let e = parse_for(t, &["--bearer-file", p]).unwrap_err().to_string();
-            assert!(e.contains("http:// and https:// targets only"), "{e}");
+        // Not one token of visible ASCII, or no file: refused for every
+        // scheme, before anything connects.
+        for (content, what) in [
+            ("", "empty"),
+            ("  \n", "blank"),
+            ("two tokens", "a space inside"),
+            ("tok\u{e9}", "non-ASCII"),
+            ("a\tb", "a tab inside"),
+        ] {
+            let p = dir.join("bad");
+            std::fs::write(&p, content).unwrap();
+            for t in [
+                "frames://127.0.0.1:7400",
+                "grpc://127.0.0.1:7401",
+                "http://127.0.0.1:7403/mcp",
+            ] {
+                let e = parse_for(t, &["--bearer-file", p.to_str().unwrap()])
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    e.contains("not one token of visible ASCII"),
+                    "{t} {what}: {e}"
+                );
+            }
         }
-        let _ = std::fs::remove_file(p);
+        let e = parse_for(
+            "grpc://127.0.0.1:7401",
+            &["--bearer-file", "/nonexistent/tok"],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--bearer-file /nonexistent/tok"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -102,7 +102,9 @@ pub struct RunConfig {
     pub spin: Duration,
     pub max_frame: u32,
     pub seed: u64,
-    /// http://: the bearer token sent on every request (`--bearer-file`).
+    /// `--bearer-file`'s token (trimmed): HTTP `Authorization` on every
+    /// request, gRPC `authorization` metadata on every call, the frame
+    /// connections' `InitializeRequest`.
     pub bearer: Option<String>,
     /// TLS targets: the run's one client configuration.
     pub tls: Option<Arc<crate::tls::TlsClient>>,

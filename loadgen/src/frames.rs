@@ -18,15 +18,24 @@
 //!   (cancelling loses whatever the kernel already put in the buffer).
 //! - Reads go into the buffer's spare capacity (`slice_mut(len..)`): a
 //!   partial frame at the front is kept until the rest arrives.
+//! - With `--bearer-file`, a connection's first frame is an
+//!   `InitializeRequest` carrying the token, and its answer is awaited in
+//!   `connect` (connection setup, before the start line, like the TLS
+//!   handshake): no measured request is sent on a connection the server has
+//!   not accepted, and a refusal fails the run before it starts. Bytes read
+//!   past that answer are kept for the reader.
 
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use mcp_schema::FrameSplitter;
-use mcp_schema::client::{RequestHeader, ResponseView};
+use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
+use mcp_schema::fb::protocol::{ProtocolVersion, ResponsePayload};
 use monoio::buf::IoBufMut;
 
 use crate::engine::{ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
@@ -36,28 +45,53 @@ use crate::tls::{Conn, Connector, ReadHalf, WriteHalf};
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
 
-#[derive(Clone, Debug, Default)]
+/// Correlation id of the `InitializeRequest` a connection sends first with
+/// `--bearer-file`: not of the `l<conn>.<seq>` form, so never a measured
+/// request's.
+const INIT_ID: &str = "init";
+
+#[derive(Clone, Debug)]
 pub struct FramesDriver {
     /// TCP, and TLS for `frames+tls://` (the handshake is part of
     /// `connect`).
     pub connector: Connector,
+    /// `--bearer-file`: sent in each connection's `InitializeRequest`
+    /// during `connect`.
+    pub bearer: Option<Arc<str>>,
+    /// Largest response frame accepted (`--max-frame`).
+    pub max_frame: u32,
+}
+
+/// A connected frame connection: its halves, and what was read past the
+/// answer to its initialize (empty without `--bearer-file`).
+pub struct FramesConn {
+    conn: Conn,
+    buf: BytesMut,
 }
 
 impl Driver for FramesDriver {
     type Rt = crate::rt::Monoio;
-    type Conn = Conn;
+    type Conn = FramesConn;
 
-    async fn connect(&self, addr: SocketAddr) -> io::Result<Conn> {
-        self.connector.connect(addr).await
+    async fn connect(&self, addr: SocketAddr) -> io::Result<FramesConn> {
+        let mut conn = self.connector.connect(addr).await?;
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        if let Some(token) = &self.bearer {
+            initialize(&mut conn, token, self.max_frame, &mut buf).await?;
+        }
+        Ok(FramesConn { conn, buf })
     }
 
-    async fn drive(&self, conn: Conn, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
-        let Conn { r, mut w } = conn;
+    async fn drive(&self, conn: FramesConn, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
+        let FramesConn {
+            conn: Conn { r, mut w },
+            buf,
+        } = conn;
         let reader = {
             let (ctx, cc) = (Rc::clone(&ctx), Rc::clone(&cc));
             monoio::spawn(async move {
                 let mut r = r;
-                if let Err(msg) = read_loop(&ctx, &cc, &mut r).await {
+                if let Err(msg) = read_loop(&ctx, &cc, &mut r, buf).await {
                     ctx.conn_failed(&cc, msg);
                 }
             })
@@ -125,6 +159,102 @@ impl CorrIds {
     }
 }
 
+/// Sends the connection's `InitializeRequest` with `token` and waits for
+/// its answer: an `InitializeResponse` lets the run go on; an
+/// `ErrorResponse` (a refused token) is an error naming its code and text.
+/// Frames before the answer that are not it (notifications) are skipped;
+/// bytes after it stay in `buf` for the reader.
+async fn initialize(
+    conn: &mut Conn,
+    token: &str,
+    max_frame: u32,
+    buf: &mut BytesMut,
+) -> io::Result<()> {
+    let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let frame = {
+        let mut enc = RequestEncoder::new();
+        let h = RequestHeader {
+            message_id: init_message_id(),
+            correlation_id: Some(INIT_ID),
+            session_id: None,
+            timeout_ms: 0,
+            unix_nanos: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64),
+        };
+        enc.initialize_with_token(
+            &h,
+            ProtocolVersion::V2025_06_18,
+            "mcp-loadgen",
+            env!("CARGO_PKG_VERSION"),
+            Some(token),
+        )
+        .to_vec()
+    };
+    let (res, _) = conn.w.write_all(frame).await;
+    res?;
+    let splitter = FrameSplitter::new(max_frame);
+    loop {
+        while let Some(len) = splitter
+            .peek_len(buf)
+            .map_err(|e| bad(format!("bad answer to initialize: {e}")))?
+        {
+            let total = mcp_schema::split::PREFIX_LEN + len as usize;
+            if buf.len() < total {
+                break;
+            }
+            let frame = buf.split_to(total);
+            let v = ResponseView::parse(&frame)
+                .map_err(|e| bad(format!("invalid frame in answer to initialize: {e}")))?;
+            if !v.is_final() || v.correlation_id() != INIT_ID {
+                continue;
+            }
+            if let Some((code, text)) = v.error() {
+                let name = mcp_schema::ErrorCode::from_code(code)
+                    .map_or_else(|| format!("code_{code}"), |c| c.as_str().to_owned());
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the server refused the connection's initialize with the \
+                         --bearer-file token: error {code} ({name}): {text}"
+                    ),
+                ));
+            }
+            if v.payload_type() != ResponsePayload::InitializeResponse {
+                return Err(bad(format!(
+                    "the answer to initialize is a {:?}, not an InitializeResponse",
+                    v.payload_type()
+                )));
+            }
+            return Ok(());
+        }
+        let missing = splitter
+            .missing(buf)
+            .map_err(|e| bad(format!("bad answer to initialize: {e}")))?;
+        if buf.capacity() - buf.len() < missing.max(READ_CHUNK / 4) {
+            buf.reserve(missing.max(READ_CHUNK));
+        }
+        let len = buf.len();
+        let (res, b) = conn.r.read(std::mem::take(buf).slice_mut(len..)).await;
+        *buf = b.into_inner();
+        if res? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection before answering initialize",
+            ));
+        }
+    }
+}
+
+/// A message id for a connection's initialize, unique within the run: the
+/// connection field all ones (no real connection's), then a counter.
+fn init_message_id() -> [u8; 16] {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut b = message_id(0, NEXT.fetch_add(1, Ordering::Relaxed));
+    b[0..6].fill(0xff);
+    b
+}
+
 /// A message id unique within the run: connection and sequence, with the
 /// RFC 9562 version 8 ("custom") and variant bits set.
 fn message_id(conn: usize, seq: u64) -> [u8; 16] {
@@ -182,10 +312,18 @@ async fn write_loop(ctx: &ThreadCtx, cc: &ConnCtx, w: &mut WriteHalf) -> io::Res
     Ok(())
 }
 
-async fn read_loop(ctx: &ThreadCtx, cc: &ConnCtx, r: &mut ReadHalf) -> Result<(), String> {
+/// Reads and handles responses; `buf` holds what was read before (during
+/// `connect`).
+async fn read_loop(
+    ctx: &ThreadCtx,
+    cc: &ConnCtx,
+    r: &mut ReadHalf,
+    mut buf: BytesMut,
+) -> Result<(), String> {
     let splitter = FrameSplitter::new(ctx.cfg.max_frame);
     let ids = CorrIds::new(cc.index);
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // Complete frames read during `connect` (past the initialize answer).
+    handle_frames(ctx, cc, &ids, &splitter, &mut buf, Instant::now())?;
     loop {
         if cc.reader_stop.is_raised()
             || (cc.sending_done.get() && cc.outstanding.borrow().is_empty())
@@ -217,19 +355,32 @@ async fn read_loop(ctx: &ThreadCtx, cc: &ConnCtx, r: &mut ReadHalf) -> Result<()
             Ok(_) => {}
             Err(e) => return Err(format!("connection to {} failed: {e}", ctx.cfg.target)),
         }
-        let now = Instant::now();
-        while let Some(len) = splitter
-            .peek_len(&buf)
-            .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?
-        {
-            let total = mcp_schema::split::PREFIX_LEN + len as usize;
-            if buf.len() < total {
-                break;
-            }
-            handle_frame(ctx, cc, &ids, &buf[..total], now);
-            buf.advance(total);
-        }
+        handle_frames(ctx, cc, &ids, &splitter, &mut buf, Instant::now())?;
     }
+}
+
+/// Handles every complete frame at the front of `buf`, leaving a partial
+/// one.
+fn handle_frames(
+    ctx: &ThreadCtx,
+    cc: &ConnCtx,
+    ids: &CorrIds,
+    splitter: &FrameSplitter,
+    buf: &mut BytesMut,
+    now: Instant,
+) -> Result<(), String> {
+    while let Some(len) = splitter
+        .peek_len(buf)
+        .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?
+    {
+        let total = mcp_schema::split::PREFIX_LEN + len as usize;
+        if buf.len() < total {
+            break;
+        }
+        handle_frame(ctx, cc, ids, &buf[..total], now);
+        buf.advance(total);
+    }
+    Ok(())
 }
 
 fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now: Instant) {

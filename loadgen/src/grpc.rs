@@ -21,6 +21,9 @@
 //! - A status with a transport cause (connection refused, reset, closed)
 //!   is a lost connection, not a server answer: the run stops, like a lost
 //!   frame connection.
+//! - With `--bearer-file`, every call carries `authorization: Bearer
+//!   <token>` metadata (the broker's gRPC edge checks it per call), added
+//!   by the [`Bearer`] interceptor from one `MetadataValue` parsed per run.
 
 use std::error::Error as _;
 use std::io;
@@ -33,6 +36,9 @@ use mcp_proto::v1 as pb;
 use mcp_schema::client::Listing;
 use pb::mcp_service_client::McpServiceClient;
 use tokio::task::JoinSet;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
@@ -49,9 +55,39 @@ pub struct GrpcDriver {
     /// `grpcs://`: the run's TLS settings; tonic's own rustls client (ALPN
     /// h2) is configured from `tls.tonic`, built once per run.
     pub tls: Option<Arc<TlsClient>>,
+    /// `--bearer-file`: the metadata every call carries.
+    pub bearer: Bearer,
 }
 
-type Client = McpServiceClient<Channel>;
+/// Adds `authorization: Bearer <token>` to every call when a token was
+/// given; else lets calls through untouched. Cloned with each call's
+/// client: the value is shared bytes, parsed once per run.
+#[derive(Clone, Debug, Default)]
+pub struct Bearer(Option<AsciiMetadataValue>);
+
+impl Bearer {
+    /// The metadata value for `token` (`Bearer <token>`).
+    pub fn new(token: Option<&str>) -> Result<Self, String> {
+        token
+            .map(|t| {
+                MetadataValue::try_from(format!("Bearer {t}"))
+                    .map_err(|e| format!("--bearer-file: the token is no metadata value: {e}"))
+            })
+            .transpose()
+            .map(Bearer)
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Client = McpServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// One call, built before it is started.
 enum Call {
@@ -143,7 +179,8 @@ impl Driver for GrpcDriver {
             let tls = self.tls.as_ref().and_then(|t| t.explain_chain(&e));
             io::Error::other(tls.unwrap_or_else(|| chain(&e)))
         })?;
-        Ok(McpServiceClient::new(ch).max_decoding_message_size(self.max_message))
+        Ok(McpServiceClient::with_interceptor(ch, self.bearer.clone())
+            .max_decoding_message_size(self.max_message))
     }
 
     async fn drive(&self, client: Client, ctx: Rc<ThreadCtx>, cc: Rc<ConnCtx>) {
@@ -247,5 +284,26 @@ fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::S
     }
     if was_full {
         cc.writer_wake.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_interceptor_adds_the_token_to_every_call() {
+        let mut b = Bearer::new(Some("abc.def-ghi")).unwrap();
+        for _ in 0..2 {
+            let r = b.call(tonic::Request::new(())).unwrap();
+            assert_eq!(
+                r.metadata().get("authorization").unwrap(),
+                "Bearer abc.def-ghi"
+            );
+        }
+        let mut none = Bearer::new(None).unwrap();
+        let r = none.call(tonic::Request::new(())).unwrap();
+        assert!(r.metadata().get("authorization").is_none());
+        assert!(Bearer::new(Some("a\nb")).is_err());
     }
 }

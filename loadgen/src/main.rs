@@ -61,6 +61,14 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
         Ok(cfg) => cfg,
         Err(e) => return fail_before_start(args, e),
     };
+    // The gRPC metadata for --bearer-file, parsed once for the run.
+    let grpc_bearer = match cfg.target.scheme {
+        Scheme::Grpc => match grpc::Bearer::new(cfg.bearer.as_deref()) {
+            Ok(b) => b,
+            Err(e) => return fail_before_start(args, anyhow::anyhow!(e)),
+        },
+        _ => grpc::Bearer::default(),
+    };
     // From here on Ctrl-C stops the run and still reports it.
     if let Err(e) = interrupt::install() {
         eprintln!("mcp-loadgen: warning: cannot handle Ctrl-C ({e}); it will kill the run");
@@ -77,11 +85,19 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
         std::thread::Builder::new()
             .name("loadgen-engine".into())
             .spawn(move || match cfg.target.scheme {
-                Scheme::Frames => engine::run(cfg, frames::FramesDriver { connector }, tx, shared),
+                Scheme::Frames => {
+                    let driver = frames::FramesDriver {
+                        connector,
+                        bearer: cfg.bearer.as_deref().map(Arc::from),
+                        max_frame: cfg.max_frame,
+                    };
+                    engine::run(cfg, driver, tx, shared)
+                }
                 Scheme::Grpc => {
                     let driver = grpc::GrpcDriver {
                         max_message,
                         tls: cfg.tls.clone(),
+                        bearer: grpc_bearer,
                     };
                     engine::run(cfg, driver, tx, shared)
                 }

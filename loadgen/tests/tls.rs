@@ -4,7 +4,8 @@
 //! (a CA, a server certificate for `localhost` and `127.0.0.1`, a client
 //! certificate) are made with `openssl` at test time; no key is checked in.
 //!
-//! Checked: load runs with zero errors over TLS 1.3 and TLS 1.2, mTLS with
+//! Checked: load runs with zero errors over TLS 1.3 and TLS 1.2 (frames
+//! with and without a bearer token in the initialize), mTLS with
 //! and without a client certificate, and the errors a wrong CA or a wrong
 //! name gets. The broker's own TLS edges are tested end to end in
 //! broker/tests.
@@ -376,6 +377,41 @@ fn frames_over_tls_13_and_12_run_clean_and_report_the_scheme_as_given() {
         assert_eq!(r["errors"], 0, "{r:#}");
         assert!(r["requests"].as_u64().unwrap() >= 450, "{r:#}");
     }
+}
+
+#[test]
+fn frames_over_tls_initialize_with_the_bearer_token_after_the_handshake() {
+    let _g = serial();
+    let ca = certs().path("ca.pem");
+    let (backend, seen) = common::bearer::spawn("tls-token");
+    let proxy = tls_proxy(backend, PLAIN);
+    let token = common::json_path("tls-frames-bearer").with_extension("token");
+    std::fs::write(&token, "tls-token\n").unwrap();
+    let (ok, r, e) = run(
+        "tls-frames-bearer",
+        &[
+            "--target",
+            &format!("frames+tls://{proxy}"),
+            "--tool",
+            "echo",
+            "--tls-ca",
+            &ca,
+            "--connections",
+            "2",
+            "--concurrency",
+            "8",
+            "--requests",
+            "1000",
+            "--bearer-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    let _ = std::fs::remove_file(&token);
+    assert!(ok, "{e}");
+    assert_clean(&r, 1000);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.inits, vec![Some("tls-token".to_owned()); 2]);
+    assert!(seen.init_first && seen.calls_before_init == 0, "{seen:?}");
 }
 
 #[test]

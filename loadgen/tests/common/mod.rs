@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod bearer;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
