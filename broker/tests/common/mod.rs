@@ -14,6 +14,18 @@ pub mod jwt;
 
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 
+/// Every listener on a free loopback port.
+pub const PORT_ZERO: [&str; 8] = [
+    "--listen",
+    "127.0.0.1:0",
+    "--grpc-listen",
+    "127.0.0.1:0",
+    "--http-listen",
+    "127.0.0.1:0",
+    "--metrics-listen",
+    "127.0.0.1:0",
+];
+
 pub struct Broker {
     pub child: Child,
     pub frames: SocketAddr,
@@ -139,16 +151,7 @@ impl Broker {
         routers_built();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
         if port_zero_flags {
-            cmd.args([
-                "--listen",
-                "127.0.0.1:0",
-                "--grpc-listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ]);
+            cmd.args(PORT_ZERO);
         }
         let config = toml.map(|t| {
             let path = std::env::temp_dir().join(format!(
@@ -310,16 +313,7 @@ pub fn fails_to_start(toml: &str) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
         .arg("--config")
         .arg(&path)
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
+        .args(PORT_ZERO)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
