@@ -125,7 +125,8 @@ pub struct Args {
 
     /// Open loop: yield-spin this long (plus the timer's 2 ms slack) before
     /// each scheduled send instead of trusting the millisecond timer: costs
-    /// CPU, buys send times within microseconds. 0 = timer only (sends up
+    /// CPU, buys send times within microseconds. One task per worker thread
+    /// spins for all its connections (`alarm.rs`). 0 = timer only (sends up
     /// to ~2 ms late).
     #[arg(long, value_parser = duration, default_value = "200us")]
     pub spin: Duration,

@@ -322,6 +322,9 @@ pub struct ThreadCtx {
     send_end: Cell<Option<Instant>>,
     /// Everything stops now (abort, or the drain ran out).
     pub stop: Cell<bool>,
+    /// Open loop: what the connections' senders wait on for their
+    /// scheduled times (`alarm.rs`).
+    pub clock: Rc<crate::alarm::AlarmClock>,
     totals: RefCell<ThreadStats>,
     interval: RefCell<(Histogram<u64>, Counts, u64)>,
 }
@@ -636,6 +639,7 @@ async fn worker_main<D: Driver>(
         measure_start,
         send_end: Cell::new(cfg.duration.map(|d| measure_start + d)),
         stop: Cell::new(false),
+        clock: crate::alarm::AlarmClock::new(cfg.spin),
         totals: RefCell::new(ThreadStats::default()),
         interval: RefCell::new((stats::new_histogram(), Counts::default(), 0)),
     });
@@ -770,34 +774,6 @@ fn sweep_timeouts(ctx: &ThreadCtx, ccs: &[Rc<ConnCtx>], now: Instant) {
                 c.reader_stop.raise();
             }
         }
-    }
-}
-
-/// monoio's (and tokio's) timer wheel has millisecond ticks and rounds deadlines up: a
-/// timer may fire up to this much after the time asked (measured: up to
-/// 1.7 ms). Timers are therefore set this much early.
-const TIMER_SLACK: Duration = Duration::from_millis(2);
-
-/// Waits until `until`: the millisecond timer for the bulk, then yields
-/// (letting other tasks and the I/O driver run) for the last `spin` plus
-/// the timer's slack, so scheduled sends leave within microseconds of their
-/// time. With `spin` zero the timer alone decides, and sends may be up to
-/// ~2 ms late (visible as send lag and as latency). Returns early when
-/// `wake` fires.
-pub async fn wait_until<R: Runtime>(until: Instant, spin: Duration, wake: &Notify) {
-    let early = if spin.is_zero() {
-        Duration::ZERO
-    } else {
-        spin + TIMER_SLACK
-    };
-    let now = Instant::now();
-    if until > now + early
-        && let Either::Right(()) = race(R::sleep_until(until - early), wake.notified()).await
-    {
-        return;
-    }
-    while Instant::now() < until {
-        crate::notify::yield_now().await;
     }
 }
 

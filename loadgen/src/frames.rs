@@ -38,7 +38,7 @@ use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 use mcp_schema::fb::protocol::{ProtocolVersion, ResponsePayload};
 use monoio::buf::IoBufMut;
 
-use crate::engine::{ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
+use crate::engine::{ConnCtx, Driver, Pacer, Step, ThreadCtx};
 use crate::stats::ErrorKind;
 use crate::tls::{Conn, Connector, ReadHalf, WriteHalf};
 
@@ -276,7 +276,7 @@ async fn write_loop(ctx: &ThreadCtx, cc: &ConnCtx, w: &mut WriteHalf) -> io::Res
         let room = match pacer.step(ctx, cc, now) {
             Step::Stop => break,
             Step::WaitUntil(t) => {
-                wait_until::<crate::rt::Monoio>(t, ctx.cfg.spin, &cc.writer_wake).await;
+                ctx.clock.wait_until::<crate::rt::Monoio>(t, &cc.writer_wake).await;
                 continue;
             }
             Step::WindowFull => {

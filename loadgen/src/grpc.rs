@@ -41,7 +41,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
+use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx};
 use crate::notify::{Either, race, yield_now};
 use crate::rt::Tokio;
 use crate::stats::ErrorKind;
@@ -219,7 +219,7 @@ async fn send_loop(
         let room = match pacer.step(ctx, cc, now) {
             Step::Stop => break,
             Step::WaitUntil(t) => {
-                wait_until::<Tokio>(t, ctx.cfg.spin, &cc.writer_wake).await;
+                ctx.clock.wait_until::<Tokio>(t, &cc.writer_wake).await;
                 continue;
             }
             Step::WindowFull => {

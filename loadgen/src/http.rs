@@ -50,7 +50,7 @@ use monoio::buf::IoBufMut;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx, wait_until};
+use crate::engine::{CONNECT_TIMEOUT, ConnCtx, Driver, Pacer, Step, ThreadCtx};
 use crate::notify::{Either, race};
 use crate::rt::{Monoio, Runtime};
 use crate::stats::ErrorKind;
@@ -1134,7 +1134,7 @@ impl Driver for HttpDriver {
                 }
                 Step::Stop if in_flight.is_empty() => break,
                 Step::WaitUntil(t) if in_flight.is_empty() => {
-                    wait_until::<Monoio>(t, ctx.cfg.spin, &cc.writer_wake).await;
+                    ctx.clock.wait_until::<Monoio>(t, &cc.writer_wake).await;
                     continue;
                 }
                 Step::WindowFull if in_flight.is_empty() => {

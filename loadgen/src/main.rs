@@ -16,6 +16,7 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod alarm;
 mod cli;
 mod duration;
 mod engine;

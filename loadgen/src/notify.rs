@@ -90,8 +90,10 @@ impl Future for Wait<'_> {
     }
 }
 
-/// Gives the other tasks of this runtime (and the I/O driver, which reaps
-/// completions when the run queue is not empty) one turn.
+/// Wakes the task and returns `Pending` once. On tokio that gives the other
+/// tasks a turn; on monoio it does not (a task that wakes itself while being
+/// polled is queued at the front and runs again at once): monoio code
+/// yields through `alarm.rs`'s pump instead.
 pub fn yield_now() -> YieldNow {
     YieldNow { yielded: false }
 }
