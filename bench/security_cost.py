@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""bench/security_cost.py: what `[tls]` and `[auth]` cost, on every edge.
+
+Three brokers from the same binary run side by side, each with one shard
+on the server CPU, serving `echo_text` through the WASM `echo` router:
+- `plain`: no [tls], no [auth];
+- `tls`: [tls] (ECDSA P-256 certificate from scripts/dev-certs);
+- `tls+auth`: [tls] and [auth] (an RS256 JWK Set, one global scope and one
+  tool rule); every request carries the same valid bearer token
+  (mcp-loadgen --bearer-file): HTTP and gRPC verify it on every request
+  (the verified-token cache makes repeats cheap), frames once per
+  connection in its InitializeRequest.
+
+For each edge (frames, grpc, http), each round drives every server, in an
+order rotated every round, with mcp-loadgen on the other CPU over
+keep-alive connections (8, one request in flight each):
+- a closed loop: peak rate and server CPU per request (the process's CPU
+  time over the run divided by its requests);
+- capacity at SLO: the highest open-loop rate held with p99 <= 1 ms, no
+  errors, and the generator on schedule, by bisection between 0 and the
+  closed-loop peak. A step where the generator fell behind while the
+  server had CPU to spare is marked: that bound is the generator's.
+
+  cargo build --release -p mcp-broker -p mcp-loadgen
+  bench/security_cost.py [ROUNDS] [EDGES]     (default 2, frames,grpc,http)
+  SEC_CONNECTIONS=64 SEC_BISECT_STEPS=0 bench/security_cost.py 3 frames,http
+      (the server's core saturated; closed loop only)
+
+Stdlib only; reuses scripts/bench's and bench/auth_cost.py's helpers.
+Prints a Markdown table of medians [min-max] and paired ratios.
+"""
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+
+
+def _load(name, path):
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    spec = importlib.util.spec_from_loader(name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+B = _load("mcp_bench_script", os.path.join(ROOT, "scripts", "bench"))
+A = _load("mcp_auth_cost", os.path.join(HERE, "auth_cost.py"))
+
+SLO_P99_US = 1000
+BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "5"))
+# 8 (default): latency-bound, what open-loop clients look like; 64: the
+# server's core saturated, so CPU per request is the work, not the wakeups.
+CONNECTIONS = int(os.environ.get("SEC_CONNECTIONS", "8"))
+SERVERS = ("plain", "tls", "tls+auth")
+SCHEMES = {  # edge -> (plain scheme, TLS scheme, ready-line key, path)
+    "frames": ("frames", "frames+tls", "frames", ""),
+    "grpc": ("grpc", "grpcs", "grpc", ""),
+    "http": ("http", "https", "http", "/mcp"),
+}
+
+
+def config(cpus, certs, jwks):
+    base = A.config(cpus, jwks)
+    if certs is None:
+        return base
+    tls = f"""
+[tls]
+cert_file = "{certs}/server.pem"
+key_file = "{certs}/server.key"
+"""
+    # Before the routers: the [[routers]] array must come last.
+    head, routers = base.split("[[routers]]", 1)
+    return head + tls + "\n[[routers]]" + routers
+
+
+def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
+    plain, tls, _, path = SCHEMES[edge]
+    scheme = plain if name == "plain" else tls
+    out = os.path.join(wd, f"{tag}.json")
+    argv = [B.LOADGEN, "--target", f"{scheme}://{addr}{path}", "--tool", "echo_text",
+            "--args", '{"text":"hello"}', "--cpus", ",".join(map(str, lg_cpus)),
+            "--connections", str(CONNECTIONS), "--warmup", "1s", "--duration", "3s",
+            "-q", "--json", out]
+    if rate is None:
+        argv += ["--concurrency", str(CONNECTIONS)]
+    else:
+        argv += ["--rate", str(int(rate))]
+    if name != "plain":
+        argv += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
+    if name == "tls+auth":
+        argv += ["--bearer-file", token]
+    cpu0, t0 = server.cpu_seconds(), time.monotonic()
+    r = subprocess.run(argv, text=True, capture_output=True)
+    cpu1, t1 = server.cpu_seconds(), time.monotonic()
+    try:
+        with open(out) as f:
+            rep = json.load(f)
+    except (OSError, ValueError):
+        rep = {"failure": f"no report (exit {r.returncode}): {r.stderr[-500:]}"}
+    total = rep.get("sent") or rep.get("requests") or 0
+    if cpu0 is not None and cpu1 is not None:
+        rep["server_cpu"] = (cpu1 - cpu0) / (t1 - t0)
+        if total:
+            rep["cpu_us_per_request"] = (cpu1 - cpu0) * 1e6 / total
+    return rep
+
+
+def holds(rep):
+    """(held the SLO, bound by the generator)."""
+    if rep.get("failure") or rep.get("errors"):
+        return False, False
+    ok = rep["latency_us"]["p99"] <= SLO_P99_US and rep.get("kept_up", True)
+    # Behind schedule while the server still had a fifth of its core idle:
+    # the generator, not the server, set this bound.
+    generator = not rep.get("kept_up", True) and rep.get("server_cpu", 1.0) < 0.8
+    return ok, generator
+
+
+def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
+    """Highest rate (of BISECT_STEPS probes in [0, peak]) that holds the SLO."""
+    lo, hi, generator = 0.0, peak, False
+    if BISECT_STEPS == 0:
+        return None, False
+    for step in range(BISECT_STEPS):
+        rate = (lo + hi) / 2 if step else peak * 0.5
+        rep = run(server, edge, name, addr, lg_cpus, wd, f"{tag}-{step}", certs, token, rate)
+        ok, gen = holds(rep)
+        generator |= gen
+        B.log(f"  {edge} {name} @ {rate:,.0f}/s: p99 {rep.get('latency_us', {}).get('p99')} µs, "
+              f"errors {rep.get('errors')}, kept_up {rep.get('kept_up')}, "
+              f"server CPU {rep.get('server_cpu', 0):.2f} -> {'holds' if ok else 'fails'}")
+        if ok:
+            lo = rate
+        else:
+            hi = rate
+    return lo, generator
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    edges = sys.argv[2].split(",") if len(sys.argv) > 2 else list(SCHEMES)
+    nproc = os.cpu_count() or 2
+    srv_cpus, lg_cpus = B.cpu_split(nproc)
+    srv_cpus = srv_cpus[:1]
+    wd = tempfile.mkdtemp(prefix="security-cost-")
+    certs = os.path.join(wd, "certs")
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "dev-certs"), certs], check=True)
+    jwks, token = A.keys_and_token(wd)
+    res = {e: {n: {"peak": [], "cpu": [], "cap": [], "gen": False} for n in SERVERS}
+           for e in edges}
+    for edge in edges:
+        servers = {}
+        try:
+            for name in SERVERS:
+                cfg = os.path.join(wd, f"{edge}-{name}.toml")
+                with open(cfg, "w") as f:
+                    f.write(config(srv_cpus, None if name == "plain" else certs,
+                                   jwks if name == "tls+auth" else None))
+                servers[name] = B.Server(f"{edge}-{name}", [B.BROKER, "--config", cfg], wd,
+                                         addr_key=SCHEMES[edge][2])
+            for rnd in range(rounds):
+                for n in B.rotate(list(SERVERS), rnd):
+                    s = servers[n]
+                    rep = run(s, edge, n, s.addr, lg_cpus, wd, f"{edge}-{n}-closed-{rnd}",
+                              certs, token)
+                    if rep.get("failure") or rep.get("errors"):
+                        sys.exit(f"{edge} {n}: closed loop failed: {rep.get('failure')} "
+                                 f"errors={rep.get('errors')} {rep.get('errors_by_kind')}")
+                    r = res[edge][n]
+                    r["peak"].append(rep["achieved_rps"])
+                    r["cpu"].append(rep.get("cpu_us_per_request"))
+                    B.log(f"round {rnd} {edge} {n}: closed {rep['achieved_rps']:,.0f} req/s, "
+                          f"{rep.get('cpu_us_per_request', 0):.1f} µs CPU/request")
+                    cap, gen = capacity(s, edge, n, s.addr, lg_cpus, wd,
+                                        f"{edge}-{n}-open-{rnd}", certs, token,
+                                        rep["achieved_rps"])
+                    r["cap"].append(cap)
+                    r["gen"] |= gen
+                    if cap is not None:
+                        B.log(f"round {rnd} {edge} {n}: capacity at SLO {cap:,.0f} req/s")
+        finally:
+            for s in servers.values():
+                s.stop()
+    m = B.machine()
+    print(f"\nMachine: {m['cpu_model']}, {m['nproc']} CPUs, kernel {m['kernel']}, "
+          f"commit {m['commit']}, {m['date']}; server on CPU {srv_cpus}, "
+          f"mcp-loadgen on {lg_cpus}; {rounds} rounds; {CONNECTIONS} keep-alive connections, "
+          f"one request in flight each.\n")
+    print("| edge | server | closed-loop req/s | server CPU µs/request | capacity at SLO (p99 ≤ 1 ms) |")
+    print("|---|---|---|---|---|")
+    for edge in edges:
+        for n in SERVERS:
+            r = res[edge][n]
+            cpu = [c for c in r["cpu"] if c]
+            caps = [c for c in r["cap"] if c is not None]
+            cap = (f"{B.med(caps):,.0f} [{min(caps):,.0f}–{max(caps):,.0f}]" if caps else "not run") \
+                + (" (a probe was generator-bound)" if r["gen"] else "")
+            print(f"| {edge} | {n} | {B.med(r['peak']):,.0f} [{min(r['peak']):,.0f}–{max(r['peak']):,.0f}] "
+                  f"| {B.med(cpu):.1f} [{min(cpu):.1f}–{max(cpu):.1f}] | {cap} |")
+    print()
+    print("Paired by round (the servers ran back to back; median [min-max]):\n")
+    print("| edge | ratio | closed-loop throughput | CPU per request | capacity at SLO |")
+    print("|---|---|---|---|---|")
+    for edge in edges:
+        for num in ("tls", "tls+auth"):
+            a, b = res[edge][num], res[edge]["plain"]
+            cells = []
+            for key in ("peak", "cpu", "cap"):
+                xs = [x / y for x, y in zip(a[key], b[key]) if x and y]
+                cells.append(f"{B.med(xs):.3f}× [{min(xs):.3f}–{max(xs):.3f}]" if xs else "n/a")
+            print(f"| {edge} | {num} / plain | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
