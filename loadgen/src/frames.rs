@@ -276,7 +276,9 @@ async fn write_loop(ctx: &ThreadCtx, cc: &ConnCtx, w: &mut WriteHalf) -> io::Res
         let room = match pacer.step(ctx, cc, now) {
             Step::Stop => break,
             Step::WaitUntil(t) => {
-                ctx.clock.wait_until::<crate::rt::Monoio>(t, &cc.writer_wake).await;
+                ctx.clock
+                    .wait_until::<crate::rt::Monoio>(t, &cc.writer_wake)
+                    .await;
                 continue;
             }
             Step::WindowFull => {
