@@ -1,7 +1,9 @@
 //! Stock MCP clients against the real broker's Streamable HTTP edge, on the
 //! embedded default config (routers `echo`, `kv`, `library`): the Python
 //! `mcp` SDK 1.x (`streamablehttp_client` + `ClientSession`) and 2.x
-//! (`Client`, which probes `server/discover` first), and MCP Inspector's CLI.
+//! (`Client`: forced to the `initialize` handshake with `mode="legacy"`, and
+//! in its default mode, where it probes `server/discover` and ends on
+//! 2026-07-28, stateless), and MCP Inspector's CLI.
 //! Each lists and calls the bundled tools, reads library resources, gets
 //! prompts with arguments; the SDKs also keep `kv` state within a session
 //! (the Inspector runs each method in its own session, so it checks that the
@@ -102,6 +104,10 @@ fn run_bounded(program: &Path, args: &[&str]) -> (bool, String, String) {
 /// check in it passed (its last line says so).
 fn client_passes(label: &str, interpreter: PathBuf, script: &str) {
     let (broker, url) = start_broker();
+    client_passes_on(broker, url, label, interpreter, script);
+}
+
+fn client_passes_on(broker: Broker, url: String, label: &str, interpreter: PathBuf, script: &str) {
     let script = clients_dir().join(script);
     let (ok, stdout, stderr) = run_bounded(&interpreter, &[script.to_str().unwrap(), &url]);
     drop(broker);
@@ -120,13 +126,34 @@ fn python_sdk_1x_client_uses_tools_resources_prompts_and_session_kv_state() {
     client_passes("sdk1", python, "sdk1_client.py");
 }
 
+/// The 2.x SDK on the session-based revisions (`mode="legacy"`): its
+/// default mode now ends on 2026-07-28 (the next test).
 #[test]
-fn python_sdk_2x_client_falls_back_from_server_discover_then_uses_everything() {
+fn python_sdk_2x_client_in_legacy_mode_initializes_then_uses_everything() {
     let python = installed(
         repo().join(".tools/mcp2/bin/python"),
         "the Python mcp SDK 2.x",
     );
     client_passes("sdk2", python, "sdk2_client.py");
+}
+
+/// The 2.x SDK's default `Client`: `server/discover` is answered, the
+/// client adopts 2026-07-28 without `initialize`, and lists, calls, reads,
+/// gets a prompt and answers an elicitation by multi round-trip. The broker
+/// serves the default routers plus `conformance` (`test_elicitation`).
+#[test]
+fn python_sdk_2x_client_in_default_mode_ends_on_2026_07_28_with_mrtr_elicitation() {
+    let python = installed(
+        repo().join(".tools/mcp2/bin/python"),
+        "the Python mcp SDK 2.x",
+    );
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"conformance\"\nwasm = \"conformance.wasm\"\n",
+        mcp_broker::config::DEFAULT_TOML
+    );
+    let broker = Broker::start_with_config(&toml, &["--shards", "2"]);
+    let url = broker.mcp_url();
+    client_passes_on(broker, url, "sdk2-modern", python, "sdk2_modern_client.py");
 }
 
 #[test]
