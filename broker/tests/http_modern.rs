@@ -94,8 +94,9 @@ fn server_discover_names_every_served_version_and_the_capabilities() {
     assert!(res["serverInfo"].is_null(), "serverInfo moved to _meta");
     assert_eq!(res["ttlMs"], 0);
     assert_eq!(res["cacheScope"], "public");
-    // No subscriptions/listen yet: nothing promises change notifications.
-    assert_eq!(res["capabilities"]["tools"]["listChanged"], false);
+    // Delivered on subscriptions/listen; resource subscriptions are not.
+    assert_eq!(res["capabilities"]["tools"]["listChanged"], true);
+    assert_eq!(res["capabilities"]["resources"]["subscribe"], false);
 }
 
 #[test]
@@ -513,4 +514,153 @@ fn progress_goes_before_the_answer_on_the_requests_own_stream() {
     }
     assert_eq!(last["id"], 5);
     assert_eq!(last["result"]["resultType"], "complete", "{last}");
+}
+
+/// A broker on a config file this test can rewrite and reload: `routers`
+/// are `[[routers]]` tables; keep-alive every 200 ms.
+fn reloadable(test: &str, routers: &str) -> (Broker, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mcp-modern-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broker.toml");
+    std::fs::write(&path, listen_config(routers)).unwrap();
+    let b = Broker::start_command(None, &["--config", path.to_str().unwrap()], |_| {});
+    (b, path)
+}
+
+fn listen_config(routers: &str) -> String {
+    format!(
+        "[broker]\nshards = 2\nrouters_dir = \"{}\"\n\n[frames]\nlisten = \"127.0.0.1:0\"\n\n[grpc]\nlisten = \"127.0.0.1:0\"\n\n[http]\nlisten = \"127.0.0.1:0\"\nsse_keepalive = \"200ms\"\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n\n{routers}",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../routers/target/wasm32-wasip2/release"
+        )
+    )
+}
+
+const ECHO: &str = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+const LIBRARY: &str = "[[routers]]\nname = \"library\"\nwasm = \"library.wasm\"\n";
+
+/// Opens a `subscriptions/listen` stream with `filter`; the connection with
+/// the SSE head read.
+fn listen(b: &Broker, id: &str, filter: &str) -> Conn {
+    let body = req(
+        id,
+        "subscriptions/listen",
+        &format!(r#""notifications":{filter}"#),
+    );
+    let mut c = Conn::connect(b.http);
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let (status, headers) = c.read_head();
+    assert_eq!(status, 200);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
+        "{headers:?}"
+    );
+    c
+}
+
+#[test]
+fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
+    let (b, path) = reloadable("listen", ECHO);
+    let mut tools = listen(
+        &b,
+        "\"L1\"",
+        r#"{"toolsListChanged":true,"resourceSubscriptions":["x://y"]}"#,
+    );
+    let mut prompts = listen(&b, "2", r#"{"promptsListChanged":true}"#);
+    // The acknowledgment first: what is served of the filter (resource
+    // subscriptions are not).
+    let (body, ended) = tools.read_chunked(Some(&|t: &str| t.contains("acknowledged")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    assert_eq!(
+        msgs[0]["method"],
+        "notifications/subscriptions/acknowledged"
+    );
+    assert_eq!(
+        msgs[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L1"
+    );
+    assert_eq!(
+        msgs[0]["params"]["notifications"],
+        json!({"toolsListChanged": true})
+    );
+    // Keep-alive comments while nothing changes.
+    let (body, _) = tools.read_chunked(Some(&|t: &str| t.contains(": keep-alive")));
+    assert!(String::from_utf8_lossy(&body).contains(": keep-alive"));
+    // The discover capabilities now promise it.
+    let mut c = Conn::connect(b.http);
+    let r = modern(
+        &mut c,
+        "server/discover",
+        None,
+        &req("1", "server/discover", ""),
+    );
+    assert_eq!(
+        r.json()["result"]["capabilities"]["tools"]["listChanged"],
+        true,
+        "{}",
+        r.text()
+    );
+    // A reload that adds tools (and prompts).
+    std::fs::write(&path, listen_config(&format!("{ECHO}{LIBRARY}"))).unwrap();
+    let mut admin = Conn::connect(b.metrics);
+    let r = admin.request("POST", "/admin/reload", &[("Connection", "close")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (body, ended) = tools.read_chunked(Some(&|t: &str| t.contains("list_changed")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let n = msgs.last().unwrap();
+    assert_eq!(n["method"], "notifications/tools/list_changed", "{n}");
+    assert_eq!(
+        n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L1"
+    );
+    // The other stream asked for prompts only, and got only those.
+    let (body, _) = prompts.read_chunked(Some(&|t: &str| t.contains("list_changed")));
+    let text = String::from_utf8(body).unwrap();
+    assert!(!text.contains("tools/list_changed"), "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let n = msgs.last().unwrap();
+    assert_eq!(n["method"], "notifications/prompts/list_changed", "{n}");
+    assert_eq!(
+        n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        2
+    );
+    // A listen without its filter is invalid params.
+    let r = modern(
+        &mut c,
+        "subscriptions/listen",
+        None,
+        &req("3", "subscriptions/listen", ""),
+    );
+    refused(&r, 400, -32602, json!(3));
+    // The drain ends an open listen stream with the listen request's
+    // result, and the broker exits.
+    let mut b = b;
+    let t0 = std::time::Instant::now();
+    let status = b.terminate(std::time::Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let (body, ended) = tools.read_chunked(None);
+    assert!(ended);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], "L1", "{fin}");
+    assert_eq!(fin["result"]["resultType"], "complete", "{fin}");
+    assert_eq!(
+        fin["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L1"
+    );
+    drop(prompts);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

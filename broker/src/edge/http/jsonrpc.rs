@@ -1961,8 +1961,10 @@ pub const MODERN_VERSION: &str = "2026-07-28";
 /// (the same capabilities `initialize` reports): `supportedVersions`,
 /// `capabilities`, `instructions`, the caching hints the revision requires
 /// (`ttlMs`, `cacheScope`) and `serverInfo` under `_meta`, where 2026-07-28
-/// moved it. `list_changed` and `subscribe` are reported only when
-/// `notifies` (the edge can deliver them, over `subscriptions/listen`).
+/// moved it. `listChanged` is `notifies`: whether the edge delivers them
+/// (over `subscriptions/listen`, on every route table change, whatever the
+/// routers say); `subscribe` is `false` (resource subscriptions are not
+/// served on listen yet).
 /// An error frame is written as the error it is.
 pub fn write_discover(
     out: &mut Vec<u8>,
@@ -1991,18 +1993,18 @@ pub fn write_discover(
     let mut caps = Obj::new(res.key("capabilities"));
     if c.supports_tools() {
         let mut t = Obj::new(caps.key("tools"));
-        t.bool("listChanged", notifies && c.tools_list_changed());
+        t.bool("listChanged", notifies);
         t.end();
     }
     if c.supports_resources() {
         let mut t = Obj::new(caps.key("resources"));
-        t.bool("subscribe", notifies && c.supports_resource_subscribe());
-        t.bool("listChanged", notifies && c.resources_list_changed());
+        t.bool("subscribe", false);
+        t.bool("listChanged", notifies);
         t.end();
     }
     if c.supports_prompts() {
         let mut t = Obj::new(caps.key("prompts"));
-        t.bool("listChanged", notifies && c.prompts_list_changed());
+        t.bool("listChanged", notifies);
         t.end();
     }
     if c.supports_completions() {

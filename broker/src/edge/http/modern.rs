@@ -28,6 +28,18 @@
 //!    `server/discover`'s `supportedVersions`) and `data.requested`, HTTP 400.
 //! 4. The method: not part of 2026-07-28 here → -32601, HTTP 404.
 //!
+//! # `subscriptions/listen`
+//! A POST whose answer is a long-lived SSE stream: first
+//! `notifications/subscriptions/acknowledged` with the part of the filter
+//! served (`toolsListChanged`, `promptsListChanged`, `resourcesListChanged`;
+//! `resourceSubscriptions` is not served yet and so not acknowledged), then
+//! the `list_changed` notifications asked for as the route table changes,
+//! each tagged with `_meta["io.modelcontextprotocol/subscriptionId"]` (the
+//! listen request's id), and a keep-alive comment every
+//! `http.sse_keepalive`. The only state is the open stream itself
+//! ([`Listeners`]); at the drain the stream ends with the listen request's
+//! result.
+//!
 //! # MRTR argument convention
 //! The same as the session-based round trip (docs/http.md): the router's
 //! `elicit` answer becomes `inputRequests.elicitation` (an
@@ -40,10 +52,13 @@
 
 use std::borrow::Cow;
 use std::rc::Rc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use futures_channel::mpsc;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Request, Response, StatusCode};
@@ -56,6 +71,7 @@ use super::jsonrpc::{
 };
 use super::{Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse};
 use crate::auth::Principal;
+use crate::shared::ListKinds;
 
 /// Versions served as modern (stateless, per-request `_meta`).
 pub const MODERN_VERSIONS: [&str; 1] = [MODERN_VERSION];
@@ -112,6 +128,7 @@ pub fn served(method: &str) -> bool {
             | "prompts/list"
             | "prompts/get"
             | "completion/complete"
+            | "subscriptions/listen"
     )
 }
 
@@ -467,6 +484,149 @@ pub fn retry_argument(
     Ok(None)
 }
 
+/// The change notifications a `subscriptions/listen` asked for and this
+/// edge serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub tools: bool,
+    pub prompts: bool,
+    pub resources: bool,
+}
+
+impl Filter {
+    /// `params.notifications` (required, an object; absent fields are
+    /// `false`; `resourceSubscriptions` is read past: not served).
+    pub fn of(params: Option<&RawValue>) -> Result<Filter, Refusal> {
+        let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
+        #[derive(Deserialize)]
+        struct P<'a> {
+            #[serde(borrow, default)]
+            notifications: Option<&'a RawValue>,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct N {
+            #[serde(default)]
+            tools_list_changed: Option<bool>,
+            #[serde(default)]
+            prompts_list_changed: Option<bool>,
+            #[serde(default)]
+            resources_list_changed: Option<bool>,
+        }
+        let p: P<'_> = params
+            .map(|p| serde_json::from_str(p.get()))
+            .transpose()
+            .map_err(|e| invalid(format!("Invalid params: {e}")))?
+            .unwrap_or(P {
+                notifications: None,
+            });
+        let Some(n) = p.notifications.filter(|n| first_byte(n) == b'{') else {
+            return Err(invalid(
+                "Invalid params: `notifications` (an object) is required".into(),
+            ));
+        };
+        let n: N = serde_json::from_str(n.get())
+            .map_err(|e| invalid(format!("Invalid params: `notifications`: {e}")))?;
+        Ok(Filter {
+            tools: n.tools_list_changed == Some(true),
+            prompts: n.prompts_list_changed == Some(true),
+            resources: n.resources_list_changed == Some(true),
+        })
+    }
+}
+
+/// One open `subscriptions/listen` stream.
+struct Listener {
+    key: u64,
+    /// The listen request's id, JSON text: the subscription id.
+    id: String,
+    filter: Filter,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+/// Every open `subscriptions/listen` stream of the process, told of route
+/// table changes from any thread (`Shared::notify_list_changed`). Each
+/// entry is only a channel into its stream: it goes when the stream does.
+#[derive(Default)]
+pub struct Listeners {
+    open: Mutex<Vec<Listener>>,
+    next: AtomicU64,
+}
+
+/// One SSE event carrying `message`.
+fn sse_event(message: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(message.len() + 24);
+    b.extend_from_slice(b"event: message\ndata: ");
+    b.extend_from_slice(message);
+    b.extend_from_slice(b"\n\n");
+    Bytes::from(b)
+}
+
+/// `{"_meta":{"io.modelcontextprotocol/subscriptionId":<id>}` (left open).
+fn subscription_meta(out: &mut Vec<u8>, id: &str) {
+    out.extend_from_slice(b"{\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
+    out.extend_from_slice(id.as_bytes());
+    out.push(b'}');
+}
+
+impl Listeners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Listener>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a stream; its key, to [`Self::remove`] it.
+    fn add(&self, id: &str, filter: Filter, tx: mpsc::UnboundedSender<Bytes>) -> u64 {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().push(Listener {
+            key,
+            id: id.to_owned(),
+            filter,
+            tx,
+        });
+        key
+    }
+
+    fn remove(&self, key: u64) {
+        self.lock().retain(|l| l.key != key);
+    }
+
+    /// Open listen streams.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sends each stream the `list_changed` notifications of `kinds` it
+    /// asked for; streams whose client is gone are dropped.
+    pub fn notify(&self, kinds: ListKinds) {
+        let mut open = self.lock();
+        open.retain(|l| {
+            for (on, method) in [
+                (kinds.tools && l.filter.tools, "tools"),
+                (kinds.prompts && l.filter.prompts, "prompts"),
+                (kinds.resources && l.filter.resources, "resources"),
+            ] {
+                if !on {
+                    continue;
+                }
+                let mut m = Vec::with_capacity(160);
+                m.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/");
+                m.extend_from_slice(method.as_bytes());
+                m.extend_from_slice(b"/list_changed\",\"params\":");
+                subscription_meta(&mut m, &l.id);
+                m.extend_from_slice(b"}}");
+                if l.tx.unbounded_send(sse_event(&m)).is_err() {
+                    return false;
+                }
+            }
+            true
+        });
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Serving (the transport half: the edge's body reading, dispatch and
 // answers, shared with the session path)
@@ -588,6 +748,9 @@ impl HttpEdge {
         if method == "server/discover" {
             return self.discover(id, &d, arrived, scope).await;
         }
+        if method == "subscriptions/listen" {
+            return self.listen(id, params);
+        }
         let r = self
             .modern_call(id, method, params, &d, arrived, scope)
             .await;
@@ -619,9 +782,9 @@ impl HttpEdge {
         let called = self.run(frame, arrived, None, None).await;
         let mut out = Vec::with_capacity(384);
         match frames(&called.frames).last() {
-            // list_changed and subscriptions need `subscriptions/listen`,
-            // which this edge does not serve yet: not advertised.
-            Some(fin) => jsonrpc::write_discover(&mut out, id, fin, &SUPPORTED, scope, false),
+            // list_changed is delivered on `subscriptions/listen` (the
+            // route table's changes); resource subscriptions are not yet.
+            Some(fin) => jsonrpc::write_discover(&mut out, id, fin, &SUPPORTED, scope, true),
             None => jsonrpc::write_error(
                 &mut out,
                 Some(id),
@@ -631,6 +794,53 @@ impl HttpEdge {
             ),
         }
         json_response(StatusCode::OK, out)
+    }
+
+    /// `subscriptions/listen`: the acknowledgment, then the stream stays
+    /// open for the notifications asked for (module doc).
+    fn listen(self: &Rc<Self>, id: &Id<'_>, params: Option<&RawValue>) -> Response<Body> {
+        let filter = match Filter::of(params) {
+            Ok(f) => f,
+            Err(r) => return refusal_response(Some(id), r),
+        };
+        let (tx, rx) = mpsc::unbounded();
+        let mut ack = Vec::with_capacity(256);
+        ack.extend_from_slice(
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/subscriptions/acknowledged\",\"params\":",
+        );
+        subscription_meta(&mut ack, id.get());
+        ack.extend_from_slice(b",\"notifications\":{");
+        let honored = [
+            (filter.tools, "toolsListChanged"),
+            (filter.prompts, "promptsListChanged"),
+            (filter.resources, "resourcesListChanged"),
+        ];
+        let mut first = true;
+        for (on, key) in honored {
+            if on {
+                if !first {
+                    ack.push(b',');
+                }
+                first = false;
+                ack.extend_from_slice(format!("\"{key}\":true").as_bytes());
+            }
+        }
+        ack.extend_from_slice(b"}}}");
+        let _ = tx.unbounded_send(sse_event(&ack));
+        let listeners = self.sessions().listeners();
+        let key = listeners.add(id.get(), filter, tx.clone());
+        monoio::spawn(listen_keep_alive(
+            self.clone(),
+            key,
+            id.get().to_owned(),
+            tx,
+        ));
+        let mut r = Response::new(Body::Sse(rx));
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, super::SSE);
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        r
     }
 
     /// A routed request of the modern era: run without a session; an
@@ -744,6 +954,39 @@ impl HttpEdge {
             sse_body(&events, &out)
         }
     }
+}
+
+/// Keeps a listen stream alive with comments until its client goes (a
+/// send fails) or the drain begins, when the stream ends with the listen
+/// request's result, as the spec's graceful close; then unregisters it.
+async fn listen_keep_alive(
+    edge: Rc<HttpEdge>,
+    key: u64,
+    id: String,
+    tx: mpsc::UnboundedSender<Bytes>,
+) {
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(edge.cfg.sse_keepalive) => {}
+            _ = edge.draining.wait() => {
+                let mut fin = Vec::with_capacity(160);
+                fin.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+                fin.extend_from_slice(id.as_bytes());
+                fin.extend_from_slice(b",\"result\":{\"resultType\":\"complete\",\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
+                fin.extend_from_slice(id.as_bytes());
+                fin.extend_from_slice(b"}}}");
+                let _ = tx.unbounded_send(sse_event(&fin));
+                break;
+            }
+        }
+        if tx
+            .unbounded_send(Bytes::from_static(b": keep-alive\n\n"))
+            .is_err()
+        {
+            break;
+        }
+    }
+    edge.sessions().listeners().remove(key);
 }
 
 #[cfg(test)]
