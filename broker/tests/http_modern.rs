@@ -664,3 +664,84 @@ fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
     drop(prompts);
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+#[test]
+fn mcp_param_headers_declared_by_x_mcp_header_are_validated_against_the_body() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = modern(&mut c, "tools/list", None, &req("1", "tools/list", ""));
+    let v = r.json();
+    let tool = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "test_param_header")
+        .cloned()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(
+        tool["inputSchema"]["properties"]["region"]["x-mcp-header"],
+        "Region"
+    );
+    let call = |args: &str| {
+        req(
+            "2",
+            "tools/call",
+            &format!(r#""name":"test_param_header","arguments":{args}"#),
+        )
+    };
+    let send = |c: &mut Conn, params: &[(&str, &str)], body: &str| {
+        let mut h = vec![
+            ("MCP-Protocol-Version", V),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "test_param_header"),
+        ];
+        h.extend_from_slice(params);
+        post(c, &h, body)
+    };
+    // Matching headers (an integer compared numerically, a value encoded).
+    let body = call(r#"{"region":"Zürich","count":42}"#);
+    let r = send(
+        &mut c,
+        &[
+            ("Mcp-Param-Region", "=?base64?WsO8cmljaA==?="),
+            ("mcp-param-count", "42.0"),
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.json()["result"]["content"][0]["text"].clone();
+    assert_eq!(text, "region=\"Zürich\", count=42");
+    // Missing, different, or set for an absent argument: -32020.
+    let r = send(&mut c, &[("Mcp-Param-Count", "42")], &body);
+    refused(&r, 400, -32020, json!(2));
+    let r = send(
+        &mut c,
+        &[
+            ("Mcp-Param-Region", "=?base64?WsO8cmljaA==?="),
+            ("Mcp-Param-Count", "41"),
+        ],
+        &body,
+    );
+    let v = refused(&r, 400, -32020, json!(2));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Mcp-Param-Count"),
+        "{v}"
+    );
+    let body = call(r#"{"region":"eu"}"#);
+    let r = send(
+        &mut c,
+        &[("Mcp-Param-Region", "eu"), ("Mcp-Param-Count", "1")],
+        &body,
+    );
+    refused(&r, 400, -32020, json!(2));
+    // An absent argument needs no header; unknown Mcp-Param-* are ignored.
+    let r = send(
+        &mut c,
+        &[("Mcp-Param-Region", "eu"), ("Mcp-Param-Other", "x")],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}

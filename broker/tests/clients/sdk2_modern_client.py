@@ -3,8 +3,10 @@ serving protocol 2026-07-28 (stateless, routed by header) on `/mcp`.
 
 `Client` in `auto` mode probes `server/discover`; a server that answers it
 with a `supportedVersions` list holding 2026-07-28 is adopted without any
-`initialize`. This script checks that on the wire, then lists, calls, reads,
-gets a prompt, and answers an elicitation by multi round-trip (MRTR): the
+`initialize`. This script checks that on the wire, then lists, calls (one
+tool whose schema declares `x-mcp-header`, so the SDK adds `Mcp-Param-*`
+headers the broker validates), reads, gets a prompt, and answers an
+elicitation by multi round-trip (MRTR): the
 first `tools/call` comes back as an `InputRequiredResult`, the SDK calls the
 elicitation callback and retries with `inputResponses`, and the tool's
 answer carries what the callback said.
@@ -82,7 +84,7 @@ async def run(url: str) -> None:
 
             tools = wire(await c.list_tools(cache_mode="bypass"))
             names = {t["name"] for t in tools.get("tools", [])}
-            want = {"echo", "echo_text", "test_elicitation"}
+            want = {"echo", "echo_text", "test_elicitation", "test_param_header"}
             expect("tools/list has echo and test_elicitation", want <= names, sorted(want), sorted(names))
 
             args = {"greeting": "héllo, wörld", "n": 3, "nested": {"ok": True, "list": [1, 2.5, None]}}
@@ -95,6 +97,23 @@ async def run(url: str) -> None:
                 args,
                 result.get("structuredContent"),
             )
+            # x-mcp-header: the SDK sends region and count as Mcp-Param-*
+            # headers too (the region non-ASCII, so base64-encoded), and the
+            # broker checks them against the body.
+            before = len(posts)
+            result = wire(await c.call_tool("test_param_header", {"region": "Zürich", "count": 42}))
+            text = single_text("tools/call test_param_header", result)
+            expect("test_param_header got its arguments", text == 'region="Zürich", count=42', "region=...", text)
+            sent = [h for m, _, h, _, _ in posts[before:] if m == "tools/call"]
+            expect(
+                "the SDK sent Mcp-Param-Region and Mcp-Param-Count",
+                len(sent) == 1
+                and sent[0].get("mcp-param-region", "").startswith("=?base64?")
+                and sent[0].get("mcp-param-count") == "42",
+                {"mcp-param-region": "=?base64?...?=", "mcp-param-count": "42"},
+                sent,
+            )
+
             result = wire(await c.read_resource("library://readme", cache_mode="bypass"))
             contents = result.get("contents", [])
             expect(

@@ -27,6 +27,8 @@
 //!    UnsupportedProtocolVersion with `data.supported` (the same list as
 //!    `server/discover`'s `supportedVersions`) and `data.requested`, HTTP 400.
 //! 4. The method: not part of 2026-07-28 here → -32601, HTTP 404.
+//! 5. `tools/call`: the `Mcp-Param-*` headers its tool's input schema
+//!    declares with `x-mcp-header` ([`check_param_headers`]): -32020.
 //!
 //! # `subscriptions/listen`
 //! A POST whose answer is a long-lived SSE stream: first
@@ -484,6 +486,161 @@ pub fn retry_argument(
     Ok(None)
 }
 
+/// The JSON type of a property that carries `x-mcp-header`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParamKind {
+    String,
+    Integer,
+    Boolean,
+}
+
+/// One `x-mcp-header` of a tool's input schema: the header's name after
+/// `Mcp-Param-`, and where its value sits in the arguments.
+#[derive(Debug, PartialEq, Eq)]
+struct ParamHeader {
+    name: String,
+    path: Vec<String>,
+    kind: ParamKind,
+}
+
+/// The `x-mcp-header` properties of an input schema, reached through
+/// chains of `properties` only (the spec's "statically reachable"). A
+/// declaration the spec calls invalid (not a token, on another type, a
+/// repeated name) makes the tool invalid for clients, which then never
+/// call it with headers: it is skipped here rather than enforced.
+fn param_headers(schema: &str) -> Vec<ParamHeader> {
+    fn walk(v: &serde_json::Value, path: &mut Vec<String>, out: &mut Vec<ParamHeader>) {
+        let Some(props) = v.get("properties").and_then(|p| p.as_object()) else {
+            return;
+        };
+        for (key, prop) in props {
+            path.push(key.clone());
+            if let Some(name) = prop.get("x-mcp-header").and_then(|n| n.as_str()) {
+                let kind = match prop.get("type").and_then(|t| t.as_str()) {
+                    Some("string") => Some(ParamKind::String),
+                    Some("integer") => Some(ParamKind::Integer),
+                    Some("boolean") => Some(ParamKind::Boolean),
+                    _ => None,
+                };
+                let token = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if let (Some(kind), true) = (kind, token) {
+                    out.push(ParamHeader {
+                        name: name.to_owned(),
+                        path: path.clone(),
+                        kind,
+                    });
+                }
+            }
+            walk(prop, path, out);
+            path.pop();
+        }
+    }
+    // Most schemas have none: no parse for them.
+    if !schema.contains("x-mcp-header") {
+        return Vec::new();
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(schema) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    walk(&v, &mut Vec::new(), &mut out);
+    let mut seen = std::collections::HashSet::new();
+    let repeated: Vec<String> = out
+        .iter()
+        .map(|p| p.name.to_ascii_lowercase())
+        .filter(|n| !seen.insert(n.clone()))
+        .collect();
+    out.retain(|p| !repeated.contains(&p.name.to_ascii_lowercase()));
+    out
+}
+
+/// Whether an integer-typed header value equals the body's number,
+/// compared numerically (`42.0` equals `42`), as the spec advises.
+fn same_integer(header: &str, body: &serde_json::Value) -> bool {
+    let (int, frac) = header.split_once('.').unwrap_or((header, ""));
+    let digits = int.strip_prefix('-').unwrap_or(int);
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b == b'0')
+        && !header.ends_with('.');
+    if !canonical {
+        return false;
+    }
+    let Ok(h) = int.parse::<i64>() else {
+        return false;
+    };
+    body.as_i64() == Some(h)
+        || body
+            .as_f64()
+            .is_some_and(|f| f.fract() == 0.0 && f == h as f64)
+}
+
+/// `Mcp-Param-*` against a `tools/call`'s arguments, for a tool whose
+/// input schema is `schema` (step 2's last rule): each declared header
+/// must be present, once, and equal the argument at its path when that
+/// argument is present and not null, and absent otherwise. Headers no
+/// schema declares are ignored (the spec: forwarded and otherwise ignored).
+pub fn check_param_headers(
+    h: &HeaderMap,
+    schema: &str,
+    arguments: Option<&RawValue>,
+) -> Result<(), Refusal> {
+    let declared = param_headers(schema);
+    if declared.is_empty() {
+        return Ok(());
+    }
+    let args: serde_json::Value = arguments
+        .and_then(|a| serde_json::from_str(a.get()).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let mismatch = |m: String| Refusal::new(HEADER_MISMATCH, m);
+    for p in &declared {
+        let header = format!("mcp-param-{}", p.name.to_ascii_lowercase());
+        let shown = format!("Mcp-Param-{}", p.name);
+        let value = p
+            .path
+            .iter()
+            .try_fold(&args, |v, k| v.get(k))
+            .filter(|v| !v.is_null());
+        let got = one_header(h, &header)?;
+        match (value, got) {
+            (None, None) => {}
+            (None, Some(_)) => {
+                return Err(mismatch(format!(
+                    "Header mismatch: the {shown} header is set but its argument `{}` is absent",
+                    p.path.join(".")
+                )));
+            }
+            (Some(v), None) => {
+                return Err(mismatch(format!(
+                    "Header mismatch: the {shown} header is required (argument `{}` = {v})",
+                    p.path.join(".")
+                )));
+            }
+            (Some(v), Some(got)) => {
+                let same = match (p.kind, v) {
+                    (ParamKind::String, serde_json::Value::String(s)) => *s == *got,
+                    (ParamKind::Boolean, serde_json::Value::Bool(b)) => {
+                        got == if *b { "true" } else { "false" }
+                    }
+                    (ParamKind::Integer, n @ serde_json::Value::Number(_)) => same_integer(&got, n),
+                    // The body breaks its own schema: the router's
+                    // validation answers that; the header cannot match.
+                    _ => false,
+                };
+                if !same {
+                    return Err(mismatch(format!(
+                        "Header mismatch: {shown} header value '{got}' does not match body value {v}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The change notifications a `subscriptions/listen` asked for and this
 /// edge serves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -735,6 +892,11 @@ impl HttpEdge {
                 ),
             );
         }
+        if method == "tools/call"
+            && let Err(r) = self.param_headers_match(headers, &d, params)
+        {
+            return refusal_response(Some(id), r);
+        }
         if let Some(r) = self.tool_refusal(who, method, params) {
             return r;
         }
@@ -758,6 +920,34 @@ impl HttpEdge {
             ("tools/list", Some(p), Some(auth)) => hide_tools(r, |t| auth.allows_tool(p, t)),
             _ => r,
         }
+    }
+
+    /// `Mcp-Param-*` of a `tools/call`, checked against the called tool's
+    /// input schema as the route table lists it (an unknown tool has none:
+    /// its call fails later, as an unknown tool).
+    fn param_headers_match(
+        &self,
+        headers: &HeaderMap,
+        d: &Declared<'_>,
+        params: Option<&RawValue>,
+    ) -> Result<(), Refusal> {
+        let Some(name) = d.name.as_deref() else {
+            return Ok(());
+        };
+        let routing = self.ctx.shared.routing.load();
+        // A scan of the listing: a tool call costs a guest call anyway.
+        let Some(tool) = routing.table.tool_list.iter().find(|t| &*t.exposed == name) else {
+            return Ok(());
+        };
+        #[derive(Deserialize)]
+        struct Args<'a> {
+            #[serde(borrow, default)]
+            arguments: Option<&'a RawValue>,
+        }
+        let args = params
+            .and_then(|p| serde_json::from_str::<Args<'_>>(p.get()).ok())
+            .and_then(|a| a.arguments);
+        check_param_headers(headers, &tool.item.input_schema, args)
     }
 
     /// `server/discover`: the capabilities `initialize` would report, as a
@@ -992,6 +1182,7 @@ async fn listen_keep_alive(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::header::HeaderValue;
 
     fn raw(s: &str) -> Box<RawValue> {
         RawValue::from_string(s.to_owned()).unwrap()
@@ -1096,6 +1287,60 @@ mod tests {
         let data: serde_json::Value = serde_json::from_str(e.data.as_deref().unwrap()).unwrap();
         assert_eq!(data["requested"], "v999.0.0");
         assert_eq!(data["supported"][0], "2026-07-28");
+    }
+
+    #[test]
+    fn mcp_param_headers_follow_the_tool_schema() {
+        let schema = r#"{"type":"object","properties":{
+            "region":{"type":"string","x-mcp-header":"Region"},
+            "n":{"type":"integer","x-mcp-header":"N"},
+            "deep":{"type":"object","properties":{"on":{"type":"boolean","x-mcp-header":"On"}}},
+            "f":{"type":"number","x-mcp-header":"F"},
+            "list":{"type":"array","items":{"type":"string","x-mcp-header":"Item"}}}}"#;
+        let mut names: Vec<_> = param_headers(schema).into_iter().map(|p| p.name).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["N", "On", "Region"],
+            "number and items-reachable ones are skipped"
+        );
+        let args = raw(r#"{"region":"us-west1","n":42,"deep":{"on":true},"f":1.5}"#);
+        let mut h = HeaderMap::new();
+        let check = |h: &HeaderMap| check_param_headers(h, schema, Some(&args)).map_err(|e| e.code);
+        assert_eq!(check(&h), Err(-32020), "missing");
+        h.insert("mcp-param-region", HeaderValue::from_static("us-west1"));
+        h.insert("mcp-param-n", HeaderValue::from_static("42.0"));
+        h.insert("mcp-param-on", HeaderValue::from_static("true"));
+        assert_eq!(check(&h), Ok(()), "integers compare numerically");
+        h.insert("mcp-param-n", HeaderValue::from_static("43"));
+        assert_eq!(check(&h), Err(-32020));
+        h.insert("mcp-param-n", HeaderValue::from_static("42"));
+        h.insert(
+            "mcp-param-region",
+            HeaderValue::from_static("=?base64?dXMtd2VzdDE=?="),
+        );
+        assert_eq!(check(&h), Ok(()), "base64-encoded");
+        h.insert("mcp-param-on", HeaderValue::from_static("false"));
+        assert_eq!(check(&h), Err(-32020));
+        // An absent or null argument: no header expected, none accepted.
+        let args = raw(r#"{"region":null,"n":42,"deep":{"on":true}}"#);
+        let mut h = HeaderMap::new();
+        h.insert("mcp-param-n", HeaderValue::from_static("42"));
+        h.insert("mcp-param-on", HeaderValue::from_static("true"));
+        assert_eq!(
+            check_param_headers(&h, schema, Some(&args)).map_err(|e| e.code),
+            Ok(())
+        );
+        h.insert("mcp-param-region", HeaderValue::from_static("x"));
+        assert_eq!(
+            check_param_headers(&h, schema, Some(&args)).map_err(|e| e.code),
+            Err(-32020)
+        );
+        // No declaration: nothing checked.
+        assert_eq!(
+            check_param_headers(&h, "{}", Some(&args)).map_err(|e| e.code),
+            Ok(())
+        );
     }
 
     #[test]
