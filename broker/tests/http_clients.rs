@@ -139,8 +139,10 @@ fn python_sdk_2x_client_in_legacy_mode_initializes_then_uses_everything() {
 
 /// The 2.x SDK's default `Client`: `server/discover` is answered, the
 /// client adopts 2026-07-28 without `initialize`, and lists, calls, reads,
-/// gets a prompt and answers an elicitation by multi round-trip. The broker
-/// serves the default routers plus `conformance` (`test_elicitation`).
+/// gets a prompt, answers an elicitation by multi round-trip, and gets
+/// `tools/list_changed` on a `subscriptions/listen` stream when a reload
+/// adds a router. The broker serves the default routers plus `conformance`
+/// (`test_elicitation`, `test_param_header`).
 #[test]
 fn python_sdk_2x_client_in_default_mode_ends_on_2026_07_28_with_mrtr_elicitation() {
     let python = installed(
@@ -151,9 +153,34 @@ fn python_sdk_2x_client_in_default_mode_ends_on_2026_07_28_with_mrtr_elicitation
         "{}\n[[routers]]\nname = \"conformance\"\nwasm = \"conformance.wasm\"\n",
         mcp_broker::config::DEFAULT_TOML
     );
-    let broker = Broker::start_with_config(&toml, &["--shards", "2"]);
+    // The config lives in a file of this test's: rewritten (chaos added)
+    // once the broker runs, so that the script's `POST /admin/reload`
+    // changes the tool list while its listen stream is open.
+    let dir = std::env::temp_dir().join(format!("mcp-sdk2-modern-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broker.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let broker = Broker::start_command(
+        None,
+        &["--config", path.to_str().unwrap(), "--shards", "2"],
+        |_| {},
+    );
+    std::fs::write(
+        &path,
+        format!("{toml}\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n"),
+    )
+    .unwrap();
     let url = broker.mcp_url();
-    client_passes_on(broker, url, "sdk2-modern", python, "sdk2_modern_client.py");
+    let reload = format!("http://{}/admin/reload", broker.metrics);
+    let script = clients_dir().join("sdk2_modern_client.py");
+    let (ok, stdout, stderr) = run_bounded(&python, &[script.to_str().unwrap(), &url, &reload]);
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        ok && stdout.contains("sdk2-modern client: ok"),
+        "sdk2-modern client failed against {url}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
 }
 
 #[test]

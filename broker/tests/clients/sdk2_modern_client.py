@@ -14,7 +14,12 @@ answer carries what the callback said.
 The broker must serve the embedded default routers plus `conformance`
 (whose `test_elicitation` elicits): broker/tests/http_clients.rs starts it so.
 
-Usage: .tools/mcp2/bin/python sdk2_modern_client.py http://127.0.0.1:PORT/mcp
+With a second argument, the broker's `POST /admin/reload` URL, it also
+opens a `subscriptions/listen` stream, calls that URL (the test has rewritten
+the config so that the reload adds tools) and expects
+`notifications/tools/list_changed` on the stream.
+
+Usage: .tools/mcp2/bin/python sdk2_modern_client.py http://127.0.0.1:PORT/mcp [RELOAD_URL]
 Prints one `ok:` line per check and `sdk2-modern client: ok` at the end;
 exits 1 with the failed step, the expected and the received value otherwise.
 """
@@ -27,9 +32,11 @@ import json
 import sys
 from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client
+from mcp.client.subscriptions import ToolsListChanged
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -38,7 +45,7 @@ from scenario import Mismatch, expect, leaves, single_text, wire
 MODERN = "2026-07-28"
 
 
-async def run(url: str) -> None:
+async def run(url: str, reload_url: str | None) -> None:
     # (JSON-RPC method, HTTP status, request headers, response headers,
     # request body) of every POST, in order.
     posts: list[tuple[str, int, dict[str, str], dict[str, str], dict[str, Any]]] = []
@@ -157,6 +164,29 @@ async def run(url: str) -> None:
                 calls,
             )
 
+            if reload_url is not None:
+                # subscriptions/listen: acknowledged, then tools/list_changed
+                # when a reload (the test rewrote the config) adds tools.
+                async with c.listen(tools_list_changed=True, resource_subscriptions=["x://y"]) as sub:
+                    honored = wire(sub.honored)
+                    expect(
+                        "listen acknowledged toolsListChanged only",
+                        honored == {"toolsListChanged": True},
+                        {"toolsListChanged": True},
+                        honored,
+                    )
+                    async with httpx2.AsyncClient() as admin:
+                        r = await admin.post(reload_url)
+                    expect("POST /admin/reload applied", r.status_code == 200, 200, r.status_code)
+                    with anyio.fail_after(10):
+                        event = await sub.__anext__()
+                    expect(
+                        "the listen stream got tools/list_changed",
+                        isinstance(event, ToolsListChanged),
+                        "ToolsListChanged",
+                        repr(event),
+                    )
+
             expect(
                 "every request carried Mcp-Method and MCP-Protocol-Version",
                 all(h.get("mcp-method") == m and h.get("mcp-protocol-version") == MODERN for m, _, h, _, _ in posts),
@@ -174,13 +204,14 @@ async def run(url: str) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         return 2
     url = sys.argv[1]
+    reload_url = sys.argv[2] if len(sys.argv) == 3 else None
     print(f"mcp {importlib.metadata.version('mcp')} -> {url}", flush=True)
     try:
-        asyncio.run(asyncio.wait_for(run(url), 60))
+        asyncio.run(asyncio.wait_for(run(url, reload_url), 60))
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then exit 1
         found = leaves(e)
