@@ -745,3 +745,60 @@ fn mcp_param_headers_declared_by_x_mcp_header_are_validated_against_the_body() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// Scale-out without stickiness: two brokers (as behind a plain
+/// round-robin balancer), each POST of one client going to the other one
+/// than its previous POST. Discovery, listing, a call, and a multi
+/// round-trip whose first leg and retry land on different brokers all work,
+/// since nothing is kept between requests.
+#[test]
+fn two_brokers_serve_one_client_alternately_with_no_stickiness() {
+    let brokers = [broker(), broker()];
+    let mut next = 0;
+    let mut send = |method: &str, name: Option<&str>, body: &str| {
+        let b = &brokers[next % 2];
+        next += 1;
+        let mut c = Conn::connect(b.http);
+        modern(&mut c, method, name, body)
+    };
+    let r = send("server/discover", None, &req("1", "server/discover", ""));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send("tools/list", None, &req("2", "tools/list", ""));
+    assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text());
+    let r = send(
+        "tools/call",
+        Some("echo"),
+        &req("3", "tools/call", r#""name":"echo","arguments":{"x":1}"#),
+    );
+    assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text());
+    let args = r#""name":"test_elicitation","arguments":{"message":"Who are you?"}"#;
+    let r = send(
+        "tools/call",
+        Some("test_elicitation"),
+        &req("4", "tools/call", args),
+    );
+    assert_eq!(
+        r.json()["result"]["resultType"],
+        "input_required",
+        "{}",
+        r.text()
+    );
+    let retry = format!(
+        r#"{args},"inputResponses":{{"elicitation":{{"action":"accept","content":{{"username":"ada","email":"ada@example.com"}}}}}}"#
+    );
+    let r = send(
+        "tools/call",
+        Some("test_elicitation"),
+        &req("5", "tools/call", &retry),
+    );
+    let v = r.json();
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("ada@example.com"),
+        "{v}"
+    );
+    assert_eq!(next, 5, "the five requests alternated between the brokers");
+}
