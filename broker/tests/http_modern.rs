@@ -802,3 +802,41 @@ fn two_brokers_serve_one_client_alternately_with_no_stickiness() {
     );
     assert_eq!(next, 5, "the five requests alternated between the brokers");
 }
+
+/// Closing a 2026-07-28 request's connection cancels its call: the guest
+/// stops at once and frees its instance (one per shard here, one shard),
+/// so the next call of that router does not wait for the abandoned one.
+#[test]
+fn closing_the_connection_of_a_call_cancels_it_in_the_guest() {
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ninstances_per_shard = 1\nqueue_depth = 4\ncall_deadline = \"5s\"\n",
+        mcp_broker::config::DEFAULT_TOML
+    );
+    let b = Broker::start_with_config(&toml, &["--shards", "1"]);
+    let slow = req(
+        "1",
+        "tools/call",
+        r#""name":"spin","arguments":{"ms":4000}"#,
+    );
+    let mut c = Conn::connect(b.http);
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: tools/call\r\nMcp-Name: spin\r\nContent-Length: {}\r\n\r\n{slow}",
+            slow.len()
+        )
+        .as_bytes(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(c);
+    let t0 = std::time::Instant::now();
+    let mut c = Conn::connect(b.http);
+    let quick = req("2", "tools/call", r#""name":"spin","arguments":{"ms":1}"#);
+    let r = modern(&mut c, "tools/call", Some("spin"), &quick);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["isError"], false, "{}", r.text());
+    assert!(
+        t0.elapsed() < std::time::Duration::from_millis(2500),
+        "the abandoned call still held the instance: {:?}",
+        t0.elapsed()
+    );
+}
