@@ -481,6 +481,7 @@ impl Shared {
                 s.emit_standalone(msg.as_bytes());
             }
         }
+        self.http_sessions.listeners().notify(kinds);
         let observers = self
             .list_observers
             .lock()

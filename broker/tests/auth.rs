@@ -757,3 +757,69 @@ fn mcp_loadgen_sends_its_token_on_every_edge() {
     }
     assert!(r["requests"].as_u64().unwrap_or(0) == 0, "{r}");
 }
+
+/// Protocol 2026-07-28 requests (stateless, broker/tests/http_modern.rs)
+/// are authenticated like any other, their listings are marked private
+/// (they depend on the token) and filtered, and tool rules hold.
+#[test]
+fn protocol_2026_07_28_requests_need_a_token_and_get_private_filtered_listings() {
+    use common::http::{ACCEPT_BOTH, JSON};
+    let f = Fixture::start("modern");
+    let b = &f.b;
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let send = |auth: Option<&str>, method: &str, name: Option<&str>, body: &str| {
+        let mut c = Conn::connect(b.http);
+        let mut h = vec![
+            ACCEPT_BOTH,
+            JSON,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", method),
+        ];
+        if let Some(a) = auth {
+            h.push(("Authorization", a));
+        }
+        if let Some(n) = name {
+            h.push(("Mcp-Name", n));
+        }
+        c.request("POST", "/mcp", &h, body.as_bytes())
+    };
+    let list = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{{meta}}}}}"#);
+    let r = send(None, "tools/list", None, &list);
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(
+        r.header("www-authenticate")
+            .is_some_and(|w| w.contains("resource_metadata=")),
+        "{:?}",
+        r.headers
+    );
+    let alice = format!("Bearer {}", f.token("alice", "mcp"));
+    let r = send(Some(&alice), "tools/list", None, &list);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["result"]["cacheScope"], "private", "{v}");
+    let names: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"get") && !names.contains(&"put"),
+        "{names:?}"
+    );
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{{meta},"name":"put","arguments":{{"key":"k","value":1}}}}}}"#
+    );
+    let r = send(Some(&alice), "tools/call", Some("put"), &call);
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(
+        r.header("www-authenticate")
+            .is_some_and(|w| w.contains("insufficient_scope")),
+        "{:?}",
+        r.headers
+    );
+    let writer = format!("Bearer {}", f.token("bob", "mcp kv:write"));
+    let r = send(Some(&writer), "tools/call", Some("put"), &call);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text());
+}

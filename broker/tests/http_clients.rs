@@ -1,7 +1,9 @@
 //! Stock MCP clients against the real broker's Streamable HTTP edge, on the
 //! embedded default config (routers `echo`, `kv`, `library`): the Python
 //! `mcp` SDK 1.x (`streamablehttp_client` + `ClientSession`) and 2.x
-//! (`Client`, which probes `server/discover` first), and MCP Inspector's CLI.
+//! (`Client`: forced to the `initialize` handshake with `mode="legacy"`, and
+//! in its default mode, where it probes `server/discover` and ends on
+//! 2026-07-28, stateless), and MCP Inspector's CLI.
 //! Each lists and calls the bundled tools, reads library resources, gets
 //! prompts with arguments; the SDKs also keep `kv` state within a session
 //! (the Inspector runs each method in its own session, so it checks that the
@@ -102,6 +104,10 @@ fn run_bounded(program: &Path, args: &[&str]) -> (bool, String, String) {
 /// check in it passed (its last line says so).
 fn client_passes(label: &str, interpreter: PathBuf, script: &str) {
     let (broker, url) = start_broker();
+    client_passes_on(broker, url, label, interpreter, script);
+}
+
+fn client_passes_on(broker: Broker, url: String, label: &str, interpreter: PathBuf, script: &str) {
     let script = clients_dir().join(script);
     let (ok, stdout, stderr) = run_bounded(&interpreter, &[script.to_str().unwrap(), &url]);
     drop(broker);
@@ -120,13 +126,61 @@ fn python_sdk_1x_client_uses_tools_resources_prompts_and_session_kv_state() {
     client_passes("sdk1", python, "sdk1_client.py");
 }
 
+/// The 2.x SDK on the session-based revisions (`mode="legacy"`): its
+/// default mode now ends on 2026-07-28 (the next test).
 #[test]
-fn python_sdk_2x_client_falls_back_from_server_discover_then_uses_everything() {
+fn python_sdk_2x_client_in_legacy_mode_initializes_then_uses_everything() {
     let python = installed(
         repo().join(".tools/mcp2/bin/python"),
         "the Python mcp SDK 2.x",
     );
     client_passes("sdk2", python, "sdk2_client.py");
+}
+
+/// The 2.x SDK's default `Client`: `server/discover` is answered, the
+/// client adopts 2026-07-28 without `initialize`, and lists, calls, reads,
+/// gets a prompt, answers an elicitation by multi round-trip, and gets
+/// `tools/list_changed` on a `subscriptions/listen` stream when a reload
+/// adds a router. The broker serves the default routers plus `conformance`
+/// (`test_elicitation`, `test_param_header`).
+#[test]
+fn python_sdk_2x_client_in_default_mode_ends_on_2026_07_28_with_mrtr_elicitation() {
+    let python = installed(
+        repo().join(".tools/mcp2/bin/python"),
+        "the Python mcp SDK 2.x",
+    );
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"conformance\"\nwasm = \"conformance.wasm\"\n",
+        mcp_broker::config::DEFAULT_TOML
+    );
+    // The config lives in a file of this test's: rewritten (chaos added)
+    // once the broker runs, so that the script's `POST /admin/reload`
+    // changes the tool list while its listen stream is open.
+    let dir = std::env::temp_dir().join(format!("mcp-sdk2-modern-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broker.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let broker = Broker::start_command(
+        None,
+        &["--config", path.to_str().unwrap(), "--shards", "2"],
+        |_| {},
+    );
+    std::fs::write(
+        &path,
+        format!("{toml}\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n"),
+    )
+    .unwrap();
+    let url = broker.mcp_url();
+    let reload = format!("http://{}/admin/reload", broker.metrics);
+    let script = clients_dir().join("sdk2_modern_client.py");
+    let (ok, stdout, stderr) = run_bounded(&python, &[script.to_str().unwrap(), &url, &reload]);
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        ok && stdout.contains("sdk2-modern client: ok"),
+        "sdk2-modern client failed against {url}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
 }
 
 #[test]

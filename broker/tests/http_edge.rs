@@ -413,8 +413,11 @@ fn transport_rules_have_their_statuses() {
     assert_eq!(r.status, 404);
 }
 
+/// `server/discover` belongs to 2026-07-28 (broker/tests/http_modern.rs has
+/// its rules): a malformed probe is refused by them, a well-formed one is
+/// answered, and the handshake era goes on beside it on one connection.
 #[test]
-fn a_2026_discovery_probe_gets_a_clean_4xx() {
+fn server_discover_follows_the_2026_rules_beside_the_session_era() {
     let b = broker();
     let mut c = Conn::connect(b.http);
     let r = c.post(
@@ -422,15 +425,21 @@ fn a_2026_discovery_probe_gets_a_clean_4xx() {
         r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#,
     );
     assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.json()["error"]["code"], -32601);
+    assert_eq!(r.json()["error"]["code"], -32602, "no _meta");
     let r = c.request(
         "POST",
         "/mcp",
-        &[ACCEPT_BOTH, JSON, ("MCP-Protocol-Version", "2026-07-28")],
-        br#"{"jsonrpc":"2.0","id":1,"method":"server/discover"}"#,
+        &[
+            ACCEPT_BOTH,
+            JSON,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "server/discover"),
+        ],
+        br#"{"jsonrpc":"2.0","id":2,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#,
     );
-    assert_eq!(r.status, 400, "{}", r.text());
-    // The client then falls back to initialize on the same connection.
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["supportedVersions"][0], "2026-07-28");
+    assert!(r.header("mcp-session-id").is_none());
     c.initialize("2025-11-25");
 }
 

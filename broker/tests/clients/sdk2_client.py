@@ -1,11 +1,14 @@
 """The Python `mcp` SDK 2.x (`mcp.Client`) against an MCP Streamable HTTP
 endpoint serving the bundled routers.
 
-`Client` in its default mode (`auto`) first probes `server/discover` (the
-2026-07-28 revision) and falls back to `initialize` when the server refuses
-the probe. This script checks that exchange on the wire for every session it
-opens: the probe is answered with an HTTP 4xx, then `initialize` succeeds
-and a handshake-era protocol version is negotiated.
+The broker now serves 2026-07-28 beside the handshake-era revisions, so
+`Client` in its default mode (`auto`) adopts 2026-07-28 after its
+`server/discover` probe (sdk2_modern_client.py checks that). This script
+covers the 2.x SDK on the session-based revisions instead: `mode="legacy"`
+forces the `initialize` handshake, and for every session it opens the script
+checks on the wire that `initialize` is the first POST (no probe), answered
+200 with an `Mcp-Session-Id`, and that a handshake-era version is negotiated;
+then the shared scenario runs (ping, kv state within a session, ...).
 
 Usage: .tools/mcp2/bin/python sdk2_client.py http://127.0.0.1:PORT/mcp
 Prints one `ok:` line per check and `sdk2 client: ok` at the end; exits 1
@@ -80,8 +83,9 @@ def main() -> int:
 
     @asynccontextmanager
     async def connect() -> AsyncIterator[Sdk2Session]:
-        # (JSON-RPC method, HTTP status) of every POST, in order.
-        posts: list[tuple[str, int]] = []
+        # (JSON-RPC method, HTTP status, whether a session id came back) of
+        # every POST, in order.
+        posts: list[tuple[str, int, bool]] = []
 
         async def record(response: httpx2.Response) -> None:
             if response.request.method == "POST":
@@ -89,26 +93,23 @@ def main() -> int:
                     method = json.loads(response.request.content).get("method", "(response)")
                 except (ValueError, AttributeError):
                     method = "(unparsed)"
-                posts.append((method, response.status_code))
+                posts.append((method, response.status_code, "mcp-session-id" in response.headers))
 
         http = create_mcp_http_client()
         http.event_hooks["response"].append(record)
         async with http:
-            async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=20) as client:
-                probe = posts[0] if posts else None
-                if probe is None or probe[0] != "server/discover" or not 400 <= probe[1] < 500:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, read_timeout_seconds=20, mode="legacy") as client:
+                if posts[:1] != [("initialize", 200, True)]:
                     raise Mismatch(
-                        "connect: expected the server/discover probe first, answered with an HTTP 4xx\n"
-                        f"  got POSTs {posts}"
+                        "connect: expected initialize first, answered 200 with an Mcp-Session-Id\n"
+                        f"  got POSTs (method, status, session id issued) {posts}"
                     )
-                if [m for m, _ in posts[1:2]] != ["initialize"] or posts[1][1] != 200:
-                    raise Mismatch(f"connect: expected initialize (200) after the refused probe\n  got POSTs {posts}")
                 if client.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
                     raise Mismatch(
-                        f"connect: expected a handshake-era protocol after the fallback, "
-                        f"got {client.protocol_version!r}"
+                        f"connect: expected a handshake-era protocol in legacy mode, got {client.protocol_version!r}"
                     )
-                print(f"ok: server/discover refused with HTTP {probe[1]}, fell back to initialize", flush=True)
+                print(f"ok: legacy mode initialized a session at {client.protocol_version}", flush=True)
                 yield Sdk2Session(client)
 
     print(f"mcp {importlib.metadata.version('mcp')} -> {url}", flush=True)

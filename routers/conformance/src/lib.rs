@@ -404,6 +404,14 @@ impl Guest for Conformance {
                  convention)",
                 r#"{"type":"object","properties":{"prompt":{"type":"string","description":"The prompt to send to the LLM"}},"required":["prompt"]}"#,
             ),
+            // SEP-2243 (protocol 2026-07-28): a tool whose arguments a
+            // client also sends as `Mcp-Param-*` headers, which the broker
+            // validates against the body.
+            tool(
+                "test_param_header",
+                "Tests x-mcp-header: region and count are also sent as Mcp-Param-Region / Mcp-Param-Count",
+                r#"{"type":"object","properties":{"region":{"type":"string","x-mcp-header":"Region"},"count":{"type":"integer","x-mcp-header":"Count"}},"required":["region"]}"#,
+            ),
             tool(
                 "test_elicitation",
                 "Tests server-initiated elicitation (user input request)",
@@ -446,6 +454,11 @@ impl Guest for Conformance {
     fn call_tool(tool_name: String, arguments: String) -> Result<Response, ToolError> {
         let args = parse_args(&arguments)?;
         match tool_name.as_str() {
+            "test_param_header" => Ok(completed(vec![text(format!(
+                "region={}, count={}",
+                args.get("region").unwrap_or(&Value::Null),
+                args.get("count").unwrap_or(&Value::Null)
+            ))])),
             "test_simple_text" => Ok(completed(vec![text(
                 "This is a simple text response for testing.",
             )])),

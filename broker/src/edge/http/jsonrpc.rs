@@ -234,7 +234,7 @@ struct Envelope<'a> {
     error: Option<&'a RawValue>,
 }
 
-fn first_byte(raw: &RawValue) -> u8 {
+pub fn first_byte(raw: &RawValue) -> u8 {
     // A RawValue holds no surrounding whitespace, and is never empty.
     raw.get().as_bytes().first().copied().unwrap_or(b' ')
 }
@@ -244,7 +244,7 @@ fn is_string_or_number(raw: &RawValue) -> bool {
 }
 
 /// The text of a JSON string value: borrowed unless it has escapes.
-fn string_of(raw: &RawValue) -> Option<Cow<'_, str>> {
+pub fn string_of(raw: &RawValue) -> Option<Cow<'_, str>> {
     let t = raw.get();
     if !t.starts_with('"') {
         return None;
@@ -568,7 +568,7 @@ struct ElicitationModes<'a> {
 /// Whether a client's `capabilities.elicitation` covers form mode, the one
 /// routers use: 2025-06-18's `{}` does, and so does 2025-11-25's
 /// `{"form":{}}`; `{"url":{}}` alone does not.
-fn form_elicitation(elicitation: Option<&RawValue>) -> bool {
+pub fn form_elicitation(elicitation: Option<&RawValue>) -> bool {
     let Some(e) = elicitation.filter(|e| first_byte(e) == b'{') else {
         return false;
     };
@@ -1367,7 +1367,7 @@ pub fn write_response_for(
         }
     };
     if let Some(e) = resp.payload_as_error_response() {
-        return write_frame_error(out, id, info, method, e.error());
+        return write_frame_error(out, id, info, method, e.error(), version);
     }
     if let Some(tr) = resp.payload_as_tool_result() {
         // Verified with the response; checked again so that a failure is
@@ -1433,6 +1433,7 @@ fn write_frame_error(
     info: &RequestInfo<'_>,
     method: Method,
     e: mcp_schema::fb::Error<'_>,
+    version: &str,
 ) {
     let frame_code = e.code();
     // A tool's own failure and its refusal of the arguments it was given
@@ -1460,9 +1461,17 @@ fn write_frame_error(
         t.end();
         return o.end();
     }
-    let rpc_code = error_code_for(method, frame_code);
+    let mut rpc_code = error_code_for(method, frame_code);
+    // 2026-07-28 retired -32002 for an unknown resource: it is invalid
+    // params there (still with `data.uri`).
+    if rpc_code == code::RESOURCE_NOT_FOUND
+        && ErrorCode::from_code(frame_code) == Some(ErrorCode::NotFound)
+        && version == MODERN_VERSION
+    {
+        rpc_code = code::INVALID_PARAMS;
+    }
     let mut data_buf = Vec::new();
-    let data: Option<&str> = if rpc_code == code::RESOURCE_NOT_FOUND
+    let data: Option<&str> = if error_code_for(method, frame_code) == code::RESOURCE_NOT_FOUND
         && ErrorCode::from_code(frame_code) == Some(ErrorCode::NotFound)
     {
         info.uri.as_deref().map(|uri| {
@@ -1943,6 +1952,161 @@ pub fn write_elicitation_create(out: &mut Vec<u8>, id: &str, frame: &[u8]) -> bo
     ps.end();
     o.end();
     true
+}
+
+/// The 2026-07-28 revision's version string (the modern era).
+pub const MODERN_VERSION: &str = "2026-07-28";
+
+/// `server/discover`'s `DiscoverResult` from an InitializeResponse frame
+/// (the same capabilities `initialize` reports): `supportedVersions`,
+/// `capabilities`, `instructions`, the caching hints the revision requires
+/// (`ttlMs`, `cacheScope`) and `serverInfo` under `_meta`, where 2026-07-28
+/// moved it. `listChanged` is `notifies`: whether the edge delivers them
+/// (over `subscriptions/listen`, on every route table change, whatever the
+/// routers say); `subscribe` is `false` (resource subscriptions are not
+/// served on listen yet).
+/// An error frame is written as the error it is.
+pub fn write_discover(
+    out: &mut Vec<u8>,
+    id: &Id<'_>,
+    frame: &[u8],
+    versions: &[&str],
+    cache_scope: &str,
+    notifies: bool,
+) {
+    let Some(r) = ResponseView::parse(frame)
+        .ok()
+        .and_then(|v| v.response.payload_as_initialize_response())
+    else {
+        let info = RequestInfo::new(Method::Initialize);
+        return write_response_for(out, id, &info, frame, MODERN_VERSION);
+    };
+    let c = r.server_capabilities();
+    let mut o = envelope_start(out, Some(id));
+    let mut res = Obj::new(o.key("result"));
+    res.raw("resultType", "\"complete\"");
+    let mut vs = Arr::new(res.key("supportedVersions"));
+    for v in versions {
+        write_json_string(v, vs.item());
+    }
+    vs.end();
+    let mut caps = Obj::new(res.key("capabilities"));
+    if c.supports_tools() {
+        let mut t = Obj::new(caps.key("tools"));
+        t.bool("listChanged", notifies);
+        t.end();
+    }
+    if c.supports_resources() {
+        let mut t = Obj::new(caps.key("resources"));
+        t.bool("subscribe", false);
+        t.bool("listChanged", notifies);
+        t.end();
+    }
+    if c.supports_prompts() {
+        let mut t = Obj::new(caps.key("prompts"));
+        t.bool("listChanged", notifies);
+        t.end();
+    }
+    if c.supports_completions() {
+        caps.raw("completions", "{}");
+    }
+    caps.end();
+    if let Some(i) = r.instructions().filter(|i| !i.is_empty()) {
+        res.str("instructions", i);
+    }
+    res.raw("ttlMs", "0");
+    res.str("cacheScope", cache_scope);
+    let mut meta = Obj::new(res.key("_meta"));
+    let mut si = Obj::new(meta.key("io.modelcontextprotocol/serverInfo"));
+    si.str("name", c.server_name().unwrap_or("mcp-broker"));
+    si.str("version", c.server_version().unwrap_or(""));
+    si.end();
+    meta.end();
+    res.end();
+    o.end();
+}
+
+/// Multi round-trip (2026-07-28): an ElicitationRequest frame →
+/// `{"resultType":"input_required","inputRequests":{<key>:{"method":
+/// "elicitation/create","params":{"mode":"form",message,requestedSchema}}}}`
+/// (the schema as [`write_elicitation_create`] sends it). Returns `false`
+/// (nothing written) for any other frame.
+pub fn write_input_required_elicitation(
+    out: &mut Vec<u8>,
+    id: &Id<'_>,
+    key: &str,
+    frame: &[u8],
+) -> bool {
+    let Some(e) = ResponseView::parse(frame)
+        .ok()
+        .and_then(|v| v.response.payload_as_elicitation_request())
+    else {
+        return false;
+    };
+    let mut o = envelope_start(out, Some(id));
+    let mut res = Obj::new(o.key("result"));
+    res.raw("resultType", "\"input_required\"");
+    let mut reqs = Obj::new(res.key("inputRequests"));
+    let mut r = Obj::new(reqs.key_escaped(key));
+    r.raw("method", "\"elicitation/create\"");
+    let mut ps = Obj::new(r.key("params"));
+    ps.raw("mode", "\"form\"");
+    ps.str("message", e.message());
+    let schema = object_schema(e.schema(), true);
+    ps.raw(
+        "requestedSchema",
+        schema
+            .as_deref()
+            .unwrap_or("{\"type\":\"object\",\"properties\":{}}"),
+    );
+    write_meta(&mut ps, e.meta());
+    ps.end();
+    r.end();
+    reqs.end();
+    res.end();
+    o.end();
+    true
+}
+
+/// Multi round-trip: a tool result that asks for sampling
+/// ([`sampling_request`]'s `params`, one JSON object) → an
+/// `InputRequiredResult` with one `sampling/createMessage` input request.
+pub fn write_input_required_sampling(out: &mut Vec<u8>, id: &Id<'_>, key: &str, params: &str) {
+    let mut o = envelope_start(out, Some(id));
+    let mut res = Obj::new(o.key("result"));
+    res.raw("resultType", "\"input_required\"");
+    let mut reqs = Obj::new(res.key("inputRequests"));
+    let mut r = Obj::new(reqs.key_escaped(key));
+    r.raw("method", "\"sampling/createMessage\"");
+    r.raw("params", params.trim());
+    r.end();
+    reqs.end();
+    res.end();
+    o.end();
+}
+
+/// Marks a response written by [`write_response_for`] as a 2026-07-28
+/// complete result: `"resultType":"complete"` first in `result` (required
+/// on every result of that revision), plus the caching hints
+/// `"ttlMs":0,"cacheScope":<scope>` when `cache_scope` is given (required
+/// on listings and `resources/read`). An error response is left as is.
+pub fn mark_complete(out: &mut Vec<u8>, id: &Id<'_>, cache_scope: Option<&str>) {
+    const HEAD: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":";
+    const RESULT: &[u8] = b",\"result\":{";
+    let at = HEAD.len() + id.get().len() + RESULT.len();
+    if out.len() <= at || !out[..at].starts_with(HEAD) || !out[..at].ends_with(RESULT) {
+        return;
+    }
+    let mut ins = Vec::with_capacity(64);
+    ins.extend_from_slice(b"\"resultType\":\"complete\"");
+    if let Some(scope) = cache_scope {
+        ins.extend_from_slice(b",\"ttlMs\":0,\"cacheScope\":");
+        write_json_string(scope, &mut ins);
+    }
+    if out[at] != b'}' {
+        ins.push(b',');
+    }
+    out.splice(at..at, ins);
 }
 
 #[derive(Deserialize)]

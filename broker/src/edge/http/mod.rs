@@ -1,5 +1,6 @@
-//! The MCP Streamable HTTP edge (spec revisions 2024-11-05 to 2025-11-25),
-//! served on the shard threads.
+//! The MCP Streamable HTTP edge (spec revisions 2024-11-05 to 2025-11-25
+//! with sessions, and 2026-07-28 stateless: [`modern`]), served on the
+//! shard threads.
 //!
 //! Every shard has its own `SO_REUSEPORT` listener on `[http] listen`; a
 //! connection is served by hyper's HTTP/1.1 server on the shard that
@@ -22,6 +23,7 @@
 //!   it is serving and closes; open SSE streams end.
 
 pub mod jsonrpc;
+pub mod modern;
 mod rt;
 pub mod session;
 
@@ -57,7 +59,8 @@ use crate::dispatch::{LiveOut, ShardCtx};
 use crate::local::Latch;
 use crate::metrics;
 
-/// Protocol versions the edge speaks, oldest first.
+/// The handshake-era protocol versions the edge speaks (with sessions),
+/// oldest first; 2026-07-28 is [`modern`]'s.
 pub const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
 /// Whether `m` runs in a router (and so may take long enough to cancel).
@@ -340,7 +343,6 @@ impl hyper::body::Body for Body {
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
 const SESSION_HEADER: &str = "mcp-session-id";
-const VERSION_HEADER: &str = "mcp-protocol-version";
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
@@ -561,18 +563,10 @@ impl HttpEdge {
                 );
             }
         }
-        if let Some(v) = header_str(req.headers(), VERSION_HEADER)
-            && !VERSIONS.contains(&v)
-        {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidRequest.code(),
-                &format!(
-                    "unsupported MCP-Protocol-Version `{v}` (supported: {})",
-                    VERSIONS.join(", ")
-                ),
-            );
-        }
+        // The era, from the version header alone: a modern (2026-07-28, or
+        // unknown) version is served statelessly below; none or a
+        // handshake-era one keeps the session rules.
+        let modern = modern::is_modern(req.headers());
         if self.ctx.shared.is_draining() {
             let mut r = refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -592,6 +586,23 @@ impl HttpEdge {
             },
         };
         let who = who.as_deref();
+        if modern {
+            return match *req.method() {
+                HttpMethod::POST => self.post_modern(req, who).await,
+                // No sessions, no GET stream (`subscriptions/listen`
+                // replaces it), nothing to DELETE.
+                _ => {
+                    let mut r = refuse(
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        ErrorCode::InvalidRequest.code(),
+                        "method not allowed: protocol 2026-07-28 is served by POST only (no sessions)",
+                    );
+                    r.headers_mut()
+                        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+                    r
+                }
+            };
+        }
         match *req.method() {
             HttpMethod::POST => self.post(req, who).await,
             HttpMethod::GET => self.get(req, who),
@@ -653,26 +664,26 @@ impl HttpEdge {
         ))
     }
 
-    async fn post(
-        self: Rc<Self>,
+    /// A POST's head checks (406, 415, 413) and its body, read within the
+    /// limits; the refusal to send otherwise. Both eras start here.
+    async fn read_post(
+        &self,
         req: Request<Incoming>,
-        who: Option<&Principal>,
-    ) -> Response<Body> {
-        let arrived = Instant::now();
+    ) -> Result<(HeaderMap, Bytes), Response<Body>> {
         let h = req.headers();
         if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
-            return refuse(
+            return Err(refuse(
                 StatusCode::NOT_ACCEPTABLE,
                 ErrorCode::InvalidRequest.code(),
                 "not acceptable: the client must accept both application/json and text/event-stream",
-            );
+            ));
         }
         if !is_json_content(h) {
-            return refuse(
+            return Err(refuse(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 ErrorCode::InvalidRequest.code(),
                 "unsupported media type: the body must be application/json",
-            );
+            ));
         }
         let max = self.cfg.max_body_bytes;
         let too_large = || {
@@ -686,19 +697,19 @@ impl HttpEdge {
             .and_then(|v| v.parse::<u64>().ok())
             .is_some_and(|n| n > max as u64)
         {
-            return too_large();
+            return Err(too_large());
         }
-        let session_header = header_str(h, SESSION_HEADER).map(str::to_owned);
-        let read = monoio::time::timeout(self.cfg.body_timeout, read_body(req.into_body(), max));
+        let (parts, body) = req.into_parts();
+        let read = monoio::time::timeout(self.cfg.body_timeout, read_body(body, max));
         let body = match read.await {
             Ok(Ok(b)) => b,
-            Ok(Err(BodyError::TooLarge)) => return too_large(),
+            Ok(Err(BodyError::TooLarge)) => return Err(too_large()),
             Ok(Err(BodyError::Broken(e))) => {
-                return refuse(
+                return Err(refuse(
                     StatusCode::BAD_REQUEST,
                     ErrorCode::InvalidRequest.code(),
                     &format!("bad request: the body could not be read: {e}"),
-                );
+                ));
             }
             Err(_) => {
                 let mut r = refuse(
@@ -708,9 +719,23 @@ impl HttpEdge {
                 );
                 r.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                return r;
+                return Err(r);
             }
         };
+        Ok((parts.headers, body))
+    }
+
+    async fn post(
+        self: Rc<Self>,
+        req: Request<Incoming>,
+        who: Option<&Principal>,
+    ) -> Response<Body> {
+        let arrived = Instant::now();
+        let (headers, body) = match self.read_post(req).await {
+            Ok(r) => r,
+            Err(refusal) => return refusal,
+        };
+        let session_header = header_str(&headers, SESSION_HEADER).map(str::to_owned);
         let parsed = match jsonrpc::parse(&body) {
             Ok(p) => p,
             Err(e) => {
@@ -748,19 +773,13 @@ impl HttpEdge {
         if let RpcBody::One(Message::Request { id, method, params }) = &parsed {
             match method.as_ref() {
                 "initialize" => return self.initialize(id, *params, arrived, who).await,
-                // A 2026-07-28 client probes with server/discover; until the
-                // edge serves that revision the probe gets a clean 4xx and
-                // the client falls back to initialize.
+                // server/discover exists only in 2026-07-28: without the
+                // version header it is a modern request missing a required
+                // header, and the modern rules answer it (-32602 or -32020).
                 "server/discover" => {
-                    let mut out = Vec::new();
-                    jsonrpc::write_error(
-                        &mut out,
-                        Some(id),
-                        ErrorCode::NotFound.code(),
-                        "method not found: server/discover (protocol 2026-07-28) is not served; use initialize",
-                        None,
-                    );
-                    return json_response(StatusCode::BAD_REQUEST, out);
+                    return self
+                        .modern_request(&headers, id, method, *params, arrived, who)
+                        .await;
                 }
                 _ => {}
             }

@@ -403,6 +403,9 @@ type Stripe = Mutex<HashMap<u128, Arc<Session>>>;
 
 /// The edge's sessions, striped by owner shard.
 pub struct Sessions {
+    /// 2026-07-28 `subscriptions/listen` streams: no session, but told of
+    /// the same route table changes as the sessions' GET streams.
+    listeners: super::modern::Listeners,
     stripes: Box<[Stripe]>,
     count: AtomicUsize,
     max: usize,
@@ -414,6 +417,7 @@ pub struct Sessions {
 impl Sessions {
     pub fn new(shards: usize, max: usize, ttl: Duration, replay_events: usize) -> Self {
         Self {
+            listeners: super::modern::Listeners::default(),
             stripes: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
             count: AtomicUsize::new(0),
             max,
@@ -421,6 +425,11 @@ impl Sessions {
             replay_events,
             epoch: Instant::now(),
         }
+    }
+
+    /// The open `subscriptions/listen` streams.
+    pub fn listeners(&self) -> &super::modern::Listeners {
+        &self.listeners
     }
 
     /// Creates a session owned by shard `owner`.

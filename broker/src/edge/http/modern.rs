@@ -1,0 +1,1379 @@
+//! The 2026-07-28 revision of Streamable HTTP (the "modern era") on the
+//! same `/mcp` endpoint as the session-based revisions.
+//!
+//! A request is modern when its `MCP-Protocol-Version` header is present
+//! and names no handshake-era version ([`is_modern`]); a header-less
+//! `server/discover` is answered here too. Modern requests are served
+//! statelessly: every POST carries its version, capabilities and identity
+//! in `params._meta`, no session is looked up, minted or echoed, and GET and
+//! DELETE get 405. What a router needs from the client mid-call
+//! (elicitation, sampling) comes back as an `InputRequiredResult` that the
+//! client answers by retrying with `inputResponses` (multi round-trip, MRTR):
+//! the retry carries everything, so nothing is kept between the two POSTs.
+//!
+//! # Validation order (the spec's "Server Validation", as its conformance
+//! suite checks it)
+//! 1. `params._meta` with `io.modelcontextprotocol/protocolVersion` (a
+//!    string) and `io.modelcontextprotocol/clientCapabilities` (an object):
+//!    else -32602, HTTP 400. First, because the header checks compare with
+//!    these fields.
+//! 2. Standard headers against the body, after trimming and decoding the
+//!    `=?base64?…?=` sentinel: `MCP-Protocol-Version` equal to the `_meta`
+//!    version, `Mcp-Method` equal to `method` (case-sensitive), and
+//!    `Mcp-Name` equal to `params.name` (`tools/call`, `prompts/get`) or
+//!    `params.uri` (`resources/read`). Missing, repeated, undecodable or
+//!    different: -32020 HeaderMismatch, HTTP 400.
+//! 3. The version: not one this edge serves as modern → -32022
+//!    UnsupportedProtocolVersion with `data.supported` (the same list as
+//!    `server/discover`'s `supportedVersions`) and `data.requested`, HTTP 400.
+//! 4. The method: not part of 2026-07-28 here → -32601, HTTP 404.
+//! 5. `tools/call`: the `Mcp-Param-*` headers its tool's input schema
+//!    declares with `x-mcp-header` ([`check_param_headers`]): -32020.
+//!
+//! # `subscriptions/listen`
+//! A POST whose answer is a long-lived SSE stream: first
+//! `notifications/subscriptions/acknowledged` with the part of the filter
+//! served (`toolsListChanged`, `promptsListChanged`, `resourcesListChanged`;
+//! `resourceSubscriptions` is not served yet and so not acknowledged), then
+//! the `list_changed` notifications asked for as the route table changes,
+//! each tagged with `_meta["io.modelcontextprotocol/subscriptionId"]` (the
+//! listen request's id), and a keep-alive comment every
+//! `http.sse_keepalive`. The only state is the open stream itself
+//! ([`Listeners`]); at the drain the stream ends with the listen request's
+//! result.
+//!
+//! # MRTR argument convention
+//! The same as the session-based round trip (docs/http.md): the router's
+//! `elicit` answer becomes `inputRequests.elicitation` (an
+//! `elicitation/create` request); the retry's `inputResponses.elicitation`
+//! (an `ElicitResult`) reaches the tool as the argument `_elicitation`
+//! (`{"action":…,"content":…}`, built by `jsonrpc::elicitation_answer`),
+//! with the retry's other arguments as sent. Sampling likewise: key
+//! `sampling`, argument `_sampling`. Only the answer to the latest question
+//! is carried, as in a session, where each re-call holds one answer.
+
+use std::borrow::Cow;
+use std::rc::Rc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_channel::mpsc;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use mcp_schema::ErrorCode;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::jsonrpc::{
+    self, Body as RpcBody, FrameKind, Id, MODERN_VERSION, Message, Method, first_byte, string_of,
+};
+use super::{Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse};
+use crate::auth::Principal;
+use crate::shared::ListKinds;
+
+/// Versions served as modern (stateless, per-request `_meta`).
+pub const MODERN_VERSIONS: [&str; 1] = [MODERN_VERSION];
+
+/// Every version the edge serves, newest first: `server/discover`'s
+/// `supportedVersions` and the `supported` list of -32022. The two must
+/// agree (a client may pick any entry and retry), and the handshake-era
+/// versions are listed so that a client knows it may also `initialize`.
+pub const SUPPORTED: [&str; 5] = [
+    MODERN_VERSION,
+    "2025-11-25",
+    "2025-06-18",
+    "2025-03-26",
+    "2024-11-05",
+];
+
+/// A standard header does not match the body (or is missing or malformed).
+pub const HEADER_MISMATCH: i32 = -32020;
+/// The request needs a client capability its `_meta` did not declare.
+pub const MISSING_CAPABILITY: i32 = -32021;
+/// The request's protocol version is not served.
+pub const UNSUPPORTED_VERSION: i32 = -32022;
+
+pub const VERSION_HEADER: &str = "mcp-protocol-version";
+pub const METHOD_HEADER: &str = "mcp-method";
+pub const NAME_HEADER: &str = "mcp-name";
+
+/// The `inputRequests` / `inputResponses` key of an elicitation.
+pub const ELICITATION_KEY: &str = "elicitation";
+/// The `inputRequests` / `inputResponses` key of a sampling request.
+pub const SAMPLING_KEY: &str = "sampling";
+
+/// Whether a request belongs to the modern era by its headers: an
+/// `MCP-Protocol-Version` that is present and is not a handshake-era
+/// version (an unknown one included, so that it gets a structured -32022
+/// rather than the session path's refusal).
+pub fn is_modern(h: &HeaderMap) -> bool {
+    h.get(VERSION_HEADER).is_some_and(|v| {
+        v.to_str()
+            .map_or(true, |v| !super::VERSIONS.contains(&v.trim()))
+    })
+}
+
+/// Whether a method is part of 2026-07-28 and served here.
+pub fn served(method: &str) -> bool {
+    matches!(
+        method,
+        "server/discover"
+            | "tools/list"
+            | "tools/call"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+            | "prompts/list"
+            | "prompts/get"
+            | "completion/complete"
+            | "subscriptions/listen"
+    )
+}
+
+/// Whether a result of `method` must carry caching hints (`ttlMs`,
+/// `cacheScope`).
+pub fn cacheable(method: &str) -> bool {
+    matches!(
+        method,
+        "tools/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "prompts/list"
+            | "resources/read"
+    )
+}
+
+/// A header value as the spec encodes it: optional whitespace trimmed
+/// (RFC 9110), then `=?base64?<standard base64 of UTF-8>?=` decoded. The
+/// sentinel is case-sensitive: anything else (`=?BASE64?…?=`, a missing
+/// suffix) is a literal value. Bad padding, characters outside the
+/// alphabet, non-canonical encodings and non-UTF-8 payloads are errors.
+pub fn decode_header_value(raw: &str) -> Result<Cow<'_, str>, String> {
+    let v = raw.trim_matches([' ', '\t']);
+    let Some(payload) = v
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    else {
+        return Ok(Cow::Borrowed(v));
+    };
+    let engine = base64::engine::general_purpose::STANDARD;
+    let bytes = engine
+        .decode(payload)
+        .map_err(|e| format!("its base64 value does not decode: {e}"))?;
+    // Only one spelling per value: a header is compared, never re-encoded.
+    if engine.encode(&bytes) != payload {
+        return Err("its base64 value is not canonical".into());
+    }
+    String::from_utf8(bytes)
+        .map(Cow::Owned)
+        .map_err(|_| "its base64 value is not UTF-8".into())
+}
+
+/// The parts of a modern request's params the edge reads itself.
+#[derive(Deserialize, Default)]
+struct Envelope<'a> {
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    uri: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "inputResponses")]
+    input_responses: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct Meta<'a> {
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion")]
+    version: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/clientCapabilities")]
+    capabilities: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/clientInfo")]
+    client_info: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/logLevel")]
+    log_level: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct Caps<'a> {
+    #[serde(borrow, default)]
+    elicitation: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    sampling: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct ClientInfo<'a> {
+    #[serde(borrow, default)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    version: Option<&'a RawValue>,
+}
+
+/// What a valid modern request declares about itself.
+#[derive(Debug, Default)]
+pub struct Declared<'a> {
+    /// `_meta`'s protocol version (not yet checked to be served).
+    pub version: Cow<'a, str>,
+    /// `clientCapabilities.elicitation` covers form mode.
+    pub elicitation: bool,
+    /// `clientCapabilities.sampling` is present.
+    pub sampling: bool,
+    /// `clientInfo.name` / `.version`, for `server/discover`'s frame.
+    pub client_name: Option<Cow<'a, str>>,
+    pub client_version: Option<Cow<'a, str>>,
+    /// `_meta`'s log level: the request's opt-in to log notifications.
+    pub log_level: Option<&'static str>,
+    /// `params.name` (`tools/call`, `prompts/get`) or `params.uri`
+    /// (`resources/read`): what `Mcp-Name` must equal.
+    pub name: Option<Cow<'a, str>>,
+    /// `params.inputResponses`, raw: a retry's answers (MRTR).
+    pub input_responses: Option<&'a RawValue>,
+}
+
+/// A refusal: JSON-RPC code and message (`data` for -32022 and -32021).
+#[derive(Debug, PartialEq)]
+pub struct Refusal {
+    pub code: i32,
+    pub message: String,
+    pub data: Option<String>,
+}
+
+impl Refusal {
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    /// The HTTP status of a modern error answer: 400 for malformed
+    /// requests and the revision's own -32020..-32022, 404 for an unknown
+    /// method (what tells a modern server's 404 from a legacy one's).
+    pub fn status(&self) -> u16 {
+        match self.code {
+            jsonrpc::code::METHOD_NOT_FOUND => 404,
+            _ => 400,
+        }
+    }
+}
+
+/// Step 1: the `_meta` fields every modern request must carry, and what
+/// the edge reads from the params besides.
+pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declared<'a>, Refusal> {
+    let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
+    let env: Envelope<'a> = match params {
+        Some(p) if first_byte(p) == b'{' => {
+            serde_json::from_str(p.get()).map_err(|e| invalid(format!("Invalid params: {e}")))?
+        }
+        Some(_) => return Err(invalid("Invalid params: params must be an object".into())),
+        None => Envelope::default(),
+    };
+    let meta: Meta<'a> = match env.meta {
+        Some(m) if first_byte(m) == b'{' => serde_json::from_str(m.get())
+            .map_err(|e| invalid(format!("Invalid params: `_meta`: {e}")))?,
+        _ => {
+            return Err(invalid(
+                "Invalid params: `params._meta` (an object) is required in protocol 2026-07-28"
+                    .into(),
+            ));
+        }
+    };
+    let version = meta.version.and_then(string_of).ok_or_else(|| {
+        invalid(
+            "Invalid params: `_meta[\"io.modelcontextprotocol/protocolVersion\"]` (a string) is required"
+                .into(),
+        )
+    })?;
+    let caps: Caps<'a> = match meta.capabilities {
+        Some(c) if first_byte(c) == b'{' => serde_json::from_str(c.get()).map_err(|e| {
+            invalid(format!(
+                "Invalid params: `_meta[\"io.modelcontextprotocol/clientCapabilities\"]`: {e}"
+            ))
+        })?,
+        _ => {
+            return Err(invalid(
+                "Invalid params: `_meta[\"io.modelcontextprotocol/clientCapabilities\"]` (an object) is required"
+                    .into(),
+            ));
+        }
+    };
+    let info: ClientInfo<'a> = match meta.client_info {
+        Some(c) if first_byte(c) == b'{' => serde_json::from_str(c.get()).unwrap_or_default(),
+        _ => ClientInfo::default(),
+    };
+    let log_level = match meta.log_level {
+        None => None,
+        Some(l) => {
+            let l = string_of(l).unwrap_or_default();
+            match jsonrpc::LOG_LEVELS.iter().find(|x| **x == l) {
+                Some(x) => Some(*x),
+                None => {
+                    return Err(invalid(format!(
+                        "Invalid params: unknown `io.modelcontextprotocol/logLevel` `{l}` (one of {})",
+                        jsonrpc::LOG_LEVELS.join(", ")
+                    )));
+                }
+            }
+        }
+    };
+    let name = match method {
+        "tools/call" | "prompts/get" => env.name.and_then(string_of),
+        "resources/read" => env.uri.and_then(string_of),
+        _ => None,
+    };
+    Ok(Declared {
+        version,
+        elicitation: jsonrpc::form_elicitation(caps.elicitation),
+        sampling: caps.sampling.is_some_and(|s| first_byte(s) == b'{'),
+        client_name: info.name.and_then(string_of),
+        client_version: info.version.and_then(string_of),
+        log_level,
+        name,
+        input_responses: env.input_responses,
+    })
+}
+
+/// The one value of a standard header, decoded; `Ok(None)` when absent.
+fn one_header<'h>(h: &'h HeaderMap, name: &str) -> Result<Option<Cow<'h, str>>, Refusal> {
+    let mismatch = |m: String| Refusal::new(HEADER_MISMATCH, m);
+    let mut all = h.get_all(name).iter();
+    let Some(v) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(mismatch(format!(
+            "Header mismatch: the {name} header is repeated"
+        )));
+    }
+    let v = v.to_str().map_err(|_| {
+        mismatch(format!(
+            "Header mismatch: the {name} header has invalid characters (send non-ASCII values as =?base64?…?=)"
+        ))
+    })?;
+    decode_header_value(v).map(Some).map_err(|e| {
+        mismatch(format!(
+            "Header mismatch: the {name} header is invalid: {e}"
+        ))
+    })
+}
+
+/// Step 2: the standard headers against the body.
+pub fn check_headers(h: &HeaderMap, method: &str, d: &Declared<'_>) -> Result<(), Refusal> {
+    let mismatch = |m: String| Refusal::new(HEADER_MISMATCH, m);
+    let expect = |name: &str, header: &str, body: &str| -> Result<(), Refusal> {
+        match one_header(h, header)? {
+            None => Err(mismatch(format!(
+                "Header mismatch: the {name} header is required (body value '{body}')"
+            ))),
+            Some(v) if v != body => Err(mismatch(format!(
+                "Header mismatch: {name} header value '{v}' does not match body value '{body}'"
+            ))),
+            Some(_) => Ok(()),
+        }
+    };
+    expect("MCP-Protocol-Version", VERSION_HEADER, &d.version)?;
+    expect("Mcp-Method", METHOD_HEADER, method)?;
+    if matches!(method, "tools/call" | "prompts/get" | "resources/read") {
+        // A body without the name is the method's own -32602, later; the
+        // header then has nothing to match, but must still be present.
+        match &d.name {
+            Some(n) => expect("Mcp-Name", NAME_HEADER, n)?,
+            None => {
+                if one_header(h, NAME_HEADER)?.is_none() {
+                    return Err(mismatch(
+                        "Header mismatch: the Mcp-Name header is required".into(),
+                    ));
+                }
+            }
+        }
+    } else {
+        // Not compared for other methods, but a repeated or broken one is
+        // still refused rather than forwarded ambiguously.
+        one_header(h, NAME_HEADER)?;
+    }
+    Ok(())
+}
+
+/// Step 3: the version.
+pub fn check_version(d: &Declared<'_>) -> Result<(), Refusal> {
+    if MODERN_VERSIONS.contains(&&*d.version) {
+        return Ok(());
+    }
+    let mut data = Vec::with_capacity(128);
+    data.extend_from_slice(b"{\"supported\":[");
+    for (i, v) in SUPPORTED.iter().enumerate() {
+        if i > 0 {
+            data.push(b',');
+        }
+        mcp_schema::args::write_json_string(v, &mut data);
+    }
+    data.extend_from_slice(b"],\"requested\":");
+    mcp_schema::args::write_json_string(&d.version, &mut data);
+    data.push(b'}');
+    let mut r = Refusal::new(
+        UNSUPPORTED_VERSION,
+        format!(
+            "Unsupported protocol version `{}` (supported: {})",
+            d.version,
+            SUPPORTED.join(", ")
+        ),
+    );
+    r.data = Some(String::from_utf8(data).unwrap_or_default());
+    Err(r)
+}
+
+/// The -32021 refusal of a request whose router needs `capability`.
+pub fn missing_capability(capability: &str, what: &str) -> Refusal {
+    let mut r = Refusal::new(
+        MISSING_CAPABILITY,
+        format!("Server requires the {capability} capability for this request: the tool {what}"),
+    );
+    r.data = Some(format!(
+        "{{\"requiredCapabilities\":{{\"{capability}\":{{}}}}}}"
+    ));
+    r
+}
+
+/// A retry's answer to the latest question, as the argument the tool is
+/// called again with: (`_elicitation` or `_sampling`, its JSON). `None`
+/// when the request is not a retry (or answers nothing this edge asked).
+pub fn retry_argument(
+    input_responses: Option<&RawValue>,
+) -> Result<Option<(&'static str, String)>, Refusal> {
+    let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
+    let Some(raw) = input_responses.filter(|r| r.get() != "null") else {
+        return Ok(None);
+    };
+    if first_byte(raw) != b'{' {
+        return Err(invalid(
+            "Invalid params: `inputResponses` must be an object".into(),
+        ));
+    }
+    #[derive(Deserialize)]
+    struct Responses<'a> {
+        #[serde(borrow, default)]
+        elicitation: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        sampling: Option<&'a RawValue>,
+    }
+    let r: Responses<'_> = serde_json::from_str(raw.get())
+        .map_err(|e| invalid(format!("Invalid params: `inputResponses`: {e}")))?;
+    if let Some(e) = r.elicitation {
+        let answer = jsonrpc::elicitation_answer(e).map_err(|e| {
+            invalid(format!(
+                "Invalid params: `inputResponses.elicitation`: {}",
+                e.message
+            ))
+        })?;
+        return Ok(Some((jsonrpc::ELICITATION_ARG, answer)));
+    }
+    if let Some(s) = r.sampling {
+        if first_byte(s) != b'{' {
+            return Err(invalid(
+                "Invalid params: `inputResponses.sampling` must be a CreateMessageResult object"
+                    .into(),
+            ));
+        }
+        return Ok(Some((jsonrpc::SAMPLING_ARG, s.get().to_owned())));
+    }
+    // Unknown keys are ignored (the spec's advice): the tool then asks again.
+    Ok(None)
+}
+
+/// The JSON type of a property that carries `x-mcp-header`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParamKind {
+    String,
+    Integer,
+    Boolean,
+}
+
+/// One `x-mcp-header` of a tool's input schema: the header's name after
+/// `Mcp-Param-`, and where its value sits in the arguments.
+#[derive(Debug, PartialEq, Eq)]
+struct ParamHeader {
+    name: String,
+    path: Vec<String>,
+    kind: ParamKind,
+}
+
+/// The `x-mcp-header` properties of an input schema, reached through
+/// chains of `properties` only (the spec's "statically reachable"). A
+/// declaration the spec calls invalid (not a token, on another type, a
+/// repeated name) makes the tool invalid for clients, which then never
+/// call it with headers: it is skipped here rather than enforced.
+fn param_headers(schema: &str) -> Vec<ParamHeader> {
+    fn walk(v: &serde_json::Value, path: &mut Vec<String>, out: &mut Vec<ParamHeader>) {
+        let Some(props) = v.get("properties").and_then(|p| p.as_object()) else {
+            return;
+        };
+        for (key, prop) in props {
+            path.push(key.clone());
+            if let Some(name) = prop.get("x-mcp-header").and_then(|n| n.as_str()) {
+                let kind = match prop.get("type").and_then(|t| t.as_str()) {
+                    Some("string") => Some(ParamKind::String),
+                    Some("integer") => Some(ParamKind::Integer),
+                    Some("boolean") => Some(ParamKind::Boolean),
+                    _ => None,
+                };
+                let token = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if let (Some(kind), true) = (kind, token) {
+                    out.push(ParamHeader {
+                        name: name.to_owned(),
+                        path: path.clone(),
+                        kind,
+                    });
+                }
+            }
+            walk(prop, path, out);
+            path.pop();
+        }
+    }
+    // Most schemas have none: no parse for them.
+    if !schema.contains("x-mcp-header") {
+        return Vec::new();
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(schema) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    walk(&v, &mut Vec::new(), &mut out);
+    let mut seen = std::collections::HashSet::new();
+    let repeated: Vec<String> = out
+        .iter()
+        .map(|p| p.name.to_ascii_lowercase())
+        .filter(|n| !seen.insert(n.clone()))
+        .collect();
+    out.retain(|p| !repeated.contains(&p.name.to_ascii_lowercase()));
+    out
+}
+
+/// Whether an integer-typed header value equals the body's number,
+/// compared numerically (`42.0` equals `42`), as the spec advises.
+fn same_integer(header: &str, body: &serde_json::Value) -> bool {
+    let (int, frac) = header.split_once('.').unwrap_or((header, ""));
+    let digits = int.strip_prefix('-').unwrap_or(int);
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b == b'0')
+        && !header.ends_with('.');
+    if !canonical {
+        return false;
+    }
+    let Ok(h) = int.parse::<i64>() else {
+        return false;
+    };
+    body.as_i64() == Some(h)
+        || body
+            .as_f64()
+            .is_some_and(|f| f.fract() == 0.0 && f == h as f64)
+}
+
+/// `Mcp-Param-*` against a `tools/call`'s arguments, for a tool whose
+/// input schema is `schema` (step 2's last rule): each declared header
+/// must be present, once, and equal the argument at its path when that
+/// argument is present and not null, and absent otherwise. Headers no
+/// schema declares are ignored (the spec: forwarded and otherwise ignored).
+pub fn check_param_headers(
+    h: &HeaderMap,
+    schema: &str,
+    arguments: Option<&RawValue>,
+) -> Result<(), Refusal> {
+    let declared = param_headers(schema);
+    if declared.is_empty() {
+        return Ok(());
+    }
+    let args: serde_json::Value = arguments
+        .and_then(|a| serde_json::from_str(a.get()).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let mismatch = |m: String| Refusal::new(HEADER_MISMATCH, m);
+    for p in &declared {
+        let header = format!("mcp-param-{}", p.name.to_ascii_lowercase());
+        let shown = format!("Mcp-Param-{}", p.name);
+        let value = p
+            .path
+            .iter()
+            .try_fold(&args, |v, k| v.get(k))
+            .filter(|v| !v.is_null());
+        let got = one_header(h, &header)?;
+        match (value, got) {
+            (None, None) => {}
+            (None, Some(_)) => {
+                return Err(mismatch(format!(
+                    "Header mismatch: the {shown} header is set but its argument `{}` is absent",
+                    p.path.join(".")
+                )));
+            }
+            (Some(v), None) => {
+                return Err(mismatch(format!(
+                    "Header mismatch: the {shown} header is required (argument `{}` = {v})",
+                    p.path.join(".")
+                )));
+            }
+            (Some(v), Some(got)) => {
+                let same = match (p.kind, v) {
+                    (ParamKind::String, serde_json::Value::String(s)) => *s == *got,
+                    (ParamKind::Boolean, serde_json::Value::Bool(b)) => {
+                        got == if *b { "true" } else { "false" }
+                    }
+                    (ParamKind::Integer, n @ serde_json::Value::Number(_)) => same_integer(&got, n),
+                    // The body breaks its own schema: the router's
+                    // validation answers that; the header cannot match.
+                    _ => false,
+                };
+                if !same {
+                    return Err(mismatch(format!(
+                        "Header mismatch: {shown} header value '{got}' does not match body value {v}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The change notifications a `subscriptions/listen` asked for and this
+/// edge serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub tools: bool,
+    pub prompts: bool,
+    pub resources: bool,
+}
+
+impl Filter {
+    /// `params.notifications` (required, an object; absent fields are
+    /// `false`; `resourceSubscriptions` is read past: not served).
+    pub fn of(params: Option<&RawValue>) -> Result<Filter, Refusal> {
+        let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
+        #[derive(Deserialize)]
+        struct P<'a> {
+            #[serde(borrow, default)]
+            notifications: Option<&'a RawValue>,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct N {
+            #[serde(default)]
+            tools_list_changed: Option<bool>,
+            #[serde(default)]
+            prompts_list_changed: Option<bool>,
+            #[serde(default)]
+            resources_list_changed: Option<bool>,
+        }
+        let p: P<'_> = params
+            .map(|p| serde_json::from_str(p.get()))
+            .transpose()
+            .map_err(|e| invalid(format!("Invalid params: {e}")))?
+            .unwrap_or(P {
+                notifications: None,
+            });
+        let Some(n) = p.notifications.filter(|n| first_byte(n) == b'{') else {
+            return Err(invalid(
+                "Invalid params: `notifications` (an object) is required".into(),
+            ));
+        };
+        let n: N = serde_json::from_str(n.get())
+            .map_err(|e| invalid(format!("Invalid params: `notifications`: {e}")))?;
+        Ok(Filter {
+            tools: n.tools_list_changed == Some(true),
+            prompts: n.prompts_list_changed == Some(true),
+            resources: n.resources_list_changed == Some(true),
+        })
+    }
+}
+
+/// One open `subscriptions/listen` stream.
+struct Listener {
+    key: u64,
+    /// The listen request's id, JSON text: the subscription id.
+    id: String,
+    filter: Filter,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+/// Every open `subscriptions/listen` stream of the process, told of route
+/// table changes from any thread (`Shared::notify_list_changed`). Each
+/// entry is only a channel into its stream: it goes when the stream does.
+#[derive(Default)]
+pub struct Listeners {
+    open: Mutex<Vec<Listener>>,
+    next: AtomicU64,
+}
+
+/// One SSE event carrying `message`.
+fn sse_event(message: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(message.len() + 24);
+    b.extend_from_slice(b"event: message\ndata: ");
+    b.extend_from_slice(message);
+    b.extend_from_slice(b"\n\n");
+    Bytes::from(b)
+}
+
+/// `{"_meta":{"io.modelcontextprotocol/subscriptionId":<id>}` (left open).
+fn subscription_meta(out: &mut Vec<u8>, id: &str) {
+    out.extend_from_slice(b"{\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
+    out.extend_from_slice(id.as_bytes());
+    out.push(b'}');
+}
+
+impl Listeners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Listener>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a stream; its key, to [`Self::remove`] it.
+    fn add(&self, id: &str, filter: Filter, tx: mpsc::UnboundedSender<Bytes>) -> u64 {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().push(Listener {
+            key,
+            id: id.to_owned(),
+            filter,
+            tx,
+        });
+        key
+    }
+
+    fn remove(&self, key: u64) {
+        self.lock().retain(|l| l.key != key);
+    }
+
+    /// Open listen streams.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sends each stream the `list_changed` notifications of `kinds` it
+    /// asked for; streams whose client is gone are dropped.
+    pub fn notify(&self, kinds: ListKinds) {
+        let mut open = self.lock();
+        open.retain(|l| {
+            for (on, method) in [
+                (kinds.tools && l.filter.tools, "tools"),
+                (kinds.prompts && l.filter.prompts, "prompts"),
+                (kinds.resources && l.filter.resources, "resources"),
+            ] {
+                if !on {
+                    continue;
+                }
+                let mut m = Vec::with_capacity(160);
+                m.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/");
+                m.extend_from_slice(method.as_bytes());
+                m.extend_from_slice(b"/list_changed\",\"params\":");
+                subscription_meta(&mut m, &l.id);
+                m.extend_from_slice(b"}}");
+                if l.tx.unbounded_send(sse_event(&m)).is_err() {
+                    return false;
+                }
+            }
+            true
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Serving (the transport half: the edge's body reading, dispatch and
+// answers, shared with the session path)
+// ---------------------------------------------------------------------------
+
+/// A modern refusal as its HTTP answer (the request's id echoed).
+fn refusal_response(id: Option<&Id<'_>>, r: Refusal) -> Response<Body> {
+    let mut out = Vec::with_capacity(96 + r.message.len());
+    jsonrpc::write_error(&mut out, id, r.code, &r.message, r.data.as_deref());
+    let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    json_response(status, out)
+}
+
+/// Messages for one request as a finished SSE body: its notifications,
+/// then its answer. No event ids: 2026-07-28 has no resumption.
+fn sse_body(events: &[Vec<u8>], answer: &[u8]) -> Response<Body> {
+    let mut body = Vec::with_capacity(answer.len() + 64 * (events.len() + 1));
+    for e in events
+        .iter()
+        .map(Vec::as_slice)
+        .chain(std::iter::once(answer))
+    {
+        body.extend_from_slice(b"event: message\ndata: ");
+        body.extend_from_slice(e);
+        body.extend_from_slice(b"\n\n");
+    }
+    let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, super::SSE);
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}
+
+impl HttpEdge {
+    /// A modern-era POST: one JSON-RPC message, served without a session.
+    pub(super) async fn post_modern(
+        self: Rc<Self>,
+        req: Request<Incoming>,
+        who: Option<&Principal>,
+    ) -> Response<Body> {
+        let arrived = Instant::now();
+        let (headers, body) = match self.read_post(req).await {
+            Ok(r) => r,
+            Err(refusal) => return refusal,
+        };
+        match jsonrpc::parse(&body) {
+            Err(e) => {
+                let mut out = Vec::new();
+                jsonrpc::write_error(
+                    &mut out,
+                    e.id.as_ref(),
+                    e.code,
+                    &e.message,
+                    e.data.as_deref(),
+                );
+                json_response(StatusCode::BAD_REQUEST, out)
+            }
+            Ok(RpcBody::Batch(_)) => refuse(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest.code(),
+                "Invalid Request: protocol 2026-07-28 has no batches; send one message per POST",
+            ),
+            // The revision defines no client notification over HTTP:
+            // accepted and dropped, as the reference server does.
+            Ok(RpcBody::One(Message::Notification { .. })) => empty(StatusCode::ACCEPTED),
+            Ok(RpcBody::One(Message::Response { id, .. })) => refusal_response(
+                Some(&id),
+                Refusal::new(
+                    jsonrpc::code::INVALID_REQUEST,
+                    "Invalid Request: protocol 2026-07-28 clients do not POST responses; \
+                     input goes in the retried request's inputResponses",
+                ),
+            ),
+            Ok(RpcBody::One(Message::Request { id, method, params })) => {
+                self.modern_request(&headers, &id, &method, params, arrived, who)
+                    .await
+            }
+        }
+    }
+
+    /// One modern request, validated in the spec's order (module doc),
+    /// then answered.
+    pub(super) async fn modern_request(
+        self: &Rc<Self>,
+        headers: &HeaderMap,
+        id: &Id<'_>,
+        method: &str,
+        params: Option<&RawValue>,
+        arrived: Instant,
+        who: Option<&Principal>,
+    ) -> Response<Body> {
+        let d = match declared(method, params) {
+            Ok(d) => d,
+            Err(r) => return refusal_response(Some(id), r),
+        };
+        if let Err(r) = check_headers(headers, method, &d).and_then(|()| check_version(&d)) {
+            return refusal_response(Some(id), r);
+        }
+        if !served(method) {
+            return refusal_response(
+                Some(id),
+                Refusal::new(
+                    jsonrpc::code::METHOD_NOT_FOUND,
+                    format!("Method not found: {method} (not served in protocol 2026-07-28)"),
+                ),
+            );
+        }
+        if method == "tools/call"
+            && let Err(r) = self.param_headers_match(headers, &d, params)
+        {
+            return refusal_response(Some(id), r);
+        }
+        if let Some(r) = self.tool_refusal(who, method, params) {
+            return r;
+        }
+        // With [auth] what a client sees depends on its token: caches of
+        // listings must not be shared between users.
+        let scope = if self.ctx.shared.auth.is_some() {
+            "private"
+        } else {
+            "public"
+        };
+        if method == "server/discover" {
+            return self.discover(id, &d, arrived, scope).await;
+        }
+        if method == "subscriptions/listen" {
+            return self.listen(id, params);
+        }
+        let r = self
+            .modern_call(id, method, params, &d, arrived, scope)
+            .await;
+        match (method, who, &self.ctx.shared.auth) {
+            ("tools/list", Some(p), Some(auth)) => hide_tools(r, |t| auth.allows_tool(p, t)),
+            _ => r,
+        }
+    }
+
+    /// `Mcp-Param-*` of a `tools/call`, checked against the called tool's
+    /// input schema as the route table lists it (an unknown tool has none:
+    /// its call fails later, as an unknown tool).
+    fn param_headers_match(
+        &self,
+        headers: &HeaderMap,
+        d: &Declared<'_>,
+        params: Option<&RawValue>,
+    ) -> Result<(), Refusal> {
+        let Some(name) = d.name.as_deref() else {
+            return Ok(());
+        };
+        let routing = self.ctx.shared.routing.load();
+        // A scan of the listing: a tool call costs a guest call anyway.
+        let Some(tool) = routing.table.tool_list.iter().find(|t| &*t.exposed == name) else {
+            return Ok(());
+        };
+        #[derive(Deserialize)]
+        struct Args<'a> {
+            #[serde(borrow, default)]
+            arguments: Option<&'a RawValue>,
+        }
+        let args = params
+            .and_then(|p| serde_json::from_str::<Args<'_>>(p.get()).ok())
+            .and_then(|a| a.arguments);
+        check_param_headers(headers, &tool.item.input_schema, args)
+    }
+
+    /// `server/discover`: the capabilities `initialize` would report, as a
+    /// DiscoverResult (the same Initialize frame runs through dispatch).
+    async fn discover(
+        &self,
+        id: &Id<'_>,
+        d: &Declared<'_>,
+        arrived: Instant,
+        scope: &str,
+    ) -> Response<Body> {
+        let frame = {
+            let h = self.header(None);
+            let mut enc = self.enc.borrow_mut();
+            Bytes::copy_from_slice(enc.initialize(
+                &h,
+                jsonrpc::frame_version(super::LATEST),
+                d.client_name.as_deref().unwrap_or(""),
+                d.client_version.as_deref().unwrap_or(""),
+            ))
+        };
+        let called = self.run(frame, arrived, None, None).await;
+        let mut out = Vec::with_capacity(384);
+        match frames(&called.frames).last() {
+            // list_changed is delivered on `subscriptions/listen` (the
+            // route table's changes); resource subscriptions are not yet.
+            Some(fin) => jsonrpc::write_discover(&mut out, id, fin, &SUPPORTED, scope, true),
+            None => jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::Internal.code(),
+                "no answer",
+                None,
+            ),
+        }
+        json_response(StatusCode::OK, out)
+    }
+
+    /// `subscriptions/listen`: the acknowledgment, then the stream stays
+    /// open for the notifications asked for (module doc).
+    fn listen(self: &Rc<Self>, id: &Id<'_>, params: Option<&RawValue>) -> Response<Body> {
+        let filter = match Filter::of(params) {
+            Ok(f) => f,
+            Err(r) => return refusal_response(Some(id), r),
+        };
+        let (tx, rx) = mpsc::unbounded();
+        let mut ack = Vec::with_capacity(256);
+        ack.extend_from_slice(
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/subscriptions/acknowledged\",\"params\":",
+        );
+        subscription_meta(&mut ack, id.get());
+        ack.extend_from_slice(b",\"notifications\":{");
+        let honored = [
+            (filter.tools, "toolsListChanged"),
+            (filter.prompts, "promptsListChanged"),
+            (filter.resources, "resourcesListChanged"),
+        ];
+        let mut first = true;
+        for (on, key) in honored {
+            if on {
+                if !first {
+                    ack.push(b',');
+                }
+                first = false;
+                ack.extend_from_slice(format!("\"{key}\":true").as_bytes());
+            }
+        }
+        ack.extend_from_slice(b"}}}");
+        let _ = tx.unbounded_send(sse_event(&ack));
+        let listeners = self.sessions().listeners();
+        let key = listeners.add(id.get(), filter, tx.clone());
+        monoio::spawn(listen_keep_alive(
+            self.clone(),
+            key,
+            id.get().to_owned(),
+            tx,
+        ));
+        let mut r = Response::new(Body::Sse(rx));
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, super::SSE);
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        r
+    }
+
+    /// A routed request of the modern era: run without a session; an
+    /// `elicit` answer (or a result asking for sampling) becomes an
+    /// `InputRequiredResult`, a retry's `inputResponses` the argument the
+    /// session path would pass (module doc). Progress and log notifications
+    /// the request asked for go before the answer on an SSE body.
+    async fn modern_call(
+        self: &Rc<Self>,
+        id: &Id<'_>,
+        method: &str,
+        params: Option<&RawValue>,
+        d: &Declared<'_>,
+        arrived: Instant,
+        scope: &str,
+    ) -> Response<Body> {
+        let mut out = Vec::with_capacity(256);
+        let Some(m) = Method::from_name(method) else {
+            let r = Refusal::new(
+                jsonrpc::code::METHOD_NOT_FOUND,
+                format!("Method not found: {method}"),
+            );
+            return refusal_response(Some(id), r);
+        };
+        // Only a tool call can be re-called with an answer (the router
+        // world elicits from call-tool alone).
+        let extra = if m == Method::CallTool {
+            match retry_argument(d.input_responses) {
+                Ok(e) => e,
+                Err(r) => return refusal_response(Some(id), r),
+            }
+        } else {
+            None
+        };
+        let built = {
+            let h = self.header(None);
+            let mut enc = self.enc.borrow_mut();
+            let extra = extra.as_ref().map(|(k, v)| (*k, v.as_str()));
+            jsonrpc::request_frame(&mut enc, &h, m, params, extra)
+                .map(|(f, info)| (Bytes::copy_from_slice(f), info))
+        };
+        let (frame, info) = match built {
+            Ok(b) => b,
+            Err(e) => {
+                return refusal_response(
+                    Some(id),
+                    Refusal {
+                        code: e.code,
+                        message: e.message,
+                        data: e.data,
+                    },
+                );
+            }
+        };
+        let called = self.run(frame, arrived, None, None).await;
+        let mut events = Vec::new();
+        let (mut elicit, mut fin) = (None, None);
+        for f in frames(&called.frames) {
+            match jsonrpc::frame_kind(f) {
+                FrameKind::Progress => {
+                    let mut b = Vec::with_capacity(128);
+                    if let Some(t) = info.progress_token
+                        && jsonrpc::write_progress(&mut b, t, f)
+                    {
+                        events.push(b);
+                    }
+                }
+                // Logs only for a request that opted in (its `_meta` log
+                // level): 2026-07-28 forbids them otherwise.
+                FrameKind::Log => {
+                    let mut b = Vec::with_capacity(128);
+                    if let Some(l) = d.log_level
+                        && jsonrpc::log_level_of(f).is_some_and(|at| level_allows(l, at))
+                        && jsonrpc::write_log(&mut b, f)
+                    {
+                        events.push(b);
+                    }
+                }
+                FrameKind::ResourceUpdated => {}
+                FrameKind::Elicitation => elicit = Some(f),
+                FrameKind::Final => fin = Some(f),
+            }
+        }
+        if let Some(f) = elicit {
+            if !d.elicitation {
+                let r = missing_capability("elicitation", "asks the user for input");
+                return refusal_response(Some(id), r);
+            }
+            jsonrpc::write_input_required_elicitation(&mut out, id, ELICITATION_KEY, f);
+        } else if let Some(p) = fin.and_then(jsonrpc::sampling_request) {
+            if !d.sampling {
+                let r = missing_capability("sampling", "asks the client's model for a completion");
+                return refusal_response(Some(id), r);
+            }
+            jsonrpc::write_input_required_sampling(&mut out, id, SAMPLING_KEY, p);
+        } else if let Some(f) = fin {
+            jsonrpc::write_response_for(&mut out, id, &info, f, MODERN_VERSION);
+            jsonrpc::mark_complete(&mut out, id, cacheable(method).then_some(scope));
+        } else {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::Internal.code(),
+                "no answer",
+                None,
+            );
+        }
+        if events.is_empty() {
+            json_response(StatusCode::OK, out)
+        } else {
+            sse_body(&events, &out)
+        }
+    }
+}
+
+/// Keeps a listen stream alive with comments until its client goes (a
+/// send fails) or the drain begins, when the stream ends with the listen
+/// request's result, as the spec's graceful close; then unregisters it.
+async fn listen_keep_alive(
+    edge: Rc<HttpEdge>,
+    key: u64,
+    id: String,
+    tx: mpsc::UnboundedSender<Bytes>,
+) {
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(edge.cfg.sse_keepalive) => {}
+            _ = edge.draining.wait() => {
+                let mut fin = Vec::with_capacity(160);
+                fin.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+                fin.extend_from_slice(id.as_bytes());
+                fin.extend_from_slice(b",\"result\":{\"resultType\":\"complete\",\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
+                fin.extend_from_slice(id.as_bytes());
+                fin.extend_from_slice(b"}}}");
+                let _ = tx.unbounded_send(sse_event(&fin));
+                break;
+            }
+        }
+        if tx
+            .unbounded_send(Bytes::from_static(b": keep-alive\n\n"))
+            .is_err()
+        {
+            break;
+        }
+    }
+    edge.sessions().listeners().remove(key);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn header_values_decode_the_base64_sentinel_and_trim_whitespace() {
+        assert_eq!(decode_header_value("  foo ").unwrap(), "foo");
+        assert_eq!(
+            decode_header_value("=?base64?SGVsbG8sIOS4lueVjA==?=").unwrap(),
+            "Hello, 世界"
+        );
+        assert_eq!(
+            decode_header_value("=?base64?IHBhZGRlZCA=?=").unwrap(),
+            " padded "
+        );
+        assert_eq!(
+            decode_header_value("=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?=").unwrap(),
+            "=?base64?literal?="
+        );
+        // The sentinel is case-sensitive; without it the value is literal.
+        assert_eq!(
+            decode_header_value("=?BASE64?SGVsbG8=?=").unwrap(),
+            "=?BASE64?SGVsbG8=?="
+        );
+        assert_eq!(
+            decode_header_value("=?base64?SGVsbG8=").unwrap(),
+            "=?base64?SGVsbG8="
+        );
+        // Bad padding, characters outside the alphabet: refused.
+        assert!(decode_header_value("=?base64?SGVsbG8?=").is_err());
+        assert!(decode_header_value("=?base64?SGVs!!!bG8=?=").is_err());
+        assert!(decode_header_value("=?base64?/w==?=").is_err(), "not UTF-8");
+    }
+
+    #[test]
+    fn only_a_present_non_handshake_version_header_is_modern() {
+        let mut h = HeaderMap::new();
+        assert!(!is_modern(&h));
+        h.insert(VERSION_HEADER, HeaderValue::from_static("2025-06-18"));
+        assert!(!is_modern(&h));
+        h.insert(VERSION_HEADER, HeaderValue::from_static("2026-07-28"));
+        assert!(is_modern(&h));
+        h.insert(VERSION_HEADER, HeaderValue::from_static("v999.0.0"));
+        assert!(is_modern(&h));
+    }
+
+    const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}"#;
+
+    #[test]
+    fn meta_is_required_before_any_header_is_compared() {
+        for p in [
+            "{}".to_owned(),
+            r#"{"_meta":{}}"#.to_owned(),
+            r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#.to_owned(),
+            r#"{"_meta":{"io.modelcontextprotocol/clientCapabilities":{}}}"#.to_owned(),
+        ] {
+            let p = raw(&p);
+            let e = declared("tools/list", Some(&p)).unwrap_err();
+            assert_eq!(e.code, -32602, "{p}");
+        }
+        let p = raw(&format!(r#"{{{META},"name":"echo"}}"#));
+        let d = declared("tools/call", Some(&p)).unwrap();
+        assert_eq!(
+            (&*d.version, d.elicitation, d.sampling),
+            ("2026-07-28", true, false)
+        );
+        assert_eq!(d.name.as_deref(), Some("echo"));
+    }
+
+    #[test]
+    fn headers_are_compared_with_the_body_in_order() {
+        let p = raw(&format!(r#"{{{META},"name":"Hello, 世界"}}"#));
+        let d = declared("tools/call", Some(&p)).unwrap();
+        let mut h = HeaderMap::new();
+        let code = |h: &HeaderMap| check_headers(h, "tools/call", &d).map_err(|e| e.code);
+        assert_eq!(code(&h), Err(-32020));
+        h.insert(VERSION_HEADER, HeaderValue::from_static("2026-07-28"));
+        h.insert(METHOD_HEADER, HeaderValue::from_static("TOOLS/CALL"));
+        assert_eq!(code(&h), Err(-32020), "values are case-sensitive");
+        h.insert(METHOD_HEADER, HeaderValue::from_static("tools/call"));
+        assert_eq!(code(&h), Err(-32020), "Mcp-Name missing");
+        h.insert(NAME_HEADER, HeaderValue::from_static("Hello"));
+        assert_eq!(code(&h), Err(-32020));
+        h.insert(
+            NAME_HEADER,
+            HeaderValue::from_static("=?base64?SGVsbG8sIOS4lueVjA==?="),
+        );
+        assert_eq!(code(&h), Ok(()));
+        h.append(NAME_HEADER, HeaderValue::from_static("x"));
+        assert_eq!(code(&h), Err(-32020), "repeated");
+    }
+
+    #[test]
+    fn an_unserved_version_lists_what_is_served() {
+        let p = raw(
+            r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"v999.0.0","io.modelcontextprotocol/clientCapabilities":{}}}"#,
+        );
+        let d = declared("tools/list", Some(&p)).unwrap();
+        let e = check_version(&d).unwrap_err();
+        assert_eq!(e.code, -32022);
+        let data: serde_json::Value = serde_json::from_str(e.data.as_deref().unwrap()).unwrap();
+        assert_eq!(data["requested"], "v999.0.0");
+        assert_eq!(data["supported"][0], "2026-07-28");
+    }
+
+    #[test]
+    fn mcp_param_headers_follow_the_tool_schema() {
+        let schema = r#"{"type":"object","properties":{
+            "region":{"type":"string","x-mcp-header":"Region"},
+            "n":{"type":"integer","x-mcp-header":"N"},
+            "deep":{"type":"object","properties":{"on":{"type":"boolean","x-mcp-header":"On"}}},
+            "f":{"type":"number","x-mcp-header":"F"},
+            "list":{"type":"array","items":{"type":"string","x-mcp-header":"Item"}}}}"#;
+        let mut names: Vec<_> = param_headers(schema).into_iter().map(|p| p.name).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["N", "On", "Region"],
+            "number and items-reachable ones are skipped"
+        );
+        let args = raw(r#"{"region":"us-west1","n":42,"deep":{"on":true},"f":1.5}"#);
+        let mut h = HeaderMap::new();
+        let check = |h: &HeaderMap| check_param_headers(h, schema, Some(&args)).map_err(|e| e.code);
+        assert_eq!(check(&h), Err(-32020), "missing");
+        h.insert("mcp-param-region", HeaderValue::from_static("us-west1"));
+        h.insert("mcp-param-n", HeaderValue::from_static("42.0"));
+        h.insert("mcp-param-on", HeaderValue::from_static("true"));
+        assert_eq!(check(&h), Ok(()), "integers compare numerically");
+        h.insert("mcp-param-n", HeaderValue::from_static("43"));
+        assert_eq!(check(&h), Err(-32020));
+        h.insert("mcp-param-n", HeaderValue::from_static("42"));
+        h.insert(
+            "mcp-param-region",
+            HeaderValue::from_static("=?base64?dXMtd2VzdDE=?="),
+        );
+        assert_eq!(check(&h), Ok(()), "base64-encoded");
+        h.insert("mcp-param-on", HeaderValue::from_static("false"));
+        assert_eq!(check(&h), Err(-32020));
+        // An absent or null argument: no header expected, none accepted.
+        let args = raw(r#"{"region":null,"n":42,"deep":{"on":true}}"#);
+        let mut h = HeaderMap::new();
+        h.insert("mcp-param-n", HeaderValue::from_static("42"));
+        h.insert("mcp-param-on", HeaderValue::from_static("true"));
+        assert_eq!(
+            check_param_headers(&h, schema, Some(&args)).map_err(|e| e.code),
+            Ok(())
+        );
+        h.insert("mcp-param-region", HeaderValue::from_static("x"));
+        assert_eq!(
+            check_param_headers(&h, schema, Some(&args)).map_err(|e| e.code),
+            Err(-32020)
+        );
+        // No declaration: nothing checked.
+        assert_eq!(
+            check_param_headers(&h, "{}", Some(&args)).map_err(|e| e.code),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn results_are_marked_complete_and_errors_are_left_alone() {
+        let id = raw("7");
+        let id = Id(&id);
+        let mut out = br#"{"jsonrpc":"2.0","id":7,"result":{}}"#.to_vec();
+        jsonrpc::mark_complete(&mut out, &id, None);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete"}}"#
+        );
+        let mut out = br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[]}}"#.to_vec();
+        jsonrpc::mark_complete(&mut out, &id, Some("public"));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","ttlMs":0,"cacheScope":"public","tools":[]}}"#
+        );
+        let error = br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"m"}}"#;
+        let mut out = error.to_vec();
+        jsonrpc::mark_complete(&mut out, &id, Some("public"));
+        assert_eq!(out, error);
+    }
+
+    #[test]
+    fn a_retry_carries_the_elicitation_answer_as_the_old_era_argument() {
+        let r = raw(r#"{"elicitation":{"action":"accept","content":{"name":"Ada"}},"other":1}"#);
+        let (k, v) = retry_argument(Some(&r)).unwrap().unwrap();
+        assert_eq!(k, "_elicitation");
+        assert_eq!(v, r#"{"action":"accept","content":{"name":"Ada"}}"#);
+        let r = raw(r#"{"elicitation":{"action":"maybe"}}"#);
+        assert_eq!(retry_argument(Some(&r)).unwrap_err().code, -32602);
+        let r = raw(r#"{"unknown":{}}"#);
+        assert_eq!(retry_argument(Some(&r)).unwrap(), None);
+    }
+}

@@ -1,0 +1,842 @@
+//! Protocol 2026-07-28 on the MCP HTTP edge, over raw sockets against the
+//! real binary: era selection, `server/discover`, stateless serving, the
+//! validation order (`_meta` → headers → version → method), the
+//! `=?base64?…?=` header encoding, and multi round-trip elicitation.
+
+mod common;
+
+use common::Broker;
+use common::http::{ACCEPT_BOTH, Conn, JSON, Reply};
+use serde_json::{Value, json};
+
+const V: &str = "2026-07-28";
+
+/// The broker on the embedded default plus `chaos` (whose `elicit` tool
+/// never finishes) and `conformance` (whose `test_elicitation` does).
+fn broker() -> Broker {
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"conformance\"\nwasm = \"conformance.wasm\"\n",
+        common::default_with_chaos()
+    );
+    Broker::start_with_config(&toml, &[])
+}
+
+/// The `_meta` every modern request carries, declaring `caps`.
+fn meta(caps: &str) -> String {
+    format!(
+        r#""_meta":{{"io.modelcontextprotocol/protocolVersion":"{V}","io.modelcontextprotocol/clientCapabilities":{caps},"io.modelcontextprotocol/clientInfo":{{"name":"t","version":"1"}}}}"#
+    )
+}
+
+/// A request whose params are `_meta` (declaring elicitation) plus `rest`.
+fn req(id: &str, method: &str, rest: &str) -> String {
+    let sep = if rest.is_empty() { "" } else { "," };
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{{}{sep}{rest}}}}}"#,
+        meta(r#"{"elicitation":{}}"#)
+    )
+}
+
+/// POSTs `body` with Accept and Content-Type plus `headers`.
+fn post(c: &mut Conn, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut h = vec![ACCEPT_BOTH, JSON];
+    h.extend_from_slice(headers);
+    c.request("POST", "/mcp", &h, body.as_bytes())
+}
+
+/// POSTs `body` with the standard headers a conformant client sends.
+fn modern(c: &mut Conn, method: &str, name: Option<&str>, body: &str) -> Reply {
+    let mut h = vec![("MCP-Protocol-Version", V), ("Mcp-Method", method)];
+    if let Some(n) = name {
+        h.push(("Mcp-Name", n));
+    }
+    post(c, &h, body)
+}
+
+/// `r` is a JSON-RPC error `code` for request `id`, with HTTP `status`.
+fn refused(r: &Reply, status: u16, code: i64, id: Value) -> Value {
+    assert_eq!(r.status, status, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["error"]["code"], code, "{v}");
+    assert_eq!(v["id"], id, "the error echoes the request id: {v}");
+    assert!(r.header("mcp-session-id").is_none());
+    v
+}
+
+#[test]
+fn server_discover_names_every_served_version_and_the_capabilities() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = modern(
+        &mut c,
+        "server/discover",
+        None,
+        &req("1", "server/discover", ""),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.header("mcp-session-id").is_none(),
+        "stateless: no session"
+    );
+    let v = r.json();
+    let res = &v["result"];
+    assert_eq!(res["resultType"], "complete", "{v}");
+    assert_eq!(
+        res["supportedVersions"],
+        json!([V, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"])
+    );
+    assert!(res["capabilities"]["tools"].is_object(), "{v}");
+    assert!(res["capabilities"]["prompts"].is_object(), "{v}");
+    assert_eq!(
+        res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "mcp-broker"
+    );
+    assert!(res["serverInfo"].is_null(), "serverInfo moved to _meta");
+    assert_eq!(res["ttlMs"], 0);
+    assert_eq!(res["cacheScope"], "public");
+    // Delivered on subscriptions/listen; resource subscriptions are not.
+    assert_eq!(res["capabilities"]["tools"]["listChanged"], true);
+    assert_eq!(res["capabilities"]["resources"]["subscribe"], false);
+}
+
+#[test]
+fn modern_requests_are_served_without_a_session_and_get_and_delete_get_405() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = modern(&mut c, "tools/list", None, &req("1", "tools/list", ""));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.header("mcp-session-id").is_none());
+    let v = r.json();
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert_eq!(v["result"]["cacheScope"], "public", "{v}");
+    assert!(v["result"]["ttlMs"].is_u64(), "{v}");
+    assert!(
+        v["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "echo"),
+        "{v}"
+    );
+    // A call, with a stray session id: ignored, neither looked up nor echoed.
+    let body = req("2", "tools/call", r#""name":"echo","arguments":{"n":1.50}"#);
+    let r = post(
+        &mut c,
+        &[
+            ("MCP-Protocol-Version", V),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "echo"),
+            ("Mcp-Session-Id", "0-00000000000000000000000000000000"),
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.header("mcp-session-id").is_none());
+    let v = r.json();
+    assert_eq!(v["id"], 2);
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert!(
+        v["result"]["ttlMs"].is_null(),
+        "a call is not cacheable: {v}"
+    );
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("1.50"),
+        "{v}"
+    );
+    // Resources and prompts, with their Mcp-Name.
+    let r = modern(
+        &mut c,
+        "resources/read",
+        Some("library://readme"),
+        &req("3", "resources/read", r#""uri":"library://readme""#),
+    );
+    let v = r.json();
+    assert_eq!(v["result"]["contents"][0]["uri"], "library://readme", "{v}");
+    assert_eq!(v["result"]["cacheScope"], "public", "{v}");
+    let r = modern(
+        &mut c,
+        "prompts/get",
+        Some("summarize_book"),
+        &req(
+            "4",
+            "prompts/get",
+            r#""name":"summarize_book","arguments":{"book_id":"12","style":"terse"}"#,
+        ),
+    );
+    assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text());
+    for m in ["GET", "DELETE"] {
+        let r = c.request(m, "/mcp", &[ACCEPT_BOTH, ("MCP-Protocol-Version", V)], b"");
+        assert_eq!(r.status, 405, "{m}: {}", r.text());
+        assert_eq!(r.header("allow"), Some("POST"));
+    }
+    // The old era on the same endpoint and connection is untouched.
+    let s = c.initialize("2025-11-25");
+    let v = c.call(&s, 9, "ping", "{}");
+    assert_eq!(v["result"], json!({}));
+}
+
+#[test]
+fn meta_is_checked_first_even_with_correct_headers() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let h = [("MCP-Protocol-Version", V), ("Mcp-Method", "tools/list")];
+    for params in [
+        "",
+        r#","params":{}"#,
+        r#","params":{"_meta":{"io.modelcontextprotocol/clientCapabilities":{}}}"#,
+        r#","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#,
+        r#","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":true}}"#,
+    ] {
+        let r = post(
+            &mut c,
+            &h,
+            &format!(r#"{{"jsonrpc":"2.0","id":"m","method":"tools/list"{params}}}"#),
+        );
+        refused(&r, 400, -32602, json!("m"));
+    }
+    // clientInfo is optional.
+    let r = post(
+        &mut c,
+        &h,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn standard_headers_must_match_the_body() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let call = req("7", "tools/call", r#""name":"echo","arguments":{}"#);
+    let id = json!(7);
+    // (Without MCP-Protocol-Version a request is of the session era, as
+    // the spec allows: a back-compatible default.)
+    // Header version differs from the body's (conformance's probe).
+    let r = post(
+        &mut c,
+        &[
+            ("MCP-Protocol-Version", V),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "echo"),
+        ],
+        &call.replace(V, "v999.0.0"),
+    );
+    refused(&r, 400, -32020, id.clone());
+    // Mcp-Method missing, different, or in another case.
+    let r = post(
+        &mut c,
+        &[("MCP-Protocol-Version", V), ("Mcp-Name", "echo")],
+        &call,
+    );
+    refused(&r, 400, -32020, id.clone());
+    for m in ["tools/list", "TOOLS/CALL"] {
+        let r = modern(&mut c, m, Some("echo"), &call);
+        refused(&r, 400, -32020, id.clone());
+    }
+    // Mcp-Name missing or different.
+    let r = modern(&mut c, "tools/call", None, &call);
+    let v = refused(&r, 400, -32020, id.clone());
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("Mcp-Name"),
+        "{v}"
+    );
+    let r = modern(&mut c, "tools/call", Some("echo_text"), &call);
+    let v = refused(&r, 400, -32020, id.clone());
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'echo_text' does not match body value 'echo'"),
+        "{v}"
+    );
+    let read = req("8", "resources/read", r#""uri":"library://readme""#);
+    let r = modern(&mut c, "resources/read", Some("library://other"), &read);
+    refused(&r, 400, -32020, json!(8));
+    let r = modern(
+        &mut c,
+        "prompts/get",
+        None,
+        &req("9", "prompts/get", r#""name":"summarize_book""#),
+    );
+    refused(&r, 400, -32020, json!(9));
+    // A repeated routing header is ambiguous.
+    let r = post(
+        &mut c,
+        &[
+            ("MCP-Protocol-Version", V),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "echo"),
+        ],
+        &call,
+    );
+    refused(&r, 400, -32020, id.clone());
+    // Surrounding whitespace is not part of the value (RFC 9110 OWS).
+    let r = modern(&mut c, "tools/call", Some("  echo  "), &call);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A header-less server/discover is a modern request missing its
+    // version header.
+    let r = post(
+        &mut c,
+        &[("Mcp-Method", "server/discover")],
+        &req("\"d\"", "server/discover", ""),
+    );
+    refused(&r, 400, -32020, json!("d"));
+}
+
+#[test]
+fn mcp_name_values_may_be_base64_encoded_and_bad_encodings_are_refused() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    // "echo" as the sentinel encoding: decoded before comparing.
+    let call = req("1", "tools/call", r#""name":"echo","arguments":{}"#);
+    let r = modern(&mut c, "tools/call", Some("=?base64?ZWNobw==?="), &call);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A non-ASCII name must travel encoded; it then matches (and the
+    // unknown tool is the tool's own error, not a header error).
+    let call = req("2", "tools/call", r#""name":"Hello, 世界","arguments":{}"#);
+    let r = modern(
+        &mut c,
+        "tools/call",
+        Some("=?base64?SGVsbG8sIOS4lueVjA==?="),
+        &call,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], -32602, "{}", r.text());
+    // Invalid padding, characters outside the alphabet: -32020.
+    let call = req("3", "tools/call", r#""name":"Hello","arguments":{}"#);
+    for bad in ["=?base64?SGVsbG8?=", "=?base64?SGVs!!!bG8=?="] {
+        let r = modern(&mut c, "tools/call", Some(bad), &call);
+        refused(&r, 400, -32020, json!(3));
+    }
+    // The sentinel is case-sensitive: an uppercase one is a literal value,
+    // which then does not match.
+    let r = modern(&mut c, "tools/call", Some("=?BASE64?SGVsbG8=?="), &call);
+    refused(&r, 400, -32020, json!(3));
+    // Raw non-ASCII bytes in a header are invalid characters.
+    let body = req("4", "tools/call", r#""name":"é","arguments":{}"#);
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: tools/call\r\nMcp-Name: "
+    );
+    let mut raw = head.into_bytes();
+    raw.extend_from_slice("é".as_bytes());
+    raw.extend_from_slice(format!("\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+    c.send_raw(&raw);
+    let r = c.read_reply();
+    refused(&r, 400, -32020, json!(4));
+}
+
+#[test]
+fn an_unsupported_version_gets_32022_with_the_discover_list() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = modern(
+        &mut c,
+        "server/discover",
+        None,
+        &req("1", "server/discover", ""),
+    );
+    let discover = r.json()["result"]["supportedVersions"].clone();
+    let body = req("\"u\"", "tools/list", "").replace(V, "v999.0.0");
+    let r = post(
+        &mut c,
+        &[
+            ("MCP-Protocol-Version", "v999.0.0"),
+            ("Mcp-Method", "tools/list"),
+        ],
+        &body,
+    );
+    let v = refused(&r, 400, -32022, json!("u"));
+    assert_eq!(v["error"]["data"]["supported"], discover, "{v}");
+    assert_eq!(v["error"]["data"]["requested"], "v999.0.0", "{v}");
+}
+
+#[test]
+fn methods_outside_2026_07_28_get_404_and_32601() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    for m in [
+        "initialize",
+        "ping",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "unknown/method",
+    ] {
+        let r = modern(&mut c, m, None, &req("\"x\"", m, ""));
+        refused(&r, 404, -32601, json!("x"));
+    }
+}
+
+#[test]
+fn other_messages_notifications_responses_batches_and_bad_json() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let h = [("MCP-Protocol-Version", V)];
+    let r = post(
+        &mut c,
+        &h,
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#,
+    );
+    assert_eq!((r.status, r.body.len()), (202, 0));
+    let r = post(&mut c, &h, r#"{"jsonrpc":"2.0","id":"r","result":{}}"#);
+    refused(&r, 400, -32600, json!("r"));
+    let r = post(&mut c, &h, &format!("[{}]", req("1", "tools/list", "")));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], -32600);
+    let r = post(&mut c, &h, "{not json");
+    refused(&r, 400, -32700, Value::Null);
+}
+
+#[test]
+fn an_unknown_resource_is_invalid_params_not_32002() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = modern(
+        &mut c,
+        "resources/read",
+        Some("library://nothing"),
+        &req("1", "resources/read", r#""uri":"library://nothing""#),
+    );
+    let v = r.json();
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert_eq!(v["error"]["data"]["uri"], "library://nothing", "{v}");
+}
+
+#[test]
+fn an_elicitation_is_a_multi_round_trip_with_no_state_between_the_posts() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let first = req(
+        "1",
+        "tools/call",
+        r#""name":"test_elicitation","arguments":{"message":"Who are you?"}"#,
+    );
+    let r = modern(&mut c, "tools/call", Some("test_elicitation"), &first);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let res = &v["result"];
+    assert_eq!(res["resultType"], "input_required", "{v}");
+    let ask = &res["inputRequests"]["elicitation"];
+    assert_eq!(ask["method"], "elicitation/create", "{v}");
+    assert!(
+        ask.get("id").is_none() && ask.get("jsonrpc").is_none(),
+        "{v}"
+    );
+    assert_eq!(ask["params"]["message"], "Who are you?", "{v}");
+    assert_eq!(ask["params"]["mode"], "form", "{v}");
+    assert!(
+        ask["params"]["requestedSchema"]["properties"]["email"].is_object(),
+        "{v}"
+    );
+    // The retry: a new id, the same params plus inputResponses, on another
+    // connection (any shard would do: nothing was kept).
+    let retry = req(
+        "2",
+        "tools/call",
+        r#""name":"test_elicitation","arguments":{"message":"Who are you?"},"inputResponses":{"elicitation":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}}"#,
+    );
+    let mut c2 = Conn::connect(b.http);
+    let r = modern(&mut c2, "tools/call", Some("test_elicitation"), &retry);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["id"], 2);
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    let text = v["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("action=accept") && text.contains("ada@example.com"),
+        "{text}"
+    );
+    // A declined answer reaches the tool too.
+    let decline = retry.replace(
+        r#"{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}"#,
+        r#"{"action":"decline"}"#,
+    );
+    let r = modern(&mut c2, "tools/call", Some("test_elicitation"), &decline);
+    let v = r.json();
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("action=decline"),
+        "{v}"
+    );
+    // A malformed answer is invalid params.
+    let bad = retry.replace(r#""action":"accept""#, r#""action":"maybe""#);
+    let r = modern(&mut c2, "tools/call", Some("test_elicitation"), &bad);
+    refused(&r, 400, -32602, json!(2));
+    // The argument the answer travels in cannot be forged by the client.
+    let forged = req(
+        "3",
+        "tools/call",
+        r#""name":"test_elicitation","arguments":{"message":"m","_elicitation":{"action":"accept"}}"#,
+    );
+    let r = modern(&mut c2, "tools/call", Some("test_elicitation"), &forged);
+    refused(&r, 400, -32602, json!(3));
+}
+
+#[test]
+fn an_elicitation_for_a_client_without_the_capability_is_32021() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{{},"name":"elicit","arguments":{{}}}}}}"#,
+        meta("{}")
+    );
+    let r = modern(&mut c, "tools/call", Some("elicit"), &body);
+    let v = refused(&r, 400, -32021, json!(1));
+    assert_eq!(
+        v["error"]["data"]["requiredCapabilities"],
+        json!({"elicitation": {}}),
+        "{v}"
+    );
+}
+
+#[test]
+fn progress_goes_before_the_answer_on_the_requests_own_stream() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"{V}","io.modelcontextprotocol/clientCapabilities":{{}},"progressToken":"p1"}},"name":"test_tool_with_progress","arguments":{{}}}}}}"#
+    );
+    let r = modern(&mut c, "tools/call", Some("test_tool_with_progress"), &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let msgs = r.sse_messages();
+    let (last, notes) = msgs.split_last().unwrap();
+    assert!(!notes.is_empty(), "{msgs:?}");
+    for n in notes {
+        assert_eq!(n["method"], "notifications/progress", "{n}");
+        assert_eq!(n["params"]["progressToken"], "p1", "{n}");
+    }
+    assert_eq!(last["id"], 5);
+    assert_eq!(last["result"]["resultType"], "complete", "{last}");
+}
+
+/// A broker on a config file this test can rewrite and reload: `routers`
+/// are `[[routers]]` tables; keep-alive every 200 ms.
+fn reloadable(test: &str, routers: &str) -> (Broker, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mcp-modern-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broker.toml");
+    std::fs::write(&path, listen_config(routers)).unwrap();
+    let b = Broker::start_command(None, &["--config", path.to_str().unwrap()], |_| {});
+    (b, path)
+}
+
+fn listen_config(routers: &str) -> String {
+    format!(
+        "[broker]\nshards = 2\nrouters_dir = \"{}\"\n\n[frames]\nlisten = \"127.0.0.1:0\"\n\n[grpc]\nlisten = \"127.0.0.1:0\"\n\n[http]\nlisten = \"127.0.0.1:0\"\nsse_keepalive = \"200ms\"\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n\n{routers}",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../routers/target/wasm32-wasip2/release"
+        )
+    )
+}
+
+const ECHO: &str = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+const LIBRARY: &str = "[[routers]]\nname = \"library\"\nwasm = \"library.wasm\"\n";
+
+/// Opens a `subscriptions/listen` stream with `filter`; the connection with
+/// the SSE head read.
+fn listen(b: &Broker, id: &str, filter: &str) -> Conn {
+    let body = req(
+        id,
+        "subscriptions/listen",
+        &format!(r#""notifications":{filter}"#),
+    );
+    let mut c = Conn::connect(b.http);
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let (status, headers) = c.read_head();
+    assert_eq!(status, 200);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
+        "{headers:?}"
+    );
+    c
+}
+
+#[test]
+fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
+    let (b, path) = reloadable("listen", ECHO);
+    let mut tools = listen(
+        &b,
+        "\"L1\"",
+        r#"{"toolsListChanged":true,"resourceSubscriptions":["x://y"]}"#,
+    );
+    let mut prompts = listen(&b, "2", r#"{"promptsListChanged":true}"#);
+    // The acknowledgment first: what is served of the filter (resource
+    // subscriptions are not).
+    let (body, ended) = tools.read_chunked(Some(&|t: &str| t.contains("acknowledged")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    assert_eq!(
+        msgs[0]["method"],
+        "notifications/subscriptions/acknowledged"
+    );
+    assert_eq!(
+        msgs[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L1"
+    );
+    assert_eq!(
+        msgs[0]["params"]["notifications"],
+        json!({"toolsListChanged": true})
+    );
+    // Keep-alive comments while nothing changes.
+    let (body, _) = tools.read_chunked(Some(&|t: &str| t.contains(": keep-alive")));
+    assert!(String::from_utf8_lossy(&body).contains(": keep-alive"));
+    // The discover capabilities now promise it.
+    let mut c = Conn::connect(b.http);
+    let r = modern(
+        &mut c,
+        "server/discover",
+        None,
+        &req("1", "server/discover", ""),
+    );
+    assert_eq!(
+        r.json()["result"]["capabilities"]["tools"]["listChanged"],
+        true,
+        "{}",
+        r.text()
+    );
+    // A reload that adds tools (and prompts).
+    std::fs::write(&path, listen_config(&format!("{ECHO}{LIBRARY}"))).unwrap();
+    let mut admin = Conn::connect(b.metrics);
+    let r = admin.request("POST", "/admin/reload", &[("Connection", "close")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (body, ended) = tools.read_chunked(Some(&|t: &str| t.contains("list_changed")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let n = msgs.last().unwrap();
+    assert_eq!(n["method"], "notifications/tools/list_changed", "{n}");
+    assert_eq!(
+        n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L1"
+    );
+    // The other stream asked for prompts only, and got only those.
+    let (body, _) = prompts.read_chunked(Some(&|t: &str| t.contains("list_changed")));
+    let text = String::from_utf8(body).unwrap();
+    assert!(!text.contains("tools/list_changed"), "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let n = msgs.last().unwrap();
+    assert_eq!(n["method"], "notifications/prompts/list_changed", "{n}");
+    assert_eq!(
+        n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        2
+    );
+    // A listen without its filter is invalid params.
+    let r = modern(
+        &mut c,
+        "subscriptions/listen",
+        None,
+        &req("3", "subscriptions/listen", ""),
+    );
+    refused(&r, 400, -32602, json!(3));
+    // The drain ends an open listen stream with the listen request's
+    // result, and the broker exits.
+    let mut b = b;
+    let t0 = std::time::Instant::now();
+    let status = b.terminate(std::time::Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let (body, ended) = tools.read_chunked(None);
+    assert!(ended);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], "L1", "{fin}");
+    assert_eq!(fin["result"]["resultType"], "complete", "{fin}");
+    assert_eq!(
+        fin["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L1"
+    );
+    drop(prompts);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
+fn mcp_param_headers_declared_by_x_mcp_header_are_validated_against_the_body() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let r = modern(&mut c, "tools/list", None, &req("1", "tools/list", ""));
+    let v = r.json();
+    let tool = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "test_param_header")
+        .cloned()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(
+        tool["inputSchema"]["properties"]["region"]["x-mcp-header"],
+        "Region"
+    );
+    let call = |args: &str| {
+        req(
+            "2",
+            "tools/call",
+            &format!(r#""name":"test_param_header","arguments":{args}"#),
+        )
+    };
+    let send = |c: &mut Conn, params: &[(&str, &str)], body: &str| {
+        let mut h = vec![
+            ("MCP-Protocol-Version", V),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "test_param_header"),
+        ];
+        h.extend_from_slice(params);
+        post(c, &h, body)
+    };
+    // Matching headers (an integer compared numerically, a value encoded).
+    let body = call(r#"{"region":"Zürich","count":42}"#);
+    let r = send(
+        &mut c,
+        &[
+            ("Mcp-Param-Region", "=?base64?WsO8cmljaA==?="),
+            ("mcp-param-count", "42.0"),
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.json()["result"]["content"][0]["text"].clone();
+    assert_eq!(text, "region=\"Zürich\", count=42");
+    // Missing, different, or set for an absent argument: -32020.
+    let r = send(&mut c, &[("Mcp-Param-Count", "42")], &body);
+    refused(&r, 400, -32020, json!(2));
+    let r = send(
+        &mut c,
+        &[
+            ("Mcp-Param-Region", "=?base64?WsO8cmljaA==?="),
+            ("Mcp-Param-Count", "41"),
+        ],
+        &body,
+    );
+    let v = refused(&r, 400, -32020, json!(2));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Mcp-Param-Count"),
+        "{v}"
+    );
+    let body = call(r#"{"region":"eu"}"#);
+    let r = send(
+        &mut c,
+        &[("Mcp-Param-Region", "eu"), ("Mcp-Param-Count", "1")],
+        &body,
+    );
+    refused(&r, 400, -32020, json!(2));
+    // An absent argument needs no header; unknown Mcp-Param-* are ignored.
+    let r = send(
+        &mut c,
+        &[("Mcp-Param-Region", "eu"), ("Mcp-Param-Other", "x")],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Scale-out without stickiness: two brokers (as behind a plain
+/// round-robin balancer), each POST of one client going to the other one
+/// than its previous POST. Discovery, listing, a call, and a multi
+/// round-trip whose first leg and retry land on different brokers all work,
+/// since nothing is kept between requests.
+#[test]
+fn two_brokers_serve_one_client_alternately_with_no_stickiness() {
+    let brokers = [broker(), broker()];
+    let mut next = 0;
+    let mut send = |method: &str, name: Option<&str>, body: &str| {
+        let b = &brokers[next % 2];
+        next += 1;
+        let mut c = Conn::connect(b.http);
+        modern(&mut c, method, name, body)
+    };
+    let r = send("server/discover", None, &req("1", "server/discover", ""));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send("tools/list", None, &req("2", "tools/list", ""));
+    assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text());
+    let r = send(
+        "tools/call",
+        Some("echo"),
+        &req("3", "tools/call", r#""name":"echo","arguments":{"x":1}"#),
+    );
+    assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text());
+    let args = r#""name":"test_elicitation","arguments":{"message":"Who are you?"}"#;
+    let r = send(
+        "tools/call",
+        Some("test_elicitation"),
+        &req("4", "tools/call", args),
+    );
+    assert_eq!(
+        r.json()["result"]["resultType"],
+        "input_required",
+        "{}",
+        r.text()
+    );
+    let retry = format!(
+        r#"{args},"inputResponses":{{"elicitation":{{"action":"accept","content":{{"username":"ada","email":"ada@example.com"}}}}}}"#
+    );
+    let r = send(
+        "tools/call",
+        Some("test_elicitation"),
+        &req("5", "tools/call", &retry),
+    );
+    let v = r.json();
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("ada@example.com"),
+        "{v}"
+    );
+    assert_eq!(next, 5, "the five requests alternated between the brokers");
+}
+
+/// Closing a 2026-07-28 request's connection cancels its call: the guest
+/// stops at once and frees its instance (one per shard here, one shard),
+/// so the next call of that router does not wait for the abandoned one.
+#[test]
+fn closing_the_connection_of_a_call_cancels_it_in_the_guest() {
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ninstances_per_shard = 1\nqueue_depth = 4\ncall_deadline = \"5s\"\n",
+        mcp_broker::config::DEFAULT_TOML
+    );
+    let b = Broker::start_with_config(&toml, &["--shards", "1"]);
+    let slow = req(
+        "1",
+        "tools/call",
+        r#""name":"spin","arguments":{"ms":4000}"#,
+    );
+    let mut c = Conn::connect(b.http);
+    c.send_raw(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: tools/call\r\nMcp-Name: spin\r\nContent-Length: {}\r\n\r\n{slow}",
+            slow.len()
+        )
+        .as_bytes(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(c);
+    let t0 = std::time::Instant::now();
+    let mut c = Conn::connect(b.http);
+    let quick = req("2", "tools/call", r#""name":"spin","arguments":{"ms":1}"#);
+    let r = modern(&mut c, "tools/call", Some("spin"), &quick);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["isError"], false, "{}", r.text());
+    assert!(
+        t0.elapsed() < std::time::Duration::from_millis(2500),
+        "the abandoned call still held the instance: {:?}",
+        t0.elapsed()
+    );
+}
