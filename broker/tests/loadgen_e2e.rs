@@ -52,3 +52,34 @@ fn one_hundred_thousand_requests_with_zero_errors_and_matching_correlation_ids()
     assert_eq!(report["requests"], 100_000, "{report}");
     assert!(report["latency_us"]["p50"].as_f64().unwrap() > 0.0);
 }
+
+/// `--mcp-version 2026-07-28` on the HTTP edge: stateless POSTs routed by
+/// their `Mcp-Method`/`Mcp-Name` headers (with a non-ASCII argument), every answer checked; and the session era
+/// beside it on the same broker.
+#[test]
+fn both_protocol_eras_load_the_http_edge_with_zero_errors() {
+    let b = Broker::start(&[]);
+    for version in ["2025-11-25", "2026-07-28"] {
+        let json =
+            std::env::temp_dir().join(format!("loadgen-e2e-{version}-{}.json", std::process::id()));
+        let out = Command::new(loadgen())
+            .args(["--target", &format!("http://{}/mcp", b.http)])
+            .args(["--mcp-version", version])
+            .args(["--tool", "echo_text", "--args", r#"{"text":"héllo"}"#])
+            .args(["--connections", "4", "--concurrency", "4"])
+            .args(["--requests", "2000", "--duration", "60s", "-q", "--json"])
+            .arg(&json)
+            .output()
+            .expect("run mcp-loadgen");
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("JSON report written")).unwrap();
+        let _ = std::fs::remove_file(&json);
+        assert!(
+            out.status.success(),
+            "{version}: {}\n{report}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(report["errors"], 0, "{version}: {report}");
+        assert_eq!(report["requests"], 2000, "{version}: {report}");
+    }
+}

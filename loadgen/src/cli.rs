@@ -72,6 +72,13 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub pipeline: u64,
 
+    /// http:// only: the MCP protocol revision to speak. `2025-11-25` (the
+    /// default): `initialize`, then every request in its session.
+    /// `2026-07-28`: no session; each POST carries `MCP-Protocol-Version`,
+    /// `Mcp-Method`, `Mcp-Name` and the request's `_meta`.
+    #[arg(long, default_value = crate::http::PROTOCOL_VERSION)]
+    pub mcp_version: String,
+
     /// Open loop: requests per second over all connections, sent on
     /// schedule whatever the server does.
     #[arg(long)]
@@ -231,6 +238,17 @@ impl Args {
             .as_ref()
             .is_some_and(|t| t.scheme == crate::target::Scheme::Http);
         let per_conn = self.pipeline.max(1);
+        if self.mcp_version != crate::http::PROTOCOL_VERSION {
+            if !crate::http::SUPPORTED_VERSIONS.contains(&self.mcp_version.as_str()) {
+                problems.push(format!(
+                    "--mcp-version {}: expected one of {}",
+                    self.mcp_version,
+                    crate::http::SUPPORTED_VERSIONS.join(", ")
+                ));
+            } else if !http && target.is_some() {
+                problems.push("--mcp-version is for http:// and https:// targets only".into());
+            }
+        }
         if self.pipeline == 0 {
             problems.push("--pipeline must be at least 1".into());
         } else if self.pipeline > 1 && !http && target.is_some() {
@@ -359,6 +377,7 @@ impl Args {
             seed: self.seed,
             bearer,
             tls,
+            mcp_version: self.mcp_version.clone(),
         })
     }
 

@@ -108,6 +108,8 @@ pub struct RunConfig {
     pub bearer: Option<String>,
     /// TLS targets: the run's one client configuration.
     pub tls: Option<Arc<crate::tls::TlsClient>>,
+    /// http://: the MCP revision spoken (`--mcp-version`).
+    pub mcp_version: String,
 }
 
 impl RunConfig {

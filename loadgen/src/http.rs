@@ -60,6 +60,15 @@ use crate::workload::Next;
 /// The protocol revision offered in `initialize`; the server's answer
 /// decides the `MCP-Protocol-Version` of every later request.
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
+/// The stateless revision (`--mcp-version 2026-07-28`): no `initialize`, no
+/// session; every POST names its method (and tool, prompt or resource) in
+/// headers and carries its version and capabilities in `params._meta`.
+pub const MODERN_VERSION: &str = "2026-07-28";
+/// What `--mcp-version` takes.
+pub const SUPPORTED_VERSIONS: [&str; 2] = [PROTOCOL_VERSION, MODERN_VERSION];
+/// `params._meta` of every 2026-07-28 request (no client capabilities: the
+/// load is tool calls that need none).
+const MODERN_META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
@@ -87,6 +96,8 @@ pub struct HttpDriver {
     /// Header lines sent on every request (`Authorization: Bearer …\r\n`
     /// from `--bearer-file`), else empty.
     pub extra_headers: String,
+    /// `--mcp-version 2026-07-28`: stateless requests routed by header.
+    pub modern: bool,
     /// TCP, and TLS for `https://` (the handshake is part of connecting).
     pub connector: Connector,
 }
@@ -572,6 +583,19 @@ impl HttpConn {
         self.wbuf.extend_from_slice(body);
     }
 
+    /// Appends a 2026-07-28 POST of `body`: the shared head, then the
+    /// request's own `Mcp-Method` and `Mcp-Name`.
+    fn put_post_modern(&mut self, body: &[u8], next: &Next<'_>) {
+        self.wbuf.extend_from_slice(&self.head);
+        let (method, name) = method_and_name(next);
+        let _ = write!(self.wbuf, "Mcp-Method: {method}\r\n");
+        if let Some(n) = name {
+            let _ = write!(self.wbuf, "Mcp-Name: {}\r\n", header_value(n));
+        }
+        let _ = write!(self.wbuf, "Content-Length: {}\r\n\r\n", body.len());
+        self.wbuf.extend_from_slice(body);
+    }
+
     fn session_headers(&self) -> String {
         let mut h = String::new();
         if let Some(s) = &self.session {
@@ -722,6 +746,61 @@ fn check(r: &Shape, expect: ResponsePayload) -> Outcome {
     }
 }
 
+/// The JSON-RPC method of `next`, and what `Mcp-Name` carries for it.
+fn method_and_name<'a>(next: &Next<'a>) -> (&'static str, Option<&'a str>) {
+    match next {
+        Next::Tool { name, .. } => ("tools/call", Some(name)),
+        Next::Prompt { name, .. } => ("prompts/get", Some(name)),
+        Next::Resource { uri } => ("resources/read", Some(uri)),
+        Next::List(Listing::Tools) => ("tools/list", None),
+        Next::List(Listing::Resources) => ("resources/list", None),
+        Next::List(Listing::ResourceTemplates) => ("resources/templates/list", None),
+        Next::List(Listing::Prompts) => ("prompts/list", None),
+        Next::Ping => ("ping", None),
+    }
+}
+
+/// A 2026-07-28 header value: as it is when it is visible ASCII (inner
+/// spaces allowed), else the spec's `=?base64?…?=` sentinel.
+fn header_value(v: &str) -> std::borrow::Cow<'_, str> {
+    let plain = !v.is_empty()
+        && !v.starts_with(' ')
+        && !v.ends_with(' ')
+        && !v.starts_with("=?base64?")
+        && v.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    if plain {
+        std::borrow::Cow::Borrowed(v)
+    } else {
+        use base64::Engine as _;
+        std::borrow::Cow::Owned(format!(
+            "=?base64?{}?=",
+            base64::engine::general_purpose::STANDARD.encode(v)
+        ))
+    }
+}
+
+/// Writes the JSON-RPC request `id` for `next` into `out`; `modern`: with
+/// the 2026-07-28 `params._meta`.
+fn put_request_for(out: &mut Vec<u8>, id: u64, next: &Next<'_>, modern: bool) {
+    if !modern {
+        return put_request(out, id, next);
+    }
+    put_request(out, id, next);
+    // Every form ends with `}` closing the message, after `"params":{…}`
+    // (one more `}`) or right after the method name.
+    if out.ends_with(b"}}") && !matches!(next, Next::List(_) | Next::Ping) {
+        out.truncate(out.len() - 2);
+        out.push(b',');
+        out.extend_from_slice(MODERN_META.as_bytes());
+        out.extend_from_slice(b"}}");
+    } else {
+        out.truncate(out.len() - 1);
+        out.extend_from_slice(b",\"params\":{");
+        out.extend_from_slice(MODERN_META.as_bytes());
+        out.extend_from_slice(b"}}");
+    }
+}
+
 /// Writes the JSON-RPC request `id` for `next` into `out`.
 fn put_request(out: &mut Vec<u8>, id: u64, next: &Next<'_>) {
     let _ = write!(out, r#"{{"jsonrpc":"2.0","id":{id},"method":"#);
@@ -797,6 +876,19 @@ impl HttpDriver {
         c.session = None;
         c.version = PROTOCOL_VERSION.to_owned();
         c.expired = false;
+        if self.modern {
+            // Nothing to set up: every request stands alone. The head stops
+            // before the per-request headers (`put_post_modern`).
+            c.version = MODERN_VERSION.to_owned();
+            let _ = write!(
+                c.head,
+                "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mcp-loadgen\r\n\
+                 Accept: application/json, text/event-stream\r\n\
+                 Content-Type: application/json\r\n{}MCP-Protocol-Version: {MODERN_VERSION}\r\n",
+                self.path, self.authority, self.extra_headers
+            );
+            return Ok(());
+        }
         let mut body = Vec::new();
         let _ = write!(
             body,
@@ -1120,9 +1212,13 @@ impl Driver for HttpDriver {
                         let seq = pacer.seq();
                         let (next, expect) = generator.next_json();
                         c.jbuf.clear();
-                        put_request(&mut c.jbuf, seq, &next);
+                        put_request_for(&mut c.jbuf, seq, &next, self.modern);
                         let body = std::mem::take(&mut c.jbuf);
-                        c.put_post(self, &body, true);
+                        if self.modern {
+                            c.put_post_modern(&body, &next);
+                        } else {
+                            c.put_post(self, &body, true);
+                        }
                         c.jbuf = body;
                         pacer.sent(&ctx, &cc, intended, now, expect);
                         in_flight.push_back((seq, expect));
@@ -1170,6 +1266,52 @@ impl Driver for HttpDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modern_requests_carry_meta_and_name_their_method_in_headers() {
+        let meta = serde_json::json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        for (next, method, name) in [
+            (
+                Next::Tool {
+                    name: "echo",
+                    args: br#"{"text":"hi"}"#,
+                },
+                "tools/call",
+                Some("echo"),
+            ),
+            (
+                Next::Resource { uri: "kv://a" },
+                "resources/read",
+                Some("kv://a"),
+            ),
+            (Next::List(Listing::Tools), "tools/list", None),
+            (Next::Ping, "ping", None),
+        ] {
+            let mut out = Vec::new();
+            put_request_for(&mut out, 7, &next, true);
+            let v: serde_json::Value = serde_json::from_slice(&out)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out)));
+            assert_eq!(v["method"], method);
+            assert_eq!(v["id"], 7);
+            assert_eq!(v["params"]["_meta"], meta, "{v}");
+            if let Next::Tool { .. } = next {
+                assert_eq!(v["params"]["arguments"]["text"], "hi");
+            }
+            assert_eq!(method_and_name(&next), (method, name));
+            // The session era's requests are unchanged.
+            let mut old = Vec::new();
+            put_request_for(&mut old, 7, &next, false);
+            let v: serde_json::Value = serde_json::from_slice(&old).unwrap();
+            assert!(v["params"].get("_meta").is_none(), "{v}");
+        }
+        assert_eq!(header_value("echo"), "echo");
+        assert_eq!(header_value("a b"), "a b");
+        assert_eq!(header_value("héllo"), "=?base64?aMOpbGxv?=");
+        assert_eq!(header_value(" lead"), "=?base64?IGxlYWQ=?=");
+    }
 
     fn decode_all(framing: Framing, pieces: &[&[u8]]) -> Result<(Vec<u8>, bool), String> {
         let mut f = framing;

@@ -114,6 +114,7 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
                             .map(|t| format!("Authorization: Bearer {t}\r\n"))
                             .unwrap_or_default(),
                         connector,
+                        modern: cfg.mcp_version == http::MODERN_VERSION,
                     };
                     engine::run(cfg, driver, tx, shared)
                 }
