@@ -549,12 +549,14 @@ struct Meta<'a> {
     progress_token: Option<&'a RawValue>,
 }
 
+/// A client's `capabilities` (initialize) or `clientCapabilities`
+/// (2026-07-28 `_meta`), as far as the edge reads them.
 #[derive(Deserialize, Default)]
-struct Capabilities<'a> {
+pub(super) struct Capabilities<'a> {
     #[serde(borrow, default)]
-    elicitation: Option<&'a RawValue>,
+    pub(super) elicitation: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    sampling: Option<&'a RawValue>,
+    pub(super) sampling: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]

@@ -199,14 +199,6 @@ struct Meta<'a> {
 }
 
 #[derive(Deserialize, Default)]
-struct Caps<'a> {
-    #[serde(borrow, default)]
-    elicitation: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    sampling: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
 struct ClientInfo<'a> {
     #[serde(borrow, default)]
     name: Option<&'a RawValue>,
@@ -290,7 +282,7 @@ pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declar
                 .into(),
         )
     })?;
-    let caps: Caps<'a> = match meta.capabilities {
+    let caps: jsonrpc::Capabilities<'a> = match meta.capabilities {
         Some(c) if first_byte(c) == b'{' => serde_json::from_str(c.get()).map_err(|e| {
             invalid(format!(
                 "Invalid params: `_meta[\"io.modelcontextprotocol/clientCapabilities\"]`: {e}"
