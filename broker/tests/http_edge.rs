@@ -722,23 +722,7 @@ fn conformance(keys: &str) -> Broker {
 
 /// POSTs `body` and returns the connection with the SSE answer's head read.
 fn open_stream(b: &Broker, session: &str, body: &str) -> Conn {
-    let mut c = Conn::connect(b.http);
-    c.send_raw(
-        format!(
-            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    );
-    let (status, headers) = c.read_head();
-    assert_eq!(status, 200);
-    assert!(
-        headers
-            .iter()
-            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
-        "{headers:?}"
-    );
-    c
+    Conn::open_sse(b.http, &format!("Mcp-Session-Id: {session}\r\n"), body)
 }
 
 #[test]

@@ -549,23 +549,11 @@ fn listen(b: &Broker, id: &str, filter: &str) -> Conn {
         "subscriptions/listen",
         &format!(r#""notifications":{filter}"#),
     );
-    let mut c = Conn::connect(b.http);
-    c.send_raw(
-        format!(
-            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    );
-    let (status, headers) = c.read_head();
-    assert_eq!(status, 200);
-    assert!(
-        headers
-            .iter()
-            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
-        "{headers:?}"
-    );
-    c
+    Conn::open_sse(
+        b.http,
+        &format!("MCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\n"),
+        &body,
+    )
 }
 
 #[test]

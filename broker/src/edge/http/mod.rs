@@ -351,6 +351,19 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     r
 }
 
+/// 400 with the JSON-RPC error of a body that did not parse (both eras).
+pub(super) fn unparsable(e: &jsonrpc::RpcError<'_>) -> Response<Body> {
+    let mut out = Vec::new();
+    jsonrpc::write_error(
+        &mut out,
+        e.id.as_ref(),
+        e.code,
+        &e.message,
+        e.data.as_deref(),
+    );
+    json_response(StatusCode::BAD_REQUEST, out)
+}
+
 /// An HTTP-level refusal: `status` with a JSON-RPC error body (id null),
 /// as the SDKs send it, so a client shows the reason.
 fn refuse(status: StatusCode, code: i32, message: &str) -> Response<Body> {
@@ -738,17 +751,7 @@ impl HttpEdge {
         let session_header = header_str(&headers, SESSION_HEADER).map(str::to_owned);
         let parsed = match jsonrpc::parse(&body) {
             Ok(p) => p,
-            Err(e) => {
-                let mut out = Vec::new();
-                jsonrpc::write_error(
-                    &mut out,
-                    e.id.as_ref(),
-                    e.code,
-                    &e.message,
-                    e.data.as_deref(),
-                );
-                return json_response(StatusCode::BAD_REQUEST, out);
-            }
+            Err(e) => return unparsable(&e),
         };
         // Tools whose rules need scopes the token lacks: refused before
         // anything runs.

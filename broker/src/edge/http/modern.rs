@@ -71,7 +71,9 @@ use serde_json::value::RawValue;
 use super::jsonrpc::{
     self, Body as RpcBody, FrameKind, Id, MODERN_VERSION, Message, Method, first_byte, string_of,
 };
-use super::{Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse};
+use super::{
+    Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse, unparsable,
+};
 use crate::auth::Principal;
 use crate::shared::ListKinds;
 
@@ -823,17 +825,7 @@ impl HttpEdge {
             Err(refusal) => return refusal,
         };
         match jsonrpc::parse(&body) {
-            Err(e) => {
-                let mut out = Vec::new();
-                jsonrpc::write_error(
-                    &mut out,
-                    e.id.as_ref(),
-                    e.code,
-                    &e.message,
-                    e.data.as_deref(),
-                );
-                json_response(StatusCode::BAD_REQUEST, out)
-            }
+            Err(e) => unparsable(&e),
             Ok(RpcBody::Batch(_)) => refuse(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidRequest.code(),
