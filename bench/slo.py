@@ -1,0 +1,264 @@
+"""bench/slo.py: capacity at SLO, the figure users plan with.
+
+Capacity at SLO is the highest open-loop rate a server holds with p99 at or
+under the SLO (1 ms), no errors, every scheduled request answered at the
+rate offered, and the load generator on its schedule. It is found in two
+steps, for one server at a time:
+
+1. a sweep: open-loop probes at rates growing geometrically (x2) from a
+   low start until one fails; every probe is a point of the latency
+   against offered rate curve (`svg()` plots them);
+2. a bisection between the last rate that held and the first that failed.
+
+A failing probe is the generator's, not the server's, when the generator
+fell behind its schedule while the server still had CPU to spare (under
+`GENERATOR_BOUND_CPU` of one core per shard): the capacity found is then
+only a lower bound, and the report says so.
+
+Stdlib only. `scripts/bench --slo` and bench/security_cost.py use it.
+"""
+
+import json
+import math
+import os
+import subprocess
+import time
+
+SLO_P99_US = 1000
+# A probe whose answers came slower than this share of the offered rate
+# did not hold it (the rest queued or were lost).
+ACHIEVED_SHARE = 0.98
+# Behind schedule while the server used less than this share of its CPUs:
+# the generator set the bound, not the server.
+GENERATOR_BOUND_CPU = 0.8
+
+
+def probe(loadgen, target, args, lg_cpus, workdir, tag, rate, connections, duration,
+          warmup=1.0, server=None, server_cpus=1):
+    """One open-loop mcp-loadgen run at `rate` req/s; a point of the curve.
+
+    `args`: the loadgen's other arguments (tool, its arguments, TLS, era).
+    `server`: a scripts/bench `Server`, whose CPU use over the run is
+    recorded (share of `server_cpus` cores, and µs per request)."""
+    out = os.path.join(workdir, f"{tag}.json")
+    argv = [loadgen, "--target", target, *args, "--cpus", ",".join(map(str, lg_cpus)),
+            "--connections", str(connections), "--rate", str(int(rate)),
+            "--warmup", f"{warmup}s", "--duration", f"{duration}s", "-q", "--json", out]
+    cpu0, t0 = (server.cpu_seconds(), time.monotonic()) if server else (None, None)
+    r = subprocess.run(argv, text=True, capture_output=True)
+    cpu1, t1 = (server.cpu_seconds(), time.monotonic()) if server else (None, None)
+    try:
+        with open(out) as f:
+            rep = json.load(f)
+    except (OSError, ValueError):
+        rep = {"failure": f"no report (exit {r.returncode}): {r.stderr[-500:]}"}
+    if r.returncode != 0 and not rep.get("failure"):
+        rep["failure"] = f"exit {r.returncode}: {r.stderr[-500:]}"
+    lat = (rep.get("latency_us") or {}) if rep.get("ok") else {}
+    point = {
+        "rate": int(rate),
+        "achieved_rps": rep.get("achieved_rps"),
+        "errors": rep.get("errors"),
+        "errors_by_kind": rep.get("errors_by_kind"),
+        "failure": rep.get("failure"),
+        "kept_up": rep.get("kept_up"),
+        "send_lag_us": rep.get("send_lag_us"),
+        "generator": rep.get("generator"),
+        "p50_us": lat.get("p50"),
+        "p99_us": lat.get("p99"),
+        "p999_us": lat.get("p999"),
+        "max_us": lat.get("max"),
+    }
+    if cpu0 is not None and cpu1 is not None:
+        point["server_cpu"] = (cpu1 - cpu0) / (t1 - t0) / server_cpus
+        done = rep.get("requests") or 0
+        point["server_cpu_us_per_request"] = (cpu1 - cpu0) * 1e6 / done if done else None
+    return point
+
+
+def verdict(p):
+    """'holds', 'server' (the server failed the SLO) or 'generator' (the
+    generator lagged while the server had CPU to spare)."""
+    if p.get("failure") or p.get("errors"):
+        return "server"
+    if p.get("kept_up") is False:
+        cpu = p.get("server_cpu")
+        if cpu is not None and cpu < GENERATOR_BOUND_CPU:
+            return "generator"
+        return "server"
+    if p["p99_us"] is None or p["p99_us"] > SLO_P99_US:
+        return "server"
+    if (p.get("achieved_rps") or 0) < ACHIEVED_SHARE * p["rate"]:
+        return "server"
+    return "holds"
+
+
+def capacity(run, start=1000, limit=2_000_000, bisect_steps=4, log=None):
+    """Sweep then bisect with `run(rate) -> point`. Returns
+    {"capacity": req/s or None, "bound": "server"|"generator"|"limit",
+     "points": [...]} where `capacity` is the highest rate that held
+    (None when even `start` failed)."""
+    points = []
+
+    def go(rate):
+        p = run(rate)
+        p["verdict"] = verdict(p)
+        points.append(p)
+        if log:
+            log(f"  @ {rate:,.0f}/s: p50 {p['p50_us']} p99 {p['p99_us']} µs, "
+                f"achieved {p['achieved_rps'] or 0:,.0f}, errors {p['errors']}, "
+                f"kept_up {p['kept_up']}, server CPU "
+                f"{'n/a' if p.get('server_cpu') is None else format(p['server_cpu'], '.0%')}"
+                f" -> {p['verdict']}")
+        return p["verdict"]
+
+    lo, hi, bound = None, None, "limit"
+    rate = start
+    while rate <= limit:
+        v = go(rate)
+        if v != "holds":
+            hi, bound = rate, v
+            break
+        lo = rate
+        rate *= 2
+    if hi is None:
+        return {"capacity": lo, "bound": "limit", "points": points}
+    if lo is None:
+        # Even the start failed: look below it once, by the same steps.
+        lo_try = start
+        for _ in range(bisect_steps):
+            lo_try /= 2
+            if go(lo_try) == "holds":
+                lo = lo_try
+                break
+        if lo is None:
+            return {"capacity": None, "bound": bound, "points": points}
+    for _ in range(bisect_steps):
+        mid = (lo + hi) / 2
+        v = go(mid)
+        if v == "holds":
+            lo = mid
+        else:
+            hi = mid
+            # The generator's failure anywhere makes the bound the generator's.
+            if v == "generator":
+                bound = "generator"
+    return {"capacity": int(lo), "bound": bound, "points": points}
+
+
+def fmt_capacity(c):
+    if c is None or c.get("capacity") is None:
+        return "none (p99 over the SLO at the lowest rate)"
+    s = f"{c['capacity']:,.0f}"
+    if c["bound"] == "generator":
+        s = "≥ " + s + " (generator-bound)"
+    elif c["bound"] == "limit":
+        s = "≥ " + s + " (sweep limit)"
+    return s
+
+
+# --- the plot ----------------------------------------------------------------
+
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def svg(path, panels, title):
+    """Latency (p99, log scale) against offered rate (log scale), one line per
+    server, one panel per edge, with the SLO as a dashed line; like wrk2's
+    HdrHistogram plots. `panels`: [(panel title, {server: [points]})]."""
+    w, h, ml, mr, mt, mb = 560, 380, 70, 20, 40, 55
+    cols = min(2, len(panels)) or 1
+    rows = math.ceil(len(panels) / cols)
+    W, H = cols * w, rows * h + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{W / 2}" y="24" text-anchor="middle" font-size="16">{esc(title)}</text>']
+    for i, (ptitle, series) in enumerate(panels):
+        ox, oy = (i % cols) * w, 40 + (i // cols) * h
+        pts = [p for ps in series.values() for p in ps if p.get("p99_us")]
+        if not pts:
+            continue
+        xmin = min(p["rate"] for p in pts)
+        xmax = max(p["rate"] for p in pts)
+        ymin = min(min(p["p99_us"] for p in pts), SLO_P99_US) * 0.8
+        ymax = max(max(p["p99_us"] for p in pts), SLO_P99_US) * 1.25
+        lx0, lx1 = math.log10(xmin) - 0.05, math.log10(xmax) + 0.05
+        ly0, ly1 = math.log10(ymin), math.log10(ymax)
+        pw, ph = w - ml - mr, h - mt - mb
+
+        def X(v):
+            return ox + ml + (math.log10(v) - lx0) / (lx1 - lx0) * pw
+
+        def Y(v):
+            return oy + mt + ph - (math.log10(v) - ly0) / (ly1 - ly0) * ph
+
+        out.append(f'<text x="{ox + ml + pw / 2}" y="{oy + 20}" text-anchor="middle" '
+                   f'font-size="14">{esc(ptitle)}</text>')
+        out.append(f'<rect x="{ox + ml}" y="{oy + mt}" width="{pw}" height="{ph}" '
+                   f'fill="none" stroke="#444"/>')
+        for d in decades(ymin, ymax):
+            y = Y(d)
+            out.append(f'<line x1="{ox + ml}" x2="{ox + ml + pw}" y1="{y:.1f}" y2="{y:.1f}" '
+                       f'stroke="#ddd"/>')
+            out.append(f'<text x="{ox + ml - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                       f'{fmt_latency(d)}</text>')
+        for d in decades(xmin, xmax):
+            x = X(d)
+            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{oy + mt}" y2="{oy + mt + ph}" '
+                       f'stroke="#ddd"/>')
+            out.append(f'<text x="{x:.1f}" y="{oy + mt + ph + 16}" text-anchor="middle">'
+                       f'{fmt_rate(d)}</text>')
+        y = Y(SLO_P99_US)
+        out.append(f'<line x1="{ox + ml}" x2="{ox + ml + pw}" y1="{y:.1f}" y2="{y:.1f}" '
+                   f'stroke="#000" stroke-dasharray="6,4"/>')
+        out.append(f'<text x="{ox + ml + pw - 4}" y="{y - 4:.1f}" text-anchor="end">'
+                   f'SLO p99 1 ms</text>')
+        out.append(f'<text x="{ox + ml + pw / 2}" y="{oy + h - 12}" text-anchor="middle">'
+                   f'offered rate (req/s, open loop)</text>')
+        out.append(f'<text transform="translate({ox + 16},{oy + mt + ph / 2}) rotate(-90)" '
+                   f'text-anchor="middle">p99 latency</text>')
+        for j, (name, ps) in enumerate(series.items()):
+            c = COLOURS[j % len(COLOURS)]
+            ps = sorted((p for p in ps if p.get("p99_us")), key=lambda p: p["rate"])
+            if not ps:
+                continue
+            line = " ".join(f"{X(p['rate']):.1f},{Y(p['p99_us']):.1f}" for p in ps)
+            out.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
+            for p in ps:
+                hollow = p.get("verdict") == "generator"
+                out.append(f'<circle cx="{X(p["rate"]):.1f}" cy="{Y(p["p99_us"]):.1f}" r="3" '
+                           f'fill="{"white" if hollow else c}" stroke="{c}"/>')
+            ky = oy + mt + 14 + 16 * j
+            out.append(f'<line x1="{ox + ml + 8}" x2="{ox + ml + 28}" y1="{ky - 4}" '
+                       f'y2="{ky - 4}" stroke="{c}" stroke-width="2"/>')
+            out.append(f'<text x="{ox + ml + 32}" y="{ky}">{esc(name)}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def decades(lo, hi):
+    """1, 2, 5 × 10^k ticks within [lo, hi]."""
+    ticks = []
+    k = math.floor(math.log10(lo))
+    while 10 ** k <= hi * 1.0001:
+        for m in (1, 2, 5):
+            v = m * 10 ** k
+            if lo <= v <= hi:
+                ticks.append(v)
+        k += 1
+    return ticks
+
+
+def fmt_rate(v):
+    return f"{v / 1000:g}k" if v >= 1000 else f"{v:g}"
+
+
+def fmt_latency(us):
+    return f"{us / 1000:g} ms" if us >= 1000 else f"{us:g} µs"
+
+
+def esc(s):
+    return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
