@@ -94,6 +94,13 @@ fn conformance_router_lists_every_fixture_the_suite_calls() {
         "test_elicitation_sep1034_defaults",
         "test_elicitation_sep1330_enums",
         "json_schema_2020_12_tool",
+        // The 2026-07-28 scenarios of suite 0.2.0-alpha.12.
+        "test_missing_capability",
+        "test_streaming_elicitation",
+        "test_logging_tool",
+        "test_input_required_result_elicitation",
+        "test_input_required_result_sampling",
+        "test_input_required_result_capabilities",
     ] {
         assert!(tools.contains(&name), "tool {name} missing from {tools:?}");
     }
