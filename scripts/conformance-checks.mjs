@@ -11,9 +11,9 @@
 // exactly the listed ones; 1 on an unlisted failure, on a listed check that
 // did not fail (the list must stay honest), or on a SCENARIO with no results.
 //
-// Per check rather than per scenario: a scenario such as server-stateless
-// has one SHOULD we cannot meet among 28 checks, and listing the whole
-// scenario would stop guarding the other 27.
+// Per check rather than per scenario: server-stateless has two SHOULDs the
+// broker cannot meet among 30 checks, and listing the whole scenario would
+// stop guarding the other 28.
 import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 
