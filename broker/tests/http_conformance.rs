@@ -1,10 +1,13 @@
 //! The official MCP conformance suite (npm `@modelcontextprotocol/conformance`,
 //! `server` mode) against the real broker binary's Streamable HTTP edge,
 //! serving the bundled `conformance` router (`broker/tests/fixtures/conformance.toml`).
-//! `scripts/conformance` runs the suite and holds the outcome to
-//! `conformance/expected-failures.txt`: a scenario failing that is not listed
-//! fails this test, and so does a listed one that passes. `docs/conformance.md`
-//! describes each scenario.
+//! `scripts/conformance` runs the suite and holds the outcome to a list of
+//! expected failures: a failure that is not listed fails the test, and so
+//! does a listed one that passes. Two suite versions: the pinned 0.1.16 (the
+//! session-era revisions, `conformance/expected-failures.txt`) and
+//! 0.2.0-alpha.12's protocol 2026-07-28 scenarios
+//! (`conformance/expected-failures-2026-07-28.txt`, per check).
+//! `docs/conformance.md` describes each scenario.
 //!
 //! The router-level tests below pin the conventions the suite relies on
 //! (elicitation's second call, the resource template) without the edge.
@@ -29,18 +32,20 @@ fn repo_root() -> PathBuf {
 fn node_tools_installed(root: &Path) {
     for tool in [
         ".tools/node/bin/node",
-        "tools/node/node_modules/.bin/conformance",
+        "tools/node/node_modules/@modelcontextprotocol/conformance/dist/index.js",
+        "tools/node/node_modules/conformance-next/dist/index.js",
     ] {
         assert!(
             root.join(tool).exists(),
             "{tool} is missing: run scripts/setup (it installs Node >= 22 and the pinned \
-             @modelcontextprotocol/conformance) before this test"
+             @modelcontextprotocol/conformance releases) before this test"
         );
     }
 }
 
-#[test]
-fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
+/// Runs `scripts/conformance ARGS URL` against a broker serving the
+/// conformance router alone, and asserts it passed; returns its stdout.
+fn run_conformance(suite_args: &[&str]) -> String {
     let root = repo_root();
     node_tools_installed(&root);
     // Fails with "run scripts/build-routers" when conformance.wasm is missing.
@@ -54,6 +59,7 @@ fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
     );
     let url = broker.mcp_url();
     let out = Command::new(root.join("scripts/conformance"))
+        .args(suite_args)
         .arg(&url)
         // Bounds the run: the script kills the suite past this many seconds.
         .env("CONFORMANCE_TIMEOUT", "300")
@@ -63,14 +69,38 @@ fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "scripts/conformance {url} failed ({}):\n{stdout}\n{stderr}",
+        "scripts/conformance {suite_args:?} {url} failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
-    // The run really happened: the suite printed its summary and the
-    // baseline check.
+    // The run really happened: the suite printed its summary.
+    assert!(stdout.contains("=== SUMMARY ==="), "{stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+#[test]
+fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
+    let stdout = run_conformance(&[]);
+    assert!(stdout.contains("Baseline check passed"), "{stdout}");
+}
+
+#[test]
+fn conformance_suite_2026_07_28_scenarios_fail_exactly_the_listed_checks() {
+    let stdout = run_conformance(&["--suite-version", "next"]);
+    // The 2026-07-28 scenarios ran, and the per-check comparison passed.
+    for scenario in [
+        "server-stateless",
+        "caching",
+        "http-header-validation",
+        "input-required-result-basic-sampling",
+    ] {
+        assert!(
+            stdout.contains(&format!("=== Running scenario: {scenario} ===")),
+            "{scenario} did not run:\n{stdout}"
+        );
+    }
     assert!(
-        stdout.contains("=== SUMMARY ===") && stdout.contains("Baseline check passed"),
-        "{stdout}\n{stderr}"
+        stdout.contains("distinct failing checks, all listed"),
+        "{stdout}"
     );
 }
 
@@ -94,6 +124,13 @@ fn conformance_router_lists_every_fixture_the_suite_calls() {
         "test_elicitation_sep1034_defaults",
         "test_elicitation_sep1330_enums",
         "json_schema_2020_12_tool",
+        // The 2026-07-28 scenarios of suite 0.2.0-alpha.12.
+        "test_missing_capability",
+        "test_streaming_elicitation",
+        "test_logging_tool",
+        "test_input_required_result_elicitation",
+        "test_input_required_result_sampling",
+        "test_input_required_result_capabilities",
     ] {
         assert!(tools.contains(&name), "tool {name} missing from {tools:?}");
     }
@@ -200,4 +237,43 @@ fn conformance_router_sends_progress_with_its_result() {
     let steps: Vec<Option<f32>> = t.progress.unwrap().iter().map(|p| p.progress).collect();
     assert_eq!(steps, [Some(0.0), Some(0.5), Some(1.0)]);
     assert!(matches!(t.content.first(), Some(ContentBlock::Text(_))));
+}
+
+#[test]
+fn conformance_router_asks_for_sampling_first_and_reports_the_answer_on_the_second_call() {
+    let pool = RouterPool::new(load_bundled("conformance", 1, 0));
+    on_shard(async {
+        for tool in [
+            "test_input_required_result_sampling",
+            "test_input_required_result_capabilities",
+            "test_missing_capability",
+        ] {
+            let first = pool
+                .call_tool(tool, "{}")
+                .await
+                .expect("first call answers");
+            let Response::Completed(t) = &first else {
+                panic!(
+                    "{tool}: the first call must complete with a sampling request, got {first:?}"
+                );
+            };
+            let asked = t
+                .meta
+                .iter()
+                .flatten()
+                .find(|m| m.key == "mcp-broker/sample")
+                .unwrap_or_else(|| panic!("{tool}: no mcp-broker/sample in {t:?}"));
+            let params: serde_json::Value = serde_json::from_str(&asked.value).unwrap();
+            assert!(params["maxTokens"].is_u64(), "{tool}: {params}");
+            assert_eq!(params["messages"][0]["role"], "user", "{tool}: {params}");
+            let second = pool
+                .call_tool(
+                    tool,
+                    r#"{"_sampling":{"role":"assistant","content":{"type":"text","text":"Paris."},"model":"m","stopReason":"endTurn"}}"#,
+                )
+                .await
+                .expect("second call answers");
+            assert_eq!(first_text(&second), "LLM response: Paris.", "{tool}");
+        }
+    });
 }

@@ -6,12 +6,19 @@
 //! lists each scenario and what it needs.
 //!
 //! What the router world cannot express, and how this router answers anyway:
-//! - **Log notifications** (`test_tool_with_logging`): the world has no
-//!   logging import, so the tool returns its result without the three
-//!   `notifications/message` the scenario waits for.
-//! - **Sampling** (`test_sampling`): a router can ask its client only for an
-//!   elicitation, never for `sampling/createMessage`; the tool answers
-//!   `isError` saying so.
+//! - **Log notifications** (`test_tool_with_logging`, `test_logging_tool`):
+//!   the world has no logging import, so the tool returns its log lines
+//!   under the broker's `mcp-broker/log` meta key, which the broker sends as
+//!   `notifications/message` before the result (to a request that asked).
+//! - **Sampling** (`test_sampling` and the 2026-07-28 fixtures): a router can
+//!   ask its client only for an elicitation; the first call returns the
+//!   `sampling/createMessage` params under the broker's `mcp-broker/sample`
+//!   meta key, and the second call gets the client's answer as `_sampling`.
+//! - **Multi round-trip (2026-07-28)**: the broker names an input request
+//!   `elicitation` or `sampling` and asks one question at a time, without
+//!   `requestState`; a router cannot ask for `roots/list`, nor elicit from a
+//!   prompt. The suite's fixtures that need those are absent
+//!   (`docs/conformance.md`).
 //! - **Closing the SSE stream mid-call** (`test_reconnection`): a transport
 //!   matter; the tool simply completes, on the request's stream.
 //! - **Progress** (`test_tool_with_progress`): entries are fractions (the
@@ -73,10 +80,12 @@ const ARG_VALUES: &[&str] = &["paris", "park", "party"];
 /// Values offered by `complete` for the template's `id`.
 const ID_VALUES: &[&str] = &["1", "2", "3", "123"];
 
-/// Input schema of `json_schema_2020_12_tool`, byte for byte what the
-/// `json-schema-2020-12` scenario looks for: the broker must pass `$schema`,
-/// `$defs` and `additionalProperties` through untouched.
-const JSON_SCHEMA_2020_12: &str = r##"{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","$defs":{"address":{"type":"object","properties":{"street":{"type":"string"},"city":{"type":"string"}}}},"properties":{"name":{"type":"string"},"address":{"$ref":"#/$defs/address"}},"additionalProperties":false}"##;
+/// Input schema of `json_schema_2020_12_tool`, byte for byte the suite's
+/// reference (0.2.0-alpha.12): the broker must pass `$schema`, `$defs` and
+/// `additionalProperties` (SEP-1613), and `$anchor`, `allOf`/`anyOf` and
+/// `if`/`then`/`else` (SEP-2106) through untouched. The 0.1.16 scenario
+/// checks the first three only, so one schema serves both suites.
+const JSON_SCHEMA_2020_12: &str = r##"{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","$defs":{"address":{"$anchor":"addressDef","type":"object","properties":{"street":{"type":"string"},"city":{"type":"string"}}}},"properties":{"name":{"type":"string"},"address":{"$ref":"#/$defs/address"},"contactMethod":{"type":"string","enum":["phone","email"]},"phone":{"type":"string"},"email":{"type":"string"}},"allOf":[{"anyOf":[{"required":["phone"]},{"required":["email"]}]}],"if":{"properties":{"contactMethod":{"const":"phone"}},"required":["contactMethod"]},"then":{"required":["phone"]},"else":{"required":["email"]},"additionalProperties":false}"##;
 
 const NO_ARGS: &str = r#"{"type":"object","properties":{}}"#;
 
@@ -307,6 +316,58 @@ fn progress(percent: u8) -> ProgressNotification {
     }
 }
 
+/// A first call's answer asking the client's model (`sampling/createMessage`
+/// with `params`) by the broker's `mcp-broker/sample` meta convention: in a
+/// session the broker sends the request and calls again with `_sampling`;
+/// in 2026-07-28 it becomes an `InputRequiredResult` (docs/http.md).
+fn ask_sampling(params: &Value) -> Response {
+    Response::Completed(ToolResult {
+        content: vec![text("sampling requested")],
+        structured_content: None,
+        progress: None,
+        meta: Some(vec![MetaEntry {
+            key: "mcp-broker/sample".into(),
+            value: params.to_string(),
+        }]),
+        is_error: None,
+    })
+}
+
+/// The text of a `CreateMessageResult` the broker handed back as `_sampling`.
+fn sampled_text(result: &Value) -> &str {
+    result
+        .pointer("/content/text")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// First call: sample with `params`. Second call: `done(the model's text)`.
+fn sample_then(
+    args: &serde_json::Map<String, Value>,
+    params: Value,
+    done: impl FnOnce(&str) -> String,
+) -> Response {
+    match args.get(SAMPLING_ARG) {
+        None => ask_sampling(&params),
+        Some(result) => completed(vec![text(done(sampled_text(result)))]),
+    }
+}
+
+/// A result carrying three info log lines under the broker's
+/// `mcp-broker/log` meta key (the router world has no logging import).
+fn logged(said: &str) -> Response {
+    Response::Completed(ToolResult {
+        content: vec![text(said)],
+        structured_content: None,
+        progress: None,
+        meta: Some(vec![MetaEntry {
+            key: "mcp-broker/log".into(),
+            value: r#"[{"level":"info","logger":"conformance","data":"Tool execution started"},{"level":"info","logger":"conformance","data":"Tool processing data"},{"level":"info","logger":"conformance","data":"Tool execution completed"}]"#.into(),
+        }]),
+        is_error: None,
+    })
+}
+
 struct Conformance;
 
 impl Guest for Conformance {
@@ -404,6 +465,36 @@ impl Guest for Conformance {
                  convention)",
                 r#"{"type":"object","properties":{"prompt":{"type":"string","description":"The prompt to send to the LLM"}},"required":["prompt"]}"#,
             ),
+            tool(
+                "test_missing_capability",
+                "Tests MissingRequiredClientCapabilityError: needs the client's sampling capability",
+                NO_ARGS,
+            ),
+            tool(
+                "test_streaming_elicitation",
+                "Tests that a call needing input answers with an InputRequiredResult only",
+                NO_ARGS,
+            ),
+            tool(
+                "test_logging_tool",
+                "Tests that logs are sent only to requests that set a log level",
+                NO_ARGS,
+            ),
+            tool(
+                "test_input_required_result_elicitation",
+                "Tests InputRequiredResult with an elicitation input request (SEP-2322)",
+                NO_ARGS,
+            ),
+            tool(
+                "test_input_required_result_sampling",
+                "Tests InputRequiredResult with a sampling input request (SEP-2322)",
+                NO_ARGS,
+            ),
+            tool(
+                "test_input_required_result_capabilities",
+                "Tests that input requests respect the declared client capabilities (SEP-2322)",
+                NO_ARGS,
+            ),
             // SEP-2243 (protocol 2026-07-28): a tool whose arguments a
             // client also sends as `Mcp-Param-*` headers, which the broker
             // validates against the body.
@@ -487,16 +578,7 @@ impl Guest for Conformance {
             // The router world has no logging import: what the tool logs
             // rides in the result's meta under the broker's key, and the
             // broker sends it as notifications/message before the result.
-            "test_tool_with_logging" => Ok(Response::Completed(ToolResult {
-                content: vec![text("Tool with logging executed successfully")],
-                structured_content: None,
-                progress: None,
-                meta: Some(vec![MetaEntry {
-                    key: "mcp-broker/log".into(),
-                    value: r#"[{"level":"info","logger":"conformance","data":"Tool execution started"},{"level":"info","logger":"conformance","data":"Tool processing data"},{"level":"info","logger":"conformance","data":"Tool execution completed"}]"#.into(),
-                }]),
-                is_error: None,
-            })),
+            "test_tool_with_logging" => Ok(logged("Tool with logging executed successfully")),
             "test_tool_with_progress" => Ok(Response::Completed(ToolResult {
                 content: vec![text("Progress reported: 0%, 50% and 100%")],
                 structured_content: None,
@@ -520,29 +602,72 @@ impl Guest for Conformance {
                     let prompt = args.get("prompt").and_then(Value::as_str).ok_or_else(|| {
                         ToolError::InvalidParameters("`prompt` (string) is required".into())
                     })?;
-                    let params = json!({
+                    Ok(ask_sampling(&json!({
                         "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
                         "maxTokens": 100
-                    });
-                    Ok(Response::Completed(ToolResult {
-                        content: vec![text("sampling requested")],
-                        structured_content: None,
-                        progress: None,
-                        meta: Some(vec![MetaEntry {
-                            key: "mcp-broker/sample".into(),
-                            value: params.to_string(),
-                        }]),
-                        is_error: None,
-                    }))
+                    })))
                 }
-                Some(result) => {
-                    let said = result
-                        .pointer("/content/text")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    Ok(completed(vec![text(format!("LLM response: {said}"))]))
-                }
+                Some(result) => Ok(completed(vec![text(format!(
+                    "LLM response: {}",
+                    sampled_text(result)
+                ))])),
             },
+            // Protocol 2026-07-28 (suite 0.2.0-alpha): `server-stateless`
+            // calls this without declaring `sampling`, and expects -32021;
+            // the broker refuses any sampling request the client did not
+            // declare, before it reaches the client.
+            "test_missing_capability" => Ok(sample_then(
+                &args,
+                json!({
+                    "messages": [{"role": "user", "content": {"type": "text", "text": "Say hello"}}],
+                    "maxTokens": 50
+                }),
+                |said| format!("LLM response: {said}"),
+            )),
+            // `server-stateless`: the response stream of a call that needs
+            // input holds only the InputRequiredResult, never an independent
+            // `elicitation/create` request.
+            "test_streaming_elicitation" => elicit_then(
+                &args,
+                "Please confirm to continue",
+                json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}),
+                completed_text,
+            ),
+            // `server-stateless`: the logs of a request that carries no
+            // `_meta` log level are never sent.
+            "test_logging_tool" => Ok(logged("Tool with logging executed successfully")),
+            // The `input-required-result-*` scenarios (SEP-2322, MRTR). The
+            // broker names the input request `elicitation` (or `sampling`),
+            // not the scenarios' `user_name`: docs/conformance.md.
+            "test_input_required_result_elicitation" => elicit_then(
+                &args,
+                "What is your name?",
+                json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
+                |action, content| match content.get("name").and_then(Value::as_str) {
+                    Some(name) if action == "accept" => format!("Hello, {name}!"),
+                    _ => format!("No name given: action={action}"),
+                },
+            ),
+            "test_input_required_result_sampling" => Ok(sample_then(
+                &args,
+                json!({
+                    "messages": [{"role": "user", "content": {"type": "text", "text": "What is the capital of France?"}}],
+                    "maxTokens": 100
+                }),
+                |said| format!("LLM response: {said}"),
+            )),
+            // The router does not see the request's client capabilities, so
+            // it asks for sampling alone; the broker refuses (-32021) a
+            // request the client did not declare, so no undeclared input
+            // request ever reaches a client.
+            "test_input_required_result_capabilities" => Ok(sample_then(
+                &args,
+                json!({
+                    "messages": [{"role": "user", "content": {"type": "text", "text": "Generate a greeting"}}],
+                    "maxTokens": 50
+                }),
+                |said| format!("LLM response: {said}"),
+            )),
             "test_elicitation" => {
                 let message = args
                     .get("message")
