@@ -17,9 +17,10 @@ keep-alive connections (8, one request in flight each):
 - a closed loop: peak rate and server CPU per request (the process's CPU
   time over the run divided by its requests);
 - capacity at SLO: the highest open-loop rate held with p99 <= 1 ms, no
-  errors, and the generator on schedule, by bisection between 0 and the
-  closed-loop peak. A step where the generator fell behind while the
-  server had CPU to spare is marked: that bound is the generator's.
+  errors, and the generator on schedule, by bench/slo.py's x2 sweep from
+  1,000/s and SEC_BISECT_STEPS (default 4) bisection steps on the knee. A
+  step where the generator fell behind while the server had CPU to spare
+  is marked: that bound is the generator's.
 
   cargo build --release -p mcp-broker -p mcp-loadgen
   bench/security_cost.py [ROUNDS] [EDGES]     (default 2, frames,grpc,http)
@@ -52,9 +53,9 @@ def _load(name, path):
 
 B = _load("mcp_bench_script", os.path.join(ROOT, "scripts", "bench"))
 A = _load("mcp_auth_cost", os.path.join(HERE, "auth_cost.py"))
+S = _load("mcp_bench_slo", os.path.join(HERE, "slo.py"))
 
-SLO_P99_US = 1000
-BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "5"))
+BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "4"))
 # 8 (default): latency-bound, what open-loop clients look like; 64: the
 # server's core saturated, so CPU per request is the work, not the wakeups.
 CONNECTIONS = int(os.environ.get("SEC_CONNECTIONS", "8"))
@@ -112,35 +113,25 @@ def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
     return rep
 
 
-def holds(rep):
-    """(held the SLO, bound by the generator)."""
-    if rep.get("failure") or rep.get("errors"):
-        return False, False
-    ok = rep["latency_us"]["p99"] <= SLO_P99_US and rep.get("kept_up", True)
-    # Behind schedule while the server still had a fifth of its core idle:
-    # the generator, not the server, set this bound.
-    generator = not rep.get("kept_up", True) and rep.get("server_cpu", 1.0) < 0.8
-    return ok, generator
-
-
 def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
-    """Highest rate (of BISECT_STEPS probes in [0, peak]) that holds the SLO."""
-    lo, hi, generator = 0.0, peak, False
+    """Capacity at SLO by bench/slo.py's sweep and bisection (the same rule
+    as `scripts/bench --slo`): (req/s or None, bound by the generator)."""
     if BISECT_STEPS == 0:
         return None, False
-    for step in range(BISECT_STEPS):
-        rate = (lo + hi) / 2 if step else peak * 0.5
-        rep = run(server, edge, name, addr, lg_cpus, wd, f"{tag}-{step}", certs, token, rate)
-        ok, gen = holds(rep)
-        generator |= gen
-        B.log(f"  {edge} {name} @ {rate:,.0f}/s: p99 {rep.get('latency_us', {}).get('p99')} µs, "
-              f"errors {rep.get('errors')}, kept_up {rep.get('kept_up')}, "
-              f"server CPU {rep.get('server_cpu', 0):.2f} -> {'holds' if ok else 'fails'}")
-        if ok:
-            lo = rate
-        else:
-            hi = rate
-    return lo, generator
+    plain, tls, _, path = SCHEMES[edge]
+    scheme = plain if name == "plain" else tls
+    args = ["--tool", "echo_text", "--args", '{"text":"hello"}']
+    if name != "plain":
+        args += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
+    if name == "tls+auth":
+        args += ["--bearer-file", token]
+
+    def probe(rate):
+        return S.probe(B.LOADGEN, f"{scheme}://{addr}{path}", args, lg_cpus, wd,
+                       f"{tag}-{int(rate)}", rate, CONNECTIONS, 3, server=server)
+    c = S.capacity(probe, start=1000, limit=max(peak, 1000) * 2, bisect_steps=BISECT_STEPS,
+                   log=B.log)
+    return c["capacity"], c["bound"] == "generator"
 
 
 def main():
