@@ -27,6 +27,16 @@
 //! ticker only when it runs (the broker's shards do the same,
 //! `broker/src/local.rs`).
 //!
+//! The spin costs a core whatever the load, so the generator's CPU time says
+//! little about its cost per request. The ticker therefore tells idle spin
+//! from work: a round of its yield in which no connection task was polled
+//! (the thread's work counter, bumped by every poll of a task wrapped in
+//! [`AlarmClock::counted`], did not move) is idle, and the thread CPU time it took is added to
+//! [`AlarmClock::idle_spin`] (CPU, not wall time: on a shared core a round
+//! can be descheduled for milliseconds). A round in which anything happened
+//! counts as work whole, so the figure errs on the side of a busier
+//! generator.
+//!
 //! # Invariants
 //! - A waiter is woken no earlier than its deadline; the ticker wakes it at
 //!   the first turn after it (microseconds, unless the thread is busy).
@@ -67,6 +77,11 @@ pub struct AlarmClock {
     /// The ticker's waker while it yields, and the pump that wakes it.
     parked: Cell<Option<Waker>>,
     pump: Notify,
+    /// Polls of the connections' tasks on this thread so far (see the
+    /// module doc).
+    work: Cell<u64>,
+    /// Thread CPU time of yield rounds with no work in them.
+    idle: Cell<Duration>,
 }
 
 impl AlarmClock {
@@ -84,7 +99,23 @@ impl AlarmClock {
             ticker_started: Cell::new(false),
             parked: Cell::new(None),
             pump: Notify::default(),
+            work: Cell::new(0),
+            idle: Cell::new(Duration::ZERO),
         })
+    }
+
+    /// `f`, each of whose polls counts as work: a yield round in which it
+    /// ran is not idle spin.
+    pub fn counted<F: Future>(self: &Rc<Self>, f: F) -> Counted<F> {
+        Counted {
+            clock: Rc::clone(self),
+            f,
+        }
+    }
+
+    /// CPU time the ticker spent spinning with nothing else to do, so far.
+    pub fn idle_spin(&self) -> Duration {
+        self.idle.get()
     }
 
     /// Completes at `until` or at `wake`'s next notify, whichever is first.
@@ -114,7 +145,20 @@ impl AlarmClock {
     /// The ticker: wakes the waiters whose time has come, sleeping on the
     /// runtime timer when the next deadline is far and yielding when near.
     async fn tick<R: Runtime>(self: Rc<Self>) {
+        // The thread's CPU time when the last yield round began, and the
+        // work counter then. One reading per round ends the last and begins
+        // the next, so that back-to-back idle rounds are counted whole.
+        let mut round: Option<(Duration, u64)> = None;
         loop {
+            let mut cpu_now = None;
+            if let Some((began, work)) = round.take() {
+                cpu_now = crate::engine::thread_cpu();
+                if let Some(cpu) = cpu_now
+                    && work == self.work.get()
+                {
+                    self.idle.set(self.idle.get() + cpu.saturating_sub(began));
+                }
+            }
             let now = Instant::now();
             let next = {
                 let mut st = self.state.borrow_mut();
@@ -136,7 +180,12 @@ impl AlarmClock {
                 }
                 // The last stretch: give the other tasks (and the I/O
                 // driver) a turn, then look again.
-                Some(_) => self.fair_yield().await,
+                Some(_) => {
+                    round = cpu_now
+                        .or_else(crate::engine::thread_cpu)
+                        .map(|c| (c, self.work.get()));
+                    self.fair_yield().await;
+                }
             }
         }
     }
@@ -164,6 +213,25 @@ impl AlarmClock {
                 w.wake();
             }
         }
+    }
+}
+
+/// A task whose polls count as work (see [`AlarmClock::counted`]).
+pub struct Counted<F> {
+    clock: Rc<AlarmClock>,
+    f: F,
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let work = &self.clock.work;
+        work.set(work.get().wrapping_add(1));
+        // SAFETY: `f` is structurally pinned: it is never moved out of
+        // `Counted`, which has no `Drop` and no `Unpin` impl of its own
+        // that could move it.
+        unsafe { self.map_unchecked_mut(|c| &mut c.f) }.poll(cx)
     }
 }
 
