@@ -586,12 +586,15 @@ impl CpuMark {
         }
         let cpu = end.cpu.saturating_sub(self.cpu);
         let cores = cpu.as_secs_f64() / wall.as_secs_f64();
-        let idle = end.idle_spin.saturating_sub(self.idle_spin).min(cpu);
+        // Idle spin is wall time; a round descheduled midway burnt only
+        // the thread's share of it. Taking that share as even over the
+        // phase keeps the idle part within the CPU used.
+        let idle_wall = end.idle_spin.saturating_sub(self.idle_spin).min(wall);
         Some(stats::CpuUse {
             threads: 1,
             cpu,
             cores,
-            idle_spin_cores: idle.as_secs_f64() / wall.as_secs_f64(),
+            idle_spin_cores: idle_wall.as_secs_f64() / wall.as_secs_f64() * cores.min(1.0),
         })
     }
 }
@@ -882,7 +885,23 @@ impl Pacer {
 
     /// What to do at `now`.
     pub fn step(&self, ctx: &ThreadCtx, cc: &ConnCtx, now: Instant) -> Step {
-        if ctx.stop.get() || ctx.send_over(now) || self.seq >= cc.plan.quota {
+        if ctx.stop.get() || self.seq >= cc.plan.quota {
+            return Step::Stop;
+        }
+        // Past the end of the send phase, requests the schedule put before
+        // it still go out (late, and measured from their intended times):
+        // a writer woken a little after the end must not leave them unsent,
+        // or every run would end "could not keep up" by a few requests.
+        // Not after Ctrl-C (nothing more is sent), and not into a full
+        // window (those are held back by it, and say so).
+        let catching_up = ctx.send_over(now);
+        if catching_up
+            && (ctx.shared.interrupted()
+                || self
+                    .schedule
+                    .as_ref()
+                    .is_none_or(|s| ctx.send_over(s.at(self.k))))
+        {
             return Step::Stop;
         }
         if let Some(s) = &self.schedule {
@@ -897,10 +916,10 @@ impl Pacer {
             .saturating_sub(cc.outstanding.borrow().len() as u64)
             .min(cc.plan.quota - self.seq)
             .min(MAX_BATCH);
-        if room == 0 {
-            Step::WindowFull
-        } else {
-            Step::Send(room)
+        match room {
+            0 if catching_up => Step::Stop,
+            0 => Step::WindowFull,
+            _ => Step::Send(room),
         }
     }
 
