@@ -225,9 +225,9 @@ impl<F: Future> Future for Counted<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let work = &self.clock.work;
         work.set(work.get().wrapping_add(1));
-        // SAFETY: `f` is structurally pinned: it is never moved out of
-        // `Counted`, which has no `Drop` and no `Unpin` impl of its own
-        // that could move it.
+        // SAFETY: `f` is structurally pinned: no method moves it out of a
+        // pinned `Counted`, `Counted` has no `Drop`, and it is `Unpin` only
+        // through the auto impl, i.e. only when `F` is.
         unsafe { self.map_unchecked_mut(|c| &mut c.f) }.poll(cx)
     }
 }
