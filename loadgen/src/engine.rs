@@ -152,8 +152,6 @@ pub struct Shared {
     interrupted: AtomicBool,
     failure: Mutex<Option<String>>,
     start: OnceLock<(Instant, SystemTime)>,
-    /// The process's CPU time when the first send began.
-    start_cpu: OnceLock<Duration>,
 }
 
 impl Shared {
@@ -490,9 +488,6 @@ pub struct Outcome {
     pub stats: ThreadStats,
     pub failure: Option<String>,
     pub started: Option<SystemTime>,
-    /// The generator's own CPU time (user + system, every thread) and the
-    /// wall time over which it was spent, from the first send to the end.
-    pub cpu: Option<(Duration, Duration)>,
     /// Whether the io_uring driver was used (else epoll).
     pub io_uring: bool,
 }
@@ -530,7 +525,6 @@ pub fn run<D: Driver + Send>(
                     stats: ThreadStats::default(),
                     failure: shared.failure(),
                     started: None,
-                    cpu: None,
                     io_uring: false,
                 };
             }
@@ -544,30 +538,65 @@ pub fn run<D: Driver + Send>(
             Err(_) => shared.fail("a worker thread panicked".into()),
         }
     }
-    let cpu = shared
-        .start_cpu
-        .get()
-        .zip(process_cpu())
-        .zip(shared.start.get())
-        .map(|((c0, c1), (t0, _))| (c1.saturating_sub(*c0), t0.elapsed()));
     Outcome {
         stats: total,
         failure: shared.failure(),
         started: shared.start.get().map(|s| s.1),
-        cpu,
         io_uring: D::Rt::io_uring(),
     }
 }
 
-/// This process's CPU time so far, every thread (ended ones too).
-pub fn process_cpu() -> Option<Duration> {
-    // SAFETY: getrusage writes the struct it is given, nothing else.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+/// The calling thread's CPU time so far (user + system).
+pub fn thread_cpu() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, nothing else.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
         return None;
     }
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    Some(tv(u.ru_utime) + tv(u.ru_stime))
+    Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
+/// Where a worker's measured phase began: wall time, its thread's CPU time,
+/// and its alarm clock's idle spin so far.
+#[derive(Clone, Copy)]
+struct CpuMark {
+    at: Instant,
+    cpu: Duration,
+    idle_spin: Duration,
+}
+
+impl CpuMark {
+    fn now(clock: &crate::alarm::AlarmClock) -> Option<Self> {
+        Some(CpuMark {
+            at: Instant::now(),
+            cpu: thread_cpu()?,
+            idle_spin: clock.idle_spin(),
+        })
+    }
+
+    /// This thread's CPU use from the mark to now.
+    fn since(&self, clock: &crate::alarm::AlarmClock) -> Option<stats::CpuUse> {
+        let end = CpuMark::now(clock)?;
+        let wall = end.at.saturating_duration_since(self.at);
+        if wall.is_zero() {
+            return None;
+        }
+        let cpu = end.cpu.saturating_sub(self.cpu);
+        let cores = cpu.as_secs_f64() / wall.as_secs_f64();
+        // Idle spin is wall time; a round descheduled midway burnt only
+        // the thread's share of it. Taking that share as even over the
+        // phase keeps the idle part within the CPU used.
+        let idle_wall = end.idle_spin.saturating_sub(self.idle_spin).min(wall);
+        Some(stats::CpuUse {
+            threads: 1,
+            cpu,
+            cores,
+            idle_spin_cores: idle_wall.as_secs_f64() / wall.as_secs_f64() * cores.min(1.0),
+        })
+    }
 }
 
 /// One worker thread: pins itself, builds its runtime, runs its share.
@@ -627,12 +656,9 @@ async fn worker_main<D: Driver>(
     if shared.aborted() {
         return ThreadStats::default();
     }
-    let (start, _) = *shared.start.get_or_init(|| {
-        if let Some(c) = process_cpu() {
-            let _ = shared.start_cpu.set(c);
-        }
-        (Instant::now(), SystemTime::now())
-    });
+    let (start, _) = *shared
+        .start
+        .get_or_init(|| (Instant::now(), SystemTime::now()));
     let measure_start = start + cfg.warmup;
     let ctx = Rc::new(ThreadCtx {
         cfg: Arc::clone(cfg),
@@ -659,14 +685,23 @@ async fn worker_main<D: Driver>(
             finished: Cell::new(false),
         });
         ccs.push(Rc::clone(&cc));
-        let (d, ctx) = (driver.clone(), Rc::clone(&ctx));
-        tasks.push(D::Rt::spawn(async move { d.drive(c, ctx, cc).await }));
+        let (d, ctx2) = (driver.clone(), Rc::clone(&ctx));
+        tasks.push(D::Rt::spawn(
+            ctx.clock.counted(async move { d.drive(c, ctx2, cc).await }),
+        ));
     }
 
     let mut index = 0u64;
     let mut next_report = start + INTERVAL;
     let mut drain_until: Option<Instant> = None;
     let mut sigints_seen = 0;
+    // The worker's own CPU over the measured phase: marked at its start
+    // and end, to within a tick.
+    let mut cpu_mark = (Instant::now() >= measure_start)
+        .then(|| CpuMark::now(&ctx.clock))
+        .flatten();
+    let mut cpu_use = None;
+    let mut cpu_done = false;
     loop {
         D::Rt::sleep_until(
             Instant::now() + TICK.min(next_report.saturating_duration_since(Instant::now())),
@@ -699,6 +734,15 @@ async fn worker_main<D: Driver>(
         if all_sent && drain_until.is_none() {
             drain_until = Some(now + cfg.drain);
         }
+        if !cpu_done {
+            let over = ctx.send_over(now) || all_sent || ctx.stop.get() || shared.aborted();
+            if cpu_mark.is_none() && now >= measure_start && !over {
+                cpu_mark = CpuMark::now(&ctx.clock);
+            } else if over {
+                cpu_use = cpu_mark.and_then(|m| m.since(&ctx.clock));
+                cpu_done = true;
+            }
+        }
         let stop_kind = if shared.aborted() {
             Some(ErrorKind::ConnectionLost)
         } else if drain_until.is_some_and(|d| now >= d) {
@@ -730,6 +774,9 @@ async fn worker_main<D: Driver>(
             break;
         }
     }
+    if !cpu_done {
+        cpu_use = cpu_mark.and_then(|m| m.since(&ctx.clock));
+    }
     for task in tasks {
         task.await;
     }
@@ -739,7 +786,9 @@ async fn worker_main<D: Driver>(
     if c.sent + c.ok + c.total_errors() + last.warmup_ok > 0 {
         let _ = tx.send(Msg::Interval(Box::new(last)));
     }
-    ctx.totals.borrow().clone()
+    let mut totals = ctx.totals.borrow().clone();
+    totals.cpu = cpu_use;
+    totals
 }
 
 /// Ends requests older than `--timeout`, freeing their window slots.
@@ -836,7 +885,23 @@ impl Pacer {
 
     /// What to do at `now`.
     pub fn step(&self, ctx: &ThreadCtx, cc: &ConnCtx, now: Instant) -> Step {
-        if ctx.stop.get() || ctx.send_over(now) || self.seq >= cc.plan.quota {
+        if ctx.stop.get() || self.seq >= cc.plan.quota {
+            return Step::Stop;
+        }
+        // Past the end of the send phase, requests the schedule put before
+        // it still go out (late, and measured from their intended times):
+        // a writer woken a little after the end must not leave them unsent,
+        // or every run would end "could not keep up" by a few requests.
+        // Not after Ctrl-C (nothing more is sent), and not into a full
+        // window (those are held back by it, and say so).
+        let catching_up = ctx.send_over(now);
+        if catching_up
+            && (ctx.shared.interrupted()
+                || self
+                    .schedule
+                    .as_ref()
+                    .is_none_or(|s| ctx.send_over(s.at(self.k))))
+        {
             return Step::Stop;
         }
         if let Some(s) = &self.schedule {
@@ -851,10 +916,10 @@ impl Pacer {
             .saturating_sub(cc.outstanding.borrow().len() as u64)
             .min(cc.plan.quota - self.seq)
             .min(MAX_BATCH);
-        if room == 0 {
-            Step::WindowFull
-        } else {
-            Step::Send(room)
+        match room {
+            0 if catching_up => Step::Stop,
+            0 => Step::WindowFull,
+            _ => Step::Send(room),
         }
     }
 

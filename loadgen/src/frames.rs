@@ -89,12 +89,13 @@ impl Driver for FramesDriver {
         } = conn;
         let reader = {
             let (ctx, cc) = (Rc::clone(&ctx), Rc::clone(&cc));
-            monoio::spawn(async move {
+            let clock = Rc::clone(&ctx.clock);
+            monoio::spawn(clock.counted(async move {
                 let mut r = r;
                 if let Err(msg) = read_loop(&ctx, &cc, &mut r, buf).await {
                     ctx.conn_failed(&cc, msg);
                 }
-            })
+            }))
         };
         let result = write_loop(&ctx, &cc, &mut w).await;
         cc.sending_done.set(true);

@@ -236,10 +236,11 @@ async fn send_loop(
             let call = Call::of(next);
             let seq = pacer.sent(ctx, cc, intended, now, expect);
             let (ctx, cc, mut client) = (Rc::clone(ctx), Rc::clone(cc), client.clone());
-            tasks.spawn_local(async move {
+            let clock = Rc::clone(&ctx.clock);
+            tasks.spawn_local(clock.counted(async move {
                 let res = call.run(&mut client).await;
                 on_response(&ctx, &cc, seq, res);
-            });
+            }));
         }
         // Let the calls just started reach the wire before starting more.
         yield_now().await;

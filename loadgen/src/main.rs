@@ -128,7 +128,6 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
         stats: Default::default(),
         failure: Some("the engine thread panicked".into()),
         started: None,
-        cpu: None,
         io_uring: false,
     });
     let report = Report::new(Some(&cfg), &cfg.target.to_string(), &outcome);
@@ -160,7 +159,6 @@ fn fail_before_start(args: &cli::Args, e: anyhow::Error) -> anyhow::Result<ExitC
         stats: Default::default(),
         failure: Some(format!("{e:#}")),
         started: None,
-        cpu: None,
         io_uring: false,
     };
     let report = Report::new(None, &args.target, &outcome);

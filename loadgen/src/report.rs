@@ -66,6 +66,30 @@ pub struct SendLag {
     pub max: u64,
 }
 
+/// The generator's own cost over the measured phase.
+#[derive(Serialize, Debug)]
+pub struct Generator {
+    /// Worker threads whose CPU was measured.
+    pub threads: usize,
+    /// CPU time (user + system) of the worker threads over the measured
+    /// phase, seconds.
+    pub cpu_seconds: f64,
+    /// Cores busy (1.0 = one core the whole measured phase), summed over
+    /// the worker threads.
+    pub cpu_cores: f64,
+    /// CPU per answered request, µs: `cpu_cores` over `achieved_rps`.
+    /// Includes the idle spin of `--spin`, so at low rates it mostly says
+    /// how much the spin costs.
+    pub cpu_us_per_request: Option<f64>,
+    /// Of `cpu_cores`, the cores spent spinning for precise send times with
+    /// nothing else to do. `None` for `grpc://`: tonic's connection tasks
+    /// cannot be told from idle spin.
+    pub idle_spin_cores: Option<f64>,
+    /// CPU per answered request without the idle spin, µs: what a request
+    /// costs the generator, whatever the rate (`None` as above).
+    pub busy_cpu_us_per_request: Option<f64>,
+}
+
 #[derive(Serialize, Debug)]
 pub struct Report {
     pub target: String,
@@ -104,13 +128,9 @@ pub struct Report {
     /// request counts once, as `timeout` in `errors_by_kind`).
     pub late_responses: u64,
     pub kept_up: bool,
-    /// The generator's own CPU, in cores busy (1.0 = one core the whole
-    /// time), over the run from its first send.
-    pub generator_cpu: Option<f64>,
-    /// The generator's CPU time per answered request, in µs (its cores
-    /// busy over the achieved rate): what a run costs the machine besides
-    /// the server.
-    pub generator_cpu_us_per_request: Option<f64>,
+    /// The generator's own CPU over the measured phase (`None`: not
+    /// measured, e.g. the run failed before it).
+    pub generator: Option<Generator>,
     /// Why the run stopped early, if it did; the numbers are then partial.
     pub failure: Option<String>,
     pub started_unix_ms: Option<u64>,
@@ -156,13 +176,23 @@ impl Report {
                 && send_lag
                     .as_ref()
                     .is_none_or(|l| l.p99 <= KEEP_UP_SEND_LAG_US));
-        // The load is steady from the first send on (warmup included), so
-        // its share of the cores over the whole run is that of the measured
-        // phase.
-        let generator_cpu = outcome
-            .cpu
-            .filter(|(_, wall)| !wall.is_zero())
-            .map(|(cpu, wall)| cpu.as_secs_f64() / wall.as_secs_f64());
+        let per_request = |cores: f64| {
+            (achieved_rps > 0.0 && cores.is_finite()).then(|| cores * 1e6 / achieved_rps)
+        };
+        // gRPC: hyper's connection tasks run outside the counted tasks
+        // (`alarm.rs`), so their work would pass for idle spin.
+        let idle_known = cfg.is_some_and(|c| c.target.scheme != crate::target::Scheme::Grpc);
+        let generator = s.cpu.map(|u| {
+            let idle = idle_known.then_some(u.idle_spin_cores);
+            Generator {
+                threads: u.threads,
+                cpu_seconds: u.cpu.as_secs_f64(),
+                cpu_cores: u.cores,
+                cpu_us_per_request: per_request(u.cores),
+                idle_spin_cores: idle,
+                busy_cpu_us_per_request: idle.and_then(|i| per_request(u.cores - i)),
+            }
+        });
         Self {
             target: target.to_owned(),
             mode: mode.map_or("none", Mode::as_str),
@@ -191,10 +221,7 @@ impl Report {
             progress_frames: c.progress_frames,
             late_responses: c.late,
             kept_up,
-            generator_cpu,
-            generator_cpu_us_per_request: generator_cpu
-                .filter(|_| achieved_rps > 0.0)
-                .map(|c| c * 1e6 / achieved_rps),
+            generator,
             failure: outcome.failure.clone(),
             started_unix_ms: outcome.started.and_then(|t| {
                 t.duration_since(std::time::UNIX_EPOCH)
@@ -234,8 +261,23 @@ impl Report {
             "  offered {:.1} req/s  achieved {:.1} req/s",
             self.offered_rps, self.achieved_rps
         );
-        if let (Some(c), Some(per)) = (self.generator_cpu, self.generator_cpu_us_per_request) {
-            let _ = writeln!(o, "  generator CPU {c:.2} core(s), {per:.1} µs per request");
+        if let Some(g) = &self.generator
+            && let Some(per) = g.cpu_us_per_request
+        {
+            let _ = writeln!(
+                o,
+                "  loadgen CPU µs/request {per:.2} ({:.2} core(s) over {} thread(s))",
+                g.cpu_cores, g.threads
+            );
+            if let Some(busy) = g.busy_cpu_us_per_request.filter(|b| *b > 0.0) {
+                let _ = writeln!(
+                    o,
+                    "  loadgen busy CPU µs/request {busy:.2} (without {:.2} core(s) of idle \
+                     spin): ≈ {:.0} req/s per core",
+                    g.idle_spin_cores.unwrap_or_default(),
+                    1e6 / busy
+                );
+            }
         }
         let l = &self.latency_us;
         let _ = writeln!(o, "  latency (successful responses only):");
@@ -329,7 +371,6 @@ mod tests {
             stats: Default::default(),
             failure: Some("cannot connect".into()),
             started: None,
-            cpu: None,
             io_uring: false,
         };
         let r = Report::new(None, "frames://x:1", &outcome);

@@ -256,6 +256,32 @@ pub struct ThreadStats {
     /// relative to the run start.
     pub last_send: std::time::Duration,
     pub last_response: std::time::Duration,
+    /// The worker's own CPU over the measured phase (`None`: not measured,
+    /// e.g. the run stopped before it).
+    pub cpu: Option<CpuUse>,
+}
+
+/// Worker threads' own CPU over the measured phase, summed over threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuUse {
+    /// Worker threads measured.
+    pub threads: usize,
+    /// CPU time (user + system) of those threads.
+    pub cpu: std::time::Duration,
+    /// Cores busy: each thread's CPU time over its measured window, summed.
+    pub cores: f64,
+    /// Of `cores`, the share spent spinning for precise send times with
+    /// nothing else to do (`alarm.rs`), as cores.
+    pub idle_spin_cores: f64,
+}
+
+impl CpuUse {
+    pub fn merge(&mut self, o: &CpuUse) {
+        self.threads += o.threads;
+        self.cpu += o.cpu;
+        self.cores += o.cores;
+        self.idle_spin_cores += o.idle_spin_cores;
+    }
 }
 
 impl Default for ThreadStats {
@@ -266,6 +292,7 @@ impl Default for ThreadStats {
             send_lag: new_histogram(),
             last_send: Default::default(),
             last_response: Default::default(),
+            cpu: None,
         }
     }
 }
@@ -278,6 +305,11 @@ impl ThreadStats {
         let _ = self.send_lag.add(&o.send_lag);
         self.last_send = self.last_send.max(o.last_send);
         self.last_response = self.last_response.max(o.last_response);
+        match (&mut self.cpu, &o.cpu) {
+            (Some(a), Some(b)) => a.merge(b),
+            (a @ None, Some(b)) => *a = Some(*b),
+            (_, None) => {}
+        }
     }
 }
 

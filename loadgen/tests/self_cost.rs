@@ -1,0 +1,114 @@
+//! The generator reports its own CPU over the measured phase: total, the
+//! share spent spinning for precise send times, and both per request.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Behaviour, loadgen, report, serial, spawn};
+
+const PROMPT: Behaviour = Behaviour::Stall {
+    delay: Duration::ZERO,
+    period: Duration::from_secs(1),
+    stall: Duration::ZERO,
+};
+
+fn f(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+/// Runs open loop at 400 req/s on two threads with `--spin spin`; returns
+/// the report.
+fn open_run(name: &str, spin: &str) -> serde_json::Value {
+    let server = spawn(PROMPT);
+    let json = common::json_path(name);
+    let out = loadgen(
+        &[
+            "--target",
+            &server.target(),
+            "--tool",
+            "echo",
+            "--rate",
+            "400",
+            "--connections",
+            "2",
+            "--threads",
+            "2",
+            "--spin",
+            spin,
+            "--warmup",
+            "200ms",
+            "--duration",
+            "1s",
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("loadgen CPU µs/request"), "{stdout}");
+    report(&json)
+}
+
+#[test]
+fn open_loop_reports_its_own_cpu_per_request_with_and_without_idle_spin() {
+    let _g = serial();
+    let r = open_run("self-cost-spin", "200us");
+    assert_eq!(r["errors"], 0, "{r}");
+    // A send due just before the end goes out even if its writer wakes a
+    // little after it.
+    assert_eq!(r["sent"], r["scheduled"], "{r}");
+    let g = &r["generator"];
+    assert_eq!(g["threads"], 2, "{r}");
+    let (secs, cores) = (f(&g["cpu_seconds"]), f(&g["cpu_cores"]));
+    let (per, busy, idle) = (
+        f(&g["cpu_us_per_request"]),
+        f(&g["busy_cpu_us_per_request"]),
+        f(&g["idle_spin_cores"]),
+    );
+    for v in [secs, cores, per, busy, idle] {
+        assert!(v.is_finite(), "{g}");
+    }
+    assert!(secs > 0.0 && per > 0.0 && busy > 0.0, "{g}");
+    // Two threads over a 1 s measured phase cannot use more than 2 s.
+    assert!(secs < 2.5 && cores <= 2.05, "{g}");
+    // Spinning ~2.2 ms before every send 5 ms apart (per connection) is
+    // mostly idle, and counted as such.
+    assert!(idle > 0.0 && idle <= cores, "{g}");
+    assert!(busy < per, "{g}");
+}
+
+#[test]
+fn without_spin_no_cpu_is_counted_as_idle_spin() {
+    let _g = serial();
+    let r = open_run("self-cost-nospin", "0");
+    let g = &r["generator"];
+    assert_eq!(f(&g["idle_spin_cores"]), 0.0, "{g}");
+    let per = f(&g["cpu_us_per_request"]);
+    assert!(per.is_finite() && per > 0.0, "{g}");
+    assert_eq!(per, f(&g["busy_cpu_us_per_request"]), "{g}");
+}
+
+#[test]
+fn a_run_that_never_starts_measures_no_generator_cpu() {
+    // A port nothing listens on: bound, then closed.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let json = common::json_path("self-cost-refused");
+    let out = loadgen(
+        &[
+            "--target",
+            &format!("frames://{addr}"),
+            "--tool",
+            "echo",
+            "--requests",
+            "10",
+        ],
+        &json,
+    );
+    assert!(!out.status.success());
+    let r = report(&json);
+    assert!(r["failure"].is_string(), "{r}");
+    assert!(r["generator"].is_null(), "{r}");
+}
