@@ -15,7 +15,8 @@ For each edge (frames, grpc, http), each round drives every server, in an
 order rotated every round, with mcp-loadgen on the other CPU over
 keep-alive connections (8, one request in flight each):
 - a closed loop: peak rate and server CPU per request (the process's CPU
-  time over the run divided by its requests);
+  time over the measured phase, after the warmup that holds the
+  connections' TLS handshakes, divided by its requests);
 - capacity at SLO: the highest open-loop rate held with p99 <= 1 ms, no
   errors, and the generator on schedule, by bench/slo.py's x2 sweep from
   1,000/s and SEC_BISECT_STEPS (default 4) bisection steps on the knee. A
@@ -60,6 +61,7 @@ BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "4"))
 # server's core saturated, so CPU per request is the work, not the wakeups.
 CONNECTIONS = int(os.environ.get("SEC_CONNECTIONS", "8"))
 SERVERS = ("plain", "tls", "tls+auth")
+WARMUP_S = 1
 SCHEMES = {  # edge -> (plain scheme, TLS scheme, ready-line key, path)
     "frames": ("frames", "frames+tls", "frames", ""),
     "grpc": ("grpc", "grpcs", "grpc", ""),
@@ -87,7 +89,7 @@ def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
     out = os.path.join(wd, f"{tag}.json")
     argv = [B.LOADGEN, "--target", f"{scheme}://{addr}{path}", "--tool", "echo_text",
             "--args", '{"text":"hello"}', "--cpus", ",".join(map(str, lg_cpus)),
-            "--connections", str(CONNECTIONS), "--warmup", "1s", "--duration", "3s",
+            "--connections", str(CONNECTIONS), "--warmup", f"{WARMUP_S}s", "--duration", "3s",
             "-q", "--json", out]
     if rate is None:
         argv += ["--concurrency", str(CONNECTIONS)]
@@ -97,9 +99,15 @@ def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
         argv += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
     if name == "tls+auth":
         argv += ["--bearer-file", token]
+    # The server's CPU is read from the end of the warmup on: `sent` counts
+    # the measured phase only, and the warmup holds the connections' TLS
+    # handshakes, which are not the keep-alive cost this measures.
+    p = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(WARMUP_S)
     cpu0, t0 = server.cpu_seconds(), time.monotonic()
-    r = subprocess.run(argv, text=True, capture_output=True)
+    _, stderr = p.communicate()
     cpu1, t1 = server.cpu_seconds(), time.monotonic()
+    r = subprocess.CompletedProcess(argv, p.returncode, "", stderr)
     try:
         with open(out) as f:
             rep = json.load(f)

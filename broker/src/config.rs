@@ -105,6 +105,9 @@ pub struct GrpcSection {
     pub max_concurrent_requests: usize,
     /// Open Subscribe streams across the edge; beyond it RESOURCE_EXHAUSTED.
     pub max_subscribers: usize,
+    /// Connections open at once on the edge, TLS handshakes in progress
+    /// included; a connection accepted beyond it is closed at once.
+    pub max_connections: usize,
     /// Time from accept until the HTTP/2 client preface has arrived;
     /// a connection still silent then is closed.
     #[serde(with = "humantime_serde")]
@@ -151,6 +154,7 @@ impl Default for GrpcSection {
             max_message_bytes: 4 << 20,
             max_concurrent_requests: 1024,
             max_subscribers: 1024,
+            max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(60),
             keepalive_timeout: Duration::from_secs(20),
@@ -753,6 +757,7 @@ impl Config {
         for (name, n) in [
             ("grpc.max_concurrent_requests", g.max_concurrent_requests),
             ("grpc.max_subscribers", g.max_subscribers),
+            ("grpc.max_connections", g.max_connections),
             ("grpc.max_sessions", g.max_sessions),
             (
                 "grpc.max_concurrent_streams_per_connection",

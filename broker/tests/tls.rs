@@ -279,6 +279,43 @@ fn plaintext_to_a_tls_port_is_closed_and_counted() {
     }));
 }
 
+/// TLS handshakes in progress count against `grpc.max_connections`: with
+/// both slots held by connections that never send a ClientHello, a third
+/// is closed at once; when one of them goes, a handshake is served again,
+/// and the connection it made holds the freed slot.
+#[test]
+fn grpc_handshakes_in_progress_count_against_the_connection_bound() {
+    let dir = Dir::new("grpc-bound");
+    dev_certs(&dir.0);
+    let toml =
+        tls_toml(&dir.0, "").replacen("\nmax_connections = 10000\n", "\nmax_connections = 2\n", 1);
+    assert!(toml.contains("\nmax_connections = 2\n"), "the [grpc] key");
+    let b = Broker::start_with_config(&toml, &[]);
+    let cfg = client_config(&dir.path("ca.pem"), None, &[b"h2"]);
+    // The listener takes connections in arrival order: these two first.
+    let silent = TcpStream::connect(b.grpc).unwrap();
+    let _silent = TcpStream::connect(b.grpc).unwrap();
+    assert!(
+        tls_connect(b.grpc, &cfg).is_err(),
+        "a third connection is closed while two handshakes are open"
+    );
+    drop(silent);
+    // The freed slot is seen once the server reads the close.
+    let mut served = None;
+    assert!(common::http::eventually(Duration::from_secs(10), || {
+        served = tls_connect(b.grpc, &cfg).ok();
+        served.is_some()
+    }));
+    assert_eq!(
+        served.as_ref().and_then(|s| s.conn.alpn_protocol()),
+        Some(&b"h2"[..])
+    );
+    assert!(
+        tls_connect(b.grpc, &cfg).is_err(),
+        "the served connection holds the slot"
+    );
+}
+
 /// Stock clients over TLS with bearer tokens: the Python `mcp` SDK over
 /// `https://`, grpcio with TLS credentials, and a frame client that sends
 /// its token in `InitializeRequest`.

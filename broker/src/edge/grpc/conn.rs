@@ -19,12 +19,17 @@
 //!   of its own, bounded by `tls.handshake_timeout`; [`Incoming`] yields the
 //!   connection once the handshake is done, so a slow handshake never holds
 //!   up accepting others. The preface deadline then starts.
+//! - At most `grpc.max_connections` connections are open at once, TLS
+//!   handshakes in progress included (a handshake task holds its slot until
+//!   it ends or hands the connection on); a connection accepted beyond that
+//!   is closed at once. Without the count, slow handshakes were bounded
+//!   only in time, and a flood of them in number by nothing.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -139,6 +144,27 @@ impl Transport {
 trait AsyncReadWrite: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncReadWrite for T {}
 
+/// One of the edge's `grpc.max_connections`, held from the accept until
+/// the connection (or its failed TLS handshake) is dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// A slot, unless `max` are taken.
+    fn take(open: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Slot(open.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// An accepted connection with its identity and handshake deadline.
 pub struct EdgeIo {
     io: Transport,
@@ -146,20 +172,29 @@ pub struct EdgeIo {
     /// Bytes of the client preface still to come, with the deadline for
     /// them; `None` once the preface is in.
     handshake: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
+    /// Its place under `grpc.max_connections` (`None` in unit tests).
+    _slot: Option<Slot>,
 }
 
 impl EdgeIo {
+    #[cfg(test)]
     fn new(io: TcpStream, handshake_timeout: Duration) -> Self {
         let remote = io.peer_addr().ok();
-        Self::over(Transport::Plain(io), remote, handshake_timeout)
+        Self::over(Transport::Plain(io), remote, handshake_timeout, None)
     }
 
-    fn over(io: Transport, remote: Option<SocketAddr>, handshake_timeout: Duration) -> Self {
+    fn over(
+        io: Transport,
+        remote: Option<SocketAddr>,
+        handshake_timeout: Duration,
+        slot: Option<Slot>,
+    ) -> Self {
         let info = ConnInfo::new(remote);
         Self {
             io,
             info,
             handshake: Some((PREFACE_LEN, Box::pin(tokio::time::sleep(handshake_timeout)))),
+            _slot: slot,
         }
     }
 
@@ -273,6 +308,10 @@ pub struct Incoming {
     /// `[tls]`: the handshakes' settings, and the connections whose
     /// handshake tasks finished.
     tls: Option<Tls>,
+    /// Connections open, handshakes included, and their bound
+    /// (`grpc.max_connections`).
+    open: Arc<AtomicUsize>,
+    max_connections: usize,
 }
 
 struct Tls {
@@ -287,12 +326,15 @@ impl Incoming {
         handshake_timeout: Duration,
         rebinds: Option<futures_channel::mpsc::UnboundedReceiver<std::net::TcpListener>>,
         tls: Option<Arc<crate::tls::ServerTls>>,
+        max_connections: usize,
     ) -> Self {
         Self {
             inner,
             handshake_timeout,
             rebinds,
             old: None,
+            open: Arc::default(),
+            max_connections,
             tls: tls.map(|server| {
                 let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
                 Tls {
@@ -301,6 +343,26 @@ impl Incoming {
                     done_rx,
                 }
             }),
+        }
+    }
+
+    /// The next TCP connection with its slot; one accepted beyond
+    /// `grpc.max_connections` is closed here (dropped) and the next one
+    /// taken.
+    fn poll_admit(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<(TcpStream, Slot)>>> {
+        loop {
+            let tcp = match ready!(self.poll_accept(cx)) {
+                Some(Ok(tcp)) => tcp,
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => return Poll::Ready(None),
+            };
+            match Slot::take(&self.open, self.max_connections) {
+                Some(slot) => return Poll::Ready(Some(Ok((tcp, slot)))),
+                None => {
+                    let max = self.max_connections;
+                    tracing::warn!(peer = ?tcp.peer_addr().ok(), max, "gRPC connection refused: grpc.max_connections reached");
+                }
+            }
         }
     }
 
@@ -318,7 +380,7 @@ impl Incoming {
 
     /// Runs `tcp`'s TLS handshake in a task of its own; the connection
     /// comes back through `done_rx`.
-    fn spawn_handshake(&self, tls: &Tls, tcp: TcpStream) {
+    fn spawn_handshake(&self, tls: &Tls, tcp: TcpStream, slot: Slot) {
         use crate::tls::Edge;
         let server = tls.server.clone();
         let done = tls.done_tx.clone();
@@ -329,7 +391,12 @@ impl Incoming {
             let acceptor = tokio_rustls::TlsAcceptor::from(server.config(Edge::Grpc));
             match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => {
-                    let io = EdgeIo::over(Transport::Tls(Box::new(s)), remote, preface_timeout);
+                    let io = EdgeIo::over(
+                        Transport::Tls(Box::new(s)),
+                        remote,
+                        preface_timeout,
+                        Some(slot),
+                    );
                     // Refused only once the edge stopped accepting.
                     let _ = done.send(io);
                 }
@@ -386,16 +453,21 @@ impl Stream for Incoming {
         let timeout = self.handshake_timeout;
         self.take_rebind(cx);
         let Some(tls) = self.tls.take() else {
-            let next = ready!(self.poll_accept(cx));
-            return Poll::Ready(next.map(|r| r.map(|io| EdgeIo::new(io, timeout))));
+            let next = ready!(self.poll_admit(cx));
+            return Poll::Ready(next.map(|r| {
+                r.map(|(io, slot)| {
+                    let remote = io.peer_addr().ok();
+                    EdgeIo::over(Transport::Plain(io), remote, timeout, Some(slot))
+                })
+            }));
         };
         // Start the handshake of every connection waiting, then hand out
         // one whose handshake is done.
         let mut ended = false;
         let mut failed = None;
         loop {
-            match self.poll_accept(cx) {
-                Poll::Ready(Some(Ok(tcp))) => self.spawn_handshake(&tls, tcp),
+            match self.poll_admit(cx) {
+                Poll::Ready(Some(Ok((tcp, slot)))) => self.spawn_handshake(&tls, tcp, slot),
                 Poll::Ready(Some(Err(e))) => {
                     failed = Some(e);
                     break;

@@ -124,6 +124,7 @@ pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<Edg
             cfg.handshake_timeout,
             Some(rebinds),
             shared.tls.clone(),
+            cfg.max_connections,
         )
     };
 
