@@ -303,6 +303,10 @@ pub enum Body {
     Empty,
     Full(Option<Bytes>),
     Sse(mpsc::UnboundedReceiver<Bytes>),
+    /// A 2026-07-28 call's own stream: it has no resumption, so when the
+    /// stream goes (its client closed it, or the connection) the call is
+    /// abandoned, and the guard cancels it.
+    Call(mpsc::UnboundedReceiver<Bytes>, modern::CancelOnClose),
 }
 
 impl hyper::body::Body for Body {
@@ -316,7 +320,7 @@ impl hyper::body::Body for Body {
         match self.get_mut() {
             Body::Empty => Poll::Ready(None),
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Sse(rx) => Pin::new(rx)
+            Body::Sse(rx) | Body::Call(rx, _) => Pin::new(rx)
                 .poll_next(cx)
                 .map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
@@ -326,7 +330,7 @@ impl hyper::body::Body for Body {
         match self {
             Body::Empty => true,
             Body::Full(b) => b.is_none(),
-            Body::Sse(_) => false,
+            Body::Sse(_) | Body::Call(..) => false,
         }
     }
 
@@ -335,7 +339,7 @@ impl hyper::body::Body for Body {
             Body::Empty => hyper::body::SizeHint::with_exact(0),
             Body::Full(Some(b)) => hyper::body::SizeHint::with_exact(b.len() as u64),
             Body::Full(None) => hyper::body::SizeHint::with_exact(0),
-            Body::Sse(_) => hyper::body::SizeHint::default(),
+            Body::Sse(_) | Body::Call(..) => hyper::body::SizeHint::default(),
         }
     }
 }

@@ -75,6 +75,7 @@ use super::{
     Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse, unparsable,
 };
 use crate::auth::Principal;
+use crate::dispatch::LiveOut;
 use crate::shared::ListKinds;
 
 /// Versions served as modern (stateless, per-request `_meta`).
@@ -1021,7 +1022,9 @@ impl HttpEdge {
     /// `elicit` answer (or a result asking for sampling) becomes an
     /// `InputRequiredResult`, a retry's `inputResponses` the argument the
     /// session path would pass (module doc). Progress and log notifications
-    /// the request asked for go before the answer on an SSE body.
+    /// the request asked for go before the answer on an SSE body: as they
+    /// happen when its router reports them live ([`Self::modern_live`]),
+    /// else all together with the answer.
     async fn modern_call(
         self: &Rc<Self>,
         id: &Id<'_>,
@@ -1029,9 +1032,8 @@ impl HttpEdge {
         params: Option<&RawValue>,
         d: &Declared<'_>,
         arrived: Instant,
-        scope: &str,
+        scope: &'static str,
     ) -> Response<Body> {
-        let mut out = Vec::with_capacity(256);
         let Some(m) = Method::from_name(method) else {
             let r = Refusal::new(
                 jsonrpc::code::METHOD_NOT_FOUND,
@@ -1069,63 +1071,226 @@ impl HttpEdge {
                 );
             }
         };
+        let wants = Wants::of(d, cacheable(method).then_some(scope));
+        if self.modern_streams_live(&info, &wants) {
+            return self.modern_live(id, frame, &info, wants, arrived);
+        }
         let called = self.run(frame, arrived, None, None).await;
         let mut events = Vec::new();
-        let (mut elicit, mut fin) = (None, None);
-        for f in frames(&called.frames) {
-            match jsonrpc::frame_kind(f) {
-                FrameKind::Progress => {
-                    let mut b = Vec::with_capacity(128);
-                    if let Some(t) = info.progress_token
-                        && jsonrpc::write_progress(&mut b, t, f)
-                    {
-                        events.push(b);
-                    }
-                }
-                // Logs only for a request that opted in (its `_meta` log
-                // level): 2026-07-28 forbids them otherwise.
-                FrameKind::Log => {
-                    let mut b = Vec::with_capacity(128);
-                    if let Some(l) = d.log_level
-                        && jsonrpc::log_level_of(f).is_some_and(|at| level_allows(l, at))
-                        && jsonrpc::write_log(&mut b, f)
-                    {
-                        events.push(b);
-                    }
-                }
-                FrameKind::ResourceUpdated => {}
-                FrameKind::Elicitation => elicit = Some(f),
-                FrameKind::Final => fin = Some(f),
-            }
-        }
-        if let Some(f) = elicit {
-            if !d.elicitation {
-                let r = missing_capability("elicitation", "asks the user for input");
-                return refusal_response(Some(id), r);
-            }
-            jsonrpc::write_input_required_elicitation(&mut out, id, ELICITATION_KEY, f);
-        } else if let Some(p) = fin.and_then(jsonrpc::sampling_request) {
-            if !d.sampling {
-                let r = missing_capability("sampling", "asks the client's model for a completion");
-                return refusal_response(Some(id), r);
-            }
-            jsonrpc::write_input_required_sampling(&mut out, id, SAMPLING_KEY, p);
-        } else if let Some(f) = fin {
-            jsonrpc::write_response_for(&mut out, id, &info, f, MODERN_VERSION);
-            jsonrpc::mark_complete(&mut out, id, cacheable(method).then_some(scope));
-        } else {
-            jsonrpc::write_error(
-                &mut out,
-                Some(id),
-                ErrorCode::Internal.code(),
-                "no answer",
-                None,
-            );
+        let mut out = Vec::with_capacity(256);
+        if let Err(r) = conclude(&mut events, &mut out, id, &info, &wants, &called.frames) {
+            return refusal_response(Some(id), r);
         }
         if events.is_empty() {
             json_response(StatusCode::OK, out)
         } else {
             sse_body(&events, &out)
+        }
+    }
+
+    /// Whether a call is answered on a stream opened before it runs: a
+    /// `tools/call` that asked for progress (a token) or logs (a `_meta`
+    /// log level), of a router that reports them while it runs
+    /// (`mcp-broker:host/call`). Others send theirs with the answer.
+    fn modern_streams_live(&self, info: &jsonrpc::RequestInfo<'_>, wants: &Wants) -> bool {
+        if info.method != Method::CallTool
+            || (info.progress_token.is_none() && wants.log_level.is_none())
+        {
+            return false;
+        }
+        let Some(name) = info.tool_name.as_deref() else {
+            return false;
+        };
+        let routing = self.ctx.shared.routing.load();
+        routing
+            .table
+            .tool(name)
+            .is_some_and(|t| routing.routers[t.router as usize].router.reports_live())
+    }
+
+    /// Answers a call on an SSE stream opened at once: its progress and
+    /// logs are sent as the router reports them, then its answer (or
+    /// `InputRequiredResult`, or error) ends the stream. Nothing is kept
+    /// but the task and its channel; when the client closes the stream the
+    /// body's guard cancels the call in the guest.
+    fn modern_live(
+        self: &Rc<Self>,
+        id: &Id<'_>,
+        frame: Bytes,
+        info: &jsonrpc::RequestInfo<'_>,
+        wants: Wants,
+        arrived: Instant,
+    ) -> Response<Body> {
+        let (tx, rx) = mpsc::unbounded();
+        let cancel = std::sync::Arc::new(super::session::Cancel::default());
+        let guard = CancelOnClose(cancel.clone());
+        let edge = self.clone();
+        let id = id.0.to_owned();
+        let method = info.method;
+        let name = info.tool_name.as_deref().map(str::to_owned);
+        let token = info.progress_token.map(ToOwned::to_owned);
+        monoio::spawn(async move {
+            let live = ModernLive {
+                tx,
+                progress_token: token,
+                log_level: wants.log_level,
+            };
+            let called = edge.run(frame, arrived, Some(&cancel), Some(&live)).await;
+            if cancel.is_cancelled() {
+                // The stream is gone: there is no one to answer.
+                return;
+            }
+            let mut info = jsonrpc::RequestInfo::new(method);
+            info.tool_name = name.as_deref().map(Cow::Borrowed);
+            info.progress_token = live.progress_token.as_deref();
+            let id = Id(&id);
+            let mut events = Vec::new();
+            let mut out = Vec::with_capacity(256);
+            if let Err(r) = conclude(&mut events, &mut out, &id, &info, &wants, &called.frames) {
+                // The status line is sent: the refusal is the answer.
+                out.clear();
+                jsonrpc::write_error(&mut out, Some(&id), r.code, &r.message, r.data.as_deref());
+            }
+            for e in events
+                .iter()
+                .map(Vec::as_slice)
+                .chain(std::iter::once(&out[..]))
+            {
+                if live.tx.unbounded_send(sse_event(e)).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut r = Response::new(Body::Call(rx, guard));
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, super::SSE);
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        r
+    }
+}
+
+/// What a modern request asked to receive besides its answer, and how its
+/// answer is marked: all it needs once its call has run.
+#[derive(Clone, Copy)]
+struct Wants {
+    /// `_meta`'s log level: the request's opt-in to log notifications.
+    log_level: Option<&'static str>,
+    elicitation: bool,
+    sampling: bool,
+    /// The caching scope of a cacheable result.
+    cache_scope: Option<&'static str>,
+}
+
+impl Wants {
+    fn of(d: &Declared<'_>, cache_scope: Option<&'static str>) -> Self {
+        Self {
+            log_level: d.log_level,
+            elicitation: d.elicitation,
+            sampling: d.sampling,
+            cache_scope,
+        }
+    }
+}
+
+/// A ran modern call's messages: its progress and log notifications the
+/// request asked for into `events` (those its router left with the answer;
+/// live ones were sent already), its answer into `out`. `Err` when the
+/// router needs a capability the client did not declare (-32021).
+fn conclude(
+    events: &mut Vec<Vec<u8>>,
+    out: &mut Vec<u8>,
+    id: &Id<'_>,
+    info: &jsonrpc::RequestInfo<'_>,
+    wants: &Wants,
+    frames_of_call: &[u8],
+) -> Result<(), Refusal> {
+    let (mut elicit, mut fin) = (None, None);
+    for f in frames(frames_of_call) {
+        match jsonrpc::frame_kind(f) {
+            FrameKind::Progress => {
+                let mut b = Vec::with_capacity(128);
+                if let Some(t) = info.progress_token
+                    && jsonrpc::write_progress(&mut b, t, f)
+                {
+                    events.push(b);
+                }
+            }
+            // Logs only for a request that opted in (its `_meta` log
+            // level): 2026-07-28 forbids them otherwise.
+            FrameKind::Log => {
+                let mut b = Vec::with_capacity(128);
+                if let Some(l) = wants.log_level
+                    && jsonrpc::log_level_of(f).is_some_and(|at| level_allows(l, at))
+                    && jsonrpc::write_log(&mut b, f)
+                {
+                    events.push(b);
+                }
+            }
+            FrameKind::ResourceUpdated => {}
+            FrameKind::Elicitation => elicit = Some(f),
+            FrameKind::Final => fin = Some(f),
+        }
+    }
+    if let Some(f) = elicit {
+        if !wants.elicitation {
+            return Err(missing_capability("elicitation", "asks the user for input"));
+        }
+        jsonrpc::write_input_required_elicitation(out, id, ELICITATION_KEY, f);
+    } else if let Some(p) = fin.and_then(jsonrpc::sampling_request) {
+        if !wants.sampling {
+            return Err(missing_capability(
+                "sampling",
+                "asks the client's model for a completion",
+            ));
+        }
+        jsonrpc::write_input_required_sampling(out, id, SAMPLING_KEY, p);
+    } else if let Some(f) = fin {
+        jsonrpc::write_response_for(out, id, info, f, MODERN_VERSION);
+        jsonrpc::mark_complete(out, id, wants.cache_scope);
+    } else {
+        jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), "no answer", None);
+    }
+    Ok(())
+}
+
+/// Cancels a live 2026-07-28 call when its response body is dropped:
+/// the client closed the stream (or the connection), or the answer was
+/// sent, when cancelling is a no-op.
+pub struct CancelOnClose(std::sync::Arc<super::session::Cancel>);
+
+impl Drop for CancelOnClose {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// A live call's progress and log frames, sent on its own stream as
+/// notifications as the router reports them (`dispatch::LiveOut`).
+struct ModernLive {
+    tx: mpsc::UnboundedSender<Bytes>,
+    progress_token: Option<Box<RawValue>>,
+    log_level: Option<&'static str>,
+}
+
+impl LiveOut for ModernLive {
+    fn frame(&self, frame: &[u8]) {
+        let mut buf = Vec::with_capacity(128);
+        let wanted = match jsonrpc::frame_kind(frame) {
+            FrameKind::Progress => self
+                .progress_token
+                .as_deref()
+                .is_some_and(|t| jsonrpc::write_progress(&mut buf, t, frame)),
+            FrameKind::Log => {
+                self.log_level.is_some_and(|l| {
+                    jsonrpc::log_level_of(frame).is_some_and(|at| level_allows(l, at))
+                }) && jsonrpc::write_log(&mut buf, frame)
+            }
+            _ => false,
+        };
+        if wanted {
+            // A closed stream: the body's guard cancels the call.
+            let _ = self.tx.unbounded_send(sse_event(&buf));
         }
     }
 }
