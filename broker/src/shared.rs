@@ -492,6 +492,12 @@ impl Shared {
         }
     }
 
+    /// Tells the listen streams subscribed to resource `uri` that it
+    /// changed (a router's `resource-updated`, from any shard).
+    pub fn notify_resource_updated(&self, uri: &str) {
+        self.http_sessions.listeners().resource_updated(uri);
+    }
+
     /// Registers `f` to be told of every route table change.
     pub fn on_list_changed(&self, f: ListObserver) {
         self.list_observers

@@ -33,11 +33,15 @@
 //! # `subscriptions/listen`
 //! A POST whose answer is a long-lived SSE stream: first
 //! `notifications/subscriptions/acknowledged` with the part of the filter
-//! served (`toolsListChanged`, `promptsListChanged`, `resourcesListChanged`;
-//! `resourceSubscriptions` is not served yet and so not acknowledged), then
-//! the `list_changed` notifications asked for as the route table changes,
-//! each tagged with `_meta["io.modelcontextprotocol/subscriptionId"]` (the
-//! listen request's id), and a keep-alive comment every
+//! served (`toolsListChanged`, `promptsListChanged`, `resourcesListChanged`,
+//! and of `resourceSubscriptions` the URIs whose router declares
+//! `resources.subscribe` and can tell its updates through
+//! `mcp-broker:host/call.resource-updated`), then the `list_changed`
+//! notifications asked for as the route table changes and
+//! `notifications/resources/updated` as routers tell writes (from any
+//! connection, on any shard), each tagged with
+//! `_meta["io.modelcontextprotocol/subscriptionId"]` (the listen request's
+//! id), and a keep-alive comment every
 //! `http.sse_keepalive`. The only state is the open stream itself
 //! ([`Listeners`]); at the drain the stream ends with the listen request's
 //! result.
@@ -55,7 +59,7 @@
 use std::borrow::Cow;
 use std::rc::Rc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use base64::Engine as _;
@@ -636,18 +640,26 @@ pub fn check_param_headers(
     Ok(())
 }
 
-/// The change notifications a `subscriptions/listen` asked for and this
-/// edge serves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Most resource URIs one `subscriptions/listen` may name: each is kept
+/// and compared on every update while the stream is open.
+pub const MAX_RESOURCE_SUBSCRIPTIONS: usize = 64;
+/// Longest resource URI a listen may name.
+pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
+
+/// The change notifications a `subscriptions/listen` asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Filter {
     pub tools: bool,
     pub prompts: bool,
     pub resources: bool,
+    /// `resourceSubscriptions`: the URIs asked for (before the edge keeps
+    /// those it can serve, [`HttpEdge::listen`]).
+    pub uris: Vec<String>,
 }
 
 impl Filter {
     /// `params.notifications` (required, an object; absent fields are
-    /// `false`; `resourceSubscriptions` is read past: not served).
+    /// `false` or empty).
     pub fn of(params: Option<&RawValue>) -> Result<Filter, Refusal> {
         let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
         #[derive(Deserialize)]
@@ -664,6 +676,8 @@ impl Filter {
             prompts_list_changed: Option<bool>,
             #[serde(default)]
             resources_list_changed: Option<bool>,
+            #[serde(default)]
+            resource_subscriptions: Option<Vec<String>>,
         }
         let p: P<'_> = params
             .map(|p| serde_json::from_str(p.get()))
@@ -679,10 +693,25 @@ impl Filter {
         };
         let n: N = serde_json::from_str(n.get())
             .map_err(|e| invalid(format!("Invalid params: `notifications`: {e}")))?;
+        let mut uris = n.resource_subscriptions.unwrap_or_default();
+        if uris.len() > MAX_RESOURCE_SUBSCRIPTIONS {
+            return Err(invalid(format!(
+                "Invalid params: `resourceSubscriptions` names {} URIs; at most {MAX_RESOURCE_SUBSCRIPTIONS} per listen",
+                uris.len()
+            )));
+        }
+        if uris.iter().any(|u| u.len() > MAX_SUBSCRIBED_URI_BYTES) {
+            return Err(invalid(format!(
+                "Invalid params: a `resourceSubscriptions` URI is longer than {MAX_SUBSCRIBED_URI_BYTES} bytes"
+            )));
+        }
+        uris.sort_unstable();
+        uris.dedup();
         Ok(Filter {
             tools: n.tools_list_changed == Some(true),
             prompts: n.prompts_list_changed == Some(true),
             resources: n.resources_list_changed == Some(true),
+            uris,
         })
     }
 }
@@ -697,12 +726,16 @@ struct Listener {
 }
 
 /// Every open `subscriptions/listen` stream of the process, told of route
-/// table changes from any thread (`Shared::notify_list_changed`). Each
-/// entry is only a channel into its stream: it goes when the stream does.
+/// table changes (`Shared::notify_list_changed`) and of resource updates
+/// (`Shared::notify_resource_updated`) from any thread. Each entry is only
+/// a channel into its stream: it goes when the stream does.
 #[derive(Default)]
 pub struct Listeners {
     open: Mutex<Vec<Listener>>,
     next: AtomicU64,
+    /// Open streams with resource subscriptions: while none, an update
+    /// (a write in some router) costs one load, not the lock.
+    watching: AtomicUsize,
 }
 
 /// One SSE event carrying `message`.
@@ -729,6 +762,9 @@ impl Listeners {
     /// Registers a stream; its key, to [`Self::remove`] it.
     fn add(&self, id: &str, filter: Filter, tx: mpsc::UnboundedSender<Bytes>) -> u64 {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
+        if !filter.uris.is_empty() {
+            self.watching.fetch_add(1, Ordering::Relaxed);
+        }
         self.lock().push(Listener {
             key,
             id: id.to_owned(),
@@ -739,7 +775,42 @@ impl Listeners {
     }
 
     fn remove(&self, key: u64) {
-        self.lock().retain(|l| l.key != key);
+        self.lock().retain(|l| l.key != key || !self.gone(l));
+    }
+
+    /// Accounts for a listener leaving the list: `true`, for `retain`.
+    fn gone(&self, l: &Listener) -> bool {
+        if !l.filter.uris.is_empty() {
+            self.watching.fetch_sub(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Sends `notifications/resources/updated` for `uri` to each stream
+    /// subscribed to it; streams whose client is gone are dropped.
+    pub fn resource_updated(&self, uri: &str) {
+        if self.watching.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut open = self.lock();
+        open.retain(|l| {
+            if l.filter
+                .uris
+                .binary_search_by(|u| u.as_str().cmp(uri))
+                .is_err()
+            {
+                return true;
+            }
+            let mut m = Vec::with_capacity(160 + uri.len());
+            m.extend_from_slice(
+                b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":",
+            );
+            subscription_meta(&mut m, &l.id);
+            m.extend_from_slice(b",\"uri\":");
+            mcp_schema::args::write_json_string(uri, &mut m);
+            m.extend_from_slice(b"}}");
+            l.tx.unbounded_send(sse_event(&m)).is_ok() || !self.gone(l)
+        });
     }
 
     /// Open listen streams.
@@ -771,7 +842,7 @@ impl Listeners {
                 subscription_meta(&mut m, &l.id);
                 m.extend_from_slice(b"}}");
                 if l.tx.unbounded_send(sse_event(&m)).is_err() {
-                    return false;
+                    return !self.gone(l);
                 }
             }
             true
@@ -958,8 +1029,12 @@ impl HttpEdge {
         let mut out = Vec::with_capacity(384);
         match frames(&called.frames).last() {
             // list_changed is delivered on `subscriptions/listen` (the
-            // route table's changes); resource subscriptions are not yet.
-            Some(fin) => jsonrpc::write_discover(&mut out, id, fin, &SUPPORTED, scope, true),
+            // route table's changes); resource updates when some router
+            // tells them.
+            Some(fin) => {
+                let subscribes = self.tells_resource_updates(None);
+                jsonrpc::write_discover(&mut out, id, fin, &SUPPORTED, scope, true, subscribes)
+            }
             None => jsonrpc::write_error(
                 &mut out,
                 Some(id),
@@ -971,13 +1046,41 @@ impl HttpEdge {
         json_response(StatusCode::OK, out)
     }
 
+    /// Whether updates of resource `uri` reach listen streams: it routes to
+    /// a router that declares `resources.subscribe` and can tell them (it
+    /// imports `mcp-broker:host/call`, whose `resource-updated` it calls).
+    /// `None`: whether any router can.
+    fn tells_resource_updates(&self, uri: Option<&str>) -> bool {
+        let routing = self.ctx.shared.routing.load();
+        let tells = |r: &crate::routing::Routed| {
+            r.router.reports_live()
+                && r.router
+                    .meta()
+                    .server
+                    .as_ref()
+                    .and_then(|s| s.capabilities.resources.as_ref())
+                    .and_then(|c| c.subscribe)
+                    .unwrap_or(false)
+        };
+        match uri {
+            Some(u) => routing
+                .table
+                .resource(u)
+                .is_some_and(|r| tells(&routing.routers[r as usize])),
+            None => routing.routers.iter().any(tells),
+        }
+    }
+
     /// `subscriptions/listen`: the acknowledgment, then the stream stays
     /// open for the notifications asked for (module doc).
     fn listen(self: &Rc<Self>, id: &Id<'_>, params: Option<&RawValue>) -> Response<Body> {
-        let filter = match Filter::of(params) {
+        let mut filter = match Filter::of(params) {
             Ok(f) => f,
             Err(r) => return refusal_response(Some(id), r),
         };
+        // Only URIs whose router can tell their updates are honoured; the
+        // acknowledgment says which.
+        filter.uris.retain(|u| self.tells_resource_updates(Some(u)));
         let (tx, rx) = mpsc::unbounded();
         let mut ack = Vec::with_capacity(256);
         ack.extend_from_slice(
@@ -999,6 +1102,19 @@ impl HttpEdge {
                 first = false;
                 ack.extend_from_slice(format!("\"{key}\":true").as_bytes());
             }
+        }
+        if !filter.uris.is_empty() {
+            if !first {
+                ack.push(b',');
+            }
+            ack.extend_from_slice(b"\"resourceSubscriptions\":[");
+            for (i, u) in filter.uris.iter().enumerate() {
+                if i > 0 {
+                    ack.push(b',');
+                }
+                mcp_schema::args::write_json_string(u, &mut ack);
+            }
+            ack.push(b']');
         }
         ack.extend_from_slice(b"}}}");
         let _ = tx.unbounded_send(sse_event(&ack));
