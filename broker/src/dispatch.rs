@@ -685,9 +685,12 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
             server_version: Some(ver),
             supports_completions: routing.capabilities.completions,
             supports_resource_subscribe: routing.capabilities.subscribe,
-            tools_list_changed: false,
-            resources_list_changed: false,
-            prompts_list_changed: false,
+            // Every edge delivers list_changed on a route table change
+            // (`Shared::notify_list_changed`: frame connections, HTTP GET
+            // and listen streams, gRPC Subscribe), whatever the routers say.
+            tools_list_changed: true,
+            resources_list_changed: true,
+            prompts_list_changed: true,
         },
     );
     let instructions = fbb.create_string(&routing.instructions);

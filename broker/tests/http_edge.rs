@@ -43,6 +43,14 @@ fn the_ready_line_names_the_http_edge_and_initialize_issues_a_session() {
     assert_eq!(v["result"]["protocolVersion"], "2025-06-18");
     assert_eq!(v["result"]["serverInfo"]["name"], "mcp-broker");
     assert!(v["result"]["capabilities"]["tools"].is_object());
+    // The GET stream gets list_changed on every route table change
+    // (reload::), so initialize says so, as server/discover does.
+    for kind in ["tools", "resources", "prompts"] {
+        assert_eq!(
+            v["result"]["capabilities"][kind]["listChanged"], true,
+            "{kind}: {v}"
+        );
+    }
     let id = r.header("mcp-session-id").unwrap();
     // Visible ASCII, the owner shard, then 128 random bits in hex.
     let (owner, key) = id.split_once('-').unwrap();

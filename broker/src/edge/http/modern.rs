@@ -80,6 +80,8 @@ use super::{
 };
 use crate::auth::Principal;
 use crate::dispatch::LiveOut;
+use crate::route::{RouteTable, RouterId, Target};
+use crate::routing::Routing;
 use crate::shared::ListKinds;
 
 /// Versions served as modern (stateless, per-request `_meta`).
@@ -397,6 +399,59 @@ pub fn check_headers(h: &HeaderMap, method: &str, d: &Declared<'_>) -> Result<()
         one_header(h, NAME_HEADER)?;
     }
     Ok(())
+}
+
+/// The route a `tools/call` names in its headers: `Mcp-Method` says
+/// `tools/call` and the decoded `Mcp-Name` is a tool of `table`. Read
+/// before the body is parsed (the revision's point: the headers route);
+/// the body is held to the same name afterwards ([`check_headers`]), so
+/// a request served is routed as its body says. `None` for other methods,
+/// unknown tools and headers that are missing, repeated or undecodable
+/// (refused later, in the validation order).
+pub fn route_from_headers<'t>(h: &HeaderMap, table: &'t RouteTable) -> Option<&'t Target> {
+    let mut methods = h.get_all(METHOD_HEADER).iter();
+    let method = methods.next()?;
+    // Method names are ASCII tokens: no sentinel to decode in practice,
+    // but the comparison is the one check_headers makes.
+    if methods.next().is_some() || decode_header_value(method.to_str().ok()?).ok()? != "tools/call"
+    {
+        return None;
+    }
+    let name = one_header(h, NAME_HEADER).ok()??;
+    table.tool(&name)
+}
+
+/// A `tools/call`'s route as its headers picked it, with the table it was
+/// picked from (a reload meanwhile does not move it).
+pub(super) struct HeaderRoute {
+    routing: std::sync::Arc<Routing>,
+    router: RouterId,
+    listed: usize,
+}
+
+impl HeaderRoute {
+    fn pick(h: &HeaderMap, shared: &arc_swap::ArcSwap<Routing>) -> Option<Self> {
+        let routing = shared.load();
+        let t = route_from_headers(h, &routing.table)?;
+        let (router, listed) = (t.router, t.listed);
+        Some(Self {
+            routing: arc_swap::Guard::into_inner(routing),
+            router,
+            listed,
+        })
+    }
+
+    /// The tool's listing entry (its input schema).
+    fn tool(&self) -> &crate::route::Listed<crate::wasm::types::Tool> {
+        &self.routing.table.tool_list[self.listed]
+    }
+
+    /// Whether its router reports progress and logs while a call runs.
+    fn reports_live(&self) -> bool {
+        self.routing.routers[self.router as usize]
+            .router
+            .reports_live()
+    }
 }
 
 /// Step 3: the version.
@@ -855,6 +910,40 @@ impl Listeners {
 // answers, shared with the session path)
 // ---------------------------------------------------------------------------
 
+/// When and by whom a request arrived.
+pub(super) struct Arrival<'a> {
+    pub arrived: Instant,
+    pub who: Option<&'a Principal>,
+}
+
+/// `Mcp-Param-*` of a `tools/call`, checked against the called tool's
+/// input schema as the route table lists it, found through the route its
+/// headers picked (an unknown tool has none: its call fails later, as an
+/// unknown tool).
+fn param_headers_match(
+    headers: &HeaderMap,
+    route: Option<&HeaderRoute>,
+    params: Option<&RawValue>,
+) -> Result<(), Refusal> {
+    let Some(route) = route else {
+        return Ok(());
+    };
+    let schema = &route.tool().item.input_schema;
+    // Most tools declare no header: no parse of the arguments for them.
+    if !schema.contains("x-mcp-header") {
+        return Ok(());
+    }
+    #[derive(Deserialize)]
+    struct Args<'a> {
+        #[serde(borrow, default)]
+        arguments: Option<&'a RawValue>,
+    }
+    let args = params
+        .and_then(|p| serde_json::from_str::<Args<'_>>(p.get()).ok())
+        .and_then(|a| a.arguments);
+    check_param_headers(headers, schema, args)
+}
+
 /// A modern refusal as its HTTP answer (the request's id echoed).
 fn refusal_response(id: Option<&Id<'_>>, r: Refusal) -> Response<Body> {
     let mut out = Vec::with_capacity(96 + r.message.len());
@@ -896,6 +985,9 @@ impl HttpEdge {
             Ok(r) => r,
             Err(refusal) => return refusal,
         };
+        // The headers pick the route before the body is parsed; the body is
+        // then validated against them (issue 17; bench: http_codec's route).
+        let route = HeaderRoute::pick(&headers, &self.ctx.shared.routing);
         match jsonrpc::parse(&body) {
             Err(e) => unparsable(&e),
             Ok(RpcBody::Batch(_)) => refuse(
@@ -915,14 +1007,25 @@ impl HttpEdge {
                 ),
             ),
             Ok(RpcBody::One(Message::Request { id, method, params })) => {
-                self.modern_request(&headers, &id, &method, params, arrived, who)
+                let at = Arrival { arrived, who };
+                self.modern_routed(&headers, route.as_ref(), &id, &method, params, at)
                     .await
             }
         }
     }
 
-    /// One modern request, validated in the spec's order (module doc),
-    /// then answered.
+    /// The `cacheScope` of cacheable answers: with [auth] what a client
+    /// sees depends on its token, so caches must not share listings.
+    fn cache_scope(&self) -> &'static str {
+        if self.ctx.shared.auth.is_some() {
+            "private"
+        } else {
+            "public"
+        }
+    }
+
+    /// One modern request that no route was picked for (a header-less
+    /// `server/discover` on the session path), validated and answered.
     pub(super) async fn modern_request(
         self: &Rc<Self>,
         headers: &HeaderMap,
@@ -932,6 +1035,24 @@ impl HttpEdge {
         arrived: Instant,
         who: Option<&Principal>,
     ) -> Response<Body> {
+        let at = Arrival { arrived, who };
+        self.modern_routed(headers, None, id, method, params, at)
+            .await
+    }
+
+    /// One modern request, validated in the spec's order (module doc),
+    /// then answered. `route`: what its headers picked ([`HeaderRoute`]),
+    /// which the body, once validated against the headers, agrees with.
+    async fn modern_routed(
+        self: &Rc<Self>,
+        headers: &HeaderMap,
+        route: Option<&HeaderRoute>,
+        id: &Id<'_>,
+        method: &str,
+        params: Option<&RawValue>,
+        at: Arrival<'_>,
+    ) -> Response<Body> {
+        let Arrival { arrived, who } = at;
         let d = match declared(method, params) {
             Ok(d) => d,
             Err(r) => return refusal_response(Some(id), r),
@@ -949,61 +1070,28 @@ impl HttpEdge {
             );
         }
         if method == "tools/call"
-            && let Err(r) = self.param_headers_match(headers, &d, params)
+            && let Err(r) = param_headers_match(headers, route, params)
         {
             return refusal_response(Some(id), r);
         }
         if let Some(r) = self.tool_refusal(who, method, params) {
             return r;
         }
-        // With [auth] what a client sees depends on its token: caches of
-        // listings must not be shared between users.
-        let scope = if self.ctx.shared.auth.is_some() {
-            "private"
-        } else {
-            "public"
-        };
+        let scope = self.cache_scope();
         if method == "server/discover" {
             return self.discover(id, &d, arrived, scope).await;
         }
         if method == "subscriptions/listen" {
             return self.listen(id, params);
         }
+        let live = route.is_some_and(HeaderRoute::reports_live);
         let r = self
-            .modern_call(id, method, params, &d, arrived, scope)
+            .modern_call(id, method, params, &d, arrived, live)
             .await;
         match (method, who, &self.ctx.shared.auth) {
             ("tools/list", Some(p), Some(auth)) => hide_tools(r, |t| auth.allows_tool(p, t)),
             _ => r,
         }
-    }
-
-    /// `Mcp-Param-*` of a `tools/call`, checked against the called tool's
-    /// input schema as the route table lists it (an unknown tool has none:
-    /// its call fails later, as an unknown tool).
-    fn param_headers_match(
-        &self,
-        headers: &HeaderMap,
-        d: &Declared<'_>,
-        params: Option<&RawValue>,
-    ) -> Result<(), Refusal> {
-        let Some(name) = d.name.as_deref() else {
-            return Ok(());
-        };
-        let routing = self.ctx.shared.routing.load();
-        // A scan of the listing: a tool call costs a guest call anyway.
-        let Some(tool) = routing.table.tool_list.iter().find(|t| &*t.exposed == name) else {
-            return Ok(());
-        };
-        #[derive(Deserialize)]
-        struct Args<'a> {
-            #[serde(borrow, default)]
-            arguments: Option<&'a RawValue>,
-        }
-        let args = params
-            .and_then(|p| serde_json::from_str::<Args<'_>>(p.get()).ok())
-            .and_then(|a| a.arguments);
-        check_param_headers(headers, &tool.item.input_schema, args)
     }
 
     /// `server/discover`: the capabilities `initialize` would report, as a
@@ -1139,8 +1227,9 @@ impl HttpEdge {
     /// `InputRequiredResult`, a retry's `inputResponses` the argument the
     /// session path would pass (module doc). Progress and log notifications
     /// the request asked for go before the answer on an SSE body: as they
-    /// happen when its router reports them live ([`Self::modern_live`]),
-    /// else all together with the answer.
+    /// happen when its router reports them live (`reports_live`, from the
+    /// route its headers picked; [`Self::modern_live`]), else all together
+    /// with the answer.
     async fn modern_call(
         self: &Rc<Self>,
         id: &Id<'_>,
@@ -1148,7 +1237,7 @@ impl HttpEdge {
         params: Option<&RawValue>,
         d: &Declared<'_>,
         arrived: Instant,
-        scope: &'static str,
+        reports_live: bool,
     ) -> Response<Body> {
         let Some(m) = Method::from_name(method) else {
             let r = Refusal::new(
@@ -1187,8 +1276,8 @@ impl HttpEdge {
                 );
             }
         };
-        let wants = Wants::of(d, cacheable(method).then_some(scope));
-        if self.modern_streams_live(&info, &wants) {
+        let wants = Wants::of(d, cacheable(method).then(|| self.cache_scope()));
+        if reports_live && (info.progress_token.is_some() || wants.log_level.is_some()) {
             return self.modern_live(id, frame, &info, wants, arrived);
         }
         let called = self.run(frame, arrived, None, None).await;
@@ -1202,26 +1291,6 @@ impl HttpEdge {
         } else {
             sse_body(&events, &out)
         }
-    }
-
-    /// Whether a call is answered on a stream opened before it runs: a
-    /// `tools/call` that asked for progress (a token) or logs (a `_meta`
-    /// log level), of a router that reports them while it runs
-    /// (`mcp-broker:host/call`). Others send theirs with the answer.
-    fn modern_streams_live(&self, info: &jsonrpc::RequestInfo<'_>, wants: &Wants) -> bool {
-        if info.method != Method::CallTool
-            || (info.progress_token.is_none() && wants.log_level.is_none())
-        {
-            return false;
-        }
-        let Some(name) = info.tool_name.as_deref() else {
-            return false;
-        };
-        let routing = self.ctx.shared.routing.load();
-        routing
-            .table
-            .tool(name)
-            .is_some_and(|t| routing.routers[t.router as usize].router.reports_live())
     }
 
     /// Answers a call on an SSE stream opened at once: its progress and
@@ -1539,6 +1608,56 @@ mod tests {
         assert_eq!(code(&h), Ok(()));
         h.append(NAME_HEADER, HeaderValue::from_static("x"));
         assert_eq!(code(&h), Err(-32020), "repeated");
+    }
+
+    /// A route table of one router `r` serving `tools`.
+    fn table(tools: &[&str]) -> RouteTable {
+        use crate::wasm::types::Tool;
+        let meta = crate::wasm::RouterMeta {
+            name: "r".into(),
+            tools: tools
+                .iter()
+                .map(|t| Tool {
+                    name: (*t).into(),
+                    title: None,
+                    description: String::new(),
+                    input_schema: "{}".into(),
+                    output_schema: None,
+                    annotations: None,
+                    meta: None,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let entry = crate::route::RouterEntry {
+            name: "r".into(),
+            prefix: None,
+            meta: std::sync::Arc::new(meta),
+        };
+        RouteTable::build(&[entry], "__").unwrap()
+    }
+
+    #[test]
+    fn the_headers_of_a_tool_call_pick_its_route_before_the_body() {
+        let t = table(&["echo", "Hello, 世界"]);
+        let mut h = HeaderMap::new();
+        h.insert(METHOD_HEADER, HeaderValue::from_static("tools/call"));
+        assert_eq!(route_from_headers(&h, &t), None, "no Mcp-Name");
+        h.insert(NAME_HEADER, HeaderValue::from_static(" echo "));
+        assert_eq!(route_from_headers(&h, &t).map(|r| r.listed), Some(0));
+        h.insert(
+            NAME_HEADER,
+            HeaderValue::from_static("=?base64?SGVsbG8sIOS4lueVjA==?="),
+        );
+        let r = route_from_headers(&h, &t).unwrap();
+        assert_eq!((r.router, &*r.name, r.listed), (0, "Hello, 世界", 1));
+        h.append(NAME_HEADER, HeaderValue::from_static("echo"));
+        assert_eq!(route_from_headers(&h, &t), None, "repeated");
+        h.insert(NAME_HEADER, HeaderValue::from_static("nope"));
+        assert_eq!(route_from_headers(&h, &t), None, "unknown tool");
+        h.insert(NAME_HEADER, HeaderValue::from_static("echo"));
+        h.insert(METHOD_HEADER, HeaderValue::from_static("prompts/get"));
+        assert_eq!(route_from_headers(&h, &t), None, "not a tool call");
     }
 
     #[test]
