@@ -1205,6 +1205,29 @@ impl HttpEdge {
             // Validated by the codec; the frame's answer is empty.
             session.set_level(level);
         }
+        // A (un)subscription the broker accepted (the URI routes) decides
+        // which resource updates reach the session's GET stream.
+        if matches!(m, Method::Subscribe | Method::Unsubscribe)
+            && let Some(uri) = info.uri.as_deref()
+            && frames(&called.frames).last().is_some_and(|f| {
+                mcp_schema::client::ResponseView::parse(f).is_ok_and(|v| v.error().is_none())
+            })
+            && !self
+                .sessions()
+                .set_subscription(session, uri, m == Method::Subscribe)
+        {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::InvalidParams.code(),
+                &format!(
+                    "Invalid params: at most {} resource subscriptions per session",
+                    session::MAX_RESOURCE_SUBSCRIPTIONS
+                ),
+                None,
+            );
+            return Answer::Json(out);
+        }
         let mut more = false;
         let mut last = None;
         for f in frames(&called.frames) {
