@@ -5,7 +5,12 @@
 //! - `parse_request_frame`: plus its Request frame, with a warmed encoder;
 //! - `write_response`: the echo's ToolResult frame → the JSON-RPC answer,
 //!   into a warmed `Vec`;
-//! - `round_trip`: body in, frame verified as the shard would, answer out.
+//! - `round_trip`: body in, frame verified as the shard would, answer out;
+//! - `route/*` (protocol 2026-07-28, issue 17): picking a `tools/call`'s
+//!   route (tool → router in a 64-tool route table) from its `Mcp-Method`
+//!   and `Mcp-Name` headers (`route/headers`, plain; `route/headers_base64`,
+//!   the `=?base64?…?=` form) against from its parsed body (`route/body`:
+//!   the JSON-RPC envelope, then `params.name`, then the same lookup).
 //!
 //! Before criterion runs, heap allocations per call are counted after a
 //! warm-up and printed, and bounded: writing the answer makes none; parsing
@@ -14,16 +19,19 @@
 //! frame adds the params' own parse and the arguments' two lists (members,
 //! and the encoder's key/value pairs).
 //!
-//! cargo bench -p mcp-bench --bench http_codec
+//! cargo bench -p mcp-bench --bench http_codec [-- route]
 
 use std::hint::black_box;
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
+use hyper::header::{HeaderMap, HeaderValue};
 use mcp_bench::alloc_counter::{AllocStats, CountingAlloc, count};
 use mcp_broker::edge::http::jsonrpc::{
     self, Body, Id, Message, Method, request_frame, write_response,
 };
+use mcp_broker::edge::http::modern::route_from_headers;
+use mcp_broker::route::{RouteTable, RouterEntry};
 use mcp_schema::ResponseEncoder;
 use mcp_schema::client::{RequestEncoder, RequestHeader};
 use mcp_schema::encode::{Correlation, ReplyTo};
@@ -97,6 +105,75 @@ fn round_trip(body: &[u8], enc: &mut RequestEncoder, answer: &[u8], out: &mut Ve
     out.len()
 }
 
+/// A 2026-07-28 `tools/call` as the Python SDK 2.x sends it: `_meta` with
+/// the version, capabilities and client info, then the call.
+const MODERN_BODY: &[u8] = br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}},"io.modelcontextprotocol/clientInfo":{"name":"mcp","version":"2.0.0"}},"name":"tool_41","arguments":{"text":"hello from the benchmark","count":3}}}"#;
+
+/// Four routers of 16 tools each (`tool_0` … `tool_63`), as the edge's
+/// table holds them.
+fn route_table() -> RouteTable {
+    use mcp_broker::wasm::types::Tool;
+    let entries: Vec<RouterEntry> = (0..4)
+        .map(|r| RouterEntry {
+            name: format!("r{r}"),
+            prefix: None,
+            meta: std::sync::Arc::new(mcp_broker::wasm::RouterMeta {
+                name: format!("r{r}"),
+                tools: (0..16)
+                    .map(|t| Tool {
+                        name: format!("tool_{}", r * 16 + t),
+                        title: None,
+                        description: "a tool".into(),
+                        input_schema: r#"{"type":"object"}"#.into(),
+                        output_schema: None,
+                        annotations: None,
+                        meta: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+        })
+        .collect();
+    RouteTable::build(&entries, "__").expect("no collisions")
+}
+
+/// The standard headers of [`MODERN_BODY`] (`name` as `Mcp-Name`).
+fn modern_headers(name: &'static str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(
+        "accept",
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    h.insert("content-type", HeaderValue::from_static("application/json"));
+    h.insert(
+        "mcp-protocol-version",
+        HeaderValue::from_static("2026-07-28"),
+    );
+    h.insert("mcp-method", HeaderValue::from_static("tools/call"));
+    h.insert("mcp-name", HeaderValue::from_static(name));
+    h
+}
+
+/// The route from the headers: the edge's own function.
+fn route_by_headers(h: &HeaderMap, table: &RouteTable) -> usize {
+    route_from_headers(h, table).expect("routed").listed
+}
+
+/// The route from the body: its envelope parsed, then `params.name`.
+fn route_by_body(body: &[u8], table: &RouteTable) -> usize {
+    #[derive(serde::Deserialize)]
+    struct Name<'a> {
+        #[serde(borrow)]
+        name: std::borrow::Cow<'a, str>,
+    }
+    let Ok(Body::One(Message::Request { params, .. })) = jsonrpc::parse(body) else {
+        panic!("expected one request");
+    };
+    let params = params.expect("params");
+    let n: Name<'_> = serde_json::from_str(params.get()).expect("a name");
+    table.tool(&n.name).expect("routed").listed
+}
+
 fn allocs_per_iter(name: &str, mut f: impl FnMut() -> usize) -> AllocStats {
     for _ in 0..WARMUP_ITERS {
         black_box(f());
@@ -153,6 +230,30 @@ fn report_allocations(answer: &[u8]) {
 fn bench(c: &mut Criterion) {
     let answer = echo_result_frame();
     report_allocations(&answer);
+
+    let table = route_table();
+    let plain = modern_headers("tool_41");
+    // "tool_41", base64: what a client sends for a name it must encode.
+    let encoded = modern_headers("=?base64?dG9vbF80MQ==?=");
+    let listed = route_by_body(MODERN_BODY, &table);
+    assert_eq!(route_by_headers(&plain, &table), listed);
+    assert_eq!(route_by_headers(&encoded, &table), listed);
+    allocs_per_iter("route/headers", || route_by_headers(&plain, &table));
+    allocs_per_iter("route/headers_base64", || {
+        route_by_headers(&encoded, &table)
+    });
+    allocs_per_iter("route/body", || route_by_body(MODERN_BODY, &table));
+    let mut g = c.benchmark_group("route");
+    g.bench_function("headers", |b| {
+        b.iter(|| route_by_headers(black_box(&plain), &table))
+    });
+    g.bench_function("headers_base64", |b| {
+        b.iter(|| route_by_headers(black_box(&encoded), &table))
+    });
+    g.bench_function("body", |b| {
+        b.iter(|| route_by_body(black_box(MODERN_BODY), &table))
+    });
+    g.finish();
 
     c.bench_function("parse", |b| b.iter(|| parse(black_box(BODY))));
     let mut enc = RequestEncoder::new();

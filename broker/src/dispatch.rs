@@ -88,6 +88,8 @@ struct Live<'a> {
     /// The edge's live channel; `None`: the frames go to `out` before the
     /// final answer.
     out: Option<&'a dyn LiveOut>,
+    /// The called router: the only one whose resources it may update.
+    router: crate::route::RouterId,
 }
 
 impl Live<'_> {
@@ -137,6 +139,15 @@ impl Live<'_> {
     }
 
     fn emit(&self, ev: &crate::wasm::LiveEvent, step: &mut u32, out: &mut Vec<u8>) {
+        if let crate::wasm::LiveEvent::ResourceUpdated { uri } = ev {
+            // Told to its subscribers, wherever they are; only for a URI of
+            // this router, so that one router cannot speak for another's.
+            let routing = self.ctx.shared.routing.load();
+            if routing.table.resource(uri) == Some(self.router) {
+                self.ctx.shared.notify_resource_updated(uri);
+            }
+            return;
+        }
         let mut enc = self.ctx.enc.borrow_mut();
         let frame = match ev {
             crate::wasm::LiveEvent::Progress {
@@ -164,6 +175,7 @@ impl Live<'_> {
                 logger,
                 data,
             } => adapt::log_frame(&mut enc, self.to, level, logger.as_deref(), data),
+            crate::wasm::LiveEvent::ResourceUpdated { .. } => return,
         };
         match self.out {
             Some(live) => {
@@ -407,6 +419,7 @@ pub async fn handle_live(
                     to: &to,
                     id: &id,
                     out: live,
+                    router: target.router,
                 };
                 call.run(caller, &target.name, json, deadline, out).await
             } else {
@@ -672,9 +685,12 @@ fn initialize(ctx: &ShardCtx, view: &mcp_schema::RequestView<'_>, out: &mut Vec<
             server_version: Some(ver),
             supports_completions: routing.capabilities.completions,
             supports_resource_subscribe: routing.capabilities.subscribe,
-            tools_list_changed: false,
-            resources_list_changed: false,
-            prompts_list_changed: false,
+            // Every edge delivers list_changed on a route table change
+            // (`Shared::notify_list_changed`: frame connections, HTTP GET
+            // and listen streams, gRPC Subscribe), whatever the routers say.
+            tools_list_changed: true,
+            resources_list_changed: true,
+            prompts_list_changed: true,
         },
     );
     let instructions = fbb.create_string(&routing.instructions);

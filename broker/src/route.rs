@@ -35,6 +35,9 @@ pub type RouterId = u16;
 pub struct Target {
     pub router: RouterId,
     pub name: Box<str>,
+    /// Its entry in the listing (`tool_list` or `prompt_list`): what a
+    /// lookup by name needs besides the route (a tool's input schema).
+    pub listed: usize,
 }
 
 /// One router as the table sees it.
@@ -188,6 +191,11 @@ impl RouteTable {
         self.tools.get(name)
     }
 
+    /// The listing entry of tool `name` (its schema), without a scan.
+    pub fn listed_tool(&self, name: &str) -> Option<&Listed<Tool>> {
+        self.tools.get(name).map(|t| &self.tool_list[t.listed])
+    }
+
     pub fn prompt(&self, name: &str) -> Option<&Target> {
         self.prompts.get(name)
     }
@@ -245,6 +253,7 @@ fn qualify<T: Clone>(
         let target = Target {
             router: i as RouterId,
             name: name.into(),
+            listed: list.len(),
         };
         if let Some(prev) = map.get(&exposed) {
             return Err(RouteError::Collision {
@@ -318,7 +327,8 @@ mod tests {
             t.tool("only_a"),
             Some(&Target {
                 router: 0,
-                name: "only_a".into()
+                name: "only_a".into(),
+                listed: 1,
             })
         );
         assert_eq!(t.tool("echo"), None, "a colliding bare name is not served");
@@ -326,18 +336,24 @@ mod tests {
             t.tool("a__echo"),
             Some(&Target {
                 router: 0,
-                name: "echo".into()
+                name: "echo".into(),
+                listed: 0,
             })
         );
         assert_eq!(
             t.tool("bee__echo"),
             Some(&Target {
                 router: 1,
-                name: "echo".into()
+                name: "echo".into(),
+                listed: 2,
             })
         );
         let names: Vec<_> = t.tool_list.iter().map(|l| &*l.exposed).collect();
         assert_eq!(names, ["a__echo", "only_a", "bee__echo"]);
+        for name in names {
+            assert_eq!(&*t.listed_tool(name).unwrap().exposed, name);
+        }
+        assert!(t.listed_tool("echo").is_none());
     }
 
     #[test]

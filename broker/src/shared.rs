@@ -214,10 +214,17 @@ pub struct Shared {
     /// (`edge/http/session.rs`).
     pub http_sessions: crate::edge::http::session::Sessions,
     list_observers: std::sync::Mutex<Vec<ListObserver>>,
+    /// Told of every resource update: read lock-free on each update (a
+    /// router's write), written once per edge at start.
+    resource_observers: arc_swap::ArcSwap<Vec<ResourceObserver>>,
 }
 
 /// Told of every route table change (the gRPC edge's Subscribe hub).
 pub type ListObserver = Arc<dyn Fn(ListKinds) + Send + Sync>;
+
+/// Told of every resource update, with its URI (the gRPC edge's Subscribe
+/// hub, for its resource topics).
+pub type ResourceObserver = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Which listings changed, as a bit set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -294,6 +301,7 @@ impl Shared {
             leaving: AtomicBool::new(false),
             deaths: crossbeam_channel::unbounded(),
             list_observers: std::sync::Mutex::default(),
+            resource_observers: arc_swap::ArcSwap::default(),
         }
     }
 
@@ -490,6 +498,27 @@ impl Shared {
         for o in observers {
             o(kinds);
         }
+    }
+
+    /// Tells the listen streams subscribed to resource `uri` that it
+    /// changed (a router's `resource-updated`, from any shard), the HTTP
+    /// sessions that `resources/subscribe`d to it (on their GET stream), and
+    /// the observers the other edges registered (gRPC resource topics).
+    pub fn notify_resource_updated(&self, uri: &str) {
+        self.http_sessions.listeners().resource_updated(uri);
+        self.http_sessions.resource_updated(uri);
+        for o in self.resource_observers.load().iter() {
+            o(uri);
+        }
+    }
+
+    /// Registers `f` to be told of every resource update.
+    pub fn on_resource_updated(&self, f: ResourceObserver) {
+        self.resource_observers.rcu(|v| {
+            let mut v = Vec::clone(v);
+            v.push(f.clone());
+            v
+        });
     }
 
     /// Registers `f` to be told of every route table change.

@@ -347,6 +347,45 @@ async fn every_rpc_answers_from_the_routers_through_the_shards() {
     assert!(ok.is_ok(), "{ok:?}");
 }
 
+/// A resource topic gets the updates a router tells for that URI (the kv
+/// router on `put`), from a call on another connection; another URI's
+/// subscriber gets none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_topic_gets_the_updates_its_router_tells() {
+    let b = Broker::start();
+    let mut c = client(&b).await;
+    let topic = |uri: &str| pb::SubscribeRequest {
+        topics: vec![uri.into()],
+    };
+    let mut color = c.subscribe(topic("kv://color")).await.unwrap().into_inner();
+    let mut other = c.subscribe(topic("kv://other")).await.unwrap().into_inner();
+    let mut writer = client(&b).await;
+    for key in ["color", "other"] {
+        let r = writer
+            .call_tool(call("put", &format!(r#"{{"key":"{key}","value":1}}"#)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+    }
+    let next = |n: Option<pb::Notification>| match n.and_then(|n| n.notification) {
+        Some(pb::notification::Notification::ResourceUpdated(u)) => u.uri,
+        other => panic!("expected resources/updated, got {other:?}"),
+    };
+    let within = Duration::from_secs(10);
+    let n = tokio::time::timeout(within, color.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next(n), "kv://color");
+    // The other subscriber's first update is its own URI, written second.
+    let n = tokio::time::timeout(within, other.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next(n), "kv://other");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_and_input_errors_map_to_grpc_status_codes() {
     let b = Broker::start();

@@ -43,6 +43,14 @@ fn the_ready_line_names_the_http_edge_and_initialize_issues_a_session() {
     assert_eq!(v["result"]["protocolVersion"], "2025-06-18");
     assert_eq!(v["result"]["serverInfo"]["name"], "mcp-broker");
     assert!(v["result"]["capabilities"]["tools"].is_object());
+    // The GET stream gets list_changed on every route table change
+    // (reload::), so initialize says so, as server/discover does.
+    for kind in ["tools", "resources", "prompts"] {
+        assert_eq!(
+            v["result"]["capabilities"][kind]["listChanged"], true,
+            "{kind}: {v}"
+        );
+    }
     let id = r.header("mcp-session-id").unwrap();
     // Visible ASCII, the owner shard, then 128 random bits in hex.
     let (owner, key) = id.split_once('-').unwrap();
@@ -541,6 +549,43 @@ fn slow_heads_and_slow_bodies_are_cut_off_and_huge_heads_refused() {
     assert_eq!(status, 431);
     // The edge still serves.
     Conn::connect(b.http).initialize("2025-06-18");
+}
+
+/// `resources/subscribe` sends the updates a router tells for that URI (the
+/// kv router on `put`, here from another session) to the session's GET
+/// stream; an unsubscribed URI's updates do not come.
+#[test]
+fn a_subscribed_resource_s_updates_reach_the_get_stream() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-11-25");
+    let r = c.call(&s, 1, "resources/subscribe", r#"{"uri":"kv://a"}"#);
+    assert!(r["result"].is_object(), "{r}");
+    let mut g = Conn::connect(b.http);
+    g.send_raw(
+        format!("GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(g.read_head().0, 200);
+    let mut w = Conn::connect(b.http);
+    let other = w.initialize("2025-11-25");
+    for (id, key) in [(1, "b"), (2, "a")] {
+        let r = w.call(
+            &other,
+            id,
+            "tools/call",
+            &format!(r#"{{"name":"put","arguments":{{"key":"{key}","value":1}}}}"#),
+        );
+        assert_eq!(r["result"]["isError"], false, "{r}");
+    }
+    let (body, ended) = g.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
+    assert!(!ended);
+    let text = String::from_utf8(body).unwrap();
+    assert!(!text.contains("kv://b"), "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let n = msgs.last().unwrap();
+    assert_eq!(n["method"], "notifications/resources/updated", "{n}");
+    assert_eq!(n["params"]["uri"], "kv://a", "{n}");
 }
 
 #[test]

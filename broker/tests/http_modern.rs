@@ -94,9 +94,10 @@ fn server_discover_names_every_served_version_and_the_capabilities() {
     assert!(res["serverInfo"].is_null(), "serverInfo moved to _meta");
     assert_eq!(res["ttlMs"], 0);
     assert_eq!(res["cacheScope"], "public");
-    // Delivered on subscriptions/listen; resource subscriptions are not.
+    // Delivered on subscriptions/listen; resource updates too, as the kv
+    // router tells its writes.
     assert_eq!(res["capabilities"]["tools"]["listChanged"], true);
-    assert_eq!(res["capabilities"]["resources"]["subscribe"], false);
+    assert_eq!(res["capabilities"]["resources"]["subscribe"], true);
 }
 
 #[test]
@@ -565,8 +566,8 @@ fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
         r#"{"toolsListChanged":true,"resourceSubscriptions":["x://y"]}"#,
     );
     let mut prompts = listen(&b, "2", r#"{"promptsListChanged":true}"#);
-    // The acknowledgment first: what is served of the filter (resource
-    // subscriptions are not).
+    // The acknowledgment first: what is served of the filter (no router
+    // serves x://y).
     let (body, ended) = tools.read_chunked(Some(&|t: &str| t.contains("acknowledged")));
     assert!(!ended);
     let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
@@ -650,6 +651,88 @@ fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
         "L1"
     );
     drop(prompts);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+const KV: &str = "[[routers]]\nname = \"kv\"\nwasm = \"kv.wasm\"\n";
+
+/// A 2026-07-28 `tools/call` of kv's `put`, on a new connection.
+fn kv_put(b: &Broker, id: u32, key: &str) {
+    let mut c = Conn::connect(b.http);
+    let body = req(
+        &id.to_string(),
+        "tools/call",
+        &format!(r#""name":"put","arguments":{{"key":"{key}","value":1}}"#),
+    );
+    let r = modern(&mut c, "tools/call", Some("put"), &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["isError"], false, "{}", r.text());
+}
+
+#[test]
+fn listen_resource_subscriptions_get_the_updates_of_their_uris_only() {
+    let (b, path) = reloadable("resources", KV);
+    let mut color = listen(
+        &b,
+        "\"R1\"",
+        r#"{"resourceSubscriptions":["kv://color","nope://x","kv://color"]}"#,
+    );
+    let mut other = listen(&b, "2", r#"{"resourceSubscriptions":["kv://other"]}"#);
+    // The acknowledgment lists what is honoured: URIs of a router that
+    // tells its updates (once each); not another scheme's.
+    let (body, _) = color.read_chunked(Some(&|t: &str| t.contains("acknowledged")));
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    assert_eq!(
+        msgs[0]["params"]["notifications"],
+        json!({"resourceSubscriptions": ["kv://color"]}),
+        "{msgs:?}"
+    );
+    let (body, _) = other.read_chunked(Some(&|t: &str| t.contains("acknowledged")));
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    assert_eq!(
+        msgs[0]["params"]["notifications"],
+        json!({"resourceSubscriptions": ["kv://other"]})
+    );
+    // A write from another connection (two shards: any of them) reaches
+    // the stream subscribed to its URI, tagged with the subscription.
+    kv_put(&b, 1, "color");
+    let (body, ended) = color.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let n = msgs.last().unwrap();
+    assert_eq!(n["method"], "notifications/resources/updated", "{n}");
+    assert_eq!(n["params"]["uri"], "kv://color", "{n}");
+    assert_eq!(
+        n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "R1"
+    );
+    // The other stream got nothing of it: its first update is its own URI,
+    // written after.
+    kv_put(&b, 2, "other");
+    let (body, _) = other.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
+    let text = String::from_utf8(body).unwrap();
+    assert!(!text.contains("kv://color"), "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let n = msgs.last().unwrap();
+    assert_eq!(n["params"]["uri"], "kv://other", "{n}");
+    assert_eq!(
+        n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        2
+    );
+    // Too many URIs in one listen: invalid params.
+    let uris: Vec<String> = (0..65).map(|i| format!("\"kv://k{i}\"")).collect();
+    let mut c = Conn::connect(b.http);
+    let body = req(
+        "3",
+        "subscriptions/listen",
+        &format!(
+            r#""notifications":{{"resourceSubscriptions":[{}]}}"#,
+            uris.join(",")
+        ),
+    );
+    let r = modern(&mut c, "subscriptions/listen", None, &body);
+    refused(&r, 400, -32602, json!(3));
+    drop((color, other));
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 

@@ -1047,6 +1047,74 @@ fn progress_and_logs_reach_every_edge_while_the_call_runs() {
     });
 }
 
+/// A 2026-07-28 `tools/call` to `tool` with `args`, asking for progress
+/// (token "p") and info logs in its `_meta`, sent on a new connection whose
+/// SSE head is read.
+fn modern_live_call(b: &Broker, id: u32, tool: &str, args: &str) -> Conn {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}},"io.modelcontextprotocol/logLevel":"info","progressToken":"p"}},"name":"{tool}","arguments":{args}}}}}"#
+    );
+    Conn::open_sse(
+        b.http,
+        &format!(
+            "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\n"
+        ),
+        &body,
+    )
+}
+
+#[test]
+fn a_2026_07_28_call_streams_progress_and_logs_live_and_closing_it_cancels_upstream() {
+    let dir = state_dir("modern-live");
+    let alpha = Upstream::start("alpha", 0, &dir);
+    // A deadline far past the long call's end: only the close may cancel it.
+    let b = Broker::start_with_config(
+        &config(&[("alpha", &alpha.url(), "call_deadline = \"60s\"")]),
+        &[],
+    );
+    // The first progress event arrives on its own, while the answer is
+    // still pending: what was read up to it holds no result.
+    let args = format!(r#"{{"n":3,"delay":{}}}"#, STEP.as_secs_f64());
+    let mut c = modern_live_call(&b, 1, "steps", &args);
+    let (first, ended) = c.read_chunked(Some(&|t: &str| t.contains("notifications/progress")));
+    assert!(!ended);
+    let first = String::from_utf8(first).unwrap();
+    assert!(
+        !first.contains("\"result\""),
+        "the progress came with the answer, not before it: {first}"
+    );
+    let (rest, ended) = c.read_chunked(None);
+    assert!(ended, "the answer ends the stream");
+    let msgs = common::http::sse_messages(&(first + &String::from_utf8_lossy(&rest)));
+    let progress: Vec<_> = msgs
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert_eq!(progress.len(), 3, "{msgs:?}");
+    assert!(progress.iter().all(|m| m["params"]["progressToken"] == "p"));
+    assert!(
+        msgs.iter().any(|m| m["method"] == "notifications/message"),
+        "the _meta log level asked for logs: {msgs:?}"
+    );
+    let last = msgs.last().unwrap();
+    assert_eq!(last["id"], 1, "{last}");
+    assert_eq!(last["result"]["resultType"], "complete", "{last}");
+    assert_eq!(text_of(&last["result"]), "done 3");
+
+    // Closing the stream of a live call abandons it: the guest call is
+    // cancelled and the upstream told. (Not cancelled, the call would end
+    // after about 5 s, uncounted.)
+    let mut c = modern_live_call(&b, 2, "steps", r#"{"n":100,"delay":0.05}"#);
+    let (first, ended) = c.read_chunked(Some(&|t: &str| t.contains("notifications/progress")));
+    assert!(!ended, "{}", String::from_utf8_lossy(&first));
+    drop(c);
+    let (mut s, sid) = session(&b);
+    assert!(
+        upstream_counts_cancelled(&mut s, &sid, 1),
+        "closing the 2026-07-28 stream did not cancel the call"
+    );
+}
+
 #[test]
 fn a_stock_python_client_gets_upstream_progress_while_the_call_runs() {
     let dir = state_dir("sdk");

@@ -19,9 +19,9 @@ pub use exports::wasix::mcp::router as types;
 pub const ROUTER_INTERFACE: &str = "wasix:mcp/router@25.6.18";
 
 /// The broker's own host world (`wit/host/host.wit`,
-/// `mcp-broker:host/call@0.1.0`): progress, logs and a cancellation check
-/// that a router may import to report while a call runs. Linked for every
-/// router; one that does not import it is unaffected.
+/// `mcp-broker:host/call@0.1.0`): progress, logs, a cancellation check and
+/// resource updates that a router may import to report while a call runs.
+/// Linked for every router; one that does not import it is unaffected.
 pub mod host_world {
     wasmtime::component::bindgen!({
         path: "../wit/host",

@@ -901,6 +901,8 @@ pub enum LiveEvent {
         logger: Option<String>,
         data: String,
     },
+    /// Resource `uri` changed: for its subscribers, not the call's client.
+    ResourceUpdated { uri: String },
 }
 
 /// Where a call's [`LiveEvent`]s go: the dispatcher on the call's own shard.
@@ -955,6 +957,10 @@ impl host_call::Host for StoreState {
 
     fn cancelled(&mut self) -> bool {
         Instant::now() >= self.deadline
+    }
+
+    fn resource_updated(&mut self, uri: String) {
+        self.report(|| LiveEvent::ResourceUpdated { uri: cut(uri) });
     }
 }
 

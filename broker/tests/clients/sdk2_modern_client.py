@@ -15,9 +15,11 @@ The broker must serve the embedded default routers plus `conformance`
 (whose `test_elicitation` elicits): broker/tests/http_clients.rs starts it so.
 
 With a second argument, the broker's `POST /admin/reload` URL, it also
-opens a `subscriptions/listen` stream, calls that URL (the test has rewritten
-the config so that the reload adds tools) and expects
-`notifications/tools/list_changed` on the stream.
+opens a `subscriptions/listen` stream that subscribes to the resource
+`kv://sdk2`, writes that key with the kv router's `put` and expects
+`notifications/resources/updated` for it on the stream; then calls that URL
+(the test has rewritten the config so that the reload adds tools) and
+expects `notifications/tools/list_changed` on the stream.
 
 Usage: .tools/mcp2/bin/python sdk2_modern_client.py http://127.0.0.1:PORT/mcp [RELOAD_URL]
 Prints one `ok:` line per check and `sdk2-modern client: ok` at the end;
@@ -36,7 +38,7 @@ import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client
-from mcp.client.subscriptions import ToolsListChanged
+from mcp.client.subscriptions import ResourceUpdated, ToolsListChanged
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -165,15 +167,25 @@ async def run(url: str, reload_url: str | None) -> None:
             )
 
             if reload_url is not None:
-                # subscriptions/listen: acknowledged, then tools/list_changed
+                # subscriptions/listen: acknowledged (what is honoured: kv
+                # tells its writes, no router serves x://y), then
+                # resources/updated for a kv write, then tools/list_changed
                 # when a reload (the test rewrote the config) adds tools.
-                async with c.listen(tools_list_changed=True, resource_subscriptions=["x://y"]) as sub:
+                async with c.listen(
+                    tools_list_changed=True, resource_subscriptions=["x://y", "kv://sdk2"]
+                ) as sub:
                     honored = wire(sub.honored)
+                    want = {"toolsListChanged": True, "resourceSubscriptions": ["kv://sdk2"]}
+                    expect("listen acknowledged toolsListChanged and kv://sdk2", honored == want, want, honored)
+                    result = wire(await c.call_tool("put", {"key": "sdk2", "value": 1}))
+                    expect("kv put", result.get("isError") is False, {"isError": False}, result)
+                    with anyio.fail_after(10):
+                        event = await sub.__anext__()
                     expect(
-                        "listen acknowledged toolsListChanged only",
-                        honored == {"toolsListChanged": True},
-                        {"toolsListChanged": True},
-                        honored,
+                        "the listen stream got resources/updated for kv://sdk2",
+                        event == ResourceUpdated(uri="kv://sdk2"),
+                        "ResourceUpdated(uri='kv://sdk2')",
+                        repr(event),
                     )
                     async with httpx2.AsyncClient() as admin:
                         r = await admin.post(reload_url)

@@ -19,7 +19,8 @@ Tools:
 - `peer()`: the client port of the TCP connection the call arrived on
   (the connection-reuse test reads it).
 - `steps(n, delay=0.01)`: reports progress 1..n of n and logs one message
-  per step, `delay` seconds apart, then returns "done n".
+  per step, `delay` seconds apart, then returns "done n"; a cancelled
+  call is counted in DIR/cancelled.
 - `slow(seconds)`: sleeps, then returns "slept"; a cancelled call is
   counted in DIR/cancelled.
 - `cancelled()`: that count.
@@ -78,10 +79,14 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
 
     @server.tool(description="Reports progress n times, logging each step.")
     async def steps(n: int, ctx: Context, delay: float = 0.01) -> str:
-        for i in range(1, n + 1):
-            await ctx.info(f"step {i} of {n}")
-            await ctx.report_progress(i, n, f"step {i}")
-            await asyncio.sleep(delay)
+        try:
+            for i in range(1, n + 1):
+                await ctx.info(f"step {i} of {n}")
+                await ctx.report_progress(i, n, f"step {i}")
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            bump_cancelled()
+            raise
         return f"done {n}"
 
     @server.tool(description="Sleeps, then answers.")
@@ -93,7 +98,7 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
             raise
         return "slept"
 
-    @server.tool(description="How many calls of `slow` were cancelled.")
+    @server.tool(description="How many calls of `slow` and `steps` were cancelled.")
     def cancelled() -> str:
         if not state:
             return "0"

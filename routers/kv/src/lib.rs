@@ -2,6 +2,10 @@
 //!
 //! Tools `put {"key","value"}`, `get {"key"}`, `delete {"key"}` and `list {}`;
 //! every key is also a resource `kv://KEY` (JSON text of the stored value).
+//! A `put` or a `delete` that removed something tells the broker that
+//! `kv://KEY` changed (`mcp-broker:host/call.resource-updated`), which
+//! sends `notifications/resources/updated` to the clients subscribed to it;
+//! hence `resources.subscribe`.
 //!
 //! Per-instance state: each instance in a pool has its own linear memory, so
 //! each holds its own map. A `put` answered by one instance is invisible to
@@ -14,7 +18,11 @@
 //! - Keys iterate in byte order (`BTreeMap`), so `list` and `list-resources`
 //!   are deterministic.
 
-wit_bindgen::generate!({ path: "../../wit", world: "mcp-router" });
+wit_bindgen::generate!({
+    path: ["../../wit", "../../wit/host", "wit"],
+    world: "mcp-broker:kv-router/kv",
+    with: { "mcp-broker:host/call@0.1.0": generate },
+});
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -34,6 +42,11 @@ thread_local! {
 const URI_PREFIX: &str = "kv://";
 
 struct Kv;
+
+/// Tells the broker that resource `kv://key` changed.
+fn updated(key: &str) {
+    mcp_broker::host::call::resource_updated(&format!("{URI_PREFIX}{key}"));
+}
 
 fn completed(text: String, structured: Option<String>) -> Response {
     Response::Completed(ToolResult {
@@ -101,7 +114,7 @@ impl Guest for Kv {
             capabilities: ServerCapabilities {
                 prompts: None,
                 resources: Some(ResourcesCapability {
-                    subscribe: Some(false),
+                    subscribe: Some(true),
                     list_changed: Some(false),
                 }),
                 tools: Some(ToolsCapability {
@@ -144,6 +157,7 @@ impl Guest for Kv {
                 };
                 let value = value.to_string();
                 let previous = STORE.with_borrow_mut(|s| s.insert(key.clone(), value));
+                updated(&key);
                 let structured = serde_json::json!({
                     "key": key,
                     "replaced": previous.is_some(),
@@ -161,7 +175,10 @@ impl Guest for Kv {
             "delete" => {
                 let key = key(&args(&arguments)?)?;
                 match STORE.with_borrow_mut(|s| s.remove(&key)) {
-                    Some(value) => Ok(completed(value.clone(), Some(value))),
+                    Some(value) => {
+                        updated(&key);
+                        Ok(completed(value.clone(), Some(value)))
+                    }
                     None => Err(ToolError::NotFound(format!("no key `{key}`"))),
                 }
             }

@@ -22,7 +22,7 @@
 //!   [`Hub::close`] drops every sender, which ends every stream cleanly.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -145,6 +145,12 @@ impl Topics {
         })
     }
 
+    /// Whether a resource update could be for this subscriber.
+    fn wants_resources(&self) -> bool {
+        !self.uris.is_empty()
+            || self.kinds.0 & Kinds::of(&N::ResourceUpdated(Default::default())) != 0
+    }
+
     fn wants(&self, n: &N) -> bool {
         if self.kinds.0 & Kinds::of(n) != 0 {
             return true;
@@ -172,6 +178,8 @@ pub struct Hub {
     closed: AtomicBool,
     /// Notifications dropped because a subscriber's buffer was full.
     pub dropped: AtomicU64,
+    /// Subscribers whose topics could want a resource update.
+    resource_subs: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -205,6 +213,9 @@ impl Hub {
             }
             if subs.len() >= max {
                 return Err(SubscribeError::TooMany);
+            }
+            if topics.wants_resources() {
+                self.resource_subs.fetch_add(1, Ordering::Relaxed);
             }
             subs.push(Sub {
                 id,
@@ -255,6 +266,15 @@ impl Hub {
         }
     }
 
+    /// A resource update, broadcast: skipped without the lock while no
+    /// subscriber could want one (a router's write is on the call path).
+    pub fn publish_resource_updated(&self, n: N) {
+        if self.resource_subs.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        self.publish(None, None, n);
+    }
+
     #[cfg(test)]
     pub fn subscribers(&self) -> usize {
         lock(&self.subs).len()
@@ -265,10 +285,17 @@ impl Hub {
         let mut subs = lock(&self.subs);
         self.closed.store(true, Ordering::Release);
         subs.clear();
+        self.resource_subs.store(0, Ordering::Relaxed);
     }
 
     fn remove(&self, id: u64) {
-        lock(&self.subs).retain(|s| s.id != id);
+        lock(&self.subs).retain(|s| {
+            let gone = s.id == id;
+            if gone && s.topics.wants_resources() {
+                self.resource_subs.fetch_sub(1, Ordering::Relaxed);
+            }
+            !gone
+        });
     }
 }
 

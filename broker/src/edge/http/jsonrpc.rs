@@ -1965,8 +1965,8 @@ pub const MODERN_VERSION: &str = "2026-07-28";
 /// (`ttlMs`, `cacheScope`) and `serverInfo` under `_meta`, where 2026-07-28
 /// moved it. `listChanged` is `notifies`: whether the edge delivers them
 /// (over `subscriptions/listen`, on every route table change, whatever the
-/// routers say); `subscribe` is `false` (resource subscriptions are not
-/// served on listen yet).
+/// routers say); `subscribe` is `subscribes`: whether some router's
+/// resource updates reach listen streams (`resourceSubscriptions`).
 /// An error frame is written as the error it is.
 pub fn write_discover(
     out: &mut Vec<u8>,
@@ -1975,6 +1975,7 @@ pub fn write_discover(
     versions: &[&str],
     cache_scope: &str,
     notifies: bool,
+    subscribes: bool,
 ) {
     let Some(r) = ResponseView::parse(frame)
         .ok()
@@ -2000,7 +2001,7 @@ pub fn write_discover(
     }
     if c.supports_resources() {
         let mut t = Obj::new(caps.key("resources"));
-        t.bool("subscribe", false);
+        t.bool("subscribe", subscribes);
         t.bool("listChanged", notifies);
         t.end();
     }

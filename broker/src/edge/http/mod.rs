@@ -303,6 +303,10 @@ pub enum Body {
     Empty,
     Full(Option<Bytes>),
     Sse(mpsc::UnboundedReceiver<Bytes>),
+    /// A 2026-07-28 call's own stream: it has no resumption, so when the
+    /// stream goes (its client closed it, or the connection) the call is
+    /// abandoned, and the guard cancels it.
+    Call(mpsc::UnboundedReceiver<Bytes>, modern::CancelOnClose),
 }
 
 impl hyper::body::Body for Body {
@@ -316,7 +320,7 @@ impl hyper::body::Body for Body {
         match self.get_mut() {
             Body::Empty => Poll::Ready(None),
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Sse(rx) => Pin::new(rx)
+            Body::Sse(rx) | Body::Call(rx, _) => Pin::new(rx)
                 .poll_next(cx)
                 .map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
@@ -326,7 +330,7 @@ impl hyper::body::Body for Body {
         match self {
             Body::Empty => true,
             Body::Full(b) => b.is_none(),
-            Body::Sse(_) => false,
+            Body::Sse(_) | Body::Call(..) => false,
         }
     }
 
@@ -335,7 +339,7 @@ impl hyper::body::Body for Body {
             Body::Empty => hyper::body::SizeHint::with_exact(0),
             Body::Full(Some(b)) => hyper::body::SizeHint::with_exact(b.len() as u64),
             Body::Full(None) => hyper::body::SizeHint::with_exact(0),
-            Body::Sse(_) => hyper::body::SizeHint::default(),
+            Body::Sse(_) | Body::Call(..) => hyper::body::SizeHint::default(),
         }
     }
 }
@@ -1200,6 +1204,29 @@ impl HttpEdge {
         if let Some(level) = info.log_level {
             // Validated by the codec; the frame's answer is empty.
             session.set_level(level);
+        }
+        // A (un)subscription the broker accepted (the URI routes) decides
+        // which resource updates reach the session's GET stream.
+        if matches!(m, Method::Subscribe | Method::Unsubscribe)
+            && let Some(uri) = info.uri.as_deref()
+            && frames(&called.frames).last().is_some_and(|f| {
+                mcp_schema::client::ResponseView::parse(f).is_ok_and(|v| v.error().is_none())
+            })
+            && !self
+                .sessions()
+                .set_subscription(session, uri, m == Method::Subscribe)
+        {
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                ErrorCode::InvalidParams.code(),
+                &format!(
+                    "Invalid params: at most {} resource subscriptions per session",
+                    session::MAX_RESOURCE_SUBSCRIPTIONS
+                ),
+                None,
+            );
+            return Answer::Json(out);
         }
         let mut more = false;
         let mut last = None;

@@ -33,11 +33,15 @@
 //! # `subscriptions/listen`
 //! A POST whose answer is a long-lived SSE stream: first
 //! `notifications/subscriptions/acknowledged` with the part of the filter
-//! served (`toolsListChanged`, `promptsListChanged`, `resourcesListChanged`;
-//! `resourceSubscriptions` is not served yet and so not acknowledged), then
-//! the `list_changed` notifications asked for as the route table changes,
-//! each tagged with `_meta["io.modelcontextprotocol/subscriptionId"]` (the
-//! listen request's id), and a keep-alive comment every
+//! served (`toolsListChanged`, `promptsListChanged`, `resourcesListChanged`,
+//! and of `resourceSubscriptions` the URIs whose router declares
+//! `resources.subscribe` and can tell its updates through
+//! `mcp-broker:host/call.resource-updated`), then the `list_changed`
+//! notifications asked for as the route table changes and
+//! `notifications/resources/updated` as routers tell writes (from any
+//! connection, on any shard), each tagged with
+//! `_meta["io.modelcontextprotocol/subscriptionId"]` (the listen request's
+//! id), and a keep-alive comment every
 //! `http.sse_keepalive`. The only state is the open stream itself
 //! ([`Listeners`]); at the drain the stream ends with the listen request's
 //! result.
@@ -55,7 +59,7 @@
 use std::borrow::Cow;
 use std::rc::Rc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use base64::Engine as _;
@@ -75,6 +79,9 @@ use super::{
     Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse, unparsable,
 };
 use crate::auth::Principal;
+use crate::dispatch::LiveOut;
+use crate::route::{RouteTable, RouterId, Target};
+use crate::routing::Routing;
 use crate::shared::ListKinds;
 
 /// Versions served as modern (stateless, per-request `_meta`).
@@ -394,6 +401,59 @@ pub fn check_headers(h: &HeaderMap, method: &str, d: &Declared<'_>) -> Result<()
     Ok(())
 }
 
+/// The route a `tools/call` names in its headers: `Mcp-Method` says
+/// `tools/call` and the decoded `Mcp-Name` is a tool of `table`. Read
+/// before the body is parsed (the revision's point: the headers route);
+/// the body is held to the same name afterwards ([`check_headers`]), so
+/// a request served is routed as its body says. `None` for other methods,
+/// unknown tools and headers that are missing, repeated or undecodable
+/// (refused later, in the validation order).
+pub fn route_from_headers<'t>(h: &HeaderMap, table: &'t RouteTable) -> Option<&'t Target> {
+    let mut methods = h.get_all(METHOD_HEADER).iter();
+    let method = methods.next()?;
+    // Method names are ASCII tokens: no sentinel to decode in practice,
+    // but the comparison is the one check_headers makes.
+    if methods.next().is_some() || decode_header_value(method.to_str().ok()?).ok()? != "tools/call"
+    {
+        return None;
+    }
+    let name = one_header(h, NAME_HEADER).ok()??;
+    table.tool(&name)
+}
+
+/// A `tools/call`'s route as its headers picked it, with the table it was
+/// picked from (a reload meanwhile does not move it).
+pub(super) struct HeaderRoute {
+    routing: std::sync::Arc<Routing>,
+    router: RouterId,
+    listed: usize,
+}
+
+impl HeaderRoute {
+    fn pick(h: &HeaderMap, shared: &arc_swap::ArcSwap<Routing>) -> Option<Self> {
+        let routing = shared.load();
+        let t = route_from_headers(h, &routing.table)?;
+        let (router, listed) = (t.router, t.listed);
+        Some(Self {
+            routing: arc_swap::Guard::into_inner(routing),
+            router,
+            listed,
+        })
+    }
+
+    /// The tool's listing entry (its input schema).
+    fn tool(&self) -> &crate::route::Listed<crate::wasm::types::Tool> {
+        &self.routing.table.tool_list[self.listed]
+    }
+
+    /// Whether its router reports progress and logs while a call runs.
+    fn reports_live(&self) -> bool {
+        self.routing.routers[self.router as usize]
+            .router
+            .reports_live()
+    }
+}
+
 /// Step 3: the version.
 pub fn check_version(d: &Declared<'_>) -> Result<(), Refusal> {
     if MODERN_VERSIONS.contains(&&*d.version) {
@@ -635,18 +695,26 @@ pub fn check_param_headers(
     Ok(())
 }
 
-/// The change notifications a `subscriptions/listen` asked for and this
-/// edge serves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Most resource URIs one `subscriptions/listen` may name: each is kept
+/// and compared on every update while the stream is open.
+pub const MAX_RESOURCE_SUBSCRIPTIONS: usize = 64;
+/// Longest resource URI a listen may name.
+pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
+
+/// The change notifications a `subscriptions/listen` asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Filter {
     pub tools: bool,
     pub prompts: bool,
     pub resources: bool,
+    /// `resourceSubscriptions`: the URIs asked for (before the edge keeps
+    /// those it can serve, [`HttpEdge::listen`]).
+    pub uris: Vec<String>,
 }
 
 impl Filter {
     /// `params.notifications` (required, an object; absent fields are
-    /// `false`; `resourceSubscriptions` is read past: not served).
+    /// `false` or empty).
     pub fn of(params: Option<&RawValue>) -> Result<Filter, Refusal> {
         let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
         #[derive(Deserialize)]
@@ -663,6 +731,8 @@ impl Filter {
             prompts_list_changed: Option<bool>,
             #[serde(default)]
             resources_list_changed: Option<bool>,
+            #[serde(default)]
+            resource_subscriptions: Option<Vec<String>>,
         }
         let p: P<'_> = params
             .map(|p| serde_json::from_str(p.get()))
@@ -678,10 +748,25 @@ impl Filter {
         };
         let n: N = serde_json::from_str(n.get())
             .map_err(|e| invalid(format!("Invalid params: `notifications`: {e}")))?;
+        let mut uris = n.resource_subscriptions.unwrap_or_default();
+        if uris.len() > MAX_RESOURCE_SUBSCRIPTIONS {
+            return Err(invalid(format!(
+                "Invalid params: `resourceSubscriptions` names {} URIs; at most {MAX_RESOURCE_SUBSCRIPTIONS} per listen",
+                uris.len()
+            )));
+        }
+        if uris.iter().any(|u| u.len() > MAX_SUBSCRIBED_URI_BYTES) {
+            return Err(invalid(format!(
+                "Invalid params: a `resourceSubscriptions` URI is longer than {MAX_SUBSCRIBED_URI_BYTES} bytes"
+            )));
+        }
+        uris.sort_unstable();
+        uris.dedup();
         Ok(Filter {
             tools: n.tools_list_changed == Some(true),
             prompts: n.prompts_list_changed == Some(true),
             resources: n.resources_list_changed == Some(true),
+            uris,
         })
     }
 }
@@ -696,12 +781,16 @@ struct Listener {
 }
 
 /// Every open `subscriptions/listen` stream of the process, told of route
-/// table changes from any thread (`Shared::notify_list_changed`). Each
-/// entry is only a channel into its stream: it goes when the stream does.
+/// table changes (`Shared::notify_list_changed`) and of resource updates
+/// (`Shared::notify_resource_updated`) from any thread. Each entry is only
+/// a channel into its stream: it goes when the stream does.
 #[derive(Default)]
 pub struct Listeners {
     open: Mutex<Vec<Listener>>,
     next: AtomicU64,
+    /// Open streams with resource subscriptions: while none, an update
+    /// (a write in some router) costs one load, not the lock.
+    watching: AtomicUsize,
 }
 
 /// One SSE event carrying `message`.
@@ -728,6 +817,9 @@ impl Listeners {
     /// Registers a stream; its key, to [`Self::remove`] it.
     fn add(&self, id: &str, filter: Filter, tx: mpsc::UnboundedSender<Bytes>) -> u64 {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
+        if !filter.uris.is_empty() {
+            self.watching.fetch_add(1, Ordering::Relaxed);
+        }
         self.lock().push(Listener {
             key,
             id: id.to_owned(),
@@ -738,7 +830,42 @@ impl Listeners {
     }
 
     fn remove(&self, key: u64) {
-        self.lock().retain(|l| l.key != key);
+        self.lock().retain(|l| l.key != key || !self.gone(l));
+    }
+
+    /// Accounts for a listener leaving the list: `true`, for `retain`.
+    fn gone(&self, l: &Listener) -> bool {
+        if !l.filter.uris.is_empty() {
+            self.watching.fetch_sub(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Sends `notifications/resources/updated` for `uri` to each stream
+    /// subscribed to it; streams whose client is gone are dropped.
+    pub fn resource_updated(&self, uri: &str) {
+        if self.watching.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut open = self.lock();
+        open.retain(|l| {
+            if l.filter
+                .uris
+                .binary_search_by(|u| u.as_str().cmp(uri))
+                .is_err()
+            {
+                return true;
+            }
+            let mut m = Vec::with_capacity(160 + uri.len());
+            m.extend_from_slice(
+                b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":",
+            );
+            subscription_meta(&mut m, &l.id);
+            m.extend_from_slice(b",\"uri\":");
+            mcp_schema::args::write_json_string(uri, &mut m);
+            m.extend_from_slice(b"}}");
+            l.tx.unbounded_send(sse_event(&m)).is_ok() || !self.gone(l)
+        });
     }
 
     /// Open listen streams.
@@ -770,7 +897,7 @@ impl Listeners {
                 subscription_meta(&mut m, &l.id);
                 m.extend_from_slice(b"}}");
                 if l.tx.unbounded_send(sse_event(&m)).is_err() {
-                    return false;
+                    return !self.gone(l);
                 }
             }
             true
@@ -782,6 +909,40 @@ impl Listeners {
 // Serving (the transport half: the edge's body reading, dispatch and
 // answers, shared with the session path)
 // ---------------------------------------------------------------------------
+
+/// When and by whom a request arrived.
+pub(super) struct Arrival<'a> {
+    pub arrived: Instant,
+    pub who: Option<&'a Principal>,
+}
+
+/// `Mcp-Param-*` of a `tools/call`, checked against the called tool's
+/// input schema as the route table lists it, found through the route its
+/// headers picked (an unknown tool has none: its call fails later, as an
+/// unknown tool).
+fn param_headers_match(
+    headers: &HeaderMap,
+    route: Option<&HeaderRoute>,
+    params: Option<&RawValue>,
+) -> Result<(), Refusal> {
+    let Some(route) = route else {
+        return Ok(());
+    };
+    let schema = &route.tool().item.input_schema;
+    // Most tools declare no header: no parse of the arguments for them.
+    if !schema.contains("x-mcp-header") {
+        return Ok(());
+    }
+    #[derive(Deserialize)]
+    struct Args<'a> {
+        #[serde(borrow, default)]
+        arguments: Option<&'a RawValue>,
+    }
+    let args = params
+        .and_then(|p| serde_json::from_str::<Args<'_>>(p.get()).ok())
+        .and_then(|a| a.arguments);
+    check_param_headers(headers, schema, args)
+}
 
 /// A modern refusal as its HTTP answer (the request's id echoed).
 fn refusal_response(id: Option<&Id<'_>>, r: Refusal) -> Response<Body> {
@@ -824,6 +985,9 @@ impl HttpEdge {
             Ok(r) => r,
             Err(refusal) => return refusal,
         };
+        // The headers pick the route before the body is parsed; the body is
+        // then validated against them (issue 17; bench: http_codec's route).
+        let route = HeaderRoute::pick(&headers, &self.ctx.shared.routing);
         match jsonrpc::parse(&body) {
             Err(e) => unparsable(&e),
             Ok(RpcBody::Batch(_)) => refuse(
@@ -843,14 +1007,25 @@ impl HttpEdge {
                 ),
             ),
             Ok(RpcBody::One(Message::Request { id, method, params })) => {
-                self.modern_request(&headers, &id, &method, params, arrived, who)
+                let at = Arrival { arrived, who };
+                self.modern_routed(&headers, route.as_ref(), &id, &method, params, at)
                     .await
             }
         }
     }
 
-    /// One modern request, validated in the spec's order (module doc),
-    /// then answered.
+    /// The `cacheScope` of cacheable answers: with [auth] what a client
+    /// sees depends on its token, so caches must not share listings.
+    fn cache_scope(&self) -> &'static str {
+        if self.ctx.shared.auth.is_some() {
+            "private"
+        } else {
+            "public"
+        }
+    }
+
+    /// One modern request that no route was picked for (a header-less
+    /// `server/discover` on the session path), validated and answered.
     pub(super) async fn modern_request(
         self: &Rc<Self>,
         headers: &HeaderMap,
@@ -860,6 +1035,24 @@ impl HttpEdge {
         arrived: Instant,
         who: Option<&Principal>,
     ) -> Response<Body> {
+        let at = Arrival { arrived, who };
+        self.modern_routed(headers, None, id, method, params, at)
+            .await
+    }
+
+    /// One modern request, validated in the spec's order (module doc),
+    /// then answered. `route`: what its headers picked ([`HeaderRoute`]),
+    /// which the body, once validated against the headers, agrees with.
+    async fn modern_routed(
+        self: &Rc<Self>,
+        headers: &HeaderMap,
+        route: Option<&HeaderRoute>,
+        id: &Id<'_>,
+        method: &str,
+        params: Option<&RawValue>,
+        at: Arrival<'_>,
+    ) -> Response<Body> {
+        let Arrival { arrived, who } = at;
         let d = match declared(method, params) {
             Ok(d) => d,
             Err(r) => return refusal_response(Some(id), r),
@@ -877,61 +1070,28 @@ impl HttpEdge {
             );
         }
         if method == "tools/call"
-            && let Err(r) = self.param_headers_match(headers, &d, params)
+            && let Err(r) = param_headers_match(headers, route, params)
         {
             return refusal_response(Some(id), r);
         }
         if let Some(r) = self.tool_refusal(who, method, params) {
             return r;
         }
-        // With [auth] what a client sees depends on its token: caches of
-        // listings must not be shared between users.
-        let scope = if self.ctx.shared.auth.is_some() {
-            "private"
-        } else {
-            "public"
-        };
+        let scope = self.cache_scope();
         if method == "server/discover" {
             return self.discover(id, &d, arrived, scope).await;
         }
         if method == "subscriptions/listen" {
             return self.listen(id, params);
         }
+        let live = route.is_some_and(HeaderRoute::reports_live);
         let r = self
-            .modern_call(id, method, params, &d, arrived, scope)
+            .modern_call(id, method, params, &d, arrived, live)
             .await;
         match (method, who, &self.ctx.shared.auth) {
             ("tools/list", Some(p), Some(auth)) => hide_tools(r, |t| auth.allows_tool(p, t)),
             _ => r,
         }
-    }
-
-    /// `Mcp-Param-*` of a `tools/call`, checked against the called tool's
-    /// input schema as the route table lists it (an unknown tool has none:
-    /// its call fails later, as an unknown tool).
-    fn param_headers_match(
-        &self,
-        headers: &HeaderMap,
-        d: &Declared<'_>,
-        params: Option<&RawValue>,
-    ) -> Result<(), Refusal> {
-        let Some(name) = d.name.as_deref() else {
-            return Ok(());
-        };
-        let routing = self.ctx.shared.routing.load();
-        // A scan of the listing: a tool call costs a guest call anyway.
-        let Some(tool) = routing.table.tool_list.iter().find(|t| &*t.exposed == name) else {
-            return Ok(());
-        };
-        #[derive(Deserialize)]
-        struct Args<'a> {
-            #[serde(borrow, default)]
-            arguments: Option<&'a RawValue>,
-        }
-        let args = params
-            .and_then(|p| serde_json::from_str::<Args<'_>>(p.get()).ok())
-            .and_then(|a| a.arguments);
-        check_param_headers(headers, &tool.item.input_schema, args)
     }
 
     /// `server/discover`: the capabilities `initialize` would report, as a
@@ -957,8 +1117,12 @@ impl HttpEdge {
         let mut out = Vec::with_capacity(384);
         match frames(&called.frames).last() {
             // list_changed is delivered on `subscriptions/listen` (the
-            // route table's changes); resource subscriptions are not yet.
-            Some(fin) => jsonrpc::write_discover(&mut out, id, fin, &SUPPORTED, scope, true),
+            // route table's changes); resource updates when some router
+            // tells them.
+            Some(fin) => {
+                let subscribes = self.tells_resource_updates(None);
+                jsonrpc::write_discover(&mut out, id, fin, &SUPPORTED, scope, true, subscribes)
+            }
             None => jsonrpc::write_error(
                 &mut out,
                 Some(id),
@@ -970,13 +1134,41 @@ impl HttpEdge {
         json_response(StatusCode::OK, out)
     }
 
+    /// Whether updates of resource `uri` reach listen streams: it routes to
+    /// a router that declares `resources.subscribe` and can tell them (it
+    /// imports `mcp-broker:host/call`, whose `resource-updated` it calls).
+    /// `None`: whether any router can.
+    fn tells_resource_updates(&self, uri: Option<&str>) -> bool {
+        let routing = self.ctx.shared.routing.load();
+        let tells = |r: &crate::routing::Routed| {
+            r.router.reports_live()
+                && r.router
+                    .meta()
+                    .server
+                    .as_ref()
+                    .and_then(|s| s.capabilities.resources.as_ref())
+                    .and_then(|c| c.subscribe)
+                    .unwrap_or(false)
+        };
+        match uri {
+            Some(u) => routing
+                .table
+                .resource(u)
+                .is_some_and(|r| tells(&routing.routers[r as usize])),
+            None => routing.routers.iter().any(tells),
+        }
+    }
+
     /// `subscriptions/listen`: the acknowledgment, then the stream stays
     /// open for the notifications asked for (module doc).
     fn listen(self: &Rc<Self>, id: &Id<'_>, params: Option<&RawValue>) -> Response<Body> {
-        let filter = match Filter::of(params) {
+        let mut filter = match Filter::of(params) {
             Ok(f) => f,
             Err(r) => return refusal_response(Some(id), r),
         };
+        // Only URIs whose router can tell their updates are honoured; the
+        // acknowledgment says which.
+        filter.uris.retain(|u| self.tells_resource_updates(Some(u)));
         let (tx, rx) = mpsc::unbounded();
         let mut ack = Vec::with_capacity(256);
         ack.extend_from_slice(
@@ -998,6 +1190,19 @@ impl HttpEdge {
                 first = false;
                 ack.extend_from_slice(format!("\"{key}\":true").as_bytes());
             }
+        }
+        if !filter.uris.is_empty() {
+            if !first {
+                ack.push(b',');
+            }
+            ack.extend_from_slice(b"\"resourceSubscriptions\":[");
+            for (i, u) in filter.uris.iter().enumerate() {
+                if i > 0 {
+                    ack.push(b',');
+                }
+                mcp_schema::args::write_json_string(u, &mut ack);
+            }
+            ack.push(b']');
         }
         ack.extend_from_slice(b"}}}");
         let _ = tx.unbounded_send(sse_event(&ack));
@@ -1021,7 +1226,10 @@ impl HttpEdge {
     /// `elicit` answer (or a result asking for sampling) becomes an
     /// `InputRequiredResult`, a retry's `inputResponses` the argument the
     /// session path would pass (module doc). Progress and log notifications
-    /// the request asked for go before the answer on an SSE body.
+    /// the request asked for go before the answer on an SSE body: as they
+    /// happen when its router reports them live (`reports_live`, from the
+    /// route its headers picked; [`Self::modern_live`]), else all together
+    /// with the answer.
     async fn modern_call(
         self: &Rc<Self>,
         id: &Id<'_>,
@@ -1029,9 +1237,8 @@ impl HttpEdge {
         params: Option<&RawValue>,
         d: &Declared<'_>,
         arrived: Instant,
-        scope: &str,
+        reports_live: bool,
     ) -> Response<Body> {
-        let mut out = Vec::with_capacity(256);
         let Some(m) = Method::from_name(method) else {
             let r = Refusal::new(
                 jsonrpc::code::METHOD_NOT_FOUND,
@@ -1069,63 +1276,206 @@ impl HttpEdge {
                 );
             }
         };
+        let wants = Wants::of(d, cacheable(method).then(|| self.cache_scope()));
+        if reports_live && (info.progress_token.is_some() || wants.log_level.is_some()) {
+            return self.modern_live(id, frame, &info, wants, arrived);
+        }
         let called = self.run(frame, arrived, None, None).await;
         let mut events = Vec::new();
-        let (mut elicit, mut fin) = (None, None);
-        for f in frames(&called.frames) {
-            match jsonrpc::frame_kind(f) {
-                FrameKind::Progress => {
-                    let mut b = Vec::with_capacity(128);
-                    if let Some(t) = info.progress_token
-                        && jsonrpc::write_progress(&mut b, t, f)
-                    {
-                        events.push(b);
-                    }
-                }
-                // Logs only for a request that opted in (its `_meta` log
-                // level): 2026-07-28 forbids them otherwise.
-                FrameKind::Log => {
-                    let mut b = Vec::with_capacity(128);
-                    if let Some(l) = d.log_level
-                        && jsonrpc::log_level_of(f).is_some_and(|at| level_allows(l, at))
-                        && jsonrpc::write_log(&mut b, f)
-                    {
-                        events.push(b);
-                    }
-                }
-                FrameKind::ResourceUpdated => {}
-                FrameKind::Elicitation => elicit = Some(f),
-                FrameKind::Final => fin = Some(f),
-            }
-        }
-        if let Some(f) = elicit {
-            if !d.elicitation {
-                let r = missing_capability("elicitation", "asks the user for input");
-                return refusal_response(Some(id), r);
-            }
-            jsonrpc::write_input_required_elicitation(&mut out, id, ELICITATION_KEY, f);
-        } else if let Some(p) = fin.and_then(jsonrpc::sampling_request) {
-            if !d.sampling {
-                let r = missing_capability("sampling", "asks the client's model for a completion");
-                return refusal_response(Some(id), r);
-            }
-            jsonrpc::write_input_required_sampling(&mut out, id, SAMPLING_KEY, p);
-        } else if let Some(f) = fin {
-            jsonrpc::write_response_for(&mut out, id, &info, f, MODERN_VERSION);
-            jsonrpc::mark_complete(&mut out, id, cacheable(method).then_some(scope));
-        } else {
-            jsonrpc::write_error(
-                &mut out,
-                Some(id),
-                ErrorCode::Internal.code(),
-                "no answer",
-                None,
-            );
+        let mut out = Vec::with_capacity(256);
+        if let Err(r) = conclude(&mut events, &mut out, id, &info, &wants, &called.frames) {
+            return refusal_response(Some(id), r);
         }
         if events.is_empty() {
             json_response(StatusCode::OK, out)
         } else {
             sse_body(&events, &out)
+        }
+    }
+
+    /// Answers a call on an SSE stream opened at once: its progress and
+    /// logs are sent as the router reports them, then its answer (or
+    /// `InputRequiredResult`, or error) ends the stream. Nothing is kept
+    /// but the task and its channel; when the client closes the stream the
+    /// body's guard cancels the call in the guest.
+    fn modern_live(
+        self: &Rc<Self>,
+        id: &Id<'_>,
+        frame: Bytes,
+        info: &jsonrpc::RequestInfo<'_>,
+        wants: Wants,
+        arrived: Instant,
+    ) -> Response<Body> {
+        let (tx, rx) = mpsc::unbounded();
+        let cancel = std::sync::Arc::new(super::session::Cancel::default());
+        let guard = CancelOnClose(cancel.clone());
+        let edge = self.clone();
+        let id = id.0.to_owned();
+        let method = info.method;
+        let name = info.tool_name.as_deref().map(str::to_owned);
+        let token = info.progress_token.map(ToOwned::to_owned);
+        monoio::spawn(async move {
+            let live = ModernLive {
+                tx,
+                progress_token: token,
+                log_level: wants.log_level,
+            };
+            let called = edge.run(frame, arrived, Some(&cancel), Some(&live)).await;
+            if cancel.is_cancelled() {
+                // The stream is gone: there is no one to answer.
+                return;
+            }
+            let mut info = jsonrpc::RequestInfo::new(method);
+            info.tool_name = name.as_deref().map(Cow::Borrowed);
+            info.progress_token = live.progress_token.as_deref();
+            let id = Id(&id);
+            let mut events = Vec::new();
+            let mut out = Vec::with_capacity(256);
+            if let Err(r) = conclude(&mut events, &mut out, &id, &info, &wants, &called.frames) {
+                // The status line is sent: the refusal is the answer.
+                out.clear();
+                jsonrpc::write_error(&mut out, Some(&id), r.code, &r.message, r.data.as_deref());
+            }
+            for e in events
+                .iter()
+                .map(Vec::as_slice)
+                .chain(std::iter::once(&out[..]))
+            {
+                if live.tx.unbounded_send(sse_event(e)).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut r = Response::new(Body::Call(rx, guard));
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, super::SSE);
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        r
+    }
+}
+
+/// What a modern request asked to receive besides its answer, and how its
+/// answer is marked: all it needs once its call has run.
+#[derive(Clone, Copy)]
+struct Wants {
+    /// `_meta`'s log level: the request's opt-in to log notifications.
+    log_level: Option<&'static str>,
+    elicitation: bool,
+    sampling: bool,
+    /// The caching scope of a cacheable result.
+    cache_scope: Option<&'static str>,
+}
+
+impl Wants {
+    fn of(d: &Declared<'_>, cache_scope: Option<&'static str>) -> Self {
+        Self {
+            log_level: d.log_level,
+            elicitation: d.elicitation,
+            sampling: d.sampling,
+            cache_scope,
+        }
+    }
+}
+
+/// A ran modern call's messages: its progress and log notifications the
+/// request asked for into `events` (those its router left with the answer;
+/// live ones were sent already), its answer into `out`. `Err` when the
+/// router needs a capability the client did not declare (-32021).
+fn conclude(
+    events: &mut Vec<Vec<u8>>,
+    out: &mut Vec<u8>,
+    id: &Id<'_>,
+    info: &jsonrpc::RequestInfo<'_>,
+    wants: &Wants,
+    frames_of_call: &[u8],
+) -> Result<(), Refusal> {
+    let (mut elicit, mut fin) = (None, None);
+    for f in frames(frames_of_call) {
+        match jsonrpc::frame_kind(f) {
+            FrameKind::Progress => {
+                let mut b = Vec::with_capacity(128);
+                if let Some(t) = info.progress_token
+                    && jsonrpc::write_progress(&mut b, t, f)
+                {
+                    events.push(b);
+                }
+            }
+            // Logs only for a request that opted in (its `_meta` log
+            // level): 2026-07-28 forbids them otherwise.
+            FrameKind::Log => {
+                let mut b = Vec::with_capacity(128);
+                if let Some(l) = wants.log_level
+                    && jsonrpc::log_level_of(f).is_some_and(|at| level_allows(l, at))
+                    && jsonrpc::write_log(&mut b, f)
+                {
+                    events.push(b);
+                }
+            }
+            FrameKind::ResourceUpdated => {}
+            FrameKind::Elicitation => elicit = Some(f),
+            FrameKind::Final => fin = Some(f),
+        }
+    }
+    if let Some(f) = elicit {
+        if !wants.elicitation {
+            return Err(missing_capability("elicitation", "asks the user for input"));
+        }
+        jsonrpc::write_input_required_elicitation(out, id, ELICITATION_KEY, f);
+    } else if let Some(p) = fin.and_then(jsonrpc::sampling_request) {
+        if !wants.sampling {
+            return Err(missing_capability(
+                "sampling",
+                "asks the client's model for a completion",
+            ));
+        }
+        jsonrpc::write_input_required_sampling(out, id, SAMPLING_KEY, p);
+    } else if let Some(f) = fin {
+        jsonrpc::write_response_for(out, id, info, f, MODERN_VERSION);
+        jsonrpc::mark_complete(out, id, wants.cache_scope);
+    } else {
+        jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), "no answer", None);
+    }
+    Ok(())
+}
+
+/// Cancels a live 2026-07-28 call when its response body is dropped:
+/// the client closed the stream (or the connection), or the answer was
+/// sent, when cancelling is a no-op.
+pub struct CancelOnClose(std::sync::Arc<super::session::Cancel>);
+
+impl Drop for CancelOnClose {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// A live call's progress and log frames, sent on its own stream as
+/// notifications as the router reports them (`dispatch::LiveOut`).
+struct ModernLive {
+    tx: mpsc::UnboundedSender<Bytes>,
+    progress_token: Option<Box<RawValue>>,
+    log_level: Option<&'static str>,
+}
+
+impl LiveOut for ModernLive {
+    fn frame(&self, frame: &[u8]) {
+        let mut buf = Vec::with_capacity(128);
+        let wanted = match jsonrpc::frame_kind(frame) {
+            FrameKind::Progress => self
+                .progress_token
+                .as_deref()
+                .is_some_and(|t| jsonrpc::write_progress(&mut buf, t, frame)),
+            FrameKind::Log => {
+                self.log_level.is_some_and(|l| {
+                    jsonrpc::log_level_of(frame).is_some_and(|at| level_allows(l, at))
+                }) && jsonrpc::write_log(&mut buf, frame)
+            }
+            _ => false,
+        };
+        if wanted {
+            // A closed stream: the body's guard cancels the call.
+            let _ = self.tx.unbounded_send(sse_event(&buf));
         }
     }
 }
@@ -1258,6 +1608,56 @@ mod tests {
         assert_eq!(code(&h), Ok(()));
         h.append(NAME_HEADER, HeaderValue::from_static("x"));
         assert_eq!(code(&h), Err(-32020), "repeated");
+    }
+
+    /// A route table of one router `r` serving `tools`.
+    fn table(tools: &[&str]) -> RouteTable {
+        use crate::wasm::types::Tool;
+        let meta = crate::wasm::RouterMeta {
+            name: "r".into(),
+            tools: tools
+                .iter()
+                .map(|t| Tool {
+                    name: (*t).into(),
+                    title: None,
+                    description: String::new(),
+                    input_schema: "{}".into(),
+                    output_schema: None,
+                    annotations: None,
+                    meta: None,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let entry = crate::route::RouterEntry {
+            name: "r".into(),
+            prefix: None,
+            meta: std::sync::Arc::new(meta),
+        };
+        RouteTable::build(&[entry], "__").unwrap()
+    }
+
+    #[test]
+    fn the_headers_of_a_tool_call_pick_its_route_before_the_body() {
+        let t = table(&["echo", "Hello, 世界"]);
+        let mut h = HeaderMap::new();
+        h.insert(METHOD_HEADER, HeaderValue::from_static("tools/call"));
+        assert_eq!(route_from_headers(&h, &t), None, "no Mcp-Name");
+        h.insert(NAME_HEADER, HeaderValue::from_static(" echo "));
+        assert_eq!(route_from_headers(&h, &t).map(|r| r.listed), Some(0));
+        h.insert(
+            NAME_HEADER,
+            HeaderValue::from_static("=?base64?SGVsbG8sIOS4lueVjA==?="),
+        );
+        let r = route_from_headers(&h, &t).unwrap();
+        assert_eq!((r.router, &*r.name, r.listed), (0, "Hello, 世界", 1));
+        h.append(NAME_HEADER, HeaderValue::from_static("echo"));
+        assert_eq!(route_from_headers(&h, &t), None, "repeated");
+        h.insert(NAME_HEADER, HeaderValue::from_static("nope"));
+        assert_eq!(route_from_headers(&h, &t), None, "unknown tool");
+        h.insert(NAME_HEADER, HeaderValue::from_static("echo"));
+        h.insert(METHOD_HEADER, HeaderValue::from_static("prompts/get"));
+        assert_eq!(route_from_headers(&h, &t), None, "not a tool call");
     }
 
     #[test]

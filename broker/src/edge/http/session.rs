@@ -105,7 +105,14 @@ struct State {
     asks: HashMap<String, oneshot::Sender<Bytes>>,
     logs: VecDeque<StreamLog>,
     next_stream: u64,
+    /// `resources/subscribe`d URIs, sorted: their updates go to the GET
+    /// stream.
+    resources: Vec<String>,
 }
+
+/// Most resource URIs one session may subscribe to: each is kept and
+/// compared on every update.
+pub const MAX_RESOURCE_SUBSCRIPTIONS: usize = 64;
 
 /// One live session.
 pub struct Session {
@@ -348,9 +355,20 @@ impl Session {
         Some(StreamId(stream))
     }
 
-    fn end(&self) {
+    /// Whether the session is subscribed to resource `uri`.
+    pub fn subscribed_to(&self, uri: &str) -> bool {
+        lock(&self.state)
+            .resources
+            .binary_search_by(|u| u.as_str().cmp(uri))
+            .is_ok()
+    }
+
+    /// Ends the session; whether it had resource subscriptions.
+    fn end(&self) -> bool {
         self.ended.store(true, Ordering::Release);
         let mut st = lock(&self.state);
+        let subscribed = !st.resources.is_empty();
+        st.resources.clear();
         for c in st.calls.values() {
             c.cancel();
         }
@@ -359,6 +377,7 @@ impl Session {
             l.live = None;
             l.done = true;
         }
+        subscribed
     }
 }
 
@@ -408,6 +427,9 @@ pub struct Sessions {
     listeners: super::modern::Listeners,
     stripes: Box<[Stripe]>,
     count: AtomicUsize,
+    /// Sessions with resource subscriptions: while none, a resource update
+    /// costs one load, not a walk of every session.
+    subscribed: AtomicUsize,
     max: usize,
     ttl: Duration,
     replay_events: usize,
@@ -420,6 +442,7 @@ impl Sessions {
             listeners: super::modern::Listeners::default(),
             stripes: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
             count: AtomicUsize::new(0),
+            subscribed: AtomicUsize::new(0),
             max,
             ttl,
             replay_events,
@@ -490,8 +513,54 @@ impl Sessions {
             return false;
         };
         self.count.fetch_sub(1, Ordering::AcqRel);
-        s.end();
+        if s.end() {
+            self.subscribed.fetch_sub(1, Ordering::AcqRel);
+        }
         true
+    }
+
+    /// `resources/subscribe` (`on`) or `unsubscribe` of `uri` by session
+    /// `s`, answered by the router: its updates go to `s`'s GET stream.
+    /// `false` when `s` already holds [`MAX_RESOURCE_SUBSCRIPTIONS`].
+    pub fn set_subscription(&self, s: &Session, uri: &str, on: bool) -> bool {
+        let mut st = lock(&s.state);
+        if s.ended.load(Ordering::Acquire) {
+            return true;
+        }
+        let was = st.resources.len();
+        match (st.resources.binary_search_by(|u| u.as_str().cmp(uri)), on) {
+            (Err(_), true) if was >= MAX_RESOURCE_SUBSCRIPTIONS => return false,
+            (Err(at), true) => st.resources.insert(at, uri.to_owned()),
+            (Ok(at), false) => {
+                st.resources.remove(at);
+            }
+            _ => {}
+        }
+        match (was, st.resources.len()) {
+            (0, n) if n > 0 => self.subscribed.fetch_add(1, Ordering::AcqRel),
+            (w, 0) if w > 0 => self.subscribed.fetch_sub(1, Ordering::AcqRel),
+            _ => 0,
+        };
+        true
+    }
+
+    /// Sends `notifications/resources/updated` for `uri` to the GET stream
+    /// of every session subscribed to it.
+    pub fn resource_updated(&self, uri: &str) {
+        if self.subscribed.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut msg = Vec::with_capacity(96 + uri.len());
+        msg.extend_from_slice(
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":{\"uri\":",
+        );
+        mcp_schema::args::write_json_string(uri, &mut msg);
+        msg.extend_from_slice(b"}}");
+        for s in self.all() {
+            if s.subscribed_to(uri) {
+                s.emit_standalone(&msg);
+            }
+        }
     }
 
     /// Ends the sessions of `owner` idle past the timeout with nothing in
@@ -513,7 +582,9 @@ impl Sessions {
         });
         self.count.fetch_sub(ended.len(), Ordering::AcqRel);
         for s in &ended {
-            s.end();
+            if s.end() {
+                self.subscribed.fetch_sub(1, Ordering::AcqRel);
+            }
         }
         ended.len()
     }
@@ -581,6 +652,25 @@ mod tests {
         assert!(s.get(&a.id).is_none());
         assert!(!s.remove(&a.id));
         assert_eq!(s.count(), 1);
+    }
+
+    #[test]
+    fn resource_subscriptions_are_capped_and_counted_until_the_session_ends() {
+        let s = Sessions::new(1, 4, Duration::from_secs(60), 8);
+        let a = s.create(0, "2025-06-18", false, false).unwrap();
+        assert!(s.set_subscription(&a, "kv://x", true));
+        assert!(s.set_subscription(&a, "kv://x", true), "again: no change");
+        assert!(a.subscribed_to("kv://x") && !a.subscribed_to("kv://y"));
+        assert_eq!(s.subscribed.load(Ordering::Relaxed), 1);
+        assert!(s.set_subscription(&a, "kv://x", false));
+        assert_eq!(s.subscribed.load(Ordering::Relaxed), 0);
+        for i in 0..MAX_RESOURCE_SUBSCRIPTIONS {
+            assert!(s.set_subscription(&a, &format!("kv://{i}"), true));
+        }
+        assert!(!s.set_subscription(&a, "kv://one-more", true));
+        assert_eq!(s.subscribed.load(Ordering::Relaxed), 1);
+        assert!(s.remove(&a.id));
+        assert_eq!(s.subscribed.load(Ordering::Relaxed), 0, "ended");
     }
 
     #[test]
