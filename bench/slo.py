@@ -99,14 +99,19 @@ def verdict(p):
     return "holds"
 
 
-def capacity(run, start=1000, limit=2_000_000, bisect_steps=4, log=None):
+def capacity(run, start=1000, limit=2_000_000, bisect_steps=4, log=None, confirm=True):
     """Sweep then bisect with `run(rate) -> point`. Returns
     {"capacity": req/s or None, "bound": "server"|"generator"|"limit",
      "points": [...]} where `capacity` is the highest rate that held
-    (None when even `start` failed)."""
+    (None when even `start` failed).
+
+    `confirm`: a failing probe is run once more and the rate fails only if
+    both do. On a shared VM one stall of the host (a few ms, any rate) is
+    enough to push a 3-second probe's p99 over 1 ms; the second try tells
+    such a stall from a server past its knee, for every server alike."""
     points = []
 
-    def go(rate):
+    def once(rate):
         p = run(rate)
         p["verdict"] = verdict(p)
         points.append(p)
@@ -117,6 +122,15 @@ def capacity(run, start=1000, limit=2_000_000, bisect_steps=4, log=None):
                 f"{'n/a' if p.get('server_cpu') is None else format(p['server_cpu'], '.0%')}"
                 f" -> {p['verdict']}")
         return p["verdict"]
+
+    def go(rate):
+        v = once(rate)
+        if v != "holds" and confirm:
+            again = once(rate)
+            # Either try holding means the server can; two failures keep
+            # the first's reason unless the second says "generator".
+            v = "holds" if again == "holds" else (again if again == "generator" else v)
+        return v
 
     lo, hi, bound = None, None, "limit"
     rate = start
@@ -227,7 +241,14 @@ def svg(path, panels, title):
                    f'text-anchor="middle">p99 latency</text>')
         for j, (name, ps) in enumerate(series.items()):
             c = COLOURS[j % len(COLOURS)]
-            ps = sorted((p for p in ps if p.get("p99_us")), key=lambda p: p["rate"])
+            # A rate probed twice (a confirmed failure) is drawn at its
+            # better try, the one its verdict rests on.
+            best = {}
+            for p in ps:
+                if p.get("p99_us") and (p["rate"] not in best
+                                        or p["p99_us"] < best[p["rate"]]["p99_us"]):
+                    best[p["rate"]] = p
+            ps = [best[r] for r in sorted(best)]
             if not ps:
                 continue
             line = " ".join(f"{X(p['rate']):.1f},{Y(p['p99_us']):.1f}" for p in ps)
