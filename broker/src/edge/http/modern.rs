@@ -965,7 +965,12 @@ fn sse_body(events: &[Vec<u8>], answer: &[u8]) -> Response<Body> {
         body.extend_from_slice(e);
         body.extend_from_slice(b"\n\n");
     }
-    let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
+    sse(Response::new(Body::Full(Some(Bytes::from(body)))))
+}
+
+/// An SSE response head: never cached, never buffered by a proxy (the
+/// events of a live call must reach the client as they happen).
+fn sse(mut r: Response<Body>) -> Response<Body> {
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, super::SSE);
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -1214,12 +1219,7 @@ impl HttpEdge {
             id.get().to_owned(),
             tx,
         ));
-        let mut r = Response::new(Body::Sse(rx));
-        let h = r.headers_mut();
-        h.insert(header::CONTENT_TYPE, super::SSE);
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        r
+        sse(Response::new(Body::Sse(rx)))
     }
 
     /// A routed request of the modern era: run without a session; an
@@ -1346,12 +1346,7 @@ impl HttpEdge {
                 }
             }
         });
-        let mut r = Response::new(Body::Call(rx, guard));
-        let h = r.headers_mut();
-        h.insert(header::CONTENT_TYPE, super::SSE);
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        r
+        sse(Response::new(Body::Call(rx, guard)))
     }
 }
 
