@@ -95,9 +95,10 @@ impl Default for FramesSection {
 #[serde(deny_unknown_fields, default)]
 pub struct GrpcSection {
     pub listen: SocketAddr,
-    /// Worker threads of the edge's own tokio runtime (protobuf <-> frames);
-    /// the shards do the routing work, so few are needed.
-    pub threads: usize,
+    /// Deprecated and ignored: the edge ran on a tokio runtime of its own
+    /// with this many threads; it now runs on the shards. Still accepted so
+    /// that old configurations load (start-up warns).
+    pub threads: Option<usize>,
     /// Largest request or response message, in bytes (decoded).
     pub max_message_bytes: usize,
     /// Unary calls in flight across the edge; beyond it a call is refused
@@ -150,7 +151,7 @@ impl Default for GrpcSection {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7401)),
-            threads: 1,
+            threads: None,
             max_message_bytes: 4 << 20,
             max_concurrent_requests: 1024,
             max_subscribers: 1024,
@@ -745,9 +746,6 @@ impl Config {
             }
         }
         let g = &self.grpc;
-        if g.threads == 0 || g.threads > 256 {
-            errors.push(format!("grpc.threads: {} is outside 1..=256", g.threads));
-        }
         if g.max_message_bytes < 1024 || g.max_message_bytes > MAX_FRAME_BYTES_LIMIT as usize {
             errors.push(format!(
                 "grpc.max_message_bytes: {} is outside 1024..={MAX_FRAME_BYTES_LIMIT}",

@@ -628,13 +628,13 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
 }
 
 /// New listeners a reload binds before it changes anything, for the edges
-/// whose `listen` changed: the frame and HTTP edges get one per shard
+/// whose `listen` changed: the frame, HTTP and gRPC edges get one per shard
 /// (`SO_REUSEPORT`, as at start-up).
 #[derive(Default)]
 struct Moves {
     frames: Vec<std::net::TcpListener>,
     http: Vec<std::net::TcpListener>,
-    grpc: Option<std::net::TcpListener>,
+    grpc: Vec<std::net::TcpListener>,
     metrics: Option<std::net::TcpListener>,
 }
 
@@ -672,22 +672,22 @@ impl Moves {
                 )),
             }
         }
-        for (section, old_addr, new_addr, slot) in [
-            ("grpc", old.grpc.listen, new.grpc.listen, &mut m.grpc),
-            (
-                "metrics",
-                old.metrics.listen,
-                new.metrics.listen,
-                &mut m.metrics,
-            ),
-        ] {
-            if new_addr != old_addr {
-                match std::net::TcpListener::bind(new_addr) {
-                    Ok(l) => *slot = Some(l),
-                    Err(e) => {
-                        errors.push(format!("[{section}] listen: cannot bind {new_addr}: {e}"))
-                    }
-                }
+        if new.grpc.listen != old.grpc.listen {
+            match per_shard(new.grpc.listen) {
+                Ok(l) => m.grpc = l,
+                Err(e) => errors.push(format!(
+                    "[grpc] listen: cannot bind {}: {e}",
+                    new.grpc.listen
+                )),
+            }
+        }
+        if new.metrics.listen != old.metrics.listen {
+            match std::net::TcpListener::bind(new.metrics.listen) {
+                Ok(l) => m.metrics = Some(l),
+                Err(e) => errors.push(format!(
+                    "[metrics] listen: cannot bind {}: {e}",
+                    new.metrics.listen
+                )),
             }
         }
         if errors.is_empty() {
@@ -708,7 +708,7 @@ impl Moves {
             if let Some(x) = self.http.first().and_then(local) {
                 a.http = x;
             }
-            if let Some(x) = self.grpc.as_ref().and_then(local) {
+            if let Some(x) = self.grpc.first().and_then(local) {
                 a.grpc = x;
             }
             if let Some(x) = self.metrics.as_ref().and_then(local) {
@@ -716,26 +716,23 @@ impl Moves {
             }
         }
         drop(addrs);
-        if !self.frames.is_empty() || !self.http.is_empty() {
+        if !self.frames.is_empty() || !self.http.is_empty() || !self.grpc.is_empty() {
             let mut frames = self.frames.into_iter();
             let mut http = self.http.into_iter();
+            let mut grpc = self.grpc.into_iter();
             for shard in 0..shared.shards() {
                 let _ = shared.send(
                     shard,
                     ShardMsg::Listen {
                         frames: frames.next(),
                         http: http.next(),
+                        grpc: grpc.next(),
                     },
                 );
             }
         }
-        for (l, to) in [
-            (self.grpc, shared.grpc_rebind.get()),
-            (self.metrics, shared.admin_rebind.get()),
-        ] {
-            if let (Some(l), Some(to)) = (l, to) {
-                let _ = to.unbounded_send(l);
-            }
+        if let (Some(l), Some(to)) = (self.metrics, shared.admin_rebind.get()) {
+            let _ = to.unbounded_send(l);
         }
     }
 }

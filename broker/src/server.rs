@@ -35,10 +35,8 @@ pub struct Running {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     pub routers: Vec<String>,
-    /// Bound at start-up so port 0 resolves; served by the gRPC edge.
-    pub grpc_listener: Option<std::net::TcpListener>,
-    /// The gRPC edge serving `grpc_listener` (which it has taken).
-    grpc_edge: Option<crate::edge::grpc::EdgeHandle>,
+    /// The gRPC edge's shared state (health, drain); the shards serve it.
+    grpc_edge: Arc<crate::edge::grpc::GrpcEdge>,
     shards: Vec<std::thread::JoinHandle<()>>,
     /// Owns the engine's epoch ticker: dropping it would stop every guest
     /// deadline and yield, so it lives as long as the shards.
@@ -63,24 +61,21 @@ impl Running {
     /// everything is still served.
     pub fn start_leaving(&self) {
         self.shared.start_leaving();
-        if let Some(edge) = &self.grpc_edge {
-            edge.not_serving();
-        }
+        self.grpc_edge.not_serving();
     }
 
     /// Drains: stop accepting, let in-flight calls finish within the drain
     /// timeout, answer the rest with shutting-down errors, stop the shards.
-    pub fn drain(mut self) {
+    pub fn drain(self) {
         let timeout = self.shared.config.broker.drain_timeout;
         tracing::info!(?timeout, in_flight = self.shared.in_flight(), "draining");
         // gRPC: NOT_SERVING, new calls UNAVAILABLE, Subscribe streams end;
-        // calls already in shards are answered by the shard drain below.
-        if let Some(edge) = &self.grpc_edge {
-            edge.begin_drain();
-        }
+        // then the shard drain below asks every connection to go away and
+        // answers the calls in flight.
+        self.grpc_edge.begin_drain();
         self.shared.start_drain();
         // Each shard ends once its connections have stopped reading and
-        // written the answers to everything they read (and its gRPC jobs are
+        // written the answers to everything they read (and its gRPC calls are
         // done); at the deadline, what still runs is cut short.
         let until = Instant::now() + timeout;
         while !self.shards.iter().all(|h| h.is_finished()) && Instant::now() < until {
@@ -89,11 +84,6 @@ impl Running {
         self.shared.expire_drain();
         for h in self.shards {
             let _ = h.join();
-        }
-        // Bounded by the drain deadline (plus a fixed grace to write the
-        // last answers), whatever the gRPC peers do.
-        if let Some(edge) = self.grpc_edge.take() {
-            edge.shutdown(until);
         }
         tracing::info!("drained");
     }
@@ -109,6 +99,12 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         tracing::warn!("cannot read the CPU affinity mask: assuming every core is allowed");
         (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
     });
+    if let Some(n) = config.grpc.threads {
+        tracing::warn!(
+            threads = n,
+            "grpc.threads is ignored: the gRPC edge runs on the shards (set broker.shards)"
+        );
+    }
     let placement = crate::process::place(config.shard_count(), &config.broker.cpus, &allowed)?;
     if let Some(limit) = limit {
         let need = crate::process::descriptors_needed(
@@ -200,12 +196,19 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
                 .with_context(|| format!("binding shard HTTP listener on {http}"))?,
         );
     }
+    let grpc_first = bind_reuseport(config.grpc.listen)
+        .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
+    let grpc = grpc_first.local_addr()?;
+    let mut grpc_listeners = vec![grpc_first];
+    for _ in 1..shards {
+        grpc_listeners.push(
+            bind_reuseport(grpc)
+                .with_context(|| format!("binding shard gRPC listener on {grpc}"))?,
+        );
+    }
     let metrics_listener = std::net::TcpListener::bind(config.metrics.listen)
         .with_context(|| format!("binding the metrics endpoint on {}", config.metrics.listen))?;
     let metrics = metrics_listener.local_addr()?;
-    let grpc_listener = std::net::TcpListener::bind(config.grpc.listen)
-        .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
-    let grpc = grpc_listener.local_addr()?;
 
     // Fails start-up, never serves open: a key file that cannot be read
     // is the operator's to fix.
@@ -242,16 +245,23 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         metrics,
     });
 
+    let grpc_edge =
+        crate::edge::grpc::GrpcEdge::new(shared.clone()).context("starting the gRPC edge")?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let mut handles = Vec::new();
-    for (index, (listener, http_listener)) in listeners.into_iter().zip(http_listeners).enumerate()
-    {
+    let per_shard = listeners
+        .into_iter()
+        .zip(http_listeners)
+        .zip(grpc_listeners);
+    for (index, ((listener, http_listener), grpc_listener)) in per_shard.enumerate() {
         let cpu = placement.cpus.get(index).copied().flatten();
         let start = ShardStart {
             index,
             shared: shared.clone(),
             listener,
             http_listener,
+            grpc_listener,
+            grpc: grpc_edge.clone(),
             cpu,
         };
         let tx = ready_tx.clone();
@@ -280,8 +290,6 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
             .spawn(move || crate::metrics::serve(metrics_listener, shared))
             .context("spawning the admin thread")?;
     }
-    let grpc_edge = crate::edge::grpc::start(grpc_listener, shared.clone())
-        .context("starting the gRPC edge")?;
     crate::control::Control::new(shared.clone(), host.clone(), source, config, loaded)
         .spawn()
         .context("spawning the routing thread")?;
@@ -291,8 +299,7 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         metrics,
         grpc,
         http,
-        grpc_listener: None,
-        grpc_edge: Some(grpc_edge),
+        grpc_edge,
         routers: names,
         shards: handles,
         _host: host,

@@ -1,6 +1,6 @@
 //! Shards: one thread, one monoio runtime, one `SO_REUSEPORT` listener per
-//! edge served here (frames: `crate::edge::frames`; HTTP:
-//! `crate::edge::http`) and one set of router pools each.
+//! edge (frames: `crate::edge::frames`; HTTP: `crate::edge::http`; gRPC:
+//! `crate::edge::grpc`) and one set of router pools each.
 //!
 //! # Invariants
 //! - A connection lives on the shard that accepted it, for its whole life.
@@ -36,7 +36,21 @@ pub struct ShardStart {
     /// This shard's listener of the MCP HTTP edge (same address on every
     /// shard, `SO_REUSEPORT`).
     pub http_listener: std::net::TcpListener,
+    /// This shard's listener of the gRPC edge (`SO_REUSEPORT` too), and the
+    /// edge's state shared by the shards.
+    pub grpc_listener: std::net::TcpListener,
+    pub grpc: Arc<crate::edge::grpc::GrpcEdge>,
     pub cpu: Option<usize>,
+}
+
+thread_local! {
+    /// The index of the shard this thread runs, if it runs one.
+    static CURRENT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The shard the calling thread runs (`None` off the shards).
+pub fn current() -> Option<usize> {
+    CURRENT.with(std::cell::Cell::get)
 }
 
 /// Runs shard `s` on the current thread until it has drained.
@@ -61,6 +75,7 @@ pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>)
             return;
         }
     };
+    CURRENT.with(|c| c.set(Some(s.index)));
     let _lifeline = Lifeline {
         shared: s.shared.clone(),
         index: s.index,
@@ -122,16 +137,17 @@ pub(crate) struct Shard {
     pub(crate) ctx: Rc<ShardCtx>,
     /// Shared with the HTTP edge, which drains on the same signal.
     pub(crate) draining: Rc<Latch>,
-    pub(crate) drain_expired: Latch,
+    pub(crate) drain_expired: Rc<Latch>,
     /// Open frame connections.
     pub(crate) connections: Cell<usize>,
     /// Frame connections that sent an `InitializeRequest`: told when the
     /// route table changes (`ListChangedNotification`).
     pub(crate) list_listeners: RefCell<Vec<std::rc::Weak<dyn crate::dispatch::LiveOut>>>,
     pub(crate) yields: YieldQueue,
-    /// Where a reload's new listeners go: the frame and HTTP accept loops.
+    /// Where a reload's new listeners go: the accept loops.
     rebind_frames: Rebind,
     rebind_http: Rebind,
+    rebind_grpc: Rebind,
 }
 
 /// The sending half of an accept loop's listener hand-off.
@@ -172,8 +188,16 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
             return;
         }
     };
+    let grpc_listener = match TcpListener::from_std(s.grpc_listener) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(format!("shard {index}: gRPC listener: {e}")));
+            return;
+        }
+    };
     let (rebind_frames, frames_rebinds) = futures_channel::mpsc::unbounded();
     let (rebind_http, http_rebinds) = futures_channel::mpsc::unbounded();
+    let (rebind_grpc, grpc_rebinds) = futures_channel::mpsc::unbounded();
     let shard = Rc::new(Shard {
         ctx: Rc::new(ShardCtx {
             index,
@@ -182,12 +206,13 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
             enc: RefCell::new(ResponseEncoder::new(index as u64)),
         }),
         draining: Rc::default(),
-        drain_expired: Latch::default(),
+        drain_expired: Rc::default(),
         connections: Cell::new(0),
         list_listeners: RefCell::default(),
         yields: YieldQueue::default(),
         rebind_frames,
         rebind_http,
+        rebind_grpc,
     });
     monoio::spawn(inbox_loop(shard.clone()));
     {
@@ -202,6 +227,26 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         http_rebinds,
     ));
     monoio::spawn(crate::edge::http::expire_sessions(http.clone()));
+    let grpc = crate::edge::grpc::ShardGrpc::new(
+        index,
+        &s.shared,
+        s.grpc.clone(),
+        shard.draining.clone(),
+        shard.drain_expired.clone(),
+    );
+    monoio::spawn(crate::edge::grpc::accept_loop(
+        grpc.clone(),
+        grpc_listener,
+        grpc_rebinds,
+    ));
+    if index == 0 {
+        // gRPC sessions are the edge's, not a shard's: one shard sweeps.
+        monoio::spawn(crate::edge::grpc::sweep_sessions(
+            s.grpc.clone(),
+            s.shared.config.grpc.session_idle_timeout,
+            shard.draining.clone(),
+        ));
+    }
     shard
         .stats()
         .ready
@@ -211,12 +256,14 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
 
     crate::edge::frames::accept_loop(&shard, listener, frames_rebinds).await;
     // Draining: every connection stops reading, waits for the answers to
-    // what it read, and flushes them; gRPC jobs finish. The shard ends when
-    // all of that is done, or at the drain deadline plus a short grace for
-    // the shutting-down answers it sends then to reach the wire.
+    // what it read, and flushes them; gRPC connections are asked to go
+    // away and their calls finish. The shard ends when all of that is done,
+    // or at the drain deadline plus a short grace for the shutting-down
+    // answers it sends then to reach the wire.
     poll_until(&shard.drain_expired, || {
         shard.connections.get() == 0
             && http.connections() == 0
+            && grpc.connections() == 0
             && shard
                 .stats()
                 .in_flight
@@ -227,7 +274,8 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
     if shard.drain_expired.is_set() {
         let grace = Instant::now() + DRAIN_FLUSH_GRACE;
         poll_until(&Latch::default(), || {
-            (shard.connections.get() == 0 && http.connections() == 0) || Instant::now() >= grace
+            (shard.connections.get() == 0 && http.connections() == 0 && grpc.connections() == 0)
+                || Instant::now() >= grace
         })
         .await;
     }
@@ -366,8 +414,8 @@ async fn add_pools(ctx: Rc<ShardCtx>, add: crate::shared::AddPools) {
     let _ = add.reply.send(Ok(()));
 }
 
-/// Empties the shard's inbox: hand-offs from other shards and the gRPC edge,
-/// and drain control.
+/// Empties the shard's inbox: hand-offs from other shards and the gRPC edge
+/// (its calls, this shard's own included), and drain control.
 async fn inbox_loop(shard: Rc<Shard>) {
     let ctx = &shard.ctx;
     let inbox = &ctx.shared.inboxes[ctx.index];
@@ -464,12 +512,15 @@ async fn inbox_loop(shard: Rc<Shard>) {
             ShardMsg::AddPools(add) => {
                 monoio::spawn(add_pools(shard.ctx.clone(), add));
             }
-            ShardMsg::Listen { frames, http } => {
-                if let Some(l) = frames {
-                    let _ = shard.rebind_frames.unbounded_send(l);
-                }
-                if let Some(l) = http {
-                    let _ = shard.rebind_http.unbounded_send(l);
+            ShardMsg::Listen { frames, http, grpc } => {
+                for (l, to) in [
+                    (frames, &shard.rebind_frames),
+                    (http, &shard.rebind_http),
+                    (grpc, &shard.rebind_grpc),
+                ] {
+                    if let Some(l) = l {
+                        let _ = to.unbounded_send(l);
+                    }
                 }
             }
             ShardMsg::DropPools(uids) => {

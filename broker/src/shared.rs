@@ -55,12 +55,13 @@ pub enum ShardMsg {
     /// A reload removed or replaced these routers (by uid): drop their
     /// pools once the calls running in them end.
     DropPools(Vec<usize>),
-    /// A reload moved the frame or HTTP edge: accept new connections on
+    /// A reload moved the frame, HTTP or gRPC edge: accept new connections on
     /// these listeners (this shard's own, `SO_REUSEPORT`); the old one
     /// lingers for [`LISTENER_LINGER`] and closes.
     Listen {
         frames: Option<std::net::TcpListener>,
         http: Option<std::net::TcpListener>,
+        grpc: Option<std::net::TcpListener>,
     },
 }
 
@@ -79,7 +80,7 @@ pub struct Addrs {
 }
 
 /// A channel that hands a reload's new listener to an edge off the shards
-/// (the gRPC edge, the admin endpoint).
+/// (the admin endpoint).
 pub type ListenerSender = futures_channel::mpsc::UnboundedSender<std::net::TcpListener>;
 
 /// New routers' pools for a shard to make: `(uid, metrics slot, router)`.
@@ -199,8 +200,6 @@ pub struct Shared {
     pub reloads_refused: AtomicU64,
     /// Where each edge listens; a reload may move them.
     pub addrs: std::sync::Mutex<Option<Addrs>>,
-    /// Where a reload hands the gRPC edge's new listener.
-    pub grpc_rebind: std::sync::OnceLock<ListenerSender>,
     /// Where a reload hands the admin endpoint's new listener.
     pub admin_rebind: std::sync::OnceLock<ListenerSender>,
     pub inboxes: Vec<Inbox>,
@@ -292,7 +291,6 @@ impl Shared {
             reloads_applied: AtomicU64::new(0),
             reloads_refused: AtomicU64::new(0),
             addrs: std::sync::Mutex::new(None),
-            grpc_rebind: std::sync::OnceLock::new(),
             admin_rebind: std::sync::OnceLock::new(),
             inboxes,
             stats: (0..shards).map(|_| ShardStats::new(&layout)).collect(),

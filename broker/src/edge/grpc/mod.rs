@@ -1,16 +1,22 @@
 //! The gRPC edge: `turbomcp.mcp.v1.McpService` (tonic) in front of the same
-//! routing path as the frame edge.
+//! routing path as the frame edge, served on the shard threads.
 //!
 //! ```text
-//! gRPC call ──proto──▶ RequestEncoder ──Request frame──▶ VerifiedRequest::verify
-//!   ──Shared::submit(owner_of(session) | round-robin)──▶ shard (dispatch::handle)
-//!   ──response frames──▶ ResponseView::parse ──▶ proto message / Status
+//! gRPC call ──hyper HTTP/2 on shard i──▶ proto ──RequestEncoder──▶ Request frame
+//!   ──VerifiedRequest::verify──▶ Shared::submit(owner_of(session) | shard i)
+//!   ──▶ dispatch::handle ──response frames──▶ ResponseView::parse ──▶ proto / Status
 //! ```
 //!
-//! The edge runs on its own small tokio runtime (`grpc.threads` workers) on
-//! its own threads; shards never see protobuf and the edge never runs a
-//! router. Health (`grpc.health.v1`) and reflection (v1 and v1alpha) are
-//! served beside the MCP service; gzip is accepted on every service.
+//! Every shard has its own `SO_REUSEPORT` listener on `[grpc] listen` and
+//! serves its connections with hyper's HTTP/2 server on its own monoio
+//! runtime (`crate::edge::rt`), tonic's generated service on top. A call
+//! without a session runs on the shard that took it; a call in a session
+//! runs on the session's owner shard, which is the only cross-thread hop
+//! left. (The edge used to run on a tokio runtime of its own: every call
+//! then crossed threads twice, which cost more CPU than the call itself at
+//! open-loop rates; `bench/NOTES.md` has the measurement.) Health
+//! (`grpc.health.v1`) and reflection (v1 and v1alpha) are served beside the
+//! MCP service; gzip is accepted on every service.
 //!
 //! # Invariants
 //! - Every router-bound RPC (and Initialize, Ping, listings, SetLoggingLevel,
@@ -21,16 +27,18 @@
 //! - What a call does before its frame exists is pure (`request.rs`), and
 //!   fuzzed as such (`fuzz/fuzz_targets/grpc_convert.rs`).
 //! - Each call costs one frame copy into `Bytes` (the encoder is reused per
-//!   thread) and one task on the owning shard; nothing here blocks a shard.
+//!   thread) and one task on the serving shard.
 //! - Draining flips health to NOT_SERVING, refuses new calls with
-//!   UNAVAILABLE, ends every Subscribe stream, and only then shuts the server
-//!   down gracefully, within a deadline: connections still open at it are
-//!   closed (a peer must not be able to hold the process up).
+//!   UNAVAILABLE, ends every Subscribe stream, and only then asks every
+//!   connection to go away (GOAWAY); connections still open at the drain
+//!   deadline (plus [`SHUTDOWN_GRACE`]) are closed (a peer must not be able
+//!   to hold the process up).
 //! - Every connection is bounded: handshake deadline, HTTP/2 keepalive,
 //!   streams per connection, connection age (`[grpc]` in the config).
 
 mod conn;
 mod convert;
+mod guard;
 mod notify;
 // Also compiled, as this very file, by the fuzz crate (`#[path]`): see its
 // module docs.
@@ -40,7 +48,8 @@ mod session;
 mod status;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use mcp_proto::v1::mcp_service_server::McpServiceServer;
@@ -48,181 +57,130 @@ use tonic::codec::CompressionEncoding;
 
 use crate::shared::Shared;
 
+pub use conn::{ShardGrpc, accept_loop};
 pub use service::Edge;
 
-/// How long the server may take, after the drain deadline, to write the
+/// How long a connection may take, after the drain deadline, to write the
 /// answers the shards gave at that deadline (shutting-down errors) before
-/// every connection is closed.
+/// it is closed.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
-/// Tasks still running on the edge's runtime once the server has stopped
-/// get this long to reach an await point before the thread gives up.
-const RUNTIME_STOP: Duration = Duration::from_millis(250);
-
-/// The running edge, held by `server::Running`.
-pub struct EdgeHandle {
-    edge: Arc<service::EdgeState>,
+/// The edge's state shared by every shard: the MCP service's state, tonic's
+/// services (cloned once per shard) and the connection count. Held by
+/// `server::Running` for health and the drain.
+pub struct GrpcEdge {
+    state: Arc<service::EdgeState>,
     health: tonic_health::server::HealthReporter,
-    runtime: tokio::runtime::Handle,
-    shutdown: Option<futures_channel::oneshot::Sender<Instant>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Each shard clones its own at start-up.
+    routes: tonic::service::Routes,
+    /// Connections open across the shards (`grpc.max_connections`).
+    open: Arc<AtomicUsize>,
+    /// One idle thread: the context tonic's reflection service spawns its
+    /// answer task in (`guard.rs`), and where health changes run. No call
+    /// of the MCP service runs here.
+    aux: tokio::runtime::Runtime,
 }
 
-impl EdgeHandle {
+impl GrpcEdge {
+    /// Builds the services; nothing is served until the shards accept.
+    pub fn new(shared: Arc<Shared>) -> Result<Arc<Self>> {
+        let cfg = shared.config.grpc.clone();
+        let state = Arc::new(service::EdgeState::new(shared));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(mcp_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .context("building gRPC reflection (v1)")?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(mcp_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .context("building gRPC reflection (v1alpha)")?;
+        let mcp = McpServiceServer::new(Edge(state.clone()))
+            .accept_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes);
+        let routes = tonic::service::Routes::new(
+            health_service.accept_compressed(CompressionEncoding::Gzip),
+        )
+        .add_service(reflection_v1.accept_compressed(CompressionEncoding::Gzip))
+        .add_service(reflection_v1alpha.accept_compressed(CompressionEncoding::Gzip))
+        .add_service(mcp)
+        .prepare();
+        let aux = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("grpc-aux")
+            .build()
+            .context("building the gRPC edge's auxiliary runtime")?;
+        let edge = Arc::new(Self {
+            state,
+            health,
+            routes,
+            open: Arc::default(),
+            aux,
+        });
+        edge.set_health(tonic_health::ServingStatus::Serving);
+        Ok(edge)
+    }
+
+    /// The services, for a shard to serve.
+    fn routes(&self) -> tonic::service::Routes {
+        self.routes.clone()
+    }
+
+    /// The context calls are polled in (`guard.rs`).
+    fn tokio(&self) -> tokio::runtime::Handle {
+        self.aux.handle().clone()
+    }
+
+    /// Forgets expired sessions (a shard calls this on a timer).
+    pub fn sweep_sessions(&self) {
+        self.state.sweep_sessions();
+    }
+
     /// Starts refusing new calls (UNAVAILABLE), reports NOT_SERVING and ends
-    /// every Subscribe stream. The server keeps answering (so health checks
-    /// see NOT_SERVING) until [`EdgeHandle::shutdown`].
+    /// every Subscribe stream. Connections keep answering (so health checks
+    /// see NOT_SERVING) until the shards drain them.
     pub fn begin_drain(&self) {
-        self.edge.begin_drain();
+        self.state.begin_drain();
         self.not_serving();
     }
 
     /// gRPC health reports NOT_SERVING (the drain grace, then the drain);
     /// calls are still served until [`Self::begin_drain`].
     pub fn not_serving(&self) {
-        let health = self.health.clone();
-        self.runtime.block_on(async move {
-            health.set_not_serving::<McpServiceServer<Edge>>().await;
-            health
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-        });
+        self.set_health(tonic_health::ServingStatus::NotServing);
     }
 
-    /// Stops the server gracefully and waits for its thread: open
-    /// connections get until `deadline` (the drain deadline) plus
-    /// [`SHUTDOWN_GRACE`] to finish, then they are closed. Returns within
-    /// that bound whatever the peers do.
-    pub fn shutdown(mut self, deadline: Instant) {
-        let deadline = deadline.max(Instant::now()) + SHUTDOWN_GRACE;
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(deadline);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    fn set_health(&self, status: tonic_health::ServingStatus) {
+        let health = self.health.clone();
+        // Called from the main thread (start-up, drain), never a shard's.
+        self.aux.block_on(async move {
+            health
+                .set_service_status(
+                    <McpServiceServer<Edge> as tonic::server::NamedService>::NAME,
+                    status,
+                )
+                .await;
+            health.set_service_status("", status).await;
+        });
     }
 }
 
-/// Starts the edge on `listener` (already bound, so port 0 has resolved).
-pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<EdgeHandle> {
-    let cfg = shared.config.grpc.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.threads)
-        .thread_name("grpc-edge")
-        .enable_all()
-        .build()
-        .context("building the gRPC edge runtime")?;
-    listener.set_nonblocking(true).context("gRPC listener")?;
-    let incoming = {
-        let _enter = runtime.enter();
-        let l = tokio::net::TcpListener::from_std(listener).context("gRPC listener")?;
-        let (tx, rebinds) = futures_channel::mpsc::unbounded();
-        let _ = shared.grpc_rebind.set(tx);
-        conn::Incoming::new(
-            tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)),
-            cfg.handshake_timeout,
-            Some(rebinds),
-            shared.tls.clone(),
-            cfg.max_connections,
-        )
-    };
-
-    let edge = Arc::new(service::EdgeState::new(shared));
-    {
-        // Memory follows the live sessions: expired ones are swept on a
-        // timer, not only when the registry fills up.
-        let edge = Arc::downgrade(&edge);
-        let every =
-            (cfg.session_idle_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
-        runtime.spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(edge) = edge.upgrade() else { return };
-                edge.sweep_sessions();
-            }
-        });
+/// Sweeps expired sessions a few times per `grpc.session_idle_timeout`,
+/// until the drain (one shard runs this: the sessions are the edge's).
+pub async fn sweep_sessions(
+    edge: Arc<GrpcEdge>,
+    idle: Duration,
+    draining: std::rc::Rc<crate::local::Latch>,
+) {
+    let every = (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(every) => edge.sweep_sessions(),
+            _ = draining.wait() => return,
+        }
     }
-    let (health, health_service) = tonic_health::server::health_reporter();
-    runtime.block_on(async {
-        health.set_serving::<McpServiceServer<Edge>>().await;
-        health
-            .set_service_status("", tonic_health::ServingStatus::Serving)
-            .await;
-    });
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(mcp_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building gRPC reflection (v1)")?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(mcp_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .context("building gRPC reflection (v1alpha)")?;
-    let mcp = McpServiceServer::new(Edge(edge.clone()))
-        .accept_compressed(CompressionEncoding::Gzip)
-        .send_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes);
-
-    let (shutdown_tx, shutdown_rx) = futures_channel::oneshot::channel::<Instant>();
-    let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(cfg.keepalive_interval))
-        .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
-        .max_concurrent_streams(cfg.max_concurrent_streams_per_connection)
-        .max_connection_age(cfg.max_connection_age)
-        .max_connection_age_grace(cfg.max_connection_age_grace)
-        .add_service(health_service.accept_compressed(CompressionEncoding::Gzip))
-        .add_service(reflection_v1.accept_compressed(CompressionEncoding::Gzip))
-        .add_service(reflection_v1alpha.accept_compressed(CompressionEncoding::Gzip))
-        .add_service(mcp);
-    let handle = runtime.handle().clone();
-    let thread = std::thread::Builder::new()
-        .name("grpc-edge".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                // tonic's signal, and the deadline after it for the
-                // connections that do not close by themselves.
-                let (stop_tx, stop_rx) = futures_channel::oneshot::channel::<()>();
-                let (deadline_tx, deadline_rx) = futures_channel::oneshot::channel::<Instant>();
-                tokio::spawn(async move {
-                    if let Ok(deadline) = shutdown_rx.await {
-                        let _ = deadline_tx.send(deadline);
-                    }
-                    let _ = stop_tx.send(());
-                });
-                let serve = router.serve_with_incoming_shutdown(incoming, async {
-                    let _ = stop_rx.await;
-                });
-                let deadline = async {
-                    match deadline_rx.await {
-                        Ok(d) => tokio::time::sleep_until(d.into()).await,
-                        Err(_) => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    served = serve => {
-                        if let Err(e) = served {
-                            tracing::error!(error = %e, "gRPC edge stopped");
-                        }
-                    }
-                    () = deadline => {
-                        tracing::warn!("gRPC connections still open at the drain deadline: closing them");
-                    }
-                }
-            });
-            // Drops the connection tasks still running (past the deadline).
-            runtime.shutdown_timeout(RUNTIME_STOP);
-        })
-        .context("spawning the gRPC edge thread")?;
-    Ok(EdgeHandle {
-        edge,
-        health,
-        runtime: handle,
-        shutdown: Some(shutdown_tx),
-        thread: Some(thread),
-    })
 }

@@ -438,6 +438,23 @@ impl Reply {
     }
 }
 
+/// `rx`, unless `after` passes first (`None`). The timer is the shard's
+/// (`crate::edge::rt::ShardTimer`): a call is served on a shard thread.
+async fn with_deadline<F: std::future::Future + Unpin>(
+    mut rx: F,
+    after: Duration,
+) -> Option<F::Output> {
+    use hyper::rt::Timer;
+    let mut sleep = crate::edge::rt::ShardTimer.sleep(after);
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
+            return std::task::Poll::Ready(Some(r));
+        }
+        sleep.as_mut().poll(cx).map(|()| None)
+    })
+    .await
+}
+
 /// What a call is about, for the edge's log notifications.
 #[derive(Clone, Copy)]
 struct Op<'a> {
@@ -472,10 +489,14 @@ impl EdgeState {
         }))
     }
 
+    /// A session's calls run on its owner shard; others on the shard that
+    /// serves the call (no hop), or round-robin off the shards (tests).
     fn pick_shard(&self, session: Option<&str>) -> usize {
         match session {
             Some(s) => self.shared.owner_of(s),
-            None => self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shared.shards(),
+            None => crate::shard::current().unwrap_or_else(|| {
+                self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shared.shards()
+            }),
         }
     }
 
@@ -512,11 +533,9 @@ impl EdgeState {
             // edge answers DEADLINE_EXCEEDED itself at `timeout_ms`, before
             // the transport's own timer would cancel the call (CANCELLED).
             Some(_) => {
-                match tokio::time::timeout(Duration::from_millis(header.timeout_ms.into()), rx)
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(_) => {
+                match with_deadline(rx, Duration::from_millis(header.timeout_ms.into())).await {
+                    Some(r) => r,
+                    None => {
                         let s = status::edge(
                             ErrorCode::DeadlineExceeded,
                             "the client's deadline passed",

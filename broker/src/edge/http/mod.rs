@@ -4,7 +4,7 @@
 //!
 //! Every shard has its own `SO_REUSEPORT` listener on `[http] listen`; a
 //! connection is served by hyper's HTTP/1.1 server on the shard that
-//! accepted it (`rt`: hyper's I/O and timer on monoio), and each JSON-RPC
+//! accepted it (`crate::edge::rt`: hyper's I/O and timer on monoio), and each JSON-RPC
 //! request becomes a Request frame ([`jsonrpc`]), verified like network
 //! input and run through [`crate::dispatch::handle`] right there: no hop to
 //! another runtime. Its response frames become one JSON answer, or an SSE
@@ -24,7 +24,6 @@
 
 pub mod jsonrpc;
 pub mod modern;
-mod rt;
 pub mod session;
 
 use std::borrow::Cow;
@@ -56,6 +55,7 @@ use self::session::{Cancel, Session, StreamId};
 use crate::auth::Principal;
 use crate::config::HttpSection;
 use crate::dispatch::{LiveOut, ShardCtx};
+use crate::edge::rt;
 use crate::local::Latch;
 use crate::metrics;
 

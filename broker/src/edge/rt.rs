@@ -4,7 +4,8 @@
 //! ops with owned buffers (one `recv` per read, one `send` per flush), so a
 //! request costs no readiness round trip and no speculative `recv` that
 //! ends in `EAGAIN`. Timer: monoio's own timer wheel, so hyper's header
-//! deadline costs no thread.
+//! deadline and HTTP/2 keepalive cost no thread. Executor: HTTP/2 streams
+//! are tasks on the shard (`monoio::spawn`), never on another thread.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -38,8 +39,9 @@ impl hyper::rt::Timer for ShardTimer {
 /// A monoio sleep that hyper may hold as `Send + Sync`.
 ///
 /// hyper's `Sleep` demands both because its timer may serve multi-threaded
-/// executors. Here the HTTP/1 connection future that owns the sleep is
-/// spawned on the shard's single-threaded runtime (`monoio::spawn`, no
+/// executors. Here every future that owns one (an HTTP/1 connection, an
+/// HTTP/2 connection and its streams, a gRPC call's deadline) is a task on
+/// the shard's single-threaded runtime ([`ShardExec`], `monoio::spawn`, no
 /// `Send` bound) and never leaves the thread; every poll and the drop check
 /// that, so a misuse would panic instead of touching the timer wheel from
 /// another thread.
@@ -66,9 +68,10 @@ impl ShardSleep {
 }
 
 // SAFETY: the inner sleep is only polled and dropped on the thread that
-// created it (checked in `poll` and `drop`); hyper never moves an HTTP/1
+// created it (checked in `poll` and `drop`); hyper never moves a
 // connection's timers to another thread when the connection itself is not
-// moved, and a shard's connection futures are `!Send` tasks.
+// moved, a shard's connection futures are `!Send` tasks, and HTTP/2 streams
+// run on [`ShardExec`], which keeps them on the shard.
 unsafe impl Send for ShardSleep {}
 // SAFETY: `&ShardSleep` exposes nothing but `check_thread`; all access to
 // the inner sleep goes through `Pin<&mut Self>` (see `Send` above).
@@ -90,6 +93,19 @@ impl Drop for ShardSleep {
         if !std::thread::panicking() {
             self.check_thread();
         }
+    }
+}
+
+/// hyper's executor for HTTP/2 streams: a task on the current shard.
+#[derive(Clone, Copy, Debug)]
+pub struct ShardExec;
+
+impl<F> hyper::rt::Executor<F> for ShardExec
+where
+    F: Future + 'static,
+{
+    fn execute(&self, fut: F) {
+        monoio::spawn(fut);
     }
 }
 
@@ -140,6 +156,9 @@ pub struct UringIo<RH, WH, R, W> {
     rd_pos: usize,
     rd_op: Pin<Box<Option<R>>>,
     make_recv: fn(RH, Vec<u8>) -> R,
+    /// Bytes received so far, shared with the connection's watchdog (the
+    /// gRPC edge's HTTP/2 preface deadline).
+    received: Rc<Cell<u64>>,
 
     wr: Option<WH>,
     /// Bytes hyper wrote that no send carries yet.
@@ -180,6 +199,7 @@ pub fn halves_io<RH: AsyncReadRent, WH: AsyncWriteRent>(
         rd_pos: 0,
         rd_op: Box::pin(None),
         make_recv: recv,
+        received: Rc::default(),
         wr: Some(wr),
         wr_pending: Vec::new(),
         wr_spare: None,
@@ -222,6 +242,11 @@ where
         let buf = std::mem::replace(&mut self.wr_pending, next);
         self.wr_op.set(Some((self.make_send)(half, buf)));
         self.send_started.set(Some(Instant::now()));
+    }
+
+    /// Bytes received so far, shared with the connection's watchdog.
+    pub fn recv_count(&self) -> Rc<Cell<u64>> {
+        self.received.clone()
     }
 
     /// When the send in flight began, shared with the connection's watchdog.
@@ -306,7 +331,8 @@ where
         let buf = this.rd_buf.as_ref().expect("just returned");
         match res {
             // 0 bytes: the peer closed; nothing put is hyper's EOF.
-            Ok(_) => {
+            Ok(got) => {
+                this.received.set(this.received.get() + got as u64);
                 let n = out.remaining().min(buf.len());
                 out.put_slice(&buf[..n]);
                 this.rd_pos = n;
