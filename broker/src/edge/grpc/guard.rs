@@ -56,3 +56,51 @@ impl<F: Future<Output = Answer>> Future for Guarded<F> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll_once<F: Future>(f: F) -> Poll<F::Output> {
+        let mut f = std::pin::pin!(f);
+        f.as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    #[test]
+    fn a_panicking_call_answers_internal_and_a_call_runs_in_the_tokio_context() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let panics = Guarded::new(
+            async {
+                if std::hint::black_box(true) {
+                    panic!("a bug in a service");
+                }
+                Ok(hyper::Response::new(tonic::body::Body::empty()))
+            },
+            rt.handle().clone(),
+        );
+        let Poll::Ready(Ok(r)) = poll_once(panics) else {
+            panic!("a panic must end the call at once")
+        };
+        assert_eq!(
+            r.headers().get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"13"[..]),
+            "INTERNAL"
+        );
+
+        // tokio::spawn needs the context (tonic's reflection service uses it).
+        let spawns = Guarded::new(
+            async {
+                drop(tokio::spawn(async {}));
+                Ok(hyper::Response::new(tonic::body::Body::empty()))
+            },
+            rt.handle().clone(),
+        );
+        let Poll::Ready(Ok(r)) = poll_once(spawns) else {
+            panic!("ready")
+        };
+        assert!(r.headers().get("grpc-status").is_none(), "not an error");
+    }
+}
