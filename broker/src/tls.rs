@@ -278,6 +278,38 @@ impl ServerTls {
         self.handshake_failures[edge as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The server side of a TLS handshake on a shard's connection to
+    /// `edge`, bounded by `tls.handshake_timeout` and abandoned when the
+    /// drain begins (a connection not yet handshaken has sent nothing to
+    /// answer). A failure is counted for `/metrics` and logged; `None` then,
+    /// and the caller drops the connection.
+    pub async fn accept_on_shard(
+        &self,
+        edge: Edge,
+        stream: monoio::net::TcpStream,
+        peer: std::net::SocketAddr,
+        draining: &crate::local::Latch,
+    ) -> Option<(uring::TlsReadHalf, uring::TlsWriteHalf)> {
+        let timeout = self.handshake_timeout();
+        let handshake = uring::accept(stream, self.config(edge));
+        let done = monoio::select! {
+            r = monoio::time::timeout(timeout, handshake) => r,
+            _ = draining.wait() => return None,
+        };
+        let what = edge.as_str();
+        match done {
+            Ok(Ok((rd, wr, _))) => return Some((rd, wr)),
+            Ok(Err(e)) => {
+                tracing::debug!(edge = what, %peer, error = %e, "TLS handshake failed");
+            }
+            Err(_) => {
+                tracing::debug!(edge = what, %peer, ?timeout, "TLS handshake not finished within tls.handshake_timeout");
+            }
+        }
+        self.handshake_failed(edge);
+        None
+    }
+
     pub fn handshake_failures(&self, edge: Edge) -> u64 {
         self.handshake_failures[edge as usize].load(Ordering::Relaxed)
     }

@@ -275,26 +275,10 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
             serve_connection(&shard, rd, wr, peer).await;
         }
         Some(tls) => {
-            use crate::tls::Edge;
-            let timeout = tls.handshake_timeout();
-            let handshake = crate::tls::uring::accept(stream, tls.config(Edge::Frames));
-            let done = monoio::select! {
-                r = monoio::time::timeout(timeout, handshake) => Some(r),
-                _ = shard.draining.wait() => None,
-            };
-            match done {
-                Some(Ok(Ok((rd, wr, _)))) => serve_connection(&shard, rd, wr, peer).await,
-                Some(Ok(Err(e))) => {
-                    tls.handshake_failed(Edge::Frames);
-                    tracing::debug!(shard = shard.ctx.index, %peer, error = %e, "TLS handshake failed");
-                }
-                Some(Err(_)) => {
-                    tls.handshake_failed(Edge::Frames);
-                    tracing::debug!(shard = shard.ctx.index, %peer, ?timeout, "TLS handshake not finished within tls.handshake_timeout");
-                }
-                // Draining: a connection not yet handshaken has sent nothing
-                // to answer.
-                None => {}
+            let draining = &shard.draining;
+            let edge = crate::tls::Edge::Frames;
+            if let Some((rd, wr)) = tls.accept_on_shard(edge, stream, peer, draining).await {
+                serve_connection(&shard, rd, wr, peer).await;
             }
         }
     }

@@ -244,24 +244,12 @@ async fn connection(edge: Rc<ShardGrpc>, stream: TcpStream, peer: SocketAddr, _s
         let (rd, wr) = stream.into_split();
         return serve(&edge, rd, wr, peer).await;
     };
-    use crate::tls::Edge;
-    let timeout = tls.handshake_timeout();
-    let handshake = crate::tls::uring::accept(stream, tls.config(Edge::Grpc));
-    let done = monoio::select! {
-        r = monoio::time::timeout(timeout, handshake) => Some(r),
-        _ = edge.draining.wait() => None,
-    };
-    match done {
-        Some(Ok(Ok((rd, wr, _)))) => serve(&edge, rd, wr, peer).await,
-        Some(Ok(Err(e))) => {
-            tls.handshake_failed(Edge::Grpc);
-            tracing::debug!(%peer, error = %e, "gRPC edge: TLS handshake failed");
-        }
-        Some(Err(_)) => {
-            tls.handshake_failed(Edge::Grpc);
-            tracing::debug!(%peer, ?timeout, "gRPC edge: TLS handshake not finished within tls.handshake_timeout");
-        }
-        None => {}
+    let edge_tls = crate::tls::Edge::Grpc;
+    if let Some((rd, wr)) = tls
+        .accept_on_shard(edge_tls, stream, peer, &edge.draining)
+        .await
+    {
+        serve(&edge, rd, wr, peer).await;
     }
 }
 

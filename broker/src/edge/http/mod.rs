@@ -212,28 +212,14 @@ async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
         let send_clock = io.send_clock();
         return serve_connection(&edge, io, send_clock, peer).await;
     };
-    use crate::tls::Edge;
-    let timeout = tls.handshake_timeout();
-    let handshake = crate::tls::uring::accept(stream, tls.config(Edge::Http));
-    let done = monoio::select! {
-        r = monoio::time::timeout(timeout, handshake) => Some(r),
-        _ = edge.draining.wait() => None,
-    };
-    match done {
-        Some(Ok(Ok((rd, wr, _)))) => {
-            let io = rt::halves_io(rd, wr);
-            let send_clock = io.send_clock();
-            serve_connection(&edge, io, send_clock, peer).await;
-        }
-        Some(Ok(Err(e))) => {
-            tls.handshake_failed(Edge::Http);
-            tracing::debug!(%peer, error = %e, "HTTP edge: TLS handshake failed");
-        }
-        Some(Err(_)) => {
-            tls.handshake_failed(Edge::Http);
-            tracing::debug!(%peer, ?timeout, "HTTP edge: TLS handshake not finished within tls.handshake_timeout");
-        }
-        None => {}
+    let edge_tls = crate::tls::Edge::Http;
+    if let Some((rd, wr)) = tls
+        .accept_on_shard(edge_tls, stream, peer, &edge.draining)
+        .await
+    {
+        let io = rt::halves_io(rd, wr);
+        let send_clock = io.send_clock();
+        serve_connection(&edge, io, send_clock, peer).await;
     }
 }
 
