@@ -548,6 +548,9 @@ pub struct Overrides {
 #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigErrors(pub Vec<String>);
 
+/// The longest timer a shard arms from the configuration.
+const MAX_TIMER: Duration = Duration::from_secs(365 * 24 * 3600);
+
 impl Config {
     /// The embedded default.
     pub fn embedded_default() -> Self {
@@ -776,6 +779,11 @@ impl Config {
         ] {
             if d.is_zero() {
                 errors.push(format!("{name}: must be greater than zero"));
+            }
+            // A shard's timer adds them to the clock: a deadline past the
+            // clock's range would fail the shard at its first connection.
+            if d > MAX_TIMER {
+                errors.push(format!("{name}: must be at most 365 days"));
             }
         }
         for (i, r) in g.roots.iter().enumerate() {
@@ -1053,6 +1061,32 @@ mod tests {
         // The file states the same defaults the structs have.
         assert_eq!(c.frames, FramesSection::default());
         assert_eq!(c.broker, BrokerSection::default());
+    }
+
+    #[test]
+    fn grpc_timers_are_bounded_and_the_old_threads_key_still_loads() {
+        let err = Config::parse(
+            "[grpc]\nmax_connection_age = \"1000years\"\nkeepalive_timeout = \"0s\"\n",
+        )
+        .unwrap_err();
+        let all = err.0.join("\n");
+        assert!(
+            all.contains("grpc.max_connection_age: must be at most 365 days"),
+            "{all}"
+        );
+        assert!(
+            all.contains("grpc.keepalive_timeout: must be greater than zero"),
+            "{all}"
+        );
+        let c = Config::parse(
+            "[grpc]\nthreads = 2\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.grpc.threads,
+            Some(2),
+            "accepted (and ignored with a warning)"
+        );
     }
 
     #[test]
