@@ -13,6 +13,16 @@
 //!   wraps: the cancel handle goes to its TCP read, and a cancelled read
 //!   gives back the caller's buffer as it was. Ciphertext already read
 //!   stays in the half (fed to rustls), so nothing is lost.
+//! - A read whose future is *dropped* while its TCP read is out takes the
+//!   ciphertext buffer with it (monoio keeps it until the kernel lets go);
+//!   what it held was already fed to rustls, so only bytes the kernel puts
+//!   in before the cancellation lands are lost, as with a dropped read on a
+//!   plain TCP half, and the next read gets a new buffer. The edges drop a
+//!   read only with the whole connection.
+//! - Once rustls fails the stream (a record that does not authenticate,
+//!   bytes that are no record), the plaintext of the records before it is
+//!   still handed out, then every read fails; rustls's alert goes out with
+//!   the shutdown.
 //! - Records the read side makes rustls want to send (an alert, a TLS 1.3
 //!   key update's answer) go out with the write half's next write or its
 //!   shutdown; the read side never writes.
@@ -45,6 +55,10 @@ pub struct TlsReadHalf {
     pos: usize,
     /// The peer closed its side of the TCP connection.
     eof: bool,
+    /// Why rustls failed the stream (a record that did not authenticate,
+    /// bytes that are no record): every later read fails with it too,
+    /// instead of waiting on a peer that will not fix it.
+    broken: Option<String>,
 }
 
 /// The writing half of a TLS connection.
@@ -78,6 +92,7 @@ pub async fn accept(
         cipher: Vec::with_capacity(CIPHER_CHUNK),
         pos: 0,
         eof: false,
+        broken: None,
     };
     let mut w = TlsWriteHalf {
         tcp: wr,
@@ -122,6 +137,11 @@ impl TlsReadHalf {
     async fn fill(&mut self, c: Option<&CancelHandle>) -> io::Result<()> {
         let mut buf = std::mem::take(&mut self.cipher);
         buf.clear();
+        if buf.capacity() == 0 {
+            // A read dropped while it waited took the buffer with it: a
+            // read into no room would look like the peer's EOF.
+            buf.reserve(CIPHER_CHUNK);
+        }
         self.pos = 0;
         let (res, buf) = match c {
             Some(c) => self.tcp.cancelable_read(buf, c.clone()).await,
@@ -189,13 +209,27 @@ impl TlsReadHalf {
         loop {
             match self.take_plaintext(&mut buf) {
                 Ok(Some(n)) => return (Ok(n), buf),
-                Ok(None) => {}
+                Ok(None) => {
+                    if let Some(why) = &self.broken {
+                        return (
+                            Err(io::Error::new(io::ErrorKind::InvalidData, why.clone())),
+                            buf,
+                        );
+                    }
+                }
                 Err(e) => return (Err(e), buf),
             }
             if self.pos < self.cipher.len() {
                 let before = self.pos;
                 if let Err(e) = self.feed() {
-                    return (Err(e), buf);
+                    // Records that authenticated before the bad one are
+                    // the peer's data: hand them out first; the next read
+                    // fails.
+                    self.broken = Some(e.to_string());
+                    return match self.take_plaintext(&mut buf) {
+                        Ok(Some(n)) if n > 0 => (Ok(n), buf),
+                        _ => (Err(e), buf),
+                    };
                 }
                 if self.pos == before {
                     // rustls took nothing and had nothing to give: a state
@@ -346,24 +380,76 @@ mod tests {
     use super::*;
     use std::io::Read as _;
 
+    type Client = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
     /// A CA and a `localhost` server certificate it signed, made by
-    /// `scripts/dev-certs` for the test (nothing is checked in). Returns
-    /// the CA's PEM and the server's files.
-    fn cert_and_key(dir: &std::path::Path) -> (Vec<u8>, std::path::PathBuf, std::path::PathBuf) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/dev-certs");
-        let ok = std::process::Command::new("bash")
-            .arg(script)
-            .arg(dir)
-            .status()
-            .expect("bash scripts/dev-certs")
-            .success();
-        assert!(ok, "scripts/dev-certs failed");
-        (
-            std::fs::read(dir.join("ca.pem")).unwrap(),
-            dir.join("server.pem"),
-            dir.join("server.key"),
-        )
+    /// `scripts/dev-certs` for the test (nothing is checked in), and the
+    /// server configurations they give. Removes the files on drop.
+    struct Certs {
+        dir: std::path::PathBuf,
+        ca: Vec<u8>,
+        configs: crate::tls::ServerConfigs,
     }
+
+    impl Certs {
+        fn new(test: &str) -> Certs {
+            let dir =
+                std::env::temp_dir().join(format!("mcp-tls-uring-{test}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/dev-certs");
+            let ok = std::process::Command::new("bash")
+                .arg(script)
+                .arg(&dir)
+                .status()
+                .expect("bash scripts/dev-certs")
+                .success();
+            assert!(ok, "scripts/dev-certs failed");
+            let section = crate::config::TlsSection {
+                cert_file: dir.join("server.pem"),
+                key_file: dir.join("server.key"),
+                client_ca_file: None,
+                handshake_timeout: std::time::Duration::from_secs(5),
+                watch_interval: std::time::Duration::ZERO,
+            };
+            let configs = crate::tls::ServerConfigs::load(&section).expect("configs");
+            let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+            Certs { dir, ca, configs }
+        }
+
+        fn server(&self, edge: crate::tls::Edge) -> Arc<ServerConfig> {
+            self.configs.get(edge).clone()
+        }
+
+        /// A client trusting the CA, offering `versions` and `alpn`.
+        fn client(
+            &self,
+            versions: &[&'static rustls::SupportedProtocolVersion],
+            alpn: &[&[u8]],
+        ) -> Arc<rustls::ClientConfig> {
+            use rustls_pki_types::pem::PemObject;
+            let mut roots = rustls::RootCertStore::empty();
+            for c in rustls_pki_types::CertificateDer::pem_slice_iter(&self.ca) {
+                roots.add(c.unwrap()).unwrap();
+            }
+            let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_protocol_versions(versions)
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            Arc::new(cfg)
+        }
+    }
+
+    impl Drop for Certs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    const TLS13: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
 
     fn on_runtime<F: std::future::Future>(f: F) -> F::Output {
         monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
@@ -373,61 +459,82 @@ mod tests {
             .block_on(f)
     }
 
-    /// A blocking rustls client on its own thread: writes `send`, reads
-    /// until the server closes, returns what it read.
-    fn client(
+    /// A blocking rustls client on its own thread, connected to `addr`,
+    /// running `f`.
+    fn client<R: Send + 'static>(
         addr: std::net::SocketAddr,
-        ca_pem: Vec<u8>,
-        send: Vec<u8>,
-    ) -> std::thread::JoinHandle<Vec<u8>> {
+        cfg: Arc<rustls::ClientConfig>,
+        f: impl FnOnce(Client) -> R + Send + 'static,
+    ) -> std::thread::JoinHandle<R> {
         std::thread::spawn(move || {
-            use rustls_pki_types::pem::PemObject;
-            let mut roots = rustls::RootCertStore::empty();
-            for c in rustls_pki_types::CertificateDer::pem_slice_iter(&ca_pem) {
-                roots.add(c.unwrap()).unwrap();
-            }
-            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
             let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-            let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+            let conn = rustls::ClientConnection::new(cfg, name).unwrap();
             let tcp = std::net::TcpStream::connect(addr).unwrap();
-            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            f(rustls::StreamOwned::new(conn, tcp))
+        })
+    }
+
+    /// Writes `send`, then reads until the server closes; returns that.
+    fn send_then_read_to_end(send: Vec<u8>) -> impl FnOnce(Client) -> Vec<u8> + Send {
+        move |mut tls| {
             tls.write_all(&send).unwrap();
             tls.flush().unwrap();
             let mut got = Vec::new();
             let _ = tls.read_to_end(&mut got);
             got
-        })
+        }
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// Accepts one connection on `listener` and runs the handshake.
+    async fn accept_one(
+        listener: &monoio::net::TcpListener,
+        config: Arc<ServerConfig>,
+    ) -> (TlsReadHalf, TlsWriteHalf, Negotiated) {
+        let (stream, _) = listener.accept().await.unwrap();
+        accept(stream, config).await.expect("handshake")
+    }
+
+    /// Reads until the stream ends, with reads of `chunk` bytes, and
+    /// writes each back if `echo`. Returns what it read.
+    async fn drain(r: &mut TlsReadHalf, w: &mut TlsWriteHalf, chunk: usize, echo: bool) -> Vec<u8> {
+        let mut all = Vec::new();
+        let mut buf = Vec::with_capacity(chunk);
+        loop {
+            buf.clear();
+            let (res, b) = r.read(buf).await;
+            buf = b;
+            let n = res.expect("read");
+            assert!(n <= chunk, "read {n} into a buffer of {chunk}");
+            if n == 0 {
+                return all;
+            }
+            all.extend_from_slice(&buf);
+            if echo {
+                let (res, b) = w.write_all(buf).await;
+                buf = b;
+                res.expect("echo");
+            }
+        }
     }
 
     #[test]
     fn echoes_large_messages_and_gives_back_a_cancelled_reads_buffer() {
-        let dir = std::env::temp_dir().join(format!("mcp-tls-uring-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (ca, cert, key) = cert_and_key(&dir);
-        let section = crate::config::TlsSection {
-            cert_file: cert,
-            key_file: key,
-            client_ca_file: None,
-            handshake_timeout: std::time::Duration::from_secs(5),
-            watch_interval: std::time::Duration::ZERO,
-        };
-        let configs = crate::tls::ServerConfigs::load(&section).expect("configs");
-        let config = configs.get(crate::tls::Edge::Frames).clone();
+        let certs = Certs::new("echo");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
         // Several records' worth, so reads and writes each take many turns.
-        let message: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let message = pattern(200_000);
         let got = on_runtime(async move {
             let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = listener.local_addr().unwrap();
-            let client = client(addr, ca, message.clone());
-            let (stream, _) = listener.accept().await.unwrap();
-            let (mut r, mut w, negotiated) = accept(stream, config).await.expect("handshake");
+            let client = client(addr, cfg, send_then_read_to_end(message.clone()));
+            let (mut r, mut w, negotiated) = accept_one(&listener, config).await;
             assert_eq!(negotiated.version, Some(rustls::ProtocolVersion::TLSv1_3));
+            assert_eq!(negotiated.alpn, None);
             // A read cancelled while it waits returns ECANCELED and the
             // buffer with what it held (nothing is due from the client
             // before it has sent its message, but the first records may
@@ -466,8 +573,255 @@ mod tests {
             w.shutdown().await.unwrap();
             client.join().unwrap()
         });
-        assert_eq!(got.len(), 200_000);
-        assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
-        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got, pattern(200_000));
+    }
+
+    #[test]
+    fn tls12_client_gets_its_alpn_and_its_echo() {
+        let certs = Certs::new("tls12");
+        let config = certs.server(crate::tls::Edge::Http);
+        let cfg = certs.client(&[&rustls::version::TLS12], &[b"http/1.1"]);
+        let message = pattern(40_000);
+        let sent = message.clone();
+        let got = on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = client(addr, cfg, move |mut tls| {
+                tls.write_all(&sent).unwrap();
+                tls.flush().unwrap();
+                let mut got = vec![0; sent.len()];
+                tls.read_exact(&mut got).unwrap();
+                tls.conn.send_close_notify();
+                tls.flush().unwrap();
+                // Until the server closes too (its close_notify must not
+                // meet a closed socket).
+                let _ = tls.read_to_end(&mut Vec::new());
+                got
+            });
+            let (mut r, mut w, negotiated) = accept_one(&listener, config).await;
+            assert_eq!(negotiated.version, Some(rustls::ProtocolVersion::TLSv1_2));
+            assert_eq!(negotiated.alpn.as_deref(), Some(&b"http/1.1"[..]));
+            let read = drain(&mut r, &mut w, 8192, true).await;
+            assert_eq!(read.len(), 40_000);
+            w.shutdown().await.unwrap();
+            client.join().unwrap()
+        });
+        assert_eq!(got, message);
+    }
+
+    #[test]
+    fn a_read_into_a_tiny_buffer_keeps_the_rest_of_the_record() {
+        let certs = Certs::new("tiny");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
+        // Full 16 KiB records and a short last one.
+        let message = pattern(40_000);
+        let (read, reply) = on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let sent = message.clone();
+            let client = client(addr, cfg, move |mut tls| {
+                tls.write_all(&sent).unwrap();
+                tls.flush().unwrap();
+                let mut got = [0; 2];
+                tls.read_exact(&mut got).unwrap();
+                tls.sock.shutdown(std::net::Shutdown::Write).unwrap();
+                got
+            });
+            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            let mut read = Vec::new();
+            let mut buf = Vec::with_capacity(7);
+            while read.len() < message.len() {
+                buf.clear();
+                let (res, b) = r.read(buf).await;
+                buf = b;
+                let n = res.unwrap();
+                assert!((1..=7).contains(&n), "read {n} into 7 bytes");
+                read.extend_from_slice(&buf);
+            }
+            let (res, _) = w.write_all(b"ok".to_vec()).await;
+            res.unwrap();
+            (read, client.join().unwrap())
+        });
+        assert_eq!(read, pattern(40_000));
+        assert_eq!(&reply, b"ok");
+    }
+
+    #[test]
+    fn close_notify_from_the_peer_ends_reads_and_writes_still_go_out() {
+        let certs = Certs::new("close-notify");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
+        let (read, got) = on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = client(addr, cfg, |mut tls| {
+                tls.write_all(b"ping").unwrap();
+                tls.conn.send_close_notify();
+                tls.flush().unwrap();
+                let mut got = Vec::new();
+                tls.read_to_end(&mut got)
+                    .expect("a clean end after close_notify");
+                got
+            });
+            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            let read = drain(&mut r, &mut w, 64, false).await;
+            // The end stays an end.
+            let (res, _) = r.read(Vec::with_capacity(64)).await;
+            assert_eq!(res.unwrap(), 0);
+            let (res, _) = w.write_all(b"pong".to_vec()).await;
+            res.unwrap();
+            w.shutdown().await.unwrap();
+            (read, client.join().unwrap())
+        });
+        assert_eq!(&read, b"ping");
+        assert_eq!(&got, b"pong");
+    }
+
+    #[test]
+    fn tcp_close_without_close_notify_ends_reads() {
+        let certs = Certs::new("tcp-close");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
+        let read = on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = client(addr, cfg, |mut tls| {
+                tls.write_all(b"bye").unwrap();
+                tls.flush().unwrap();
+                // A FIN, no close_notify; then wait for the server's end
+                // (closing with its records unread would reset instead).
+                tls.sock.shutdown(std::net::Shutdown::Write).unwrap();
+                let _ = tls.sock.read_to_end(&mut Vec::new());
+            });
+            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            let read = drain(&mut r, &mut w, 64, false).await;
+            w.shutdown().await.unwrap();
+            client.join().unwrap();
+            read
+        });
+        assert_eq!(&read, b"bye");
+    }
+
+    #[test]
+    fn key_update_from_the_peer_is_answered_and_the_stream_goes_on() {
+        let certs = Certs::new("key-update");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
+        let got = on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = client(addr, cfg, |mut tls| {
+                let mut got = Vec::new();
+                for round in 0..3u8 {
+                    let msg = vec![round; 30_000];
+                    tls.write_all(&msg).unwrap();
+                    tls.flush().unwrap();
+                    let mut back = vec![0; msg.len()];
+                    tls.read_exact(&mut back).unwrap();
+                    got.extend_from_slice(&back);
+                    // New keys both ways: the server must take the
+                    // client's and send its own before its next record.
+                    tls.conn.refresh_traffic_keys().unwrap();
+                }
+                tls.conn.send_close_notify();
+                tls.flush().unwrap();
+                let _ = tls.read_to_end(&mut Vec::new());
+                got
+            });
+            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            let read = drain(&mut r, &mut w, 8192, true).await;
+            assert_eq!(read.len(), 90_000);
+            w.shutdown().await.unwrap();
+            client.join().unwrap()
+        });
+        let want: Vec<u8> = (0..3u8).flat_map(|r| vec![r; 30_000]).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_read_dropped_while_it_waits_loses_nothing_when_nothing_was_pending() {
+        let certs = Certs::new("dropped-read");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let read = on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = client(addr, cfg, move |mut tls| {
+                tls.write_all(b"a").unwrap();
+                tls.flush().unwrap();
+                wait.recv().unwrap();
+                tls.write_all(b"b").unwrap();
+                tls.conn.send_close_notify();
+                tls.flush().unwrap();
+                let _ = tls.read_to_end(&mut Vec::new());
+            });
+            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            let (res, first) = r.read(Vec::with_capacity(64)).await;
+            assert_eq!(res.unwrap(), 1);
+            // The read's TCP read has `rx` (empty) when its future goes.
+            {
+                let pending = r.read(Vec::with_capacity(64));
+                let timeout = std::time::Duration::from_millis(20);
+                let gone = monoio::time::timeout(timeout, pending).await;
+                assert!(gone.is_err(), "nothing was sent yet");
+            }
+            // Dropping the recv only queues its cancellation; one turn of
+            // the runtime submits it, so "b" cannot land in the dropped
+            // recv's buffer (which would lose it, as the module doc says).
+            monoio::time::sleep(std::time::Duration::from_millis(1)).await;
+            go.send(()).unwrap();
+            let mut read = first;
+            read.extend_from_slice(&drain(&mut r, &mut w, 64, false).await);
+            w.shutdown().await.unwrap();
+            client.join().unwrap();
+            read
+        });
+        assert_eq!(&read, b"ab");
+    }
+
+    #[test]
+    fn garbage_after_the_handshake_is_an_error_not_a_hang() {
+        let certs = Certs::new("garbage");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
+        // A record that does not authenticate, and bytes that are no
+        // record at all.
+        let mut forged = vec![0x17, 0x03, 0x03, 0x00, 0x20];
+        forged.extend_from_slice(&[0xab; 32]);
+        for garbage in [forged, b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
+            let config = config.clone();
+            let cfg = cfg.clone();
+            on_runtime(async move {
+                let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = listener.local_addr().unwrap();
+                let client = client(addr, cfg, move |mut tls| {
+                    tls.write_all(b"hi").unwrap();
+                    tls.flush().unwrap();
+                    tls.sock.write_all(&garbage).unwrap();
+                    let mut rest = Vec::new();
+                    tls.read_to_end(&mut rest)
+                        .expect_err("the server's alert")
+                        .to_string()
+                });
+                let (mut r, mut w, _) = accept_one(&listener, config).await;
+                let (res, buf) = r.read(Vec::with_capacity(64)).await;
+                assert_eq!(res.unwrap(), 2);
+                assert_eq!(&buf, b"hi");
+                let read = r.read(Vec::with_capacity(64));
+                let (res, _) = monoio::time::timeout(std::time::Duration::from_secs(5), read)
+                    .await
+                    .expect("an answer, not a hang");
+                let err = res.expect_err("garbage is an error");
+                assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+                // It stays broken; the shutdown sends rustls's alert.
+                let (res, _) = r.read(Vec::with_capacity(64)).await;
+                assert!(res.is_err());
+                let _ = w.shutdown().await;
+                let seen = client.join().unwrap();
+                assert!(seen.contains("received fatal alert"), "client saw: {seen}");
+            });
+        }
     }
 }
