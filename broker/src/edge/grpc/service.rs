@@ -42,7 +42,7 @@ use crate::auth::Principal;
 use crate::shared::{Shared, SubmitError};
 
 thread_local! {
-    /// Reused per edge thread: building a frame allocates nothing once the
+    /// Reused per shard thread: building a frame allocates nothing once the
     /// builder has grown.
     static ENCODER: RefCell<RequestEncoder> = RefCell::new(RequestEncoder::new());
     static IDS: RefCell<IdGenerator> = RefCell::new(IdGenerator::new(thread_seed()));
