@@ -114,18 +114,20 @@ def probe(server, name, certs, token, lg_cpus, requests, wd, tag):
     return per, threads
 
 
-def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    requests = int(sys.argv[2]) if len(sys.argv) > 2 else 100_000
-    names = os.environ.get("PROBE_SERVERS", "plain,tls").split(",")
+def start_servers(names, prefix):
+    """Certificates, a JWKS and its token, and one broker per name of
+    `PROBE_SERVERS` (`plain`, `tls` or `tls+auth`, each optionally
+    `@BINARY` for another build) on the first server CPU. Returns the work
+    directory, the CA directory, the token, the generator's CPUs and the
+    servers by name; the caller stops the servers."""
     srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
     srv_cpus = srv_cpus[:1]
-    wd = tempfile.mkdtemp(prefix="tls-http-probe-")
+    wd = tempfile.mkdtemp(prefix=prefix)
     certs = os.path.join(wd, "certs")
     subprocess.run(["bash", os.path.join(S.ROOT, "scripts", "dev-certs"), certs], check=True,
                    capture_output=True)
     jwks, token = A.keys_and_token(wd)
-    servers, res = {}, {n: [] for n in names}
+    servers = {}
     try:
         for n in names:
             cfg = os.path.join(wd, f"http-{len(servers)}.toml")
@@ -135,6 +137,20 @@ def main():
                                  jwks if kind == "tls+auth" else None))
             servers[n] = B.Server(f"http-{kind}-{len(servers)}", [binary or B.BROKER, "--config",
                                   cfg], wd, addr_key="http")
+    except BaseException:
+        for srv in servers.values():
+            srv.stop()
+        raise
+    return wd, certs, token, lg_cpus, servers
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    requests = int(sys.argv[2]) if len(sys.argv) > 2 else 100_000
+    names = os.environ.get("PROBE_SERVERS", "plain,tls").split(",")
+    res = {n: [] for n in names}
+    wd, certs, token, lg_cpus, servers = start_servers(names, "tls-http-probe-")
+    try:
         for rnd in range(rounds):
             for n in B.rotate(list(names), rnd):
                 per, threads = probe(servers[n], n, certs, token, lg_cpus, requests, wd,

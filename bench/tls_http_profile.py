@@ -21,14 +21,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tls_http_probe as P  # noqa: E402
 
-B, A, S = P.B, P.A, P.S
+B, S = P.B, P.S
 FREQ = 4999
 # First match wins; checked against "dso symbol".
 ROWS = [
@@ -108,23 +107,9 @@ def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 40_000
     names = os.environ.get("PROBE_SERVERS", "plain,tls").split(",")
-    srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
-    srv_cpus = srv_cpus[:1]
-    wd = tempfile.mkdtemp(prefix="tls-http-profile-")
-    certs = os.path.join(wd, "certs")
-    subprocess.run(["bash", os.path.join(S.ROOT, "scripts", "dev-certs"), certs], check=True,
-                   capture_output=True)
-    jwks, token = A.keys_and_token(wd)
-    servers, res = {}, {n: [] for n in names}
+    res = {n: [] for n in names}
+    wd, certs, token, lg_cpus, servers = P.start_servers(names, "tls-http-profile-")
     try:
-        for n in names:
-            cfg = os.path.join(wd, f"http-{len(servers)}.toml")
-            kind, _, binary = n.partition("@")
-            with open(cfg, "w") as f:
-                f.write(S.config(srv_cpus, None if kind == "plain" else certs,
-                                 jwks if kind == "tls+auth" else None))
-            servers[n] = B.Server(f"http-{kind}-{len(servers)}", [binary or B.BROKER, "--config",
-                                  cfg], wd, addr_key="http")
         for rnd in range(rounds):
             for n in B.rotate(list(names), rnd):
                 p = profile(servers[n], n, certs, token, lg_cpus, requests, wd,
