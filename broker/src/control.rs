@@ -644,16 +644,7 @@ impl Moves {
     fn bind(old: &Config, new: &Config, shards: usize) -> Result<Self, Vec<String>> {
         let mut m = Moves::default();
         let mut errors = Vec::new();
-        let per_shard =
-            |addr: std::net::SocketAddr| -> std::io::Result<Vec<std::net::TcpListener>> {
-                let first = crate::server::bind_reuseport(addr)?;
-                let resolved = first.local_addr()?;
-                let mut all = vec![first];
-                for _ in 1..shards {
-                    all.push(crate::server::bind_reuseport(resolved)?);
-                }
-                Ok(all)
-            };
+        let per_shard = |addr| crate::server::bind_per_shard(addr, shards);
         if new.frames.listen != old.frames.listen {
             match per_shard(new.frames.listen) {
                 Ok(l) => m.frames = l,

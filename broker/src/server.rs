@@ -27,6 +27,21 @@ pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     Ok(s.into())
 }
 
+/// One [`bind_reuseport`] listener per shard on `addr`: the first resolves
+/// port 0, the others bind to the address it got.
+pub fn bind_per_shard(
+    addr: SocketAddr,
+    shards: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let first = bind_reuseport(addr)?;
+    let resolved = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..shards {
+        all.push(bind_reuseport(resolved)?);
+    }
+    Ok(all)
+}
+
 /// The running broker: what `main` waits on.
 pub struct Running {
     pub shared: Arc<Shared>,
@@ -176,36 +191,15 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
 
     // Bind everything before reporting ready, so port 0 resolves and a busy
     // port fails start-up with its address in the message.
-    let first = bind_reuseport(config.frames.listen)
+    let listeners = bind_per_shard(config.frames.listen, shards)
         .with_context(|| format!("binding the frame edge on {}", config.frames.listen))?;
-    let frames = first.local_addr()?;
-    let mut listeners = vec![first];
-    for _ in 1..shards {
-        listeners.push(
-            bind_reuseport(frames)
-                .with_context(|| format!("binding shard listener on {frames}"))?,
-        );
-    }
-    let http_first = bind_reuseport(config.http.listen)
+    let frames = listeners[0].local_addr()?;
+    let http_listeners = bind_per_shard(config.http.listen, shards)
         .with_context(|| format!("binding the HTTP edge on {}", config.http.listen))?;
-    let http = http_first.local_addr()?;
-    let mut http_listeners = vec![http_first];
-    for _ in 1..shards {
-        http_listeners.push(
-            bind_reuseport(http)
-                .with_context(|| format!("binding shard HTTP listener on {http}"))?,
-        );
-    }
-    let grpc_first = bind_reuseport(config.grpc.listen)
+    let http = http_listeners[0].local_addr()?;
+    let grpc_listeners = bind_per_shard(config.grpc.listen, shards)
         .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
-    let grpc = grpc_first.local_addr()?;
-    let mut grpc_listeners = vec![grpc_first];
-    for _ in 1..shards {
-        grpc_listeners.push(
-            bind_reuseport(grpc)
-                .with_context(|| format!("binding shard gRPC listener on {grpc}"))?,
-        );
-    }
+    let grpc = grpc_listeners[0].local_addr()?;
     let metrics_listener = std::net::TcpListener::bind(config.metrics.listen)
         .with_context(|| format!("binding the metrics endpoint on {}", config.metrics.listen))?;
     let metrics = metrics_listener.local_addr()?;

@@ -135,11 +135,6 @@ impl GrpcEdge {
         self.aux.handle().clone()
     }
 
-    /// Forgets expired sessions (a shard calls this on a timer).
-    pub fn sweep_sessions(&self) {
-        self.state.sweep_sessions();
-    }
-
     /// Starts refusing new calls (UNAVAILABLE), reports NOT_SERVING and ends
     /// every Subscribe stream. Connections keep answering (so health checks
     /// see NOT_SERVING) until the shards drain them.
@@ -179,7 +174,7 @@ pub async fn sweep_sessions(
     let every = (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     loop {
         monoio::select! {
-            _ = monoio::time::sleep(every) => edge.sweep_sessions(),
+            _ = monoio::time::sleep(every) => edge.state.sweep_sessions(),
             _ = draining.wait() => return,
         }
     }
