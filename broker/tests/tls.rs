@@ -287,9 +287,14 @@ fn plaintext_to_a_tls_port_is_closed_and_counted() {
 fn grpc_handshakes_in_progress_count_against_the_connection_bound() {
     let dir = Dir::new("grpc-bound");
     dev_certs(&dir.0);
-    let toml =
-        tls_toml(&dir.0, "").replacen("\nmax_connections = 10000\n", "\nmax_connections = 2\n", 1);
+    // One shard: with several, each has its own listener, and the third
+    // connection could be accepted on one shard before the first two are
+    // on another.
+    let toml = tls_toml(&dir.0, "")
+        .replacen("\nmax_connections = 10000\n", "\nmax_connections = 2\n", 1)
+        .replacen("\nshards = 0\n", "\nshards = 1\n", 1);
     assert!(toml.contains("\nmax_connections = 2\n"), "the [grpc] key");
+    assert!(toml.contains("\nshards = 1\n"), "the [broker] key");
     let b = Broker::start_with_config(&toml, &[]);
     let cfg = client_config(&dir.path("ca.pem"), None, &[b"h2"]);
     // The listener takes connections in arrival order: these two first.
