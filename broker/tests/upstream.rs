@@ -671,7 +671,10 @@ fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
         msg.starts_with("upstream unavailable: tools/call to http://127.0.0.1:"),
         "{r}"
     );
-    // While it is down, a call says so, on every edge.
+    // While it is down, a call says so, on every edge. Usually the pool has
+    // dropped the dead connection and a new one is refused; on a loaded
+    // machine the pool may not have seen the close yet, and the call finds
+    // the pooled connection closed instead. Either names the cause.
     let r = c.call(
         &s,
         3,
@@ -679,11 +682,9 @@ fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
         r#"{"name":"add","arguments":{"a":1,"b":2}}"#,
     );
     assert_eq!(r["error"]["code"], -32006, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
     assert!(
-        r["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("connection refused"),
+        msg.contains("connection refused") || msg.contains("connection closed"),
         "{r}"
     );
     let mut f = b.connect();
