@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """bench/broker_ab.py: two or more broker builds or settings side by side.
 
-For bench/NOTES.md attempts: each SPEC is NAME=BINARY,NATIVE,DEFER (NATIVE 1 =
-[bench] native_echo; DEFER 1/0 sets [broker] io_uring_defer_taskrun, - leaves
-the binary's default, for builds that predate the option). Every server runs
+For bench/NOTES.md attempts: each SPEC is NAME=BINARY,NATIVE,DEFER[,WAITS]
+(NATIVE 1 = [bench] native_echo; DEFER 1/0 sets [broker]
+io_uring_defer_taskrun; WAITS 1/0 sets the echo router's never_waits (default
+1); - leaves the binary's default, for builds that predate the option). Every server runs
 one shard on CPU 1, all started at once; each round drives every server in
 an order rotated every round (drift from other jobs spreads over all), with
 mcp-loadgen on CPU 0: closed loop (4 connections, 256 in flight), open loop
@@ -61,8 +62,10 @@ def main():
     try:
         for spec in specs:
             name, rest = spec.split("=", 1)
-            binary, native, defer = rest.split(",")
-            toml = B.broker_toml(1, [1], native == "1")
+            binary, native, defer, *waits = rest.split(",")
+            waits = waits[0] if waits else "1"
+            toml = B.broker_toml(1, [1], native == "1",
+                                 never_waits=None if waits == "-" else waits == "1")
             if defer != "-":
                 flag = "true" if defer == "1" else "false"
                 toml = toml.replace("[broker]\n", f"[broker]\nio_uring_defer_taskrun = {flag}\n", 1)

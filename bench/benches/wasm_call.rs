@@ -57,6 +57,14 @@ fn bench(c: &mut Criterion) {
         b.iter(|| run(pool.call_tool("echo", black_box(&args))).expect("echo"))
     });
 
+    echo.never_waits = true;
+    let sync = RouterPool::new(host.load(&echo).expect("echo loads"));
+    run(sync.warm()).expect("warm");
+    c.bench_function("wasm_call/echo_256B_never_waits", |b| {
+        b.iter(|| run(sync.call_tool("echo", black_box(&args))).expect("echo"))
+    });
+    echo.never_waits = false;
+
     echo.validate_json = false;
     let raw = RouterPool::new(host.load(&echo).expect("echo loads"));
     run(raw.warm()).expect("warm");

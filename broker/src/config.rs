@@ -456,6 +456,12 @@ pub struct RouterConfig {
     /// past it the call fails as a router fault (see `RouterSpec`).
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
+    /// The router never waits (no sleeps, outgoing requests or file
+    /// reads): its calls run without a fiber, each bounded by the smaller
+    /// of `call_deadline` and `wasm::NEVER_WAITS_MAX_RUN` since it holds
+    /// its shard while it runs (see `RouterSpec::never_waits`).
+    #[serde(default)]
+    pub never_waits: bool,
     #[serde(default)]
     pub grants: GrantsConfig,
 }
@@ -874,6 +880,16 @@ impl Config {
                     r.max_result_bytes
                 ));
             }
+            if r.never_waits && r.upstream.is_some() {
+                errors.push(format!(
+                    "{at}.never_waits: an `upstream` router waits on its upstream"
+                ));
+            }
+            if r.never_waits && !r.grants.dirs.is_empty() {
+                errors.push(format!(
+                    "{at}.never_waits: a router granted `dirs` waits on file reads"
+                ));
+            }
             if r.wasm.is_none() && r.upstream.is_none() {
                 errors.push(format!(
                     "{at}: set `wasm` (a component) or `upstream` (a remote MCP server's URL)"
@@ -989,6 +1005,7 @@ impl Config {
         spec.call_deadline = r.call_deadline;
         spec.sessions = r.session_limits();
         spec.max_result_bytes = r.max_result_bytes;
+        spec.never_waits = r.never_waits;
         spec.grants = crate::wasm::Grants {
             stdio_to_stderr: r.grants.stdio,
             env: r.grants.env.clone(),
@@ -1087,6 +1104,42 @@ mod tests {
             Some(2),
             "accepted (and ignored with a warning)"
         );
+    }
+
+    #[test]
+    fn never_waits_refuses_what_waits_and_reaches_the_spec() {
+        let err = Config::parse(
+            r#"
+            [[routers]]
+            name = "up"
+            upstream = "http://127.0.0.1:9/mcp"
+            never_waits = true
+            [[routers]]
+            name = "files"
+            wasm = "x.wasm"
+            never_waits = true
+            grants = { dirs = [{ host = "/tmp", guest = "/data" }] }
+            "#,
+        )
+        .unwrap_err();
+        let all = err.0.join("\n");
+        assert!(
+            all.contains("routers[0] (up).never_waits: an `upstream` router waits"),
+            "{all}"
+        );
+        assert!(
+            all.contains("routers[1] (files).never_waits: a router granted `dirs`"),
+            "{all}"
+        );
+        let c = Config::parse(
+            "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\nnever_waits = true\n",
+        )
+        .unwrap();
+        assert!(c.router_spec(&c.routers[0]).never_waits);
+        // The example's `echo` never waits; its other routers keep the default.
+        let d = Config::parse(DEFAULT_TOML).unwrap();
+        let flags: Vec<bool> = d.routers.iter().map(|r| r.never_waits).collect();
+        assert_eq!(flags, [true, false, false]);
     }
 
     #[test]

@@ -387,3 +387,94 @@ fn warmed_pool_keeps_every_instance_and_serves_at_once() {
         assert!(pool.call_tool("elicit", "{}").await.is_ok());
     });
 }
+
+// `never_waits` routers: the same component called synchronously, on the
+// shard's own stack. Every fault still ends in its documented error and
+// the pool recovers; what could wait is refused.
+
+/// [`chaos_pool`], configured `never_waits`.
+fn never_waits_pool() -> RouterPool {
+    let mut spec = bundled("chaos");
+    spec.instances_per_shard = 1;
+    spec.queue_depth = 4;
+    // Smaller still than `chaos_pool`'s: `alloc` must reach the limit well
+    // within the 10 ms such a call may run, on a busy test machine too.
+    spec.max_memory_bytes = 4 << 20;
+    spec.never_waits = true;
+    RouterPool::new(load(&spec))
+}
+
+#[test]
+fn never_waits_faults_end_as_they_do_on_a_fiber() {
+    let pool = never_waits_pool();
+    assert_fault_then_recovery(&pool, "trap", "{}", |e| matches!(e, CallError::Trap(_)));
+    assert_fault_then_recovery(&pool, "alloc", "{}", |e| {
+        matches!(e, CallError::OutOfMemory)
+    });
+    // On the caller's stack, not a fiber's: the wasm stack bound still holds.
+    assert_fault_then_recovery(&pool, "recurse", "{}", |e| {
+        matches!(e, CallError::StackOverflow)
+    });
+}
+
+#[test]
+fn never_waits_loop_traps_at_the_short_run_limit() {
+    // The call asks for 300 ms; a call that holds its shard gets at most
+    // NEVER_WAITS_MAX_RUN.
+    let started = Instant::now();
+    assert_fault_then_recovery(
+        &never_waits_pool(),
+        "loop",
+        "{}",
+        |e| matches!(e, CallError::DeadlineExceeded(d) if *d == mcp_broker::wasm::NEVER_WAITS_MAX_RUN),
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "ended before the call's own deadline: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn never_waits_sleep_traps_naming_the_setting() {
+    let pool = never_waits_pool();
+    assert_fault_then_recovery(
+        &pool,
+        "sleep",
+        r#"{"ms":1}"#,
+        |e| matches!(e, CallError::Trap(m) if m.contains("never_waits")),
+    );
+    // Reading the clock is not waiting.
+    on_shard(async {
+        let r = pool.call_tool("spin", r#"{"ms":2}"#).await.unwrap();
+        assert!(first_text(&r).starts_with("spun"), "{r:?}");
+        let r = pool.call_tool("fail", "{}").await.unwrap_err();
+        assert!(matches!(r, CallError::Tool(_)), "{r:?}");
+    });
+}
+
+#[test]
+fn never_waits_answers_as_the_fiber_path_does() {
+    let mut spec = bundled("echo");
+    let fiber = RouterPool::new(load(&spec));
+    spec.never_waits = true;
+    let sync = RouterPool::new(load(&spec));
+    let args = r#"{"text":"héllo","n":[1,2,3]}"#;
+    on_shard(async {
+        let a = fiber.call_tool("echo", args).await.unwrap();
+        let b = sync.call_tool("echo", args).await.unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    });
+}
+
+#[test]
+fn never_waits_refuses_a_directory_grant() {
+    let mut spec = bundled("chaos");
+    spec.never_waits = true;
+    spec.grants.read_only_dirs = vec![mcp_broker::wasm::DirGrant {
+        host: std::env::temp_dir(),
+        guest: "/data".into(),
+    }];
+    let e = support::host().load(&spec).unwrap_err().to_string();
+    assert!(e.contains("never_waits") && e.contains("file reads"), "{e}");
+}

@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::num::NonZeroUsize;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake};
@@ -40,7 +40,7 @@ use super::metered::{
     GetPromptResults, ReadResourceParams, ReadResourceResults,
 };
 use super::outbound::{Outbound, OutboundHooks};
-use super::spec::{HostConfig, RouterSpec};
+use super::spec::{HostConfig, NEVER_WAITS_MAX_RUN, RouterSpec};
 use super::types as w;
 
 /// Core instances, tables and memories one router store may create: a Rust
@@ -68,8 +68,15 @@ pub(crate) struct Shared {
     /// `linker` plus `wasi:http`, for routers granted an upstream only: a
     /// router without the grant that imports `wasi:http` fails to load.
     linker_http: Linker<StoreState>,
+    /// The same imports, synchronous, for routers that never wait
+    /// ([`RouterSpec::never_waits`]): a component linked against only
+    /// synchronous host functions can be called without a fiber.
+    linker_sync: Linker<StoreState>,
     pub(crate) tokio: tokio::runtime::Runtime,
     max_memory_bytes: usize,
+    /// Ticks a `never_waits` call may see: [`NEVER_WAITS_MAX_RUN`] in epoch
+    /// ticks.
+    run_ticks: u32,
 }
 
 impl std::fmt::Debug for WasmHost {
@@ -120,6 +127,7 @@ impl WasmHost {
         let mut linker_http = linker.clone();
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker_http)
             .map_err(engine_err)?;
+        let linker_sync = sync_linker(&engine).map_err(engine_err)?;
 
         // One worker: WASI timers, the blocking pool's completions and
         // upstream routers' HTTP connections (`outbound.rs`) only wake shard
@@ -154,8 +162,10 @@ impl WasmHost {
                 engine,
                 linker,
                 linker_http,
+                linker_sync,
                 tokio,
                 max_memory_bytes: config.max_memory_bytes,
+                run_ticks: run_ticks(config.epoch_tick),
             }),
             ticker: Some(ticker),
             stop,
@@ -187,6 +197,18 @@ impl WasmHost {
         }
         if spec.call_deadline.is_zero() {
             return Err(spec_err("call_deadline must be positive".into()));
+        }
+        if spec.never_waits {
+            if spec.grants.http.is_some() {
+                return Err(spec_err(
+                    "never_waits: a router granted outgoing HTTP waits on the network".into(),
+                ));
+            }
+            if !spec.grants.read_only_dirs.is_empty() {
+                return Err(spec_err(
+                    "never_waits: a router granted directories waits on file reads".into(),
+                ));
+            }
         }
         let bytes = std::fs::read(&spec.wasm).map_err(|source| LoadError::Read {
             router: router.clone(),
@@ -292,7 +314,9 @@ impl WasmHost {
         // The linker names the first import it cannot resolve (e.g.
         // "component imports instance `acme:vault/secrets@1.0.0`, but a
         // matching implementation was not found in the linker").
-        let linker = if spec.grants.http.is_some() {
+        let linker = if spec.never_waits {
+            &self.shared.linker_sync
+        } else if spec.grants.http.is_some() {
             &self.shared.linker_http
         } else {
             &self.shared.linker
@@ -434,6 +458,10 @@ pub(crate) struct Instance {
     /// The metered exports, each type-checked against its `metered`
     /// parameter and result types when the instance was made.
     metered: MeteredExports<Func>,
+    /// Linked against synchronous imports only
+    /// ([`RouterSpec::never_waits`]): the metered exports are called on
+    /// the caller's stack, not on a fiber.
+    sync: bool,
 }
 
 /// The exports called through `metered`'s types: indices in a component,
@@ -522,13 +550,29 @@ impl Router {
                 table: ResourceTable::new(),
                 limits,
                 deadline: Instant::now(),
+                ticks: 0,
             },
         );
         store.limiter(|s| &mut s.limits);
         let tokio = self.shared.tokio.handle().clone();
-        store.epoch_deadline_callback(move |ctx| {
+        let never_waits = spec.never_waits;
+        let run_ticks = self.shared.run_ticks;
+        store.epoch_deadline_callback(move |mut ctx| {
             if Instant::now() >= ctx.data().deadline {
                 Err(wasmtime::Error::new(DeadlinePassed))
+            } else if never_waits {
+                // A synchronous call cannot yield: it runs on until it
+                // returns, or until it has seen `run_ticks` ticks. Ticks,
+                // not the clock: the callback runs only while guest code
+                // runs, so a shard thread the kernel preempted does not
+                // count the time it was off the CPU against its guest.
+                let data = ctx.data_mut();
+                data.ticks += 1;
+                if data.ticks > run_ticks {
+                    Err(wasmtime::Error::new(RunLimit))
+                } else {
+                    Ok(UpdateDeadline::Continue(1))
+                }
             } else {
                 // Let the shard run its other tasks, then continue. Not
                 // `UpdateDeadline::Yield`: that wakes the task from inside its
@@ -593,6 +637,7 @@ impl Router {
             store,
             bindings,
             metered,
+            sync: self.spec.never_waits,
         })
     }
 
@@ -653,8 +698,14 @@ impl Instance {
         let f = unsafe {
             TypedFunc::<CallToolParams<'_>, CallToolResults>::new_unchecked(self.metered.call_tool)
         };
-        let call = f.call_async(&mut self.store, (tool, arguments));
-        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        let (r,) = if self.sync {
+            metered::with_budget(max_result_bytes, || {
+                f.call(&mut self.store, (tool, arguments))
+            })?
+        } else {
+            let call = f.call_async(&mut self.store, (tool, arguments));
+            metered::budgeted(max_result_bytes, call).await?
+        };
         Ok(r.map(Into::into).map_err(Into::into))
     }
 
@@ -670,8 +721,12 @@ impl Instance {
                 self.metered.read_resource,
             )
         };
-        let call = f.call_async(&mut self.store, (uri,));
-        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        let (r,) = if self.sync {
+            metered::with_budget(max_result_bytes, || f.call(&mut self.store, (uri,)))?
+        } else {
+            let call = f.call_async(&mut self.store, (uri,));
+            metered::budgeted(max_result_bytes, call).await?
+        };
         Ok(r.map(Into::into).map_err(Into::into))
     }
 
@@ -687,8 +742,12 @@ impl Instance {
                 self.metered.get_prompt,
             )
         };
-        let call = f.call_async(&mut self.store, (name,));
-        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        let (r,) = if self.sync {
+            metered::with_budget(max_result_bytes, || f.call(&mut self.store, (name,)))?
+        } else {
+            let call = f.call_async(&mut self.store, (name,));
+            metered::budgeted(max_result_bytes, call).await?
+        };
         Ok(r.map(Into::into).map_err(Into::into))
     }
 
@@ -702,8 +761,12 @@ impl Instance {
         let f = unsafe {
             TypedFunc::<CompleteParams<'_>, CompleteResults>::new_unchecked(self.metered.complete)
         };
-        let call = f.call_async(&mut self.store, (request,));
-        let (r,) = metered::budgeted(max_result_bytes, call).await?;
+        let (r,) = if self.sync {
+            metered::with_budget(max_result_bytes, || f.call(&mut self.store, (request,)))?
+        } else {
+            let call = f.call_async(&mut self.store, (request,));
+            metered::budgeted(max_result_bytes, call).await?
+        };
         Ok(r.map(Into::into).map_err(Into::into))
     }
 
@@ -725,11 +788,64 @@ impl Instance {
     pub(crate) fn begin(&mut self, deadline: Instant) {
         let data = self.store.data_mut();
         data.deadline = deadline;
+        data.ticks = 0;
         data.limits.refused = false;
         // Fire the callback at the next tick: it yields or fails the call.
         self.store.set_epoch_deadline(1);
     }
 }
+
+/// WASI's clock subscriptions: the only way a component without network
+/// or directory grants can wait (a sleep is a subscription polled until it
+/// fires).
+const CLOCK_SUBSCRIPTIONS: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
+/// The linker of [`RouterSpec::never_waits`] routers: WASI and the broker's
+/// host interface, all synchronous, without `wasi:http`. A sleep would block
+/// the shard's thread, so the clock's subscriptions trap instead, naming
+/// the router's setting.
+fn sync_linker(engine: &Engine) -> wasmtime::Result<Linker<StoreState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    host_call::add_to_linker::<_, wasmtime::component::HasSelf<StoreState>>(&mut linker, |s| s)?;
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(CLOCK_SUBSCRIPTIONS)?;
+    for name in ["subscribe-duration", "subscribe-instant"] {
+        clock.func_new(name, |_, _, _, _| Err(wasmtime::Error::new(WaitRefused)))?;
+    }
+    linker.allow_shadowing(false);
+    Ok(linker)
+}
+
+/// [`NEVER_WAITS_MAX_RUN`] in epoch ticks (at least one).
+fn run_ticks(tick: Duration) -> u32 {
+    let ticks = NEVER_WAITS_MAX_RUN.as_nanos() / tick.as_nanos().max(1);
+    u32::try_from(ticks).unwrap_or(u32::MAX).max(1)
+}
+
+/// A `never_waits` call ran past [`NEVER_WAITS_MAX_RUN`].
+#[derive(Debug)]
+struct RunLimit;
+
+impl std::fmt::Display for RunLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a never_waits call ran past {NEVER_WAITS_MAX_RUN:?}")
+    }
+}
+
+impl std::error::Error for RunLimit {}
+
+/// A `never_waits` router tried to wait (its fault: it traps).
+#[derive(Debug)]
+pub(crate) struct WaitRefused;
+
+impl std::fmt::Display for WaitRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the router tried to wait on a clock, but is configured `never_waits`")
+    }
+}
+
+impl std::error::Error for WaitRefused {}
 
 /// Pending once; the wake comes from the WASI runtime's thread after the
 /// poll has returned, so any executor queues the task behind the others.
@@ -790,6 +906,12 @@ pub(crate) fn settle<T>(
     if e.downcast_ref::<DeadlinePassed>().is_some() {
         return Err(CallError::DeadlineExceeded(deadline));
     }
+    if e.downcast_ref::<RunLimit>().is_some() {
+        return Err(CallError::DeadlineExceeded(NEVER_WAITS_MAX_RUN));
+    }
+    if e.downcast_ref::<WaitRefused>().is_some() {
+        return Err(CallError::Trap(WaitRefused.to_string()));
+    }
     if let Some(big) = e.downcast_ref::<metered::ResultTooLarge>() {
         return Err(CallError::ResultTooLarge { limit: big.limit });
     }
@@ -814,34 +936,57 @@ pub(crate) fn settle<T>(
 /// [`Elapsed`] once `deadline` passes while it waits on a host future (the
 /// epoch callback only runs while guest code runs).
 ///
-/// The timer is created only after the first `Pending`, so a call that
-/// completes in its first poll (the common case) registers no timer.
-pub(crate) async fn drive<F: Future>(
+/// The timer is created (and boxed) only after the first `Pending`, so a
+/// call that completes in its first poll (the common case) registers no
+/// timer. A struct rather than an `async fn`: an `async fn` keeps its
+/// argument and the pinned copy of it side by side, and this future is
+/// moved into its caller's on every call.
+pub(crate) fn drive<F: Future>(
     tokio: &tokio::runtime::Runtime,
     deadline: Instant,
     fut: F,
-) -> Result<F::Output, Elapsed> {
-    let handle = tokio.handle();
-    let mut fut = pin!(fut);
-    let mut timer = pin!(None::<tokio::time::Sleep>);
-    std::future::poll_fn(move |cx| {
-        let _entered = handle.enter();
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+) -> Drive<'_, F> {
+    Drive {
+        handle: tokio.handle(),
+        deadline,
+        fut,
+        timer: None,
+    }
+}
+
+/// The future of [`drive`].
+pub(crate) struct Drive<'a, F> {
+    handle: &'a tokio::runtime::Handle,
+    deadline: Instant,
+    /// Structurally pinned: never moved out of once `Drive` is pinned.
+    fut: F,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<F: Future> Future for Drive<'_, F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `fut` is pinned with `self` (it is only ever reached through
+        // this projection, and `Drive` has no `Drop` that could move it);
+        // the other fields are `Unpin`.
+        let this = unsafe { self.get_unchecked_mut() };
+        let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
+        let _entered = this.handle.enter();
+        if let Poll::Ready(v) = fut.poll(cx) {
             return Poll::Ready(Ok(v));
         }
-        if timer.is_none() {
-            timer.set(Some(tokio::time::sleep_until(
-                tokio::time::Instant::from_std(deadline),
-            )));
+        let deadline = this.deadline;
+        let timer = this.timer.get_or_insert_with(|| {
+            Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
+                deadline,
+            )))
+        });
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
+            Poll::Pending => Poll::Pending,
         }
-        if let Some(t) = timer.as_mut().as_pin_mut()
-            && t.poll(cx).is_ready()
-        {
-            return Poll::Ready(Err(Elapsed));
-        }
-        Poll::Pending
-    })
-    .await
+    }
 }
 
 /// Runs a future to completion on the calling thread (used at load, off the
@@ -877,6 +1022,9 @@ pub(crate) struct StoreState {
     table: ResourceTable,
     limits: Limits,
     deadline: Instant,
+    /// Epoch ticks the running call has seen while its guest code ran
+    /// (`never_waits` routers: bounded by [`Shared::run_ticks`]).
+    ticks: u32,
 }
 
 impl WasiView for StoreState {
@@ -1040,7 +1188,17 @@ mod tests {
                 refused: false,
             },
             deadline: Instant::now() + Duration::from_secs(60),
+            ticks: 0,
         }
+    }
+
+    #[test]
+    fn the_never_waits_run_limit_in_ticks() {
+        assert_eq!(run_ticks(Duration::from_millis(1)), 10);
+        assert_eq!(run_ticks(Duration::from_micros(500)), 20);
+        // A tick longer than the limit still allows one.
+        assert_eq!(run_ticks(Duration::from_millis(50)), 1);
+        assert_eq!(run_ticks(Duration::ZERO), 10_000_000);
     }
 
     #[test]

@@ -33,7 +33,8 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use wasmtime::ValRaw;
 use wasmtime::component::__internal::{
@@ -79,17 +80,39 @@ fn charge(bytes: usize) -> wasmtime::Result<()> {
 
 /// Runs `fut` with the lift budget set to `limit` at every poll (see the
 /// module's invariants).
-pub(crate) async fn budgeted<F: Future>(limit: usize, fut: F) -> F::Output {
-    let mut fut = pin!(fut);
-    std::future::poll_fn(|cx| {
-        REMAINING.with(|r| r.set(limit));
-        LIMIT.with(|l| l.set(limit));
-        let r = fut.as_mut().poll(cx);
-        // Lifts outside a budgeted call (other exports) stay unlimited.
-        REMAINING.with(|r| r.set(usize::MAX));
-        r
-    })
-    .await
+pub(crate) fn budgeted<F: Future>(limit: usize, fut: F) -> Budgeted<F> {
+    Budgeted { limit, fut }
+}
+
+/// The future of [`budgeted`]: a struct, so that the call's future is held
+/// once (an `async fn` would hold it twice, as argument and pinned).
+pub(crate) struct Budgeted<F> {
+    limit: usize,
+    /// Structurally pinned: never moved out of once `Budgeted` is pinned.
+    fut: F,
+}
+
+impl<F: Future> Future for Budgeted<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: `fut` is only reached through this projection and
+        // `Budgeted` has no `Drop`, so it stays where it was pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
+        with_budget(this.limit, || fut.poll(cx))
+    }
+}
+
+/// Runs `f` (a synchronous call, or one poll of an asynchronous one) with
+/// the lift budget set to `limit`.
+pub(crate) fn with_budget<R>(limit: usize, f: impl FnOnce() -> R) -> R {
+    REMAINING.with(|r| r.set(limit));
+    LIMIT.with(|l| l.set(limit));
+    let r = f();
+    // Lifts outside a budgeted call (other exports) stay unlimited.
+    REMAINING.with(|r| r.set(usize::MAX));
+    r
 }
 
 /// A string or list whose lift is charged to the budget before it copies.

@@ -727,7 +727,8 @@ impl Lease {
             return Err(CallError::Fault("lease without a slot".into()));
         };
         if slot.0.is_none() {
-            slot.0 = Some(Box::new(self.pool.router.instantiate().await?));
+            // Boxed: rare, and its future would otherwise widen every call's.
+            slot.0 = Some(Box::new(Box::pin(self.pool.router.instantiate()).await?));
         }
         slot.0
             .as_deref_mut()
@@ -757,7 +758,7 @@ impl Lease {
             slot.0 = None;
             // Replace now, so the next caller finds a ready instance; if this
             // fails the slot stays empty and the next caller retries.
-            if let Ok(inst) = self.pool.router.instantiate().await {
+            if let Ok(inst) = Box::pin(self.pool.router.instantiate()).await {
                 slot.0 = Some(Box::new(inst));
             }
         }

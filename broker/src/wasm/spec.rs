@@ -41,6 +41,11 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 4 << 20;
 /// Default table-element cap per instance (function tables of Rust guests
 /// hold a few hundred entries).
 pub const DEFAULT_MAX_TABLE_ELEMENTS: usize = 20_000;
+/// The longest a call of a [`RouterSpec::never_waits`] router may run its
+/// guest code (counted in epoch ticks, so time the shard's thread spends
+/// preempted does not count): it holds its shard's thread the whole time,
+/// so past this it fails as deadline exceeded, before its `call_deadline`.
+pub const NEVER_WAITS_MAX_RUN: Duration = Duration::from_millis(10);
 
 /// WASI capabilities granted to one router. [`Default`] grants nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -128,6 +133,14 @@ pub struct RouterSpec {
     /// session's own instance (see `RouterPool::caller`). `None`: every call
     /// runs on the shared instances.
     pub sessions: Option<SessionLimits>,
+    /// The router never waits (no sleeps, no outgoing requests, no file
+    /// reads): its calls run synchronously on the shard's own stack instead
+    /// of on a fiber, which saves the fiber's switches and the async
+    /// machinery on every call. A call cannot yield to other tasks, so its
+    /// guest code may run [`NEVER_WAITS_MAX_RUN`] at most; a component
+    /// that could wait (an HTTP or directory grant) is refused at load, and
+    /// one that tries to sleep traps.
+    pub never_waits: bool,
 }
 
 impl RouterSpec {
@@ -145,6 +158,7 @@ impl RouterSpec {
             validate_json: true,
             grants: Grants::default(),
             sessions: None,
+            never_waits: false,
         }
     }
 
