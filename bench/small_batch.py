@@ -19,28 +19,18 @@ builds them). Stdlib only.
 """
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tls_http_probe as P  # noqa: E402
 
 B = P.B
-EVENTS = [
-    "task-clock",
-    "context-switches",
-    "raw_syscalls:sys_enter",
-    "syscalls:sys_enter_io_uring_enter",
-    "io_uring:io_uring_submit_req",
-    "io_uring:io_uring_complete",
-    "io_uring:io_uring_task_work_run",
-    "io_uring:io_uring_local_work_run",
-    "sched:sched_wakeup",
-]
+# The TLS probe's ring events, plus task work run outside the ring and the
+# wake-ups the server's threads issue.
+EVENTS = P.EVENTS + ["io_uring:io_uring_task_work_run", "sched:sched_wakeup"]
 CONNECTIONS = 16
 
 
@@ -53,32 +43,12 @@ def run(server, rate, seconds, lg_cpus, wd, tag):
             "--rate", str(rate), "-q"]
     # Warm: instances, buffers, the ring's registered state.
     subprocess.run(argv + ["--requests", str(min(requests, 20_000))], capture_output=True)
-    out = os.path.join(wd, f"{tag}.perf")
-    perf = subprocess.Popen(["perf", "stat", "-x", ",", "-o", out, "-p", str(server.proc.pid),
-                             "-e", ",".join(EVENTS)])
-    time.sleep(0.3)  # attached before the first request
-    t0 = P.thread_cpu(server.proc.pid)
     report = os.path.join(wd, f"{tag}.json")
-    r = subprocess.run(argv + ["--requests", str(requests), "--json", report],
-                       text=True, capture_output=True)
-    t1 = P.thread_cpu(server.proc.pid)
-    perf.send_signal(signal.SIGINT)
-    perf.wait(timeout=30)
+    per, threads, r = P.perf_run(server.proc.pid,
+                                 argv + ["--requests", str(requests), "--json", report],
+                                 requests, os.path.join(wd, f"{tag}.perf"), EVENTS)
     if r.returncode != 0:
         sys.exit(f"{server.name}: mcp-loadgen failed: {r.stderr[-800:]}")
-    counts = {}
-    with open(out) as f:
-        for line in f:
-            parts = line.strip().split(",")
-            if len(parts) < 3 or line.startswith("#"):
-                continue
-            try:
-                counts[parts[2]] = float(parts[0])
-            except ValueError:
-                pass  # "<not counted>"
-    per = {k: v / requests for k, v in counts.items()}
-    per["task-clock"] = counts.get("task-clock", 0) * 1e3 / requests  # ms -> µs
-    threads = {k: (t1.get(k, 0) - t0.get(k, 0)) * 1e6 / requests for k in t1}
     with open(report) as f:
         rep = json.load(f)
     return per, threads, rep

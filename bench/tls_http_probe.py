@@ -87,17 +87,25 @@ def probe(server, name, certs, token, lg_cpus, requests, wd, tag):
     # `requests` (0.1 µs/request at 100,000 if a handshake costs 150 µs).
     subprocess.run(argv[:argv.index("--requests") + 1] + ["5000"]
                    + argv[argv.index("--requests") + 2:], capture_output=True)
-    out = os.path.join(wd, f"{tag}.perf")
-    perf = subprocess.Popen(["perf", "stat", "-x", ",", "-o", out, "-p", str(server.proc.pid),
-                             "-e", ",".join(EVENTS)])
-    time.sleep(0.3)  # perf attached before the first request
-    t0 = thread_cpu(server.proc.pid)
-    r = subprocess.run(argv, text=True, capture_output=True)
-    t1 = thread_cpu(server.proc.pid)
-    perf.send_signal(signal.SIGINT)
-    perf.wait(timeout=30)
+    per, threads, r = perf_run(server.proc.pid, argv, requests, os.path.join(wd, f"{tag}.perf"))
     if r.returncode != 0:
         sys.exit(f"{name}: mcp-loadgen failed: {r.stderr[-800:]}")
+    return per, threads
+
+
+def perf_run(pid, argv, requests, out, events=None):
+    """Runs `argv` (a load generator sending `requests` requests) with
+    `perf stat` attached to process `pid` for exactly that run. Returns
+    ({event: count per request; task-clock in µs}, {thread name, and
+    NAME.user / NAME.sys: CPU µs per request}, the finished process)."""
+    perf = subprocess.Popen(["perf", "stat", "-x", ",", "-o", out, "-p", str(pid),
+                             "-e", ",".join(events or EVENTS)])
+    time.sleep(0.3)  # perf attached before the first request
+    t0 = thread_cpu(pid)
+    r = subprocess.run(argv, text=True, capture_output=True)
+    t1 = thread_cpu(pid)
+    perf.send_signal(signal.SIGINT)
+    perf.wait(timeout=30)
     counts = {}
     with open(out) as f:
         for line in f:
@@ -107,11 +115,11 @@ def probe(server, name, certs, token, lg_cpus, requests, wd, tag):
             try:
                 counts[parts[2]] = float(parts[0])
             except ValueError:
-                pass
+                pass  # "<not counted>"
     per = {k: v / requests for k, v in counts.items()}
     per["task-clock"] = counts.get("task-clock", 0) * 1e3 / requests  # ms -> µs
     threads = {k: (t1.get(k, 0) - t0.get(k, 0)) * 1e6 / requests for k in t1}
-    return per, threads
+    return per, threads, r
 
 
 def start_servers(names, prefix):
