@@ -444,10 +444,14 @@ fn never_waits_sleep_traps_naming_the_setting() {
         r#"{"ms":1}"#,
         |e| matches!(e, CallError::Trap(m) if m.contains("never_waits")),
     );
-    // Reading the clock is not waiting.
+    // Reading the clock is not waiting, nor is writing to stdio (WASI's
+    // synchronous streams).
     on_shard(async {
         let r = pool.call_tool("spin", r#"{"ms":2}"#).await.unwrap();
         assert!(first_text(&r).starts_with("spun"), "{r:?}");
+        pool.call_tool("print", r#"{"text":"to stdio"}"#)
+            .await
+            .unwrap();
         let r = pool.call_tool("fail", "{}").await.unwrap_err();
         assert!(matches!(r, CallError::Tool(_)), "{r:?}");
     });
@@ -477,4 +481,20 @@ fn never_waits_refuses_a_directory_grant() {
     }];
     let e = support::host().load(&spec).unwrap_err().to_string();
     assert!(e.contains("never_waits") && e.contains("file reads"), "{e}");
+}
+
+#[test]
+fn never_waits_writes_granted_stdio_synchronously() {
+    let mut spec = bundled("chaos");
+    spec.never_waits = true;
+    spec.grants.stdio_to_stderr = true;
+    let pool = RouterPool::new(load(&spec));
+    on_shard(async {
+        let r = pool
+            .call_tool("print", r#"{"text":"never_waits stdio test line"}"#)
+            .await
+            .unwrap();
+        assert!(matches!(r, Response::Completed(_)), "{r:?}");
+    });
+    assert_eq!(pool.stats().replaced, 0);
 }
