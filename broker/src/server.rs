@@ -14,6 +14,10 @@ use crate::shard::{self, ShardStart};
 use crate::shared::Shared;
 use crate::wasm::{HostConfig, WasmHost};
 
+/// Native stack a shard thread keeps for its own frames (edges, dispatch,
+/// wasmtime's entry) besides `HostConfig::max_wasm_stack`.
+const SHARD_STACK_MARGIN: usize = 2 << 20;
+
 /// A listener bound with `SO_REUSEPORT`, so each shard can have its own on
 /// the same address and the kernel spreads connections across them.
 pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
@@ -262,6 +266,10 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         handles.push(
             std::thread::Builder::new()
                 .name(format!("shard-{index}"))
+                // `never_waits` routers run on this stack, not a fiber's:
+                // room for the whole wasm stack bound on top of the shard's
+                // own frames, whatever RUST_MIN_STACK says.
+                .stack_size(host_config.max_wasm_stack + SHARD_STACK_MARGIN)
                 .spawn(move || shard::run(start, tx))
                 .context("spawning a shard thread")?,
         );

@@ -359,6 +359,36 @@ fn a_guest_looping_forever_does_not_stall_its_shard() {
 }
 
 #[test]
+fn a_never_waits_guest_overflows_and_loops_on_the_shard_stack_and_the_broker_stays_up() {
+    // The chaos router called without a fiber: deep recursion uses the
+    // shard thread's own stack (sized for it), and a loop holds the shard
+    // for at most 10 ms of guest time before -32001.
+    let cfg = "[broker]\nshards = 1\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n\
+               instances_per_shard = 1\ncall_deadline = \"5s\"\nnever_waits = true\n";
+    let b = Broker::start_with_config(cfg, &[]);
+    let mut c = b.connect();
+    assert_eq!(error_code(&c.call("recurse", &[], None)), Some(-32002));
+    let t = Instant::now();
+    assert_eq!(error_code(&c.call("loop", &[], None)), Some(-32001));
+    assert!(
+        // Far below the 5 s call deadline; the margin absorbs a loaded CI
+        // machine (guest time is counted in ticks, not wall time).
+        t.elapsed() < Duration::from_secs(2),
+        "the loop ran {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        error_code(&c.call("sleep", &[("ms", "1")], None)),
+        Some(-32002)
+    );
+    // The instance was replaced each time; the next call is served.
+    assert_eq!(
+        tool_text(&c.call("print", &[("text", "\"ok\"")], None)),
+        "printed"
+    );
+}
+
+#[test]
 fn overload_beyond_the_queue_is_refused_with_overload_errors() {
     let cfg = format!(
         "{}\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ninstances_per_shard = 1\nqueue_depth = 2\ncall_deadline = \"5s\"\n",
