@@ -457,9 +457,9 @@ pub struct RouterConfig {
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
     /// The router never waits (no sleeps, outgoing requests or file
-    /// reads): its calls run without a fiber, each bounded by the smaller
-    /// of `call_deadline` and `wasm::NEVER_WAITS_MAX_RUN` since it holds
-    /// its shard while it runs (see `RouterSpec::never_waits`).
+    /// reads): its calls run without a fiber, and since each holds its
+    /// shard while it runs, its guest may run `wasm::NEVER_WAITS_MAX_RUN`
+    /// at most (`call_deadline` still applies; see `RouterSpec::never_waits`).
     #[serde(default)]
     pub never_waits: bool,
     #[serde(default)]
