@@ -27,8 +27,6 @@ with `openssl dgst`. Stdlib only; reuses scripts/bench's helpers. Prints a
 Markdown table of medians [min-max].
 """
 import base64
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -37,11 +35,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_loader = importlib.machinery.SourceFileLoader(
-    "mcp_bench_script", os.path.join(HERE, "..", "scripts", "bench"))
-_spec = importlib.util.spec_from_loader("mcp_bench_script", _loader)
-B = importlib.util.module_from_spec(_spec)
-_loader.exec_module(B)
+sys.path.insert(0, HERE)
+import scriptload  # noqa: E402
+
+B = scriptload.bench_script()
 
 ISSUER = "https://issuer.bench"
 AUDIENCE = "https://mcp.bench/mcp"

@@ -20,18 +20,15 @@ Stdlib only; reuses scripts/bench's helpers. Prints a Markdown table of
 medians [min-max].
 """
 import glob
-import importlib.machinery
-import importlib.util
 import os
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_loader = importlib.machinery.SourceFileLoader(
-    "mcp_bench_script", os.path.join(HERE, "..", "scripts", "bench"))
-_spec = importlib.util.spec_from_loader("mcp_bench_script", _loader)
-B = importlib.util.module_from_spec(_spec)
-_loader.exec_module(B)
+sys.path.insert(0, HERE)
+import scriptload  # noqa: E402
+
+B = scriptload.bench_script()
 
 
 def cpu_ns(pid):

@@ -17,8 +17,6 @@ other CPU; each round runs both eras, in an order rotated every round:
 
 Stdlib only; reuses scripts/bench's and bench/auth_cost.py's helpers.
 """
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -29,13 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
 
 
-def _load(name, path):
-    loader = importlib.machinery.SourceFileLoader(name, path)
-    spec = importlib.util.spec_from_loader(name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
+sys.path.insert(0, HERE)
+from scriptload import load as _load  # noqa: E402
 
 B = _load("mcp_bench_script", os.path.join(ROOT, "scripts", "bench"))
 A = _load("mcp_auth_cost", os.path.join(HERE, "auth_cost.py"))

@@ -48,8 +48,6 @@ else .tools/mcp1/bin/python (scripts/setup). Loopback only. Stdlib only;
 reuses scripts/bench's helpers.
 """
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
 import signal
@@ -60,11 +58,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_loader = importlib.machinery.SourceFileLoader(
-    "mcp_bench_script", os.path.join(HERE, "..", "scripts", "bench"))
-_spec = importlib.util.spec_from_loader("mcp_bench_script", _loader)
-B = importlib.util.module_from_spec(_spec)
-_loader.exec_module(B)
+sys.path.insert(0, HERE)
+import scriptload  # noqa: E402
+
+B = scriptload.bench_script()
 
 ROOT = B.ROOT
 ROUTERS = os.environ.get("MCP_BROKER_ROUTERS_DIR",
