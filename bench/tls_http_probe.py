@@ -70,23 +70,30 @@ def thread_cpu(pid):
     return out
 
 
-def probe(server, name, certs, token, lg_cpus, requests, wd, tag):
-    name = name.split("@", 1)[0]
+def loadgen_argv(server, name, certs, token, lg_cpus):
+    """mcp-loadgen's closed loop over CONNECTIONS keep-alive connections
+    against the HTTP edge of `server`, a `PROBE_SERVERS` kind (`plain`,
+    `tls`, `tls+auth`, optionally `@BINARY`); the caller adds --requests."""
+    kind = name.split("@", 1)[0]
     plain, tls, _, path = S.SCHEMES["http"]
-    scheme = plain if name == "plain" else tls
+    scheme = plain if kind == "plain" else tls
     argv = [B.LOADGEN, "--target", f"{scheme}://{server.addr}{path}", "--tool", "echo_text",
             "--args", '{"text":"hello"}', "--cpus", ",".join(map(str, lg_cpus)),
-            "--connections", str(CONNECTIONS), "--concurrency", str(CONNECTIONS),
-            "--requests", str(requests), "-q", "--json", os.path.join(wd, f"{tag}.json")]
-    if name != "plain":
+            "--connections", str(CONNECTIONS), "--concurrency", str(CONNECTIONS), "-q"]
+    if kind != "plain":
         argv += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
-    if name == "tls+auth":
+    if kind == "tls+auth":
         argv += ["--bearer-file", token]
+    return argv
+
+
+def probe(server, name, certs, token, lg_cpus, requests, wd, tag):
+    argv = loadgen_argv(server, name, certs, token, lg_cpus)
     # Warm up: handshakes, instance pools, buffers. The measured run opens
     # its own connections, so its 64 handshakes are counted: 64 against
     # `requests` (0.1 µs/request at 100,000 if a handshake costs 150 µs).
-    subprocess.run(argv[:argv.index("--requests") + 1] + ["5000"]
-                   + argv[argv.index("--requests") + 2:], capture_output=True)
+    subprocess.run(argv + ["--requests", "5000"], capture_output=True)
+    argv += ["--requests", str(requests), "--json", os.path.join(wd, f"{tag}.json")]
     per, threads, r = perf_run(server.proc.pid, argv, requests, os.path.join(wd, f"{tag}.perf"))
     if r.returncode != 0:
         sys.exit(f"{name}: mcp-loadgen failed: {r.stderr[-800:]}")

@@ -53,17 +53,7 @@ def shard_tid(pid):
 
 
 def profile(server, name, certs, token, lg_cpus, requests, wd, tag):
-    kind = name.split("@", 1)[0]
-    plain, tls, _, path = S.SCHEMES["http"]
-    scheme = plain if kind == "plain" else tls
-    argv = [B.LOADGEN, "--target", f"{scheme}://{server.addr}{path}", "--tool", "echo_text",
-            "--args", '{"text":"hello"}', "--cpus", ",".join(map(str, lg_cpus)),
-            "--connections", str(P.CONNECTIONS), "--concurrency", str(P.CONNECTIONS),
-            "-q"]
-    if kind != "plain":
-        argv += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
-    if kind == "tls+auth":
-        argv += ["--bearer-file", token]
+    argv = P.loadgen_argv(server, name, certs, token, lg_cpus)
     subprocess.run(argv + ["--requests", "5000"], capture_output=True)
     data = os.path.join(wd, f"{tag}.data")
     perf = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(FREQ), "-o",
