@@ -60,6 +60,11 @@ fn bench(c: &mut Criterion) {
     echo.never_waits = true;
     let sync = RouterPool::new(host.load(&echo).expect("echo loads"));
     run(sync.warm()).expect("warm");
+    // Every call moves this future into its caller's (bench/results/wasm-host.md).
+    eprintln!(
+        "wasm_call: a pooled call_tool future is {} bytes",
+        std::mem::size_of_val(&sync.call_tool("echo", &args))
+    );
     c.bench_function("wasm_call/echo_256B_never_waits", |b| {
         b.iter(|| run(sync.call_tool("echo", black_box(&args))).expect("echo"))
     });
