@@ -10,7 +10,7 @@ use bytes::Bytes;
 use flatbuffers::{ForwardsUOffset, InvalidFlatbuffer, VerifierOptions};
 
 use crate::error::FrameError;
-use crate::fb::protocol::{MessageHeader, Request, Response};
+use crate::fb::protocol::{MessageHeader, Request, Response, ResponsePayload};
 use crate::split::PREFIX_LEN;
 use crate::view::{RequestView, classify};
 
@@ -105,6 +105,25 @@ pub fn verify_response(frame: &[u8]) -> Result<Response<'_>, InvalidFlatbuffer> 
         crate::content_vec::verify(&tr)?;
     }
     Ok(resp)
+}
+
+/// The payload type of a size-prefixed `Response` frame, verifying only the
+/// root table and that one field: what sorting a call's frames (progress,
+/// log, final answer) needs, without a second deep verification of the
+/// frame that [`verify_response`] checks again where it is written out.
+pub fn response_payload_type(frame: &[u8]) -> Result<ResponsePayload, InvalidFlatbuffer> {
+    let opts = options_for(frame.len());
+    let mut v = flatbuffers::Verifier::new(&opts, frame);
+    let root = root_table_pos(&mut v)?;
+    v.visit_table(root)?.visit_field::<ResponsePayload>(
+        "payload_type",
+        Response::VT_PAYLOAD_TYPE,
+        false,
+    )?;
+    // SAFETY: the root table (its vtable included) and its `payload_type`
+    // field were verified just above; only that field is read.
+    let resp = unsafe { flatbuffers::size_prefixed_root_unchecked::<Response>(frame) };
+    Ok(resp.payload_type())
 }
 
 /// The position of the root table of a size-prefixed buffer: the root

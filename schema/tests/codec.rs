@@ -5,7 +5,9 @@ use mcp_schema::client::{Listing, RequestEncoder, RequestHeader, ResponseView};
 use mcp_schema::content_vec::{self, ContentRef};
 use mcp_schema::encode::Correlation;
 use mcp_schema::fb::protocol::{CompletionRefKind, ProtocolVersion, ResponsePayload};
-use mcp_schema::verify::{VerifiedRequest, header_of_invalid};
+use mcp_schema::verify::{
+    VerifiedRequest, header_of_invalid, response_payload_type, verify_response,
+};
 use mcp_schema::{
     ErrorCode, FrameError, FrameSplitter, RequestKind, ResponseEncoder, RouteKey,
     write_arguments_json,
@@ -216,6 +218,52 @@ fn error_response_carries_code_message_and_data() {
             .data(),
         Some("{\"retry_ms\":5}")
     );
+}
+
+#[test]
+fn the_shallow_payload_type_agrees_with_the_full_view_and_checks_only_the_root() {
+    let mut enc = RequestEncoder::new();
+    let req = verify(enc.tool_call(&header(Some("c"), None), [3; 16], "echo", &[])).unwrap();
+    let v = req.view();
+    let mut out = ResponseEncoder::new(1);
+    let frame = out
+        .tool_text(
+            &v.reply_to(),
+            v.tool_call().unwrap().id(),
+            "SPOIL-ME",
+            None,
+            false,
+        )
+        .to_vec();
+    assert_eq!(
+        response_payload_type(&frame).unwrap(),
+        ResponsePayload::ToolResult
+    );
+    let err = out
+        .error(&v.reply_to(), ErrorCode::Overloaded, "full", None)
+        .to_vec();
+    assert_eq!(
+        response_payload_type(&err).unwrap(),
+        ResponsePayload::ErrorResponse
+    );
+    // A payload spoilt below the root: the full verification refuses it,
+    // the shallow look (which reads only the root's payload type) does not,
+    // which is why the edges verify a frame fully before reading more.
+    let mut spoilt = frame.clone();
+    let at = spoilt
+        .windows(8)
+        .position(|w| w == b"SPOIL-ME")
+        .expect("the text is in the frame");
+    spoilt[at] = 0xff;
+    assert!(verify_response(&spoilt).is_err());
+    assert_eq!(
+        response_payload_type(&spoilt).unwrap(),
+        ResponsePayload::ToolResult
+    );
+    // Not a table at the root: refused.
+    assert!(response_payload_type(b"\x08\0\0\0garbage!").is_err());
+    assert!(response_payload_type(&frame[..6]).is_err());
+    assert!(response_payload_type(&[]).is_err());
 }
 
 // ---------------------------------------------------------------- bad input
@@ -450,6 +498,12 @@ proptest! {
         if let Err(e) = verify(&f) {
             let _ = header_of_invalid(&f);
             let _ = e.code();
+        }
+        // The shallow look never panics either, and never disagrees with
+        // the full verification when that passes.
+        let shallow = response_payload_type(&f);
+        if let Ok(r) = verify_response(&f) {
+            prop_assert_eq!(shallow.ok(), Some(r.payload_type()));
         }
     }
 }

@@ -1315,13 +1315,23 @@ pub enum FrameKind {
 }
 
 /// Whether `frame` is a progress / log / elicitation / final frame.
+///
+/// The common frame, a call's answer, is only classified here (a shallow
+/// look at its payload type) and verified once, where it is written out
+/// ([`write_response_for`]); the rare other kinds are verified here, so an
+/// unreadable frame is `Final` either way.
 pub fn frame_kind(frame: &[u8]) -> FrameKind {
-    match ResponseView::parse(frame).map(|v| v.payload_type()) {
+    let kind = match mcp_schema::verify::response_payload_type(frame) {
         Ok(p::ResponsePayload::ProgressNotification) => FrameKind::Progress,
         Ok(p::ResponsePayload::LogMessage) => FrameKind::Log,
         Ok(p::ResponsePayload::ResourceUpdatedNotification) => FrameKind::ResourceUpdated,
         Ok(p::ResponsePayload::ElicitationRequest) => FrameKind::Elicitation,
-        _ => FrameKind::Final,
+        _ => return FrameKind::Final,
+    };
+    if ResponseView::parse(frame).is_ok() {
+        kind
+    } else {
+        FrameKind::Final
     }
 }
 
@@ -3330,6 +3340,13 @@ mod tests {
             )
             .to_vec();
         assert_eq!(frame_kind(&f), FrameKind::Log);
+        // Spoilt below its root, a log frame is unreadable, and an
+        // unreadable frame is final (it becomes an internal error), though
+        // its payload type still reads as a log.
+        let mut spoilt = f.clone();
+        let at = spoilt.windows(4).position(|w| w == b"disk").unwrap();
+        spoilt[at] = 0xff;
+        assert_eq!(frame_kind(&spoilt), FrameKind::Final);
         let mut out = Vec::new();
         assert!(write_log(&mut out, &f));
         assert_eq!(
