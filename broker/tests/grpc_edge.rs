@@ -168,7 +168,9 @@ async fn every_rpc_answers_from_the_routers_through_the_shards() {
         .call_tool(call("echo", r#"{"text":"hello","n":1.50}"#))
         .await
         .unwrap();
-    assert!(r.metadata().get("mcp-progress-token").is_some());
+    // Progress reaches only a session's Subscribe streams: no token
+    // without a session (see the session's calls below).
+    assert!(r.metadata().get("mcp-progress-token").is_none());
     let r = r.into_inner();
     assert_eq!(r.is_error, Some(false));
     let all = texts(&r).join("\n");
@@ -179,7 +181,8 @@ async fn every_rpc_answers_from_the_routers_through_the_shards() {
     // Session affinity: the kv router keeps state per instance, and a
     // session's calls all go to its owning shard.
     let put = with_session(call("put", r#"{"key":"k","value":"v1"}"#), &session);
-    c.call_tool(put).await.unwrap();
+    let put = c.call_tool(put).await.unwrap();
+    assert!(put.metadata().get("mcp-progress-token").is_some());
     let got = c
         .call_tool(with_session(call("get", r#"{"key":"k"}"#), &session))
         .await

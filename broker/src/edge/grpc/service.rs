@@ -370,10 +370,13 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 }
 
 /// The response frames of one request: zero or more non-final frames, then
-/// the final one.
+/// the final one, verified once when split (every RPC reads its answer
+/// more than once: the failure log, then the conversion).
 struct Reply {
     frames: Vec<u8>,
     last: usize,
+    /// The final frame's verification, kept: `Err` is its message.
+    verified: Result<(), String>,
 }
 
 impl Reply {
@@ -390,7 +393,17 @@ impl Reply {
             at += 4 + n;
         }
         match last {
-            Some(last) if at == frames.len() => Ok(Self { frames, last }),
+            Some(last) if at == frames.len() => {
+                let mut reply = Self {
+                    frames,
+                    last,
+                    verified: Ok(()),
+                };
+                reply.verified = mcp_schema::verify::verify_response(reply.frame_at(last))
+                    .map(drop)
+                    .map_err(|e| e.to_string());
+                Ok(reply)
+            }
             _ => Err(status::edge(
                 ErrorCode::Internal,
                 "a shard returned a truncated response",
@@ -425,12 +438,20 @@ impl Reply {
 
     /// The final response, or the status its ErrorResponse maps to.
     fn answer(&self) -> Result<p::Response<'_>, Status> {
-        let v = ResponseView::parse(self.frame_at(self.last)).map_err(|e| {
-            status::edge(
+        if let Err(e) = &self.verified {
+            return Err(status::edge(
                 ErrorCode::Internal,
                 format!("a shard returned an invalid response: {e}"),
-            )
-        })?;
+            ));
+        }
+        // SAFETY: `split` verified this frame as a `Response`
+        // (`verify_response`, the union content vector included) and
+        // `frames` is never changed after it.
+        let v = ResponseView {
+            response: unsafe {
+                flatbuffers::size_prefixed_root_unchecked::<p::Response>(self.frame_at(self.last))
+            },
+        };
         if let Some((code, message)) = v.error() {
             return Err(status::from_wire(code, message));
         }
@@ -732,8 +753,13 @@ impl McpService for Edge {
             return Err(unexpected("call tool"));
         };
         let mut resp = Response::new(result);
-        // Progress notifications of this call carry this token.
-        if let Ok(v) = MetadataValue::try_from(hyphenated(&tool_call_id).as_str()) {
+        // Progress notifications of this call carry this token. They reach
+        // only the session's Subscribe streams, so a call without a session
+        // has no use for it; and a fresh value in every response is a new
+        // HPACK literal (and table entry) for both ends to code.
+        if meta.session.is_some()
+            && let Ok(v) = MetadataValue::try_from(hyphenated(&tool_call_id).as_str())
+        {
             resp.metadata_mut().insert("mcp-progress-token", v);
         }
         Ok(resp)
