@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""bench/small_batch.py: what one request costs each frame server in open loop
-(issue 15, item 5), counted by the kernel.
+"""bench/small_batch.py: what one request costs each frame (or gRPC) server in
+open loop (issue 15, items 3 and 5), counted by the kernel.
 
 Starts echo-baseline, broker-native and broker-wasm (scripts/bench's servers,
-one shard on the upper CPU), and drives each in turn with mcp-loadgen open
+one shard on the upper CPU) -- or, with EDGE=grpc, tonic-baseline and the
+broker's gRPC edge -- and drives each in turn with mcp-loadgen open
 loop at RATE over 16 connections for a fixed number of requests, with
 `perf stat` attached to the server process for exactly that run. Prints,
 per request: on-CPU time, context switches, all syscalls, io_uring_enter
@@ -11,7 +12,7 @@ calls, io_uring submissions and completions, task-work runs and wake-ups
 the server's threads issued; and the on-CPU time per request of each of
 the server's threads (which thread pays).
 
-  bench/small_batch.py [RATE] [SECONDS] [ROUNDS]     (default 60000 5 3)
+  bench/small_batch.py [RATE] [SECONDS] [ROUNDS] [EDGE]   (default 60000 5 3 frames)
 
 Needs `perf` with tracepoint access (run as root, or lower
 /proc/sys/kernel/perf_event_paranoid) and the release binaries (scripts/bench
@@ -38,7 +39,7 @@ def run(server, rate, seconds, lg_cpus, wd, tag):
     """One measured open-loop run; returns ({event: per request},
     {thread: CPU µs per request}, loadgen report)."""
     requests = int(rate * seconds)
-    argv = [B.LOADGEN, "--target", f"frames://{server.addr}", *B.TOOL_ARGS,
+    argv = [B.LOADGEN, "--target", f"{server.scheme}://{server.addr}", *B.TOOL_ARGS,
             "--cpus", ",".join(map(str, lg_cpus)), "--connections", str(CONNECTIONS),
             "--rate", str(rate), "-q"]
     # Warm: instances, buffers, the ring's registered state.
@@ -58,14 +59,25 @@ def main():
     rate = int(sys.argv[1]) if len(sys.argv) > 1 else 60_000
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 5
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    edge = sys.argv[4] if len(sys.argv) > 4 else "frames"
     srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
     srv_cpus = srv_cpus[:1]
     wd = tempfile.mkdtemp(prefix="small-batch-")
     servers = {}
     try:
-        servers["echo-baseline"] = B.start_echo(wd, 1, srv_cpus)
-        servers["broker-native"] = B.start_broker("broker-native", wd, 1, srv_cpus, True)
-        servers["broker-wasm"] = B.start_broker("broker-wasm", wd, 1, srv_cpus, False)
+        if edge == "grpc":
+            # As scripts/bench --slo starts them: both pinned whole.
+            servers["tonic-baseline"] = B.start_tonic(wd, 1, srv_cpus)
+            servers["broker-grpc"] = B.start_broker("broker-grpc", wd, 1, srv_cpus, False,
+                                                    addr_key="grpc", pin_process=True)
+        elif edge == "frames":
+            servers["echo-baseline"] = B.start_echo(wd, 1, srv_cpus)
+            servers["broker-native"] = B.start_broker("broker-native", wd, 1, srv_cpus, True)
+            servers["broker-wasm"] = B.start_broker("broker-wasm", wd, 1, srv_cpus, False)
+        else:
+            sys.exit(f"EDGE must be frames or grpc, not {edge!r}")
+        for s in servers.values():
+            s.scheme = edge
         res = {n: [] for n in servers}
         for rnd in range(rounds):
             for n in B.rotate(sorted(servers), rnd):

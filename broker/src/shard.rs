@@ -10,7 +10,7 @@
 //!   what they read (or one second after the drain deadline).
 
 use std::cell::{Cell, RefCell};
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -46,6 +46,85 @@ pub struct ShardStart {
 thread_local! {
     /// The index of the shard this thread runs, if it runs one.
     static CURRENT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// The shard this thread runs, while it runs: for the gRPC edge, whose
+    /// service state is shared by the shards (tonic needs it `Send + Sync`)
+    /// and so cannot hold a shard's `Rc`.
+    static HERE: RefCell<Option<Rc<Shard>>> = const { RefCell::new(None) };
+}
+
+/// Shard `index`, when the calling thread runs it.
+fn here(index: usize) -> Option<Rc<Shard>> {
+    HERE.with(|h| {
+        h.borrow()
+            .as_ref()
+            .filter(|s| s.ctx.index == index)
+            .cloned()
+    })
+}
+
+/// The request and its live-notification sink, given back by
+/// [`handle_here`] off shard `index`'s thread.
+pub(crate) type NotHere = (VerifiedRequest, Option<crate::shared::LiveSender>);
+
+/// Handles `req` on shard `index` in the caller's task, when the calling
+/// thread runs that shard (else gives the request back, to be handed off):
+/// what a hand-off job does ([`ShardMsg::Job`]) without the inbox, the
+/// spawned task and the oneshot. Exactly one answer, as there: the drain
+/// deadline answers a call still running. A caller that stops waiting drops
+/// the future, which stops the guest as a dropped job does; a panic unwinds
+/// to the caller (the gRPC edge answers it with INTERNAL). The future holds
+/// the shard's `Rc`s, so it is [`ShardBound`]: `Send` for tonic, checked to
+/// stay on the thread.
+///
+/// [`ShardBound`]: crate::edge::rt::ShardBound
+pub(crate) fn handle_here(
+    index: usize,
+    req: VerifiedRequest,
+    live: Option<crate::shared::LiveSender>,
+) -> Result<crate::edge::rt::ShardBound<impl Future<Output = Vec<u8>>>, NotHere> {
+    match here(index) {
+        Some(shard) => Ok(crate::edge::rt::ShardBound::new(handle_on(
+            shard, req, live,
+        ))),
+        None => Err((req, live)),
+    }
+}
+
+async fn handle_on(
+    shard: Rc<Shard>,
+    req: VerifiedRequest,
+    live: Option<crate::shared::LiveSender>,
+) -> Vec<u8> {
+    /// In flight until answered, dropped or unwound.
+    struct InFlight<'a>(&'a ShardStats);
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            ShardStats::sub(&self.0.in_flight, 1);
+        }
+    }
+    let arrived = Instant::now();
+    let stats = shard.stats();
+    ShardStats::add(&stats.in_flight, 1);
+    let _in_flight = InFlight(stats);
+    let live = live.map(SentLive);
+    let (mut args, mut out) = (Vec::new(), Vec::new());
+    run_or_expire(
+        &shard,
+        &req,
+        &mut args,
+        &mut out,
+        live.as_ref().map(|l| l as &dyn crate::dispatch::LiveOut),
+    )
+    .await;
+    let _ended = metrics::record::request(
+        &shard.ctx,
+        metrics::Edge::Grpc,
+        &req,
+        arrived,
+        arrived,
+        &out,
+    );
+    out
 }
 
 /// The shard the calling thread runs (`None` off the shards).
@@ -214,6 +293,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         rebind_http,
         rebind_grpc,
     });
+    HERE.with(|h| *h.borrow_mut() = Some(shard.clone()));
     monoio::spawn(inbox_loop(shard.clone()));
     {
         let shard = shard.clone();
@@ -279,6 +359,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         })
         .await;
     }
+    HERE.with(|h| h.borrow_mut().take());
     tracing::debug!(shard = index, "shard drained");
 }
 

@@ -28,70 +28,79 @@ pub struct ShardTimer;
 
 impl hyper::rt::Timer for ShardTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(ShardSleep::new(monoio::time::sleep(duration)))
+        Box::pin(ShardBound::new(Box::pin(monoio::time::sleep(duration))))
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(ShardSleep::new(monoio::time::sleep_until(deadline.into())))
+        Box::pin(ShardBound::new(Box::pin(monoio::time::sleep_until(
+            deadline.into(),
+        ))))
     }
 }
 
-/// A monoio sleep that hyper may hold as `Send + Sync`.
+/// A future that stays on the thread that made it, and so may be held
+/// where `Send + Sync` is demanded of it.
 ///
 /// hyper's `Sleep` demands both because its timer may serve multi-threaded
-/// executors. Here every future that owns one (an HTTP/1 connection, an
-/// HTTP/2 connection and its streams, a gRPC call's deadline) is a task on
-/// the shard's single-threaded runtime ([`ShardExec`], `monoio::spawn`, no
-/// `Send` bound) and never leaves the thread; every poll and the drop check
-/// that, so a misuse would panic instead of touching the timer wheel from
-/// another thread.
-struct ShardSleep {
-    inner: Pin<Box<monoio::time::Sleep>>,
+/// executors, and tonic's services must return `Send` futures. Here every
+/// future that owns one (an HTTP/1 connection, an HTTP/2 connection and its
+/// streams, a gRPC call, its deadline) is a task on the shard's
+/// single-threaded runtime ([`ShardExec`], `monoio::spawn`, no `Send`
+/// bound) and never leaves the thread. Every poll and the drop check that,
+/// so a misuse panics instead of touching the shard's state (its timer
+/// wheel, an `Rc`) from another thread; a wrapper dropped on another thread
+/// leaks its future rather than drop it there.
+pub struct ShardBound<F> {
+    inner: std::mem::ManuallyDrop<F>,
     thread: ThreadId,
 }
 
-impl ShardSleep {
-    fn new(inner: monoio::time::Sleep) -> Self {
+impl<F> ShardBound<F> {
+    pub fn new(inner: F) -> Self {
         Self {
-            inner: Box::pin(inner),
+            inner: std::mem::ManuallyDrop::new(inner),
             thread: std::thread::current().id(),
         }
     }
 
-    fn check_thread(&self) {
-        assert_eq!(
-            self.thread,
-            std::thread::current().id(),
-            "a shard's timer was used from another thread"
+    fn on_its_thread(&self) -> bool {
+        self.thread == std::thread::current().id()
+    }
+}
+
+// SAFETY: the inner future is only polled and dropped on the thread that
+// created it (checked in `poll` and `drop`; never dropped elsewhere); a
+// shard's connection futures are `!Send` tasks, and HTTP/2 streams run on
+// [`ShardExec`], which keeps them on the shard.
+unsafe impl<F> Send for ShardBound<F> {}
+// SAFETY: `&ShardBound` exposes nothing of the inner future; all access to
+// it goes through `Pin<&mut Self>` or `drop` (see `Send` above).
+unsafe impl<F> Sync for ShardBound<F> {}
+
+impl<F: Future> Future for ShardBound<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        assert!(
+            self.on_its_thread(),
+            "a shard's future was polled on another thread"
         );
+        // SAFETY: `inner` is structurally pinned: it is never moved out
+        // (only dropped in place, in `drop`) and `Self` is not `Unpin`
+        // unless `F` is.
+        unsafe { self.map_unchecked_mut(|s| &mut *s.inner) }.poll(cx)
     }
 }
 
-// SAFETY: the inner sleep is only polled and dropped on the thread that
-// created it (checked in `poll` and `drop`); hyper never moves a
-// connection's timers to another thread when the connection itself is not
-// moved, a shard's connection futures are `!Send` tasks, and HTTP/2 streams
-// run on [`ShardExec`], which keeps them on the shard.
-unsafe impl Send for ShardSleep {}
-// SAFETY: `&ShardSleep` exposes nothing but `check_thread`; all access to
-// the inner sleep goes through `Pin<&mut Self>` (see `Send` above).
-unsafe impl Sync for ShardSleep {}
+impl hyper::rt::Sleep for ShardBound<Pin<Box<monoio::time::Sleep>>> {}
 
-impl Future for ShardSleep {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.check_thread();
-        self.inner.as_mut().poll(cx)
-    }
-}
-
-impl hyper::rt::Sleep for ShardSleep {}
-
-impl Drop for ShardSleep {
+impl<F> Drop for ShardBound<F> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.check_thread();
+        if self.on_its_thread() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.inner) };
+        } else if !std::thread::panicking() {
+            panic!("a shard's future was dropped on another thread (leaked instead)");
         }
     }
 }
@@ -402,6 +411,50 @@ mod tests {
             .build()
             .expect("monoio runtime")
             .block_on(f)
+    }
+
+    /// Counts its drops; holds an `Rc` as a shard's futures do.
+    struct Counted(Rc<()>, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_shard_bound_future_runs_and_drops_on_its_thread_only() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let drops = std::sync::Arc::new(AtomicUsize::new(0));
+        // On its thread: polled to the end, dropped in place.
+        let c = Counted(Rc::new(()), drops.clone());
+        let f = ShardBound::new(async move { Rc::strong_count(&c.0) });
+        assert_eq!(on_runtime(f), 1);
+        assert_eq!(drops.load(SeqCst), 1);
+        // Moved to another thread and polled there: a panic, not a poll.
+        let c = Counted(Rc::new(()), drops.clone());
+        let mut f = Box::pin(ShardBound::new(async move {
+            let _c = &c;
+        }));
+        let polled = std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let waker = std::task::Waker::noop();
+                let _ = f.as_mut().poll(&mut Context::from_waker(waker));
+            }));
+            (r.is_err(), f)
+        })
+        .join()
+        .expect("the thread itself returns");
+        assert!(polled.0, "a poll on another thread panics");
+        // Dropped on yet another thread: leaked, its `Rc` never touched
+        // there, and the drop says so.
+        let f = polled.1;
+        let dropped = std::thread::spawn(move || drop(f)).join();
+        assert!(dropped.is_err(), "a drop on another thread panics");
+        assert_eq!(
+            drops.load(SeqCst),
+            1,
+            "the inner future was not dropped there"
+        );
     }
 
     /// Our end on the runtime, the peer's a blocking std socket.

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! gRPC call ──hyper HTTP/2 on shard i──▶ proto ──RequestEncoder──▶ Request frame
-//!   ──VerifiedRequest::verify──▶ Shared::submit(owner_of(session) | shard i)
-//!   ──▶ dispatch::handle ──response frames──▶ ResponseView::parse ──▶ proto / Status
+//!   ──VerifiedRequest::verify──▶ shard::handle_here (shard i)
+//!                                 | Shared::submit(owner_of(session) on another shard)
+//!   ──▶ dispatch::handle ──response frames──▶ verified once ──▶ proto / Status
 //! ```
 //!
 //! Every shard has its own `SO_REUSEPORT` listener on `[grpc] listen` and
@@ -27,7 +28,9 @@
 //! - What a call does before its frame exists is pure (`request.rs`), and
 //!   fuzzed as such (`fuzz/fuzz_targets/grpc_convert.rs`).
 //! - Each call costs one frame copy into `Bytes` (the encoder is reused per
-//!   thread) and one task on the serving shard.
+//!   thread) and runs in its HTTP/2 stream's task when that is on the
+//!   serving shard (no inbox, no second task, no oneshot); only a session's
+//!   call read by another shard becomes a job in the owner's inbox.
 //! - Draining flips health to NOT_SERVING, refuses new calls with
 //!   UNAVAILABLE, ends every Subscribe stream, and only then asks every
 //!   connection to go away (GOAWAY); connections still open at the drain

@@ -544,29 +544,26 @@ impl EdgeState {
         let req =
             VerifiedRequest::verify(frame).map_err(|e| status::edge(e.code(), e.to_string()))?;
         let shard = self.pick_shard(session);
-        let rx = self
-            .shared
-            .submit(shard, req, self.live(op, session))
-            .map_err(submit_status)?;
-        let frames = match meta.deadline {
-            // The router is stopped at `timeout_ms`, but its stop lands on
-            // the next epoch tick and the answer still has to travel: the
-            // edge answers DEADLINE_EXCEEDED itself at `timeout_ms`, before
-            // the transport's own timer would cancel the call (CANCELLED).
-            Some(_) => {
-                match with_deadline(rx, Duration::from_millis(header.timeout_ms.into())).await {
-                    Some(r) => r,
-                    None => {
-                        let s = status::edge(
-                            ErrorCode::DeadlineExceeded,
-                            "the client's deadline passed",
-                        );
-                        self.log_failure(session, op, &s);
-                        return Err(s);
-                    }
-                }
+        let live = self.live(op, session);
+        // The call's shard is this thread's (every call without a session,
+        // and a session's calls on its owner): handled right here, as the
+        // HTTP edge does, without the inbox, a spawned task and a oneshot.
+        // Else handed to the owner shard.
+        let frames = match crate::shard::handle_here(shard, req, live) {
+            Ok(run) => {
+                let run = std::pin::pin!(async move { Ok::<_, ()>(run.await) });
+                self.await_reply(run, meta, header.timeout_ms, session, op)
+                    .await?
             }
-            None => rx.await,
+            Err((req, live)) => {
+                let rx = self
+                    .shared
+                    .submit(shard, req, live)
+                    .map_err(submit_status)?;
+                self.await_reply(rx, meta, header.timeout_ms, session, op)
+                    .await?
+                    .map_err(drop)
+            }
         }
         .map_err(|_| status::edge(ErrorCode::ShuttingDown, format!("shard {shard} stopped")))?;
         let reply = Reply::split(frames)?;
@@ -581,6 +578,32 @@ impl EdgeState {
             self.log_failure(session, op, &st);
         }
         Ok(reply)
+    }
+
+    /// The frames `reply` yields, unless the client's deadline passes
+    /// first. The router is stopped at `timeout_ms`, but its stop lands on
+    /// the next epoch tick and the answer still has to travel: the edge
+    /// answers DEADLINE_EXCEEDED itself at `timeout_ms`, before the
+    /// transport's own timer would cancel the call (CANCELLED).
+    async fn await_reply<E>(
+        &self,
+        reply: impl std::future::Future<Output = Result<Vec<u8>, E>> + Unpin,
+        meta: &CallMeta,
+        timeout_ms: u32,
+        session: Option<&str>,
+        op: Op<'_>,
+    ) -> Result<Result<Vec<u8>, E>, Status> {
+        if meta.deadline.is_none() {
+            return Ok(reply.await);
+        }
+        match with_deadline(reply, Duration::from_millis(timeout_ms.into())).await {
+            Some(r) => Ok(r),
+            None => {
+                let s = status::edge(ErrorCode::DeadlineExceeded, "the client's deadline passed");
+                self.log_failure(session, op, &s);
+                Err(s)
+            }
+        }
     }
 
     /// Tells the session's `log` subscribers about a call that failed for
