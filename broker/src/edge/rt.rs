@@ -55,16 +55,24 @@ pub struct ShardBound<F> {
     thread: ThreadId,
 }
 
+thread_local! {
+    /// This thread's id, read once: `std::thread::current()` clones an
+    /// `Arc` on every call, and [`ShardBound`] asks on every poll.
+    static THREAD: ThreadId = std::thread::current().id();
+}
+
 impl<F> ShardBound<F> {
     pub fn new(inner: F) -> Self {
         Self {
             inner: std::mem::ManuallyDrop::new(inner),
-            thread: std::thread::current().id(),
+            thread: THREAD.with(|t| *t),
         }
     }
 
     fn on_its_thread(&self) -> bool {
-        self.thread == std::thread::current().id()
+        // During a thread's teardown its id may be gone: then it is not
+        // the thread that made this.
+        THREAD.try_with(|t| *t == self.thread).unwrap_or(false)
     }
 }
 
