@@ -716,10 +716,9 @@ pub const SAMPLING_META_KEY: &str = "mcp-broker/sample";
 /// under [`SAMPLING_META_KEY`], when it is one JSON object.
 pub fn sampling_request(frame: &[u8]) -> Option<&str> {
     // Most results do not ask: a byte search spares them a verification.
-    let key = SAMPLING_META_KEY.as_bytes();
-    if !frame.windows(key.len()).any(|w| w == key) {
-        return None;
-    }
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(SAMPLING_META_KEY));
+    KEY.find(frame)?;
     let tr = ResponseView::parse(frame)
         .ok()?
         .response
@@ -2282,6 +2281,42 @@ mod tests {
         let mut out = Vec::new();
         adapt::tool_response(&mut enc, &mut out, &TO, &UUID::new(&[7; 16]), r);
         out
+    }
+
+    #[test]
+    fn a_sampling_request_is_found_only_under_its_meta_key() {
+        let ask = |meta: Vec<w::MetaEntry>, text: &str| {
+            let r = w::Response::Completed(w::ToolResult {
+                content: vec![w::ContentBlock::Text(w::TextContent {
+                    text: text.into(),
+                    annotations: None,
+                })],
+                structured_content: None,
+                progress: None,
+                meta: Some(meta),
+                is_error: None,
+            });
+            let buf = tool_frames(&r);
+            frames(&buf).last().unwrap().to_vec()
+        };
+        let entry = |key: &str, value: &str| w::MetaEntry {
+            key: key.into(),
+            value: value.into(),
+        };
+        let f = ask(vec![entry(SAMPLING_META_KEY, r#"{"maxTokens":5}"#)], "hi");
+        assert_eq!(sampling_request(&f), Some(r#"{"maxTokens":5}"#));
+        // The key's bytes elsewhere in the answer (a text, another key's
+        // value) are not a request.
+        let f = ask(
+            vec![entry("other", SAMPLING_META_KEY)],
+            "mcp-broker/sample in a text",
+        );
+        assert_eq!(sampling_request(&f), None);
+        // Under the key but not one JSON object: not a request.
+        let f = ask(vec![entry(SAMPLING_META_KEY, "[1]")], "hi");
+        assert_eq!(sampling_request(&f), None);
+        let f = ask(vec![entry("k", "v")], "hi");
+        assert_eq!(sampling_request(&f), None);
     }
 
     // ---- parse -----------------------------------------------------------
