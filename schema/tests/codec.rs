@@ -164,21 +164,25 @@ fn response_correlates_by_correlation_id_else_message_id() {
     assert_eq!(r.response.header().session_id(), None);
 }
 
-#[test]
-fn tool_text_result_carries_call_id_content_and_structured_output() {
+/// The answer to a call (id `[3; 16]`) of `echo`: one text block.
+fn text_result(text: &str, structured: Option<&str>) -> Vec<u8> {
     let mut enc = RequestEncoder::new();
     let req = verify(enc.tool_call(&header(Some("c"), None), [3; 16], "echo", &[])).unwrap();
     let v = req.view();
     let mut out = ResponseEncoder::new(1);
-    let frame = out
-        .tool_text(
-            &v.reply_to(),
-            v.tool_call().unwrap().id(),
-            "hi",
-            Some("{\"a\":1}"),
-            false,
-        )
-        .to_vec();
+    out.tool_text(
+        &v.reply_to(),
+        v.tool_call().unwrap().id(),
+        text,
+        structured,
+        false,
+    )
+    .to_vec()
+}
+
+#[test]
+fn tool_text_result_carries_call_id_content_and_structured_output() {
+    let frame = text_result("hi", Some("{\"a\":1}"));
     let r = ResponseView::parse(&frame).unwrap();
     let tr = r.response.payload_as_tool_result().unwrap();
     assert_eq!(tr.tool_call_id().0, [3; 16]);
@@ -222,25 +226,17 @@ fn error_response_carries_code_message_and_data() {
 
 #[test]
 fn the_shallow_payload_type_agrees_with_the_full_view_and_checks_only_the_root() {
-    let mut enc = RequestEncoder::new();
-    let req = verify(enc.tool_call(&header(Some("c"), None), [3; 16], "echo", &[])).unwrap();
-    let v = req.view();
-    let mut out = ResponseEncoder::new(1);
-    let frame = out
-        .tool_text(
-            &v.reply_to(),
-            v.tool_call().unwrap().id(),
-            "SPOIL-ME",
-            None,
-            false,
-        )
-        .to_vec();
+    let frame = text_result("SPOIL-ME", None);
     assert_eq!(
         response_payload_type(&frame).unwrap(),
         ResponsePayload::ToolResult
     );
-    let err = out
-        .error(&v.reply_to(), ErrorCode::Overloaded, "full", None)
+    let to = mcp_schema::encode::ReplyTo {
+        correlation: Correlation::Text("c"),
+        session_id: None,
+    };
+    let err = ResponseEncoder::new(1)
+        .error(&to, ErrorCode::Overloaded, "full", None)
         .to_vec();
     assert_eq!(
         response_payload_type(&err).unwrap(),
