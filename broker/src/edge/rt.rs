@@ -69,10 +69,9 @@ impl<F> ShardBound<F> {
         }
     }
 
-    fn on_its_thread(&self) -> bool {
-        // During a thread's teardown its id may be gone: then it is not
-        // the thread that made this.
-        THREAD.try_with(|t| *t == self.thread).unwrap_or(false)
+    /// `None` during a thread's teardown, when its id is already gone.
+    fn on_its_thread(&self) -> Option<bool> {
+        THREAD.try_with(|t| *t == self.thread).ok()
     }
 }
 
@@ -90,7 +89,7 @@ impl<F: Future> Future for ShardBound<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         assert!(
-            self.on_its_thread(),
+            self.on_its_thread() == Some(true),
             "a shard's future was polled on another thread"
         );
         // SAFETY: `inner` is structurally pinned: it is never moved out
@@ -104,11 +103,15 @@ impl hyper::rt::Sleep for ShardBound<Pin<Box<monoio::time::Sleep>>> {}
 
 impl<F> Drop for ShardBound<F> {
     fn drop(&mut self) {
-        if self.on_its_thread() {
+        match self.on_its_thread() {
             // SAFETY: dropped once, here, and never used again.
-            unsafe { std::mem::ManuallyDrop::drop(&mut self.inner) };
-        } else if !std::thread::panicking() {
-            panic!("a shard's future was dropped on another thread (leaked instead)");
+            Some(true) => unsafe { std::mem::ManuallyDrop::drop(&mut self.inner) },
+            Some(false) if !std::thread::panicking() => {
+                panic!("a shard's future was dropped on another thread (leaked instead)")
+            }
+            // Another thread while unwinding, or a thread that is ending (a
+            // panic in a thread-local's destructor would abort): leaked.
+            _ => {}
         }
     }
 }
