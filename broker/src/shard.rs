@@ -44,8 +44,6 @@ pub struct ShardStart {
 }
 
 thread_local! {
-    /// The index of the shard this thread runs, if it runs one.
-    static CURRENT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     /// The shard this thread runs, while it runs: for the gRPC edge, whose
     /// service state is shared by the shards (tonic needs it `Send + Sync`)
     /// and so cannot hold a shard's `Rc`.
@@ -129,7 +127,7 @@ async fn handle_on(
 
 /// The shard the calling thread runs (`None` off the shards).
 pub fn current() -> Option<usize> {
-    CURRENT.with(std::cell::Cell::get)
+    HERE.with(|h| h.borrow().as_ref().map(|s| s.ctx.index))
 }
 
 /// Runs shard `s` on the current thread until it has drained.
@@ -154,7 +152,6 @@ pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>)
             return;
         }
     };
-    CURRENT.with(|c| c.set(Some(s.index)));
     let _lifeline = Lifeline {
         shared: s.shared.clone(),
         index: s.index,
