@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""bench/profile_diff.py: where one server spends more CPU per request than
+another, symbol by symbol (the profiles behind bench/NOTES.md's 2026-12-01
+sections).
+
+  bench/profile_diff.py grpc    [RATE] [SECONDS]   broker-grpc against tonic-baseline
+  bench/profile_diff.py http    [RATE] [SECONDS]   the broker's HTTP edge, 2025-11-25
+                                                   (sessions) against 2026-07-28
+  bench/profile_diff.py loadgen [RATE] [SECONDS]   mcp-loadgen itself against
+                                                   echo-baseline: its CPU by code
+  (defaults: 14000 6 for grpc, 20000 6 for http, 900000 4 for loadgen)
+
+grpc and http: each server in turn (scripts/bench's, one shard on the upper
+CPU, 16 connections, open loop at RATE from the lower CPU) gets a warmup,
+then `perf record -F 4999 -g` attached for RATE x SECONDS requests. Prints
+each profile's total, user and kernel CPU per request, then the symbols
+whose µs per request differ most (first server minus second). loadgen:
+echo-baseline on the upper CPU, the generator recorded for its whole run
+on the lower; prints its CPU per request and the shares of the flatbuffers
+verifier, of building requests and of the kernel.
+
+Needs perf (root, or perf_event_paranoid <= 1) and the release binaries.
+"""
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import scriptload  # noqa: E402
+
+B = scriptload.bench_script()
+FREQ = "4999"
+CONNECTIONS = "16"
+VERIFY = re.compile(r"verif|append_trace|get_uoffset|run_verifier|from_utf8")
+BUILD = re.compile(r"builder|::create\b|::create<|encode|RequestEncoder|workload::fill|"
+                   r"CorrIds::format")
+
+
+def symbols(data, requests):
+    """{(kind, symbol): CPU µs per request}; kind 'k' kernel, '.' user.
+    cpu-clock sample periods are nanoseconds."""
+    out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "sym",
+                          "--stdio", "-g", "none", "-F", "period,sym"],
+                         capture_output=True, text=True).stdout
+    per = collections.Counter()
+    for line in out.splitlines():
+        m = re.match(r"\s*(\d+)\s+\[(.)\]\s+(.*)", line)
+        if m:
+            sym = re.sub(r"\.(isra|constprop|part)\.\d+|::\{\{closure\}\}", "", m.group(3).strip())
+            per[(m.group(2), sym)] += int(m.group(1)) / 1e3 / requests
+    return per
+
+
+def record_server(server, target, extra, rate, seconds, lg_cpus, wd):
+    argv = [B.LOADGEN, "--target", target, *B.TOOL_ARGS, *extra, "--cpus",
+            ",".join(map(str, lg_cpus)), "--connections", CONNECTIONS, "--rate", str(rate), "-q"]
+    subprocess.run(argv + ["--requests", "20000"], capture_output=True)
+    requests = int(rate * seconds)
+    data = os.path.join(wd, f"{server.name}-{len(os.listdir(wd))}.data")
+    perf = subprocess.Popen(["perf", "record", "-q", "-F", FREQ, "-g", "-o", data, "-p",
+                             str(server.proc.pid)], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    r = subprocess.run(argv + ["--requests", str(requests)], capture_output=True, text=True)
+    perf.send_signal(2)
+    perf.wait(timeout=60)
+    if r.returncode != 0:
+        sys.exit(f"{server.name}: mcp-loadgen failed: {r.stderr[-800:]}")
+    return symbols(data, requests)
+
+
+def summary(name, per):
+    user = sum(v for (k, _), v in per.items() if k == ".")
+    kern = sum(v for (k, _), v in per.items() if k == "k")
+    print(f"- {name}: {user + kern:.1f} µs/request (user {user:.1f}, kernel {kern:.1f})")
+
+
+def diff(names, a, b, top=40):
+    print()
+    summary(names[0], a)
+    summary(names[1], b)
+    print(f"\n| {names[0]} − {names[1]} | {names[0]} | {names[1]} | symbol |\n|---|---|---|---|")
+    for key in sorted(set(a) | set(b), key=lambda k: b[k] - a[k])[:top]:
+        print(f"| {a[key] - b[key]:+.3f} | {a[key]:.3f} | {b[key]:.3f} | "
+              f"`[{key[0]}] {key[1][:110]}` |")
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else "grpc"
+    default_rate, default_s = {"grpc": (14000, 6), "http": (20000, 6),
+                               "loadgen": (900000, 4)}.get(what, (0, 0))
+    if not default_rate:
+        sys.exit("first argument: grpc, http or loadgen")
+    rate = int(sys.argv[2]) if len(sys.argv) > 2 else default_rate
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else default_s
+    srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
+    srv_cpus = srv_cpus[:1]
+    wd = tempfile.mkdtemp(prefix="profile-diff-")
+    print(f"`bench/profile_diff.py {what} {rate} {seconds:g}`, {B.machine()['date']}: open loop "
+          f"at {rate:,} req/s over {CONNECTIONS} connections, {int(rate * seconds):,} "
+          f"requests recorded per server.")
+    if what == "loadgen":
+        echo = B.start_echo(wd, 1, srv_cpus)
+        try:
+            data = os.path.join(wd, "loadgen.data")
+            subprocess.run(["perf", "record", "-q", "-F", FREQ, "-g", "-o", data, "--",
+                            B.LOADGEN, "--target", f"frames://{echo.addr}", *B.TOOL_ARGS,
+                            "--cpus", ",".join(map(str, lg_cpus)), "--connections",
+                            CONNECTIONS, "--rate", str(rate), "--warmup", "0s", "--duration",
+                            f"{seconds}s", "-q"], capture_output=True, check=True)
+        finally:
+            echo.stop()
+        per = symbols(data, rate * seconds)
+        total = sum(per.values())
+        print()
+        summary("mcp-loadgen", per)
+        for label, pick in [("the flatbuffers verifier", lambda k: VERIFY.search(k[1])),
+                            ("building requests", lambda k: BUILD.search(k[1])),
+                            ("kernel", lambda k: k[0] == "k")]:
+            share = sum(v for k, v in per.items() if pick(k)) / total
+            print(f"- {label}: {share:.0%} of its CPU")
+        return
+    servers = []
+    try:
+        if what == "grpc":
+            servers.append(B.start_broker("broker-grpc", wd, 1, srv_cpus, False,
+                                          addr_key="grpc", pin_process=True))
+            servers.append(B.start_tonic(wd, 1, srv_cpus))
+            runs = [(s.name, s, f"grpc://{s.addr}", ()) for s in servers]
+        else:
+            servers.append(B.start_broker("broker-http", wd, 1, srv_cpus, False,
+                                          addr_key="http"))
+            s = servers[0]
+            runs = [(f"http {era}", s, f"http://{s.addr}/mcp", ("--mcp-version", era))
+                    for era in ("2025-11-25", "2026-07-28")]
+        profiles = [record_server(s, t, x, rate, seconds, lg_cpus, wd) for _, s, t, x in runs]
+    finally:
+        for s in servers:
+            s.stop()
+    diff([n for n, *_ in runs], *profiles)
+
+
+if __name__ == "__main__":
+    main()
