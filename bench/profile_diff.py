@@ -8,7 +8,10 @@ sections).
                                                    (sessions) against 2026-07-28
   bench/profile_diff.py loadgen [RATE] [SECONDS]   mcp-loadgen itself against
                                                    echo-baseline: its CPU by code
-  (defaults: 14000 6 for grpc, 20000 6 for http, 900000 4 for loadgen)
+  bench/profile_diff.py tls     [REQUESTS]         the HTTP edge over TLS against
+                                                   plaintext, saturated
+  (defaults: 14000 6 for grpc, 20000 6 for http, 900000 4 for loadgen,
+  400000 for tls)
 
 grpc and http: each server in turn (scripts/bench's, one shard on the upper
 CPU, 16 connections, open loop at RATE from the lower CPU) gets a warmup,
@@ -17,7 +20,11 @@ each profile's total, user and kernel CPU per request, then the symbols
 whose µs per request differ most (first server minus second). loadgen:
 echo-baseline on the upper CPU, the generator recorded for its whole run
 on the lower; prints its CPU per request and the shares of the flatbuffers
-verifier, of building requests and of the kernel.
+verifier, of building requests and of the kernel. tls: two brokers as
+bench/security_cost.py starts them (plain, and [tls] with scripts/dev-certs'
+ECDSA certificate), each driven in a closed loop over 64 keep-alive
+connections (its core saturated, the SEC_CONNECTIONS=64 figures of
+docs/security.md) for REQUESTS requests.
 
 Needs perf (root, or perf_event_paranoid <= 1) and the release binaries.
 """
@@ -56,11 +63,18 @@ def symbols(data, requests):
     return per
 
 
-def record_server(server, target, extra, rate, seconds, lg_cpus, wd):
+def record_server(server, target, extra, rate, seconds, lg_cpus, wd, closed=None):
+    """Open loop at `rate` for `seconds`, or with `closed` = (connections,
+    requests) a closed loop of that many requests, one in flight on each."""
+    if closed:
+        conns, requests = closed
+        load = ["--connections", str(conns), "--concurrency", str(conns)]
+    else:
+        requests = int(rate * seconds)
+        load = ["--connections", CONNECTIONS, "--rate", str(rate)]
     argv = [B.LOADGEN, "--target", target, *B.TOOL_ARGS, *extra, "--cpus",
-            ",".join(map(str, lg_cpus)), "--connections", CONNECTIONS, "--rate", str(rate), "-q"]
+            ",".join(map(str, lg_cpus)), *load, "-q"]
     subprocess.run(argv + ["--requests", "20000"], capture_output=True)
-    requests = int(rate * seconds)
     data = os.path.join(wd, f"{server.name}-{len(os.listdir(wd))}.data")
     perf = subprocess.Popen(["perf", "record", "-q", "-F", FREQ, "-g", "-o", data, "-p",
                              str(server.proc.pid)], stderr=subprocess.DEVNULL)
@@ -92,14 +106,16 @@ def diff(names, a, b, top=40):
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "grpc"
     default_rate, default_s = {"grpc": (14000, 6), "http": (20000, 6),
-                               "loadgen": (900000, 4)}.get(what, (0, 0))
+                               "loadgen": (900000, 4), "tls": (400000, 1)}.get(what, (0, 0))
     if not default_rate:
-        sys.exit("first argument: grpc, http or loadgen")
+        sys.exit("first argument: grpc, http, loadgen or tls")
     rate = int(sys.argv[2]) if len(sys.argv) > 2 else default_rate
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else default_s
     srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
     srv_cpus = srv_cpus[:1]
     wd = tempfile.mkdtemp(prefix="profile-diff-")
+    if what == "tls":
+        return tls(rate, srv_cpus, lg_cpus, wd)
     print(f"`bench/profile_diff.py {what} {rate} {seconds:g}`, {B.machine()['date']}: open loop "
           f"at {rate:,} req/s over {CONNECTIONS} connections, {int(rate * seconds):,} "
           f"requests recorded per server.")
@@ -142,6 +158,31 @@ def main():
         for s in servers:
             s.stop()
     diff([n for n, *_ in runs], *profiles)
+
+
+def tls(requests, srv_cpus, lg_cpus, wd):
+    sec = scriptload.load("mcp_security_cost", os.path.join(HERE, "security_cost.py"))
+    print(f"`bench/profile_diff.py tls {requests}`, {B.machine()['date']}: closed loop over "
+          f"64 connections, {requests:,} requests recorded per server.")
+    certs = os.path.join(wd, "certs")
+    subprocess.run(["bash", os.path.join(HERE, "..", "scripts", "dev-certs"), certs],
+                   check=True, capture_output=True)
+    servers = []
+    try:
+        for name, c in (("https", certs), ("http", None)):
+            cfg = os.path.join(wd, f"{name}.toml")
+            with open(cfg, "w") as f:
+                f.write(sec.config(srv_cpus, c, None))
+            servers.append(B.Server(f"broker-{name}", [B.BROKER, "--config", cfg], wd,
+                                    addr_key="http"))
+        tls_args = ("--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost")
+        profiles = [record_server(s, f"{s.name[7:]}://{s.addr}/mcp",
+                                  tls_args if s.name == "broker-https" else (), 0, 0, lg_cpus,
+                                  wd, closed=(64, requests)) for s in servers]
+    finally:
+        for s in servers:
+            s.stop()
+    diff([s.name for s in servers], *profiles)
 
 
 if __name__ == "__main__":
