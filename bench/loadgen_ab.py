@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""bench/loadgen_ab.py: what two builds of mcp-loadgen make one server look
+like, side by side: the server's CPU per request, the latency it is
+measured at, and the generator's own send lag, at the same open-loop rates.
+
+A change to the generator (its ring setup, its batching) can move every
+server's figures; this shows by how much before the change lands in a
+report. The server is scripts/bench's (one shard on the upper CPU, the
+generator on the lower, 16 connections, the WASM `echo` router); each rate
+runs every build in turn, twice (rounds), 1 s warmup + 3 s measured.
+
+  bench/loadgen_ab.py SERVER RATES LOADGEN_A LOADGEN_B
+      SERVER: http | wasm | echo | grpc | tonic
+      e.g. bench/loadgen_ab.py http 20000,34000,40000 /tmp/lg-old target/release/mcp-loadgen
+
+Stdlib only; needs the release binaries.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import scriptload  # noqa: E402
+
+B = scriptload.bench_script()
+
+
+def start(which, wd, cpus):
+    if which == "http":
+        s = B.start_broker("broker-http", wd, 1, cpus, False, addr_key="http")
+        return s, f"http://{s.addr}/mcp"
+    if which == "wasm":
+        s = B.start_broker("broker-wasm", wd, 1, cpus, False)
+        return s, f"frames://{s.addr}"
+    if which == "grpc":
+        s = B.start_broker("broker-grpc", wd, 1, cpus, False, addr_key="grpc", pin_process=True)
+        return s, f"grpc://{s.addr}"
+    if which == "tonic":
+        s = B.start_tonic(wd, 1, cpus)
+        return s, f"grpc://{s.addr}"
+    if which == "echo":
+        s = B.start_echo(wd, 1, cpus)
+        return s, f"frames://{s.addr}"
+    sys.exit(f"unknown server {which!r}: http, wasm, echo, grpc or tonic")
+
+
+def main():
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    which, rates, builds = sys.argv[1], [int(r) for r in sys.argv[2].split(",")], sys.argv[3:5]
+    srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
+    wd = tempfile.mkdtemp(prefix="loadgen-ab-")
+    server, target = start(which, wd, srv_cpus[:1])
+    print(f"`bench/loadgen_ab.py {' '.join(sys.argv[1:])}`, {B.machine()['date']}\n")
+    print("| rate | build | server CPU µs/request | p50 µs | p99 µs | generator send lag p99 µs "
+          "| sent / scheduled | errors |\n|---|---|---|---|---|---|---|---|")
+    try:
+        for _ in range(2):
+            for rate in rates:
+                for build in builds:
+                    out = os.path.join(wd, "run.json")
+                    p = subprocess.Popen([build, "--target", target, *B.TOOL_ARGS, "--cpus",
+                                          ",".join(map(str, lg_cpus)), "--connections", "16",
+                                          "--rate", str(rate), "--warmup", "1s", "--duration",
+                                          "3s", "-q", "--json", out],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    # The server's CPU over the measured phase only.
+                    time.sleep(1.0)
+                    c0, t0 = server.cpu_seconds(), time.monotonic()
+                    p.wait()
+                    c1, t1 = server.cpu_seconds(), time.monotonic()
+                    with open(out) as f:
+                        r = json.load(f)
+                    lat = r.get("latency_us") or {}
+                    print(f"| {rate:,} | `{build}` | {(c1 - c0) * 1e6 / (t1 - t0) / rate:.2f} "
+                          f"| {lat.get('p50')} | {lat.get('p99')} "
+                          f"| {(r.get('send_lag_us') or {}).get('p99')} "
+                          f"| {r.get('sent')} / {r.get('scheduled')} | {r.get('errors')} |",
+                          flush=True)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
