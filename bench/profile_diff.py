@@ -10,8 +10,10 @@ sections).
                                                    echo-baseline: its CPU by code
   bench/profile_diff.py tls     [REQUESTS]         the HTTP edge over TLS against
                                                    plaintext, saturated
+  bench/profile_diff.py auth    [REQUESTS]         the same over TLS with [auth] (one
+                                                   bearer token) against TLS alone
   (defaults: 14000 6 for grpc, 20000 6 for http, 900000 4 for loadgen,
-  400000 for tls)
+  400000 for tls and auth)
 
 grpc and http: each server in turn (scripts/bench's, one shard on the upper
 CPU, 16 connections, open loop at RATE from the lower CPU) gets a warmup,
@@ -24,7 +26,9 @@ verifier, of building requests and of the kernel. tls: two brokers as
 bench/security_cost.py starts them (plain, and [tls] with scripts/dev-certs'
 ECDSA certificate), each driven in a closed loop over 64 keep-alive
 connections (its core saturated, the SEC_CONNECTIONS=64 figures of
-docs/security.md) for REQUESTS requests.
+docs/security.md) for REQUESTS requests. auth: the same with the [auth] of
+security_cost.py (every request carries one valid RS256 token) against
+[tls] alone.
 
 Needs perf (root, or perf_event_paranoid <= 1) and the release binaries.
 """
@@ -106,16 +110,17 @@ def diff(names, a, b, top=40):
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "grpc"
     default_rate, default_s = {"grpc": (14000, 6), "http": (20000, 6),
-                               "loadgen": (900000, 4), "tls": (400000, 1)}.get(what, (0, 0))
+                               "loadgen": (900000, 4), "tls": (400000, 1),
+                               "auth": (400000, 1)}.get(what, (0, 0))
     if not default_rate:
-        sys.exit("first argument: grpc, http, loadgen or tls")
+        sys.exit("first argument: grpc, http, loadgen, tls or auth")
     rate = int(sys.argv[2]) if len(sys.argv) > 2 else default_rate
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else default_s
     srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
     srv_cpus = srv_cpus[:1]
     wd = tempfile.mkdtemp(prefix="profile-diff-")
-    if what == "tls":
-        return tls(rate, srv_cpus, lg_cpus, wd)
+    if what in ("tls", "auth"):
+        return tls(rate, srv_cpus, lg_cpus, wd, auth=what == "auth")
     print(f"`bench/profile_diff.py {what} {rate} {seconds:g}`, {B.machine()['date']}: open loop "
           f"at {rate:,} req/s over {CONNECTIONS} connections, {int(rate * seconds):,} "
           f"requests recorded per server.")
@@ -160,25 +165,31 @@ def main():
     diff([n for n, *_ in runs], *profiles)
 
 
-def tls(requests, srv_cpus, lg_cpus, wd):
+def tls(requests, srv_cpus, lg_cpus, wd, auth=False):
     sec = scriptload.load("mcp_security_cost", os.path.join(HERE, "security_cost.py"))
-    print(f"`bench/profile_diff.py tls {requests}`, {B.machine()['date']}: closed loop over "
-          f"64 connections, {requests:,} requests recorded per server.")
+    print(f"`bench/profile_diff.py {'auth' if auth else 'tls'} {requests}`, "
+          f"{B.machine()['date']}: closed loop over 64 connections, {requests:,} requests "
+          f"recorded per server.")
     certs = os.path.join(wd, "certs")
     subprocess.run(["bash", os.path.join(HERE, "..", "scripts", "dev-certs"), certs],
                    check=True, capture_output=True)
+    jwks, token = sec.A.keys_and_token(wd) if auth else (None, None)
+    tls_args = ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
+    # name -> (certificates, JWK Set, loadgen arguments)
+    runs = ({"https+auth": (certs, jwks, tls_args + ["--bearer-file", token]),
+             "https": (certs, None, tls_args)} if auth else
+            {"https": (certs, None, tls_args), "http": (None, None, [])})
     servers = []
     try:
-        for name, c in (("https", certs), ("http", None)):
+        for name, (c, j, _) in runs.items():
             cfg = os.path.join(wd, f"{name}.toml")
             with open(cfg, "w") as f:
-                f.write(sec.config(srv_cpus, c, None))
+                f.write(sec.config(srv_cpus, c, j))
             servers.append(B.Server(f"broker-{name}", [B.BROKER, "--config", cfg], wd,
                                     addr_key="http"))
-        tls_args = ("--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost")
-        profiles = [record_server(s, f"{s.name[7:]}://{s.addr}/mcp",
-                                  tls_args if s.name == "broker-https" else (), 0, 0, lg_cpus,
-                                  wd, closed=(64, requests)) for s in servers]
+        profiles = [record_server(s, f"{s.name[7:].split('+')[0]}://{s.addr}/mcp",
+                                  runs[s.name[7:]][2], 0, 0, lg_cpus, wd,
+                                  closed=(64, requests)) for s in servers]
     finally:
         for s in servers:
             s.stop()
