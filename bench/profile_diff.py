@@ -175,21 +175,20 @@ def tls(requests, srv_cpus, lg_cpus, wd, auth=False):
                    check=True, capture_output=True)
     jwks, token = sec.A.keys_and_token(wd) if auth else (None, None)
     tls_args = ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
-    # name -> (certificates, JWK Set, loadgen arguments)
-    runs = ({"https+auth": (certs, jwks, tls_args + ["--bearer-file", token]),
-             "https": (certs, None, tls_args)} if auth else
-            {"https": (certs, None, tls_args), "http": (None, None, [])})
-    servers = []
+    # (name, scheme, certificates, JWK Set, loadgen arguments)
+    runs = ([("https+auth", "https", certs, jwks, tls_args + ["--bearer-file", token]),
+             ("https", "https", certs, None, tls_args)] if auth else
+            [("https", "https", certs, None, tls_args), ("http", "http", None, None, [])])
+    servers, profiles = [], []
     try:
-        for name, (c, j, _) in runs.items():
+        for name, scheme, c, j, args in runs:
             cfg = os.path.join(wd, f"{name}.toml")
             with open(cfg, "w") as f:
                 f.write(sec.config(srv_cpus, c, j))
-            servers.append(B.Server(f"broker-{name}", [B.BROKER, "--config", cfg], wd,
-                                    addr_key="http"))
-        profiles = [record_server(s, f"{s.name[7:].split('+')[0]}://{s.addr}/mcp",
-                                  runs[s.name[7:]][2], 0, 0, lg_cpus, wd,
-                                  closed=(64, requests)) for s in servers]
+            s = B.Server(f"broker-{name}", [B.BROKER, "--config", cfg], wd, addr_key="http")
+            servers.append(s)
+            profiles.append(record_server(s, f"{scheme}://{s.addr}/mcp", args, 0, 0, lg_cpus,
+                                          wd, closed=(64, requests)))
     finally:
         for s in servers:
             s.stop()

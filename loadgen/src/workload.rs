@@ -517,27 +517,15 @@ impl Generator {
         let wl = std::sync::Arc::clone(&self.wl);
         let index = wl.pick_index(&mut self.rng);
         let op = &wl.ops[index];
+        // A tool call with literal arguments is the same frame every time
+        // but for the header's fields: patch the last one (see `Template`).
+        let literal = matches!(op, Op::Tool { args, .. }
+            if args.iter().all(|a| matches!(a.value, ArgValue::Literal(_))));
+        if literal && let Some(t) = self.template.as_mut().filter(|t| t.fits(index, h)) {
+            t.write(h, out);
+            return op.expected();
+        }
         match op {
-            Op::Tool { name, args }
-                if args.iter().all(|a| matches!(a.value, ArgValue::Literal(_))) =>
-            {
-                // Literal arguments: the same frame every time but for the
-                // header's fields, so patch the last one (see `Template`).
-                if let Some(t) = self.template.as_mut().filter(|t| t.fits(index, h)) {
-                    t.write(h, out);
-                } else {
-                    let pairs: Vec<(&str, &str)> = args
-                        .iter()
-                        .map(|a| match &a.value {
-                            ArgValue::Literal(v) => (a.key.as_str(), v.as_str()),
-                            _ => unreachable!("guarded: literal arguments only"),
-                        })
-                        .collect();
-                    let frame = self.enc.tool_call(h, h.message_id, name, &pairs);
-                    out.extend_from_slice(frame);
-                    self.template = Template::new(index, frame, h);
-                }
-            }
             Op::Tool { name, args } | Op::Prompt { name, args } => {
                 fill(&mut self.rng, &self.noise, &mut self.values, args);
                 let mut pairs = recycle(std::mem::take(&mut self.pairs));
@@ -552,6 +540,9 @@ impl Generator {
                     self.enc.get_prompt(h, name, &pairs)
                 };
                 out.extend_from_slice(frame);
+                if literal {
+                    self.template = Template::new(index, frame, h);
+                }
                 self.pairs = recycle(pairs);
             }
             Op::Resource { uri, key } => {
