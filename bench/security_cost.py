@@ -54,6 +54,12 @@ BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "4"))
 # server's core saturated, so CPU per request is the work, not the wakeups.
 CONNECTIONS = int(os.environ.get("SEC_CONNECTIONS", "8"))
 SERVERS = ("plain", "tls", "tls+auth")
+# SEC_BEFORE=/path/to/mcp-broker adds `tls+auth before`: the TLS + auth
+# broker from another build, in the same rounds (for bench/NOTES.md's
+# before/after figures of a change to the auth path).
+BEFORE = os.environ.get("SEC_BEFORE")
+if BEFORE:
+    SERVERS += ("tls+auth before",)
 WARMUP_S = 1
 SCHEMES = {  # edge -> (plain scheme, TLS scheme, ready-line key, path)
     "frames": ("frames", "frames+tls", "frames", ""),
@@ -90,7 +96,7 @@ def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
         argv += ["--rate", str(int(rate))]
     if name != "plain":
         argv += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
-    if name == "tls+auth":
+    if name.startswith("tls+auth"):
         argv += ["--bearer-file", token]
     # The server's CPU is read from the end of the warmup on: `sent` counts
     # the measured phase only, and the warmup holds the connections' TLS
@@ -124,7 +130,7 @@ def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
     args = ["--tool", "echo_text", "--args", '{"text":"hello"}']
     if name != "plain":
         args += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
-    if name == "tls+auth":
+    if name.startswith("tls+auth"):
         args += ["--bearer-file", token]
 
     def probe(rate):
@@ -154,8 +160,10 @@ def main():
                 cfg = os.path.join(wd, f"{edge}-{name}.toml")
                 with open(cfg, "w") as f:
                     f.write(config(srv_cpus, None if name == "plain" else certs,
-                                   jwks if name == "tls+auth" else None))
-                servers[name] = B.Server(f"{edge}-{name}", [B.BROKER, "--config", cfg], wd,
+                                   jwks if name.startswith("tls+auth") else None))
+                binary = BEFORE if name.endswith("before") else B.BROKER
+                servers[name] = B.Server(f"{edge}-{name}".replace(" ", "-"),
+                                         [binary, "--config", cfg], wd,
                                          addr_key=SCHEMES[edge][2])
             for rnd in range(rounds):
                 for n in B.rotate(list(SERVERS), rnd):
@@ -201,7 +209,7 @@ def main():
     print("| edge | ratio | closed-loop throughput | CPU per request | capacity at SLO |")
     print("|---|---|---|---|---|")
     for edge in edges:
-        for num in ("tls", "tls+auth"):
+        for num in SERVERS[1:]:
             a, b = res[edge][num], res[edge]["plain"]
             cells = []
             for key in ("peak", "cpu", "cap"):

@@ -276,8 +276,36 @@ static NEXT_AUTH: AtomicU64 = AtomicU64::new(1);
 /// use). Only successes are kept; the map is bounded and emptied when full.
 const VERIFIED_PER_THREAD: usize = 1024;
 
-/// Token → (key-set generation, whom it speaks for).
-type Verified = HashMap<Box<str>, (u64, Arc<Principal>)>;
+/// A verified token's last [`TAIL`] bytes and its length → (the whole
+/// token, key-set generation, whom it speaks for).
+///
+/// Keyed by the tail, not the whole token: hashing a ~1 KB token with
+/// SipHash cost more than the rest of the lookup (`bench/NOTES.md`, issue
+/// 14), and a JWT's tail is its signature, where two tokens differ. A hit
+/// still compares every byte. Only verified tokens are stored, so a caller
+/// cannot fill a bucket with tokens sharing a tail; two valid ones that did
+/// would only replace each other.
+type Verified = HashMap<Tail, (Box<str>, u64, Arc<Principal>)>;
+
+const TAIL: usize = 32;
+type Tail = (usize, [u8; TAIL]);
+
+fn tail(token: &str) -> Tail {
+    let b = token.as_bytes();
+    let mut t = [0; TAIL];
+    let n = b.len().min(TAIL);
+    t[..n].copy_from_slice(&b[b.len() - n..]);
+    (b.len(), t)
+}
+
+/// The text of an `Authorization` header (or metadata) value, for
+/// [`Auth::authenticate`]. Checked as UTF-8 rather than by
+/// `HeaderValue::to_str`, whose byte-at-a-time visible-ASCII check ran over
+/// the whole bearer token on every request; a token with other characters
+/// still fails, as `malformed`, when its parts are decoded.
+pub fn header_text(value: &[u8]) -> Option<&str> {
+    std::str::from_utf8(value).ok()
+}
 
 thread_local! {
     static VERIFIED: std::cell::RefCell<Verified> = std::cell::RefCell::new(HashMap::new());
@@ -455,10 +483,11 @@ impl Auth {
     /// already on this thread under the current key set ([`VERIFIED`]).
     pub fn verify(&self, token: &str) -> Result<Arc<Principal>, Failure> {
         let generation = self.state.generation.load(Ordering::Acquire);
+        let key = tail(token);
         let known = VERIFIED.with_borrow(|c| {
-            c.get(token)
-                .filter(|(g, p)| *g == generation && !p.expired())
-                .map(|(_, p)| p.clone())
+            c.get(&key)
+                .filter(|(t, g, p)| **t == *token && *g == generation && !p.expired())
+                .map(|(_, _, p)| p.clone())
         });
         if let Some(p) = known {
             return Ok(p);
@@ -470,7 +499,7 @@ impl Auth {
             if c.len() >= VERIFIED_PER_THREAD {
                 c.clear();
             }
-            c.insert(token.into(), (generation, p.clone()));
+            c.insert(key, (token.into(), generation, p.clone()));
         });
         Ok(p)
     }

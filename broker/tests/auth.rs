@@ -371,6 +371,35 @@ fn a_valid_token_is_served_and_tool_rules_and_sessions_follow_it() {
         "another subject's session is unknown: {}",
         r.text()
     );
+
+    // Alice's verified signature (and so the tail the broker's cache of
+    // verified tokens is keyed by) on claims of the same length naming
+    // another subject: refused, not found in the cache.
+    let forged = {
+        use base64::Engine as _;
+        let mut parts = writer.split('.');
+        let (head, body, sig) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        let mut c: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(body)
+                .unwrap(),
+        )
+        .unwrap();
+        c["sub"] = json!("mallo");
+        let forged = format!("{head}.{}.{sig}", b64(c.to_string().as_bytes()));
+        assert_eq!(
+            forged.len(),
+            writer.len(),
+            "same length as the verified token"
+        );
+        forged
+    };
+    let r = call(b, &forged, &s, "echo_text", r#"{"text":"hi"}"#);
+    assert_eq!(r.status, 401, "a forged payload: {}", r.text());
 }
 
 #[test]

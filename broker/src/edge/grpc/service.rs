@@ -180,7 +180,7 @@ impl EdgeState {
         let header = req
             .metadata()
             .get("authorization")
-            .and_then(|v| v.to_str().ok());
+            .and_then(|v| crate::auth::header_text(v.as_bytes()));
         auth.authenticate(header)
             .map(Some)
             .map_err(|f| auth_status(f, auth.base_scopes()))

@@ -583,7 +583,11 @@ impl HttpEdge {
         // `[auth]`: every request to /mcp carries a valid bearer token.
         let who = match &self.ctx.shared.auth {
             None => None,
-            Some(auth) => match auth.authenticate(header_str(req.headers(), "authorization")) {
+            Some(auth) => match auth.authenticate(
+                req.headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| crate::auth::header_text(v.as_bytes())),
+            ) {
                 Ok(p) => Some(p),
                 Err(f) => return auth_refusal(auth, f, auth.base_scopes()),
             },
