@@ -36,20 +36,22 @@ CONNECTIONS = 16
 WARMUP, DURATION = 1, 3
 
 
-def start(which, bindir, wd, cpus, tag):
-    """(server, scheme, loadgen args) of one server from `bindir`."""
+def start(which, bindir, wd, cpus, tag=""):
+    """(server, target URL) of one server from `bindir`, `tag` added to its
+    name (bench/loadgen_ab.py starts its servers here too)."""
+    tag = f"-{tag}" if tag else ""
     # scripts/bench's helpers read their binaries from module globals.
     B.BROKER = os.path.join(bindir, "mcp-broker")
     B.TONIC = os.path.join(bindir, "tonic-baseline")
     B.ECHO = os.path.join(bindir, "echo-baseline")
     if which == "http":
-        s = B.start_broker(f"broker-http-{tag}", wd, 1, cpus, False, addr_key="http")
+        s = B.start_broker(f"broker-http{tag}", wd, 1, cpus, False, addr_key="http")
         return s, f"http://{s.addr}/mcp"
     if which in ("wasm", "native"):
-        s = B.start_broker(f"broker-{which}-{tag}", wd, 1, cpus, which == "native")
+        s = B.start_broker(f"broker-{which}{tag}", wd, 1, cpus, which == "native")
         return s, f"frames://{s.addr}"
     if which == "grpc":
-        s = B.start_broker(f"broker-grpc-{tag}", wd, 1, cpus, False, addr_key="grpc",
+        s = B.start_broker(f"broker-grpc{tag}", wd, 1, cpus, False, addr_key="grpc",
                            pin_process=True)
         return s, f"grpc://{s.addr}"
     if which == "tonic":
@@ -59,7 +61,7 @@ def start(which, bindir, wd, cpus, tag):
         s = B.start_echo(wd, 1, cpus)
         return s, f"frames://{s.addr}"
     if which == "rmcp":
-        s = B.Server(f"rmcp-baseline-{tag}", [os.path.join(bindir, "rmcp-baseline"), "--listen",
+        s = B.Server(f"rmcp-baseline{tag}", [os.path.join(bindir, "rmcp-baseline"), "--listen",
                                               "127.0.0.1:0"], wd, addr_key="http", cpus=cpus)
         return s, f"http://{s.addr}/mcp"
     sys.exit(f"unknown server {which!r}: http, wasm, native, echo, grpc, tonic or rmcp")

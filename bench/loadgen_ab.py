@@ -10,7 +10,7 @@ generator on the lower, 16 connections, the WASM `echo` router); each rate
 runs every build in turn, twice (rounds), 1 s warmup + 3 s measured.
 
   bench/loadgen_ab.py SERVER RATES LOADGEN_A LOADGEN_B
-      SERVER: http | wasm | echo | grpc | tonic
+      SERVER: http | wasm | native | echo | grpc | tonic | rmcp
       e.g. bench/loadgen_ab.py http 20000,34000,40000 /tmp/lg-old target/release/mcp-loadgen
 
 Stdlib only; needs the release binaries.
@@ -27,25 +27,8 @@ sys.path.insert(0, HERE)
 import scriptload  # noqa: E402
 
 B = scriptload.bench_script()
-
-
-def start(which, wd, cpus):
-    if which == "http":
-        s = B.start_broker("broker-http", wd, 1, cpus, False, addr_key="http")
-        return s, f"http://{s.addr}/mcp"
-    if which == "wasm":
-        s = B.start_broker("broker-wasm", wd, 1, cpus, False)
-        return s, f"frames://{s.addr}"
-    if which == "grpc":
-        s = B.start_broker("broker-grpc", wd, 1, cpus, False, addr_key="grpc", pin_process=True)
-        return s, f"grpc://{s.addr}"
-    if which == "tonic":
-        s = B.start_tonic(wd, 1, cpus)
-        return s, f"grpc://{s.addr}"
-    if which == "echo":
-        s = B.start_echo(wd, 1, cpus)
-        return s, f"frames://{s.addr}"
-    sys.exit(f"unknown server {which!r}: http, wasm, echo, grpc or tonic")
+# Its servers, from the workspace's release directory.
+BA = scriptload.load("mcp_build_ab", os.path.join(HERE, "build_ab.py"))
 
 
 def main():
@@ -54,7 +37,7 @@ def main():
     which, rates, builds = sys.argv[1], [int(r) for r in sys.argv[2].split(",")], sys.argv[3:5]
     srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
     wd = tempfile.mkdtemp(prefix="loadgen-ab-")
-    server, target = start(which, wd, srv_cpus[:1])
+    server, target = BA.start(which, B.REL, wd, srv_cpus[:1])
     print(f"`bench/loadgen_ab.py {' '.join(sys.argv[1:])}`, {B.machine()['date']}\n")
     print("| rate | build | server CPU µs/request | p50 µs | p99 µs | generator send lag p99 µs "
           "| sent / scheduled | errors |\n|---|---|---|---|---|---|---|---|")
