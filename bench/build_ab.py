@@ -45,7 +45,8 @@ def start(which, bindir, wd, cpus, tag=""):
     B.TONIC = os.path.join(bindir, "tonic-baseline")
     B.ECHO = os.path.join(bindir, "echo-baseline")
     if which == "http":
-        s = B.start_broker(f"broker-http{tag}", wd, 1, cpus, False, addr_key="http")
+        s = B.start_broker(f"broker-http{tag}", wd, 1, cpus, False, addr_key="http",
+                           pin_process=True)
         return s, f"http://{s.addr}/mcp"
     if which in ("wasm", "native"):
         s = B.start_broker(f"broker-{which}{tag}", wd, 1, cpus, which == "native")
