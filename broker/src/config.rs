@@ -40,7 +40,16 @@ pub struct BrokerSection {
     /// Build each shard's io_uring with `SINGLE_ISSUER | DEFER_TASKRUN`
     /// when the kernel accepts it (Linux 6.1+), else without.
     pub io_uring_defer_taskrun: bool,
+    /// After work arrives, how long a shard keeps polling its ring instead
+    /// of sleeping in the kernel (`crate::idle_poll`); 0 = never. While
+    /// it is on, the ring uses `COOP_TASKRUN` instead of `DEFER_TASKRUN`.
+    #[serde(with = "humantime_serde")]
+    pub idle_poll: Duration,
 }
+
+/// Upper bound of `broker.idle_poll`: past it the window is a busy loop
+/// that never sleeps, not a tuning.
+pub const MAX_IDLE_POLL: Duration = Duration::from_millis(100);
 
 impl Default for BrokerSection {
     fn default() -> Self {
@@ -51,6 +60,7 @@ impl Default for BrokerSection {
             drain_timeout: Duration::from_secs(10),
             drain_grace: Duration::ZERO,
             io_uring_defer_taskrun: true,
+            idle_poll: Duration::ZERO,
         }
     }
 }
@@ -657,6 +667,12 @@ impl Config {
     }
 
     fn validate(&self, errors: &mut Vec<String>) {
+        if self.broker.idle_poll > MAX_IDLE_POLL {
+            errors.push(format!(
+                "broker.idle_poll: {:?} is above {:?} (a shard would poll instead of sleeping; 0s turns it off)",
+                self.broker.idle_poll, MAX_IDLE_POLL
+            ));
+        }
         if let Some(a) = &self.auth {
             if a.issuer.is_empty() {
                 errors.push("auth.issuer: must not be empty".into());
@@ -1103,6 +1119,32 @@ mod tests {
             c.grpc.threads,
             Some(2),
             "accepted (and ignored with a warning)"
+        );
+    }
+
+    #[test]
+    fn idle_poll_is_off_by_default_bounded_and_picks_the_ring() {
+        use crate::shard::Ring;
+        let c = Config::embedded_default();
+        assert_eq!(c.broker.idle_poll, Duration::ZERO);
+        assert_eq!(Ring::for_config(&c.broker), Ring::Defer);
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let c = Config::parse(&format!("[broker]\nidle_poll = \"150us\"\n{router}")).unwrap();
+        assert_eq!(c.broker.idle_poll, Duration::from_micros(150));
+        // DEFER_TASKRUN would never post completions to a polling turn.
+        assert_eq!(Ring::for_config(&c.broker), Ring::Coop);
+        let c = Config::parse(&format!(
+            "[broker]\nio_uring_defer_taskrun = false\n{router}"
+        ))
+        .unwrap();
+        assert_eq!(Ring::for_config(&c.broker), Ring::Classic);
+        let err = Config::parse(&format!("[broker]\nidle_poll = \"1s\"\n{router}")).unwrap_err();
+        assert!(
+            err.0
+                .iter()
+                .any(|e| e.starts_with("broker.idle_poll: 1s is above 100ms")),
+            "{:?}",
+            err.0
         );
     }
 

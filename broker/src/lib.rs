@@ -18,6 +18,7 @@ pub mod control;
 pub mod dispatch;
 pub mod edge;
 mod fault;
+pub mod idle_poll;
 mod local;
 pub mod metrics;
 pub mod process;

@@ -683,6 +683,20 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
     }
     family(
         &mut o,
+        "mcp_shard_idle_poll_seconds_total",
+        "counter",
+        "Time the shard spent in idle-polling windows (broker.idle_poll): polling its ring instead of sleeping, work done meanwhile included. 0 with idle_poll off.",
+    );
+    for (i, s) in stats.iter().enumerate() {
+        let ns = s.idle_poll_ns.load(Ordering::Relaxed);
+        let _ = writeln!(
+            o,
+            "mcp_shard_idle_poll_seconds_total{{shard=\"{i}\"}} {}",
+            ns as f64 / 1e9
+        );
+    }
+    family(
+        &mut o,
         "mcp_frames_rejected_total",
         "counter",
         "Frames rejected before becoming requests, by reason (too_large closes the connection; the others are answered with an error).",

@@ -137,14 +137,15 @@ pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>)
     {
         tracing::warn!(shard = s.index, cpu, "could not pin shard to its CPU");
     }
-    let defer = s.shared.config.broker.io_uring_defer_taskrun;
-    let mut rt = match build_runtime(defer).or_else(|e| {
-        if !defer {
+    let ring = Ring::for_config(&s.shared.config.broker);
+    let mut rt = match build_runtime(ring).or_else(|e| {
+        if ring == Ring::Classic {
             return Err(e);
         }
-        // Kernels before 6.1 refuse DEFER_TASKRUN with EINVAL.
-        tracing::debug!(shard = s.index, error = %e, "io_uring refused DEFER_TASKRUN; using the classic ring");
-        build_runtime(false)
+        // Kernels before 6.1 refuse DEFER_TASKRUN, before 5.19 COOP_TASKRUN,
+        // with EINVAL.
+        tracing::debug!(shard = s.index, error = %e, ?ring, "io_uring refused the ring's setup flags; using the classic ring");
+        build_runtime(Ring::Classic)
     }) {
         Ok(rt) => rt,
         Err(e) => {
@@ -157,6 +158,7 @@ pub fn run(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, String>>)
         index: s.index,
     };
     rt.block_on(shard_main(s, ready));
+    crate::idle_poll::stop();
 }
 
 /// Dropped when the shard thread ends, by return or by unwinding: no more
@@ -193,17 +195,55 @@ type Runtime = monoio::FusionRuntime<
     monoio::time::TimeDriver<monoio::LegacyDriver>,
 >;
 
-/// A shard's monoio runtime: io_uring where the kernel has it (epoll
-/// otherwise). With `defer`, the ring runs completions only when the shard
-/// enters the kernel for them, not as task work interrupting it at every
-/// completion; the shard is the ring's single submitter by construction.
-fn build_runtime(defer: bool) -> std::io::Result<Runtime> {
-    let mut urb = io_uring::IoUring::builder();
-    if defer {
-        urb.setup_single_issuer().setup_defer_taskrun();
+/// How a shard's io_uring posts its completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ring {
+    /// `SINGLE_ISSUER | DEFER_TASKRUN`: completions run only when the shard
+    /// enters the kernel to wait for them, never interrupting it.
+    Defer,
+    /// `SINGLE_ISSUER | COOP_TASKRUN | TASKRUN_FLAG`: completions run at the
+    /// shard's next `io_uring_enter` of any kind, also without an
+    /// interrupt. What idle polling needs: its turns enter without waiting.
+    Coop,
+    /// Neither (older kernels, or `io_uring_defer_taskrun = false`).
+    Classic,
+}
+
+impl Ring {
+    pub fn for_config(b: &crate::config::BrokerSection) -> Self {
+        if !b.idle_poll.is_zero() {
+            Ring::Coop
+        } else if b.io_uring_defer_taskrun {
+            Ring::Defer
+        } else {
+            Ring::Classic
+        }
     }
+
+    /// The ring's builder; the ring is created on the thread that will use
+    /// it, as SINGLE_ISSUER requires.
+    pub fn builder(self) -> io_uring::Builder {
+        let mut urb = io_uring::IoUring::builder();
+        match self {
+            Ring::Defer => {
+                urb.setup_single_issuer().setup_defer_taskrun();
+            }
+            Ring::Coop => {
+                urb.setup_single_issuer()
+                    .setup_coop_taskrun()
+                    .setup_taskrun_flag();
+            }
+            Ring::Classic => {}
+        }
+        urb
+    }
+}
+
+/// A shard's monoio runtime: io_uring where the kernel has it (epoll
+/// otherwise), with the ring set up as `ring` says.
+fn build_runtime(ring: Ring) -> std::io::Result<Runtime> {
     monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .uring_builder(urb)
+        .uring_builder(ring.builder())
         .enable_timer()
         .build()
 }
@@ -297,6 +337,13 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         monoio::spawn(async move { shard.yields.run().await });
     }
     monoio::spawn(housekeeping(shard.ctx.clone()));
+    let idle_poll = s.shared.config.broker.idle_poll;
+    if !idle_poll.is_zero() {
+        let shared = s.shared.clone();
+        monoio::spawn(crate::idle_poll::run(idle_poll, move |d| {
+            ShardStats::add(&shared.stats[index].idle_poll_ns, d.as_nanos() as u64);
+        }));
+    }
     let http = crate::edge::http::HttpEdge::new(shard.ctx.clone(), shard.draining.clone());
     monoio::spawn(crate::edge::http::accept_loop(
         http.clone(),

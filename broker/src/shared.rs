@@ -121,6 +121,8 @@ pub struct ShardStats {
     /// Connections closed because the peer read nothing within
     /// `frames.write_timeout`.
     pub write_timeouts: AtomicU64,
+    /// Nanoseconds the shard spent in idle-polling windows (`broker.idle_poll`).
+    pub idle_poll_ns: AtomicU64,
     pub ready: AtomicBool,
     /// The shard thread died (a panic outside any request's handler).
     pub dead: AtomicBool,
@@ -143,6 +145,7 @@ impl ShardStats {
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             write_timeouts: AtomicU64::new(0),
+            idle_poll_ns: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             layout: layout.clone(),

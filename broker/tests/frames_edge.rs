@@ -574,6 +574,58 @@ fn the_classic_ring_serves_as_the_deferred_one_does() {
 }
 
 #[test]
+fn idle_polling_serves_every_edge_and_its_timers_fire_under_steady_load() {
+    // With `idle_poll` a shard that keeps getting requests keeps polling
+    // its ring instead of parking, and monoio advances its timers only when
+    // it parks: the poller must let it park now and then
+    // (`idle_poll::PARK_EVERY`). Steady echo traffic on one connection
+    // keeps the poller polling while a call on another waits out its 1 s
+    // call deadline, which must end it at the deadline, not when the load
+    // stops. The ring is COOP_TASKRUN then; HTTP is served as usual.
+    let cfg = "[broker]\nshards = 1\nidle_poll = \"2ms\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ncall_deadline = \"1s\"\n";
+    let b = Broker::start_with_config(cfg, &[]);
+    let mut c = b.connect();
+    assert_eq!(pipeline(&mut c, 500, "polled"), 0, "none overloaded");
+    let mut h = common::http::Conn::connect(b.http);
+    h.initialize("2025-11-25");
+
+    let mut slow = b.connect();
+    let sent = Instant::now();
+    send_tool(&mut slow, "nap", "sleep", &[("ms", "60000")]);
+    let waiter = std::thread::spawn(move || {
+        let f = slow.read_final();
+        (sent.elapsed(), error_code(&f))
+    });
+    let mut calls = 0;
+    while !waiter.is_finished() && sent.elapsed() < Duration::from_secs(10) {
+        assert_eq!(
+            tool_text(&c.call("echo", &[("i", "1")], None)),
+            r#"{"i":1}"#
+        );
+        calls += 1;
+    }
+    let (took, code) = waiter.join().unwrap();
+    assert_eq!(
+        code,
+        Some(-32001),
+        "the sleeping call ends in deadline_exceeded"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "the 1 s deadline fired after {took:?} under load"
+    );
+    assert!(
+        calls > 100,
+        "the load ran while the call waited: {calls} calls"
+    );
+    let polled = b.metric_sum("mcp_shard_idle_poll_seconds_total");
+    assert!(
+        polled > 0.0 && polled < 60.0,
+        "idle polling reported {polled} s"
+    );
+}
+
+#[test]
 fn slowloris_and_idle_connections_are_closed_on_time() {
     let cfg = "[frames]\nidle_timeout = \"500ms\"\npartial_frame_timeout = \"300ms\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
     let b = Broker::start_with_config(cfg, &["--shards", "1"]);

@@ -467,6 +467,7 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         match res {
             Ok(0) => return Ok(()),
             Ok(n) => {
+                crate::idle_poll::note_activity();
                 ShardStats::add(&stats.bytes_in, n as u64);
                 // One clock read for the whole batch: every frame of it
                 // arrived with this read. Each answered frame's end time is

@@ -142,6 +142,7 @@ type WriteOp<WH> = (BufResult<usize, Vec<u8>>, WH);
 /// One `recv` into an owned buffer; the half comes back with the result.
 async fn recv<RH: AsyncReadRent>(mut half: RH, buf: Vec<u8>) -> ReadOp<RH> {
     let r = half.read(buf).await;
+    crate::idle_poll::note_activity();
     (r, half)
 }
 

@@ -148,6 +148,7 @@ impl TlsReadHalf {
             None => self.tcp.read(buf).await,
         };
         self.cipher = buf;
+        crate::idle_poll::note_activity();
         if res? == 0 {
             self.eof = true;
             // rustls learns of the end: its reader then reports a clean
