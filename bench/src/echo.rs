@@ -40,7 +40,13 @@ pub fn parse_args(name: &str, known_extra: &[&str]) -> Result<Args, String> {
                     .map(|c| c.parse().map_err(|e| format!("--cpus: {e}")))
                     .collect::<Result<_, _>>()?
             }
-            f if known_extra.contains(&f) => a.extra.push(flag),
+            // A known flag, or `--name=VALUE` for a known `--name=`.
+            f if known_extra
+                .iter()
+                .any(|k| *k == f || (k.ends_with('=') && f.starts_with(k))) =>
+            {
+                a.extra.push(flag)
+            }
             other => {
                 return Err(format!(
                     "unknown argument {other}; usage: {name} [--listen ADDR] [--shards N] [--cpus LIST] {}",

@@ -16,6 +16,7 @@
 //!
 //! ```text
 //! echo-baseline [--listen 127.0.0.1:0] [--shards 1] [--cpus 1,2] [--defer-taskrun]
+//!               [--idle-poll-us=N]
 //! ```
 //! Prints `echo-baseline ready frames=HOST:PORT shards=N` on stdout.
 //!
@@ -23,9 +24,19 @@
 //! DEFER_TASKRUN` through `RuntimeBuilder::uring_builder`: the one io_uring
 //! setting `uring-echo` found worth having (`bench/results/io-uring.md`),
 //! measured here without leaving monoio. Off by default (scripts/bench).
+//!
+//! `--idle-poll-us=N` runs the broker's own idle poller
+//! (`mcp_broker::idle_poll`, `[broker] idle_poll`) with an N µs window on
+//! every shard, with the ring the broker then uses (`COOP_TASKRUN`), so
+//! that a broker with a window is compared with a baseline that has the
+//! same one.
 
 use bytes::BytesMut;
+use std::time::Duration;
+
 use mcp_bench::echo::{answer, parse_args};
+use mcp_broker::idle_poll;
+use mcp_broker::shard::Ring;
 use mcp_schema::{FrameSplitter, ResponseEncoder};
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
@@ -39,7 +50,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const READ_CHUNK: usize = 16 * 1024;
 
 fn main() {
-    let args = match parse_args("echo-baseline", &["--defer-taskrun"]) {
+    let args = match parse_args("echo-baseline", &["--defer-taskrun", "--idle-poll-us="]) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("echo-baseline: {e}");
@@ -47,12 +58,25 @@ fn main() {
         }
     };
     let defer_taskrun = args.extra.iter().any(|f| f == "--defer-taskrun");
+    let idle_poll = match args
+        .extra
+        .iter()
+        .find_map(|f| f.strip_prefix("--idle-poll-us="))
+        .map(str::parse::<u64>)
+    {
+        None => Duration::ZERO,
+        Some(Ok(us)) => Duration::from_micros(us),
+        Some(Err(e)) => {
+            eprintln!("echo-baseline: --idle-poll-us: {e}");
+            std::process::exit(2);
+        }
+    };
     let (addr, listeners) = args.listeners().expect("bind");
     let mut handles = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
         let cpu = args.shard_cpu(index);
         handles.push(std::thread::spawn(move || {
-            shard(index, listener, cpu, defer_taskrun)
+            shard(index, listener, cpu, defer_taskrun, idle_poll)
         }));
     }
     println!("echo-baseline ready frames={addr} shards={}", args.shards);
@@ -61,23 +85,34 @@ fn main() {
     }
 }
 
-fn shard(index: usize, listener: std::net::TcpListener, cpu: Option<usize>, defer_taskrun: bool) {
+fn shard(
+    index: usize,
+    listener: std::net::TcpListener,
+    cpu: Option<usize>,
+    defer_taskrun: bool,
+    idle_poll: Duration,
+) {
     if let Some(cpu) = cpu {
         monoio::utils::bind_to_cpu_set([cpu]).expect("pin shard");
     }
-    let mut urb = io_uring::IoUring::builder();
-    if defer_taskrun {
-        // Completions are then posted only when this thread waits in
-        // io_uring_enter, not by interrupting it; the ring is created here,
-        // on the thread that will use it, as SINGLE_ISSUER requires.
-        urb.setup_single_issuer().setup_defer_taskrun();
-    }
+    // The broker's rule (`shard::Ring::for_config`): a poller needs the
+    // COOP_TASKRUN ring, else DEFER_TASKRUN when asked for.
+    let ring = if !idle_poll.is_zero() {
+        Ring::Coop
+    } else if defer_taskrun {
+        Ring::Defer
+    } else {
+        Ring::Classic
+    };
     let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .uring_builder(urb)
+        .uring_builder(ring.builder())
         .enable_timer()
         .build()
         .expect("runtime");
     rt.block_on(async move {
+        if !idle_poll.is_zero() {
+            monoio::spawn(idle_poll::run(idle_poll, |_| {}));
+        }
         let listener = TcpListener::from_std(listener).expect("listener");
         loop {
             let Ok((s, _)) = listener.accept().await else {
@@ -106,7 +141,7 @@ async fn serve(mut s: TcpStream, seed: u64) {
         rbuf = b.into_inner();
         match res {
             Ok(0) => return,
-            Ok(_) => {}
+            Ok(_) => idle_poll::note_activity(),
             Err(_) => return,
         }
         loop {
