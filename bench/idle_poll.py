@@ -15,7 +15,7 @@ Capacity at SLO as scripts/bench --slo finds it (bench/slo.py: p99 <= 1 ms,
 no errors, the generator on schedule; a x2 sweep then BISECT bisection
 steps), then every server at two fixed rates (a tenth and half of the
 slowest server's capacity) for its CPU per request and tail latencies. Writes
-bench/results/<date>-<host>-idle-poll.md and prints it.
+bench/results/<date>-<host>-idle-poll-<edges>.{md,json} and prints the report.
 
 Needs the release binaries (scripts/bench builds them). Stdlib only.
 """
@@ -158,7 +158,8 @@ def main():
             f"schedule. `+poll` rows: the same server with a {window} µs idle-poll window. "
             "Discussion: bench/NOTES.md, \"idle polling\"."]
     text = "\n".join(head + lines) + "\n"
-    out = os.path.join(B.ROOT, "bench", "results", f"{stamp}-{m['host']}-idle-poll.md")
+    out = os.path.join(B.ROOT, "bench", "results",
+                       f"{stamp}-{m['host']}-idle-poll-{'-'.join(edges)}.md")
     with open(out, "w") as f:
         f.write(text)
     with open(out[:-3] + ".json", "w") as f:
