@@ -14,6 +14,14 @@ the server's threads (which thread pays).
 
   bench/small_batch.py [RATE] [SECONDS] [ROUNDS] [EDGE]   (default 60000 5 3 frames)
 
+With WARM=1 every server is also measured a second time in each round
+("+warm" rows) with a SCHED_IDLE busy loop on its CPU: the loop yields to
+the server the moment it wakes, and does nothing else, but the CPU never
+goes idle, so a (virtual) CPU is never halted between two requests. The
+difference between a server's two rows is what its wake-ups from idle cost
+it (the hypervisor's halt and wake-up, and caches cooled while the CPU was
+given away); the loop's own CPU time is not the server's and is not counted.
+
 Needs `perf` with tracepoint access (run as root, or lower
 /proc/sys/kernel/perf_event_paranoid) and the release binaries (scripts/bench
 builds them). Stdlib only.
@@ -33,6 +41,16 @@ B = P.B
 # wake-ups the server's threads issue.
 EVENTS = P.EVENTS + ["io_uring:io_uring_task_work_run", "sched:sched_wakeup"]
 CONNECTIONS = 16
+
+
+def spinner(cpu):
+    """A busy loop on `cpu` at SCHED_IDLE: it runs only when nothing else
+    there wants to, so it keeps the CPU out of its idle state without taking
+    time from the server."""
+    def idle():
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=idle)
 
 
 def run(server, rate, seconds, lg_cpus, wd, tag):
@@ -78,10 +96,22 @@ def main():
             sys.exit(f"EDGE must be frames or grpc, not {edge!r}")
         for s in servers.values():
             s.scheme = edge
-        res = {n: [] for n in servers}
+        warm = os.environ.get("WARM") == "1"
+        variants = [(n, False) for n in sorted(servers)]
+        if warm:
+            variants += [(n, True) for n in sorted(servers)]
+        res = {n + (" +warm" if w else ""): [] for n, w in variants}
         for rnd in range(rounds):
-            for n in B.rotate(sorted(servers), rnd):
-                per, threads, rep = run(servers[n], rate, seconds, lg_cpus, wd, f"{n}-{rnd}")
+            for base, w in B.rotate(variants, rnd):
+                n = base + (" +warm" if w else "")
+                spin = spinner(srv_cpus[0]) if w else None
+                try:
+                    per, threads, rep = run(servers[base], rate, seconds, lg_cpus, wd,
+                                            f"{n.replace(' +', '-')}-{rnd}")
+                finally:
+                    if spin:
+                        spin.kill()
+                        spin.wait()
                 lat = rep.get("latency_us") or {}
                 B.log(f"{n} round {rnd}: {per['task-clock']:.2f} µs/request, p99 "
                       f"{lat.get('p99')} µs, kept up {rep.get('kept_up')}, errors "
