@@ -339,10 +339,14 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
     monoio::spawn(housekeeping(shard.ctx.clone()));
     let idle_poll = s.shared.config.broker.idle_poll;
     if !idle_poll.is_zero() {
-        let shared = s.shared.clone();
-        monoio::spawn(crate::idle_poll::run(idle_poll, move |d| {
-            ShardStats::add(&shared.stats[index].idle_poll_ns, d.as_nanos() as u64);
-        }));
+        let shard = shard.clone();
+        monoio::spawn(async move {
+            let stats = shard.stats();
+            crate::idle_poll::run(&shard.yields, idle_poll, |d| {
+                ShardStats::add(&stats.idle_poll_ns, d.as_nanos() as u64);
+            })
+            .await
+        });
     }
     let http = crate::edge::http::HttpEdge::new(shard.ctx.clone(), shard.draining.clone());
     monoio::spawn(crate::edge::http::accept_loop(

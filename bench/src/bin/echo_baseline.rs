@@ -35,6 +35,7 @@ use bytes::BytesMut;
 use std::time::Duration;
 
 use mcp_bench::echo::{answer, parse_args};
+use mcp_broker::config::BrokerSection;
 use mcp_broker::idle_poll;
 use mcp_broker::shard::Ring;
 use mcp_schema::{FrameSplitter, ResponseEncoder};
@@ -95,15 +96,12 @@ fn shard(
     if let Some(cpu) = cpu {
         monoio::utils::bind_to_cpu_set([cpu]).expect("pin shard");
     }
-    // The broker's rule (`shard::Ring::for_config`): a poller needs the
-    // COOP_TASKRUN ring, else DEFER_TASKRUN when asked for.
-    let ring = if !idle_poll.is_zero() {
-        Ring::Coop
-    } else if defer_taskrun {
-        Ring::Defer
-    } else {
-        Ring::Classic
-    };
+    // The broker's own rule: a poller needs the COOP_TASKRUN ring.
+    let ring = Ring::for_config(&BrokerSection {
+        io_uring_defer_taskrun: defer_taskrun,
+        idle_poll,
+        ..BrokerSection::default()
+    });
     let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
         .uring_builder(ring.builder())
         .enable_timer()
@@ -111,7 +109,12 @@ fn shard(
         .expect("runtime");
     rt.block_on(async move {
         if !idle_poll.is_zero() {
-            monoio::spawn(idle_poll::run(idle_poll, |_| {}));
+            // The broker's shards yield through a queue of their own; so does
+            // this one (`idle_poll::run`).
+            let yields = std::rc::Rc::new(idle_poll::YieldQueue::default());
+            let pump = yields.clone();
+            monoio::spawn(async move { pump.run().await });
+            monoio::spawn(async move { idle_poll::run(&yields, idle_poll, |_| {}).await });
         }
         let listener = TcpListener::from_std(listener).expect("listener");
         loop {
