@@ -22,7 +22,6 @@
 //!   fetched in clear from a remote host could be replaced on the way, and
 //!   whoever controls it mints tokens.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -282,33 +281,24 @@ const VERIFIED_PER_THREAD: usize = 1024;
 /// Keyed by the tail, not the whole token: hashing a ~1 KB token with
 /// SipHash cost more than the rest of the lookup (`bench/NOTES.md`, issue
 /// 14), and a JWT's tail is its signature, where two tokens differ. A hit
-/// still compares every byte. Only verified tokens are stored, so a caller
-/// cannot fill a bucket with tokens sharing a tail; two valid ones that did
-/// would only replace each other.
-type Verified = HashMap<Tail, (Box<str>, u64, Arc<Principal>)>;
+/// still compares every byte. foldhash, not SipHash: on these 40 bytes it
+/// is several times cheaper and still seeded per process. Only verified
+/// tokens are stored, so a caller cannot fill a bucket with tokens sharing
+/// a tail; two valid ones that did would only replace each other.
+type Verified = foldhash::HashMap<Tail, (Box<str>, u64, Arc<Principal>)>;
 
 const TAIL: usize = 32;
 type Tail = (usize, [u8; TAIL]);
 
-fn tail(token: &str) -> Tail {
-    let b = token.as_bytes();
+fn tail(b: &[u8]) -> Tail {
     let mut t = [0; TAIL];
     let n = b.len().min(TAIL);
     t[..n].copy_from_slice(&b[b.len() - n..]);
     (b.len(), t)
 }
 
-/// The text of an `Authorization` header (or metadata) value, for
-/// [`Auth::authenticate`]. Checked as UTF-8 rather than by
-/// `HeaderValue::to_str`, whose byte-at-a-time visible-ASCII check ran over
-/// the whole bearer token on every request; a token with other characters
-/// still fails, as `malformed`, when its parts are decoded.
-pub fn header_text(value: &[u8]) -> Option<&str> {
-    std::str::from_utf8(value).ok()
-}
-
 thread_local! {
-    static VERIFIED: std::cell::RefCell<Verified> = std::cell::RefCell::new(HashMap::new());
+    static VERIFIED: std::cell::RefCell<Verified> = std::cell::RefCell::default();
 }
 
 /// The configured authentication: keys, rules, counters.
@@ -320,7 +310,7 @@ pub struct Auth {
     /// coalesce. Dropped with the `Auth`, which ends the thread.
     kick: crossbeam_channel::Sender<()>,
     /// Tool name (as clients see it) → scopes it needs besides `cfg.scopes`.
-    rules: HashMap<String, Vec<String>>,
+    rules: foldhash::HashMap<String, Vec<String>>,
     /// Failures by reason ([`Failure::ALL`] order).
     failures: [AtomicU64; Failure::ALL.len()],
     metadata: String,
@@ -356,7 +346,7 @@ impl Auth {
             kicked,
             cfg.jwks_refresh_interval,
         )?;
-        let mut rules: HashMap<String, Vec<String>> = HashMap::new();
+        let mut rules = foldhash::HashMap::<String, Vec<String>>::default();
         for r in &cfg.rules {
             for t in &r.tools {
                 rules
@@ -450,21 +440,25 @@ impl Auth {
     }
 
     /// The token of an `Authorization` header value (`Bearer`, any case).
-    pub fn bearer(header: Option<&str>) -> Result<&str, Failure> {
-        let h = header.ok_or(Failure::Missing)?.trim();
-        let (scheme, token) = h.split_once(' ').ok_or(Failure::Missing)?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(Failure::Missing);
-        }
-        let token = token.trim();
-        if token.is_empty() {
+    ///
+    /// Bytes, not text: the header's value is checked as UTF-8 only when its
+    /// token is not in the cache ([`Self::verify`]). A hit equals, byte for
+    /// byte, a token that was checked, and checking ~1 KB of text again on
+    /// every request showed in the profile (`bench/NOTES.md`, issue 14).
+    pub fn bearer(header: Option<&[u8]>) -> Result<&[u8], Failure> {
+        let h = header.ok_or(Failure::Missing)?.trim_ascii();
+        let space = memchr::memchr(b' ', h).ok_or(Failure::Missing)?;
+        let (scheme, token) = (&h[..space], h[space + 1..].trim_ascii());
+        if !scheme.eq_ignore_ascii_case(b"bearer") || token.is_empty() {
             return Err(Failure::Missing);
         }
         Ok(token)
     }
 
     /// Verifies a bearer token and the scopes every request needs.
-    pub fn authenticate(&self, header: Option<&str>) -> Result<Arc<Principal>, Failure> {
+    /// `header` is the `Authorization` value (or gRPC metadata) as sent; a
+    /// value that is not UTF-8 text counts as `missing`.
+    pub fn authenticate(&self, header: Option<&[u8]>) -> Result<Arc<Principal>, Failure> {
         let r = Self::bearer(header).and_then(|t| self.verify(t));
         let r = r.and_then(|p| {
             if self.cfg.scopes.iter().all(|s| p.scopes.contains(s)) {
@@ -481,17 +475,18 @@ impl Auth {
 
     /// Verifies a token's signature and claims, or finds it verified
     /// already on this thread under the current key set ([`VERIFIED`]).
-    pub fn verify(&self, token: &str) -> Result<Arc<Principal>, Failure> {
+    pub fn verify(&self, token: &[u8]) -> Result<Arc<Principal>, Failure> {
         let generation = self.state.generation.load(Ordering::Acquire);
         let key = tail(token);
         let known = VERIFIED.with_borrow(|c| {
             c.get(&key)
-                .filter(|(t, g, p)| **t == *token && *g == generation && !p.expired())
+                .filter(|(t, g, p)| t.as_bytes() == token && *g == generation && !p.expired())
                 .map(|(_, _, p)| p.clone())
         });
         if let Some(p) = known {
             return Ok(p);
         }
+        let token = std::str::from_utf8(token).map_err(|_| Failure::Missing)?;
         // Shared, not copied: a hit costs a reference count, not the
         // subject's and scopes' allocations.
         let p = Arc::new(self.verify_signed(token)?);
@@ -616,6 +611,12 @@ impl Auth {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Whether any tool needs scopes besides the global ones: without
+    /// rules, a call's tool name need not be read for the scope check.
+    pub fn has_tool_rules(&self) -> bool {
+        !self.rules.is_empty()
     }
 
     /// Whether `p` may see and call `tool`.
@@ -1005,8 +1006,10 @@ mod tests {
 
     #[test]
     fn bearer_credentials_are_read_case_insensitively_and_nothing_else_is() {
-        assert_eq!(Auth::bearer(Some("Bearer abc")), Ok("abc"));
-        assert_eq!(Auth::bearer(Some("bearer  abc ")), Ok("abc"));
+        assert_eq!(Auth::bearer(Some(b"Bearer abc")), Ok(&b"abc"[..]));
+        assert_eq!(Auth::bearer(Some(b"bearer  abc ")), Ok(&b"abc"[..]));
+        assert_eq!(Auth::bearer(Some(b" BEARER\tx y")), Err(Failure::Missing));
+        assert_eq!(Auth::bearer(Some(b"BEARER x\xff")), Ok(&b"x\xff"[..]));
         for bad in [
             None,
             Some(""),
@@ -1014,7 +1017,11 @@ mod tests {
             Some("Bearer"),
             Some("Bearer   "),
         ] {
-            assert_eq!(Auth::bearer(bad), Err(Failure::Missing), "{bad:?}");
+            assert_eq!(
+                Auth::bearer(bad.map(str::as_bytes)),
+                Err(Failure::Missing),
+                "{bad:?}"
+            );
         }
     }
 
@@ -1158,6 +1165,29 @@ mod tests {
     }
 
     #[test]
+    fn a_token_that_is_not_utf8_text_is_missing_and_counted() {
+        let dir = temp_dir("utf8");
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, jwks(&["k1"])).unwrap();
+        let c = config(&format!("jwks_file = \"{}\"", file.display())).unwrap();
+        let auth = Auth::new(c.auth.as_ref().unwrap()).unwrap();
+        let mut bad = b"Bearer ".to_vec();
+        bad.extend_from_slice(token("k1").as_bytes());
+        bad.push(0xff);
+        assert_eq!(auth.authenticate(Some(&bad)).err(), Some(Failure::Missing));
+        let missing = |a: &Auth| a.failures().find(|(f, _)| *f == Failure::Missing);
+        assert_eq!(missing(&auth).map(|(_, n)| n), Some(1));
+        // The same token as text gets as far as its (bogus) signature.
+        let text = format!("Bearer {}", token("k1"));
+        assert_eq!(
+            auth.authenticate(Some(text.as_bytes())).err(),
+            Some(Failure::Signature)
+        );
+        drop(auth);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_unknown_key_kicks_a_refresh_off_the_request_path_once_per_gap() {
         let dir = temp_dir("kick");
         let file = dir.join("jwks.json");
@@ -1165,14 +1195,17 @@ mod tests {
         let c = config(&format!("jwks_file = \"{}\"", file.display())).unwrap();
         let auth = Auth::new(c.auth.as_ref().unwrap()).unwrap();
         // A known key: past the key lookup (the signature is bogus).
-        assert_eq!(auth.verify(&token("k1")), Err(Failure::Signature));
+        assert_eq!(auth.verify(token("k1").as_bytes()), Err(Failure::Signature));
 
         // Rotation: refused until the thread has read the new set; the
         // first kick after start-up is served at once.
         std::fs::write(&file, jwks(&["k1", "k2"])).unwrap();
-        assert_eq!(auth.verify(&token("k2")), Err(Failure::UnknownKey));
+        assert_eq!(
+            auth.verify(token("k2").as_bytes()),
+            Err(Failure::UnknownKey)
+        );
         assert!(
-            wait_for(|| auth.verify(&token("k2")) == Err(Failure::Signature)),
+            wait_for(|| auth.verify(token("k2").as_bytes()) == Err(Failure::Signature)),
             "k2 found after the kick"
         );
         assert_eq!(auth.key_refreshes(), 1);
@@ -1180,11 +1213,17 @@ mod tests {
         // Within the gap, kicks coalesce into one refresh at its end.
         std::fs::write(&file, jwks(&["k1", "k2", "k3"])).unwrap();
         for _ in 0..50 {
-            assert_eq!(auth.verify(&token("k3")), Err(Failure::UnknownKey));
+            assert_eq!(
+                auth.verify(token("k3").as_bytes()),
+                Err(Failure::UnknownKey)
+            );
         }
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(auth.key_refreshes(), 1, "no refresh within the gap");
-        assert_eq!(auth.verify(&token("k3")), Err(Failure::UnknownKey));
+        assert_eq!(
+            auth.verify(token("k3").as_bytes()),
+            Err(Failure::UnknownKey)
+        );
 
         assert_eq!(auth.key_refresh_failures(), 0);
         drop(auth);
@@ -1207,10 +1246,10 @@ mod tests {
             wait_for(|| auth.key_refresh_failures() >= 1),
             "a failed periodic refresh is counted"
         );
-        assert_eq!(auth.verify(&token("k1")), Err(Failure::Signature));
+        assert_eq!(auth.verify(token("k1").as_bytes()), Err(Failure::Signature));
         std::fs::write(&file, jwks(&["k1", "k2"])).unwrap();
         assert!(
-            wait_for(|| auth.verify(&token("k2")) == Err(Failure::Signature)),
+            wait_for(|| auth.verify(token("k2").as_bytes()) == Err(Failure::Signature)),
             "a periodic refresh finds k2 without a kick"
         );
         let _ = std::fs::remove_dir_all(&dir);

@@ -613,7 +613,7 @@ fn admit<F>(auth: &crate::auth::Auth, conn: &Conn<F>, req: &VerifiedRequest) -> 
                 .payload_as_initialize_request()
                 .and_then(|i| i.auth_token());
             let header = token.map(|t| format!("Bearer {t}"));
-            match auth.authenticate(header.as_deref()) {
+            match auth.authenticate(header.as_deref().map(str::as_bytes)) {
                 Ok(p) => {
                     *conn.principal.borrow_mut() = Some(p);
                     Ok(())

@@ -177,10 +177,7 @@ impl EdgeState {
         let Some(auth) = &self.shared.auth else {
             return Ok(None);
         };
-        let header = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| crate::auth::header_text(v.as_bytes()));
+        let header = req.metadata().get("authorization").map(|v| v.as_bytes());
         auth.authenticate(header)
             .map(Some)
             .map_err(|f| auth_status(f, auth.base_scopes()))

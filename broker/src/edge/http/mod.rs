@@ -586,7 +586,7 @@ impl HttpEdge {
             Some(auth) => match auth.authenticate(
                 req.headers()
                     .get(header::AUTHORIZATION)
-                    .and_then(|v| crate::auth::header_text(v.as_bytes())),
+                    .map(|v| v.as_bytes()),
             ) {
                 Ok(p) => Some(p),
                 Err(f) => return auth_refusal(auth, f, auth.base_scopes()),
@@ -654,7 +654,7 @@ impl HttpEdge {
         params: Option<&RawValue>,
     ) -> Option<Response<Body>> {
         let (auth, who) = (self.ctx.shared.auth.as_ref()?, who?);
-        if method != "tools/call" {
+        if method != "tools/call" || !auth.has_tool_rules() {
             return None;
         }
         #[derive(serde::Deserialize)]
