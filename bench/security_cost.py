@@ -27,6 +27,9 @@ keep-alive connections (8, one request in flight each):
   bench/security_cost.py [ROUNDS] [EDGES]     (default 2, frames,grpc,http)
   SEC_CONNECTIONS=64 SEC_BISECT_STEPS=0 bench/security_cost.py 3 frames,http
       (the server's core saturated; closed loop only)
+  SEC_TOGETHER=1 SEC_TOKEN_ONLY=1 SEC_CONNECTIONS=16 bench/security_cost.py 10 http
+      (every server at once on the one core, sharing it: see run_together;
+      tls+token is TLS with the token sent and ignored, see SERVERS)
 
 Stdlib only; reuses scripts/bench's and bench/auth_cost.py's helpers.
 Prints a Markdown table of medians [min-max] and paired ratios.
@@ -47,6 +50,7 @@ from scriptload import load as _load  # noqa: E402
 
 B = _load("mcp_bench_script", os.path.join(ROOT, "scripts", "bench"))
 A = _load("mcp_auth_cost", os.path.join(HERE, "auth_cost.py"))
+AB = _load("mcp_broker_ab", os.path.join(HERE, "broker_ab.py"))
 S = _load("mcp_bench_slo", os.path.join(HERE, "slo.py"))
 
 BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "4"))
@@ -60,6 +64,15 @@ SERVERS = ("plain", "tls", "tls+auth")
 BEFORE = os.environ.get("SEC_BEFORE")
 if BEFORE:
     SERVERS += ("tls+auth before",)
+# SEC_TOKEN_ONLY=1 adds `tls+token`: [tls] without [auth], and the
+# generator sends the same bearer token anyway, which the broker ignores.
+# The same bytes on the wire as `tls+auth` without auth's work on them:
+# tls+auth / tls+token is what authenticating costs, tls+token / tls what
+# carrying the token's bytes does.
+if os.environ.get("SEC_TOKEN_ONLY") == "1":
+    SERVERS += ("tls+token",)
+TOGETHER = os.environ.get("SEC_TOGETHER") == "1"
+TOGETHER_S = 5
 WARMUP_S = 1
 SCHEMES = {  # edge -> (plain scheme, TLS scheme, ready-line key, path)
     "frames": ("frames", "frames+tls", "frames", ""),
@@ -82,22 +95,39 @@ key_file = "{certs}/server.key"
     return head + tls + "\n[[routers]]" + routers
 
 
-def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
+def sends_token(name):
+    return name.startswith("tls+auth") or name == "tls+token"
+
+
+def loadgen_argv(edge, name, addr, lg_cpus, out, certs, token, rate=None, seconds=3):
     plain, tls, _, path = SCHEMES[edge]
     scheme = plain if name == "plain" else tls
-    out = os.path.join(wd, f"{tag}.json")
     argv = [B.LOADGEN, "--target", f"{scheme}://{addr}{path}", "--tool", "echo_text",
             "--args", '{"text":"hello"}', "--cpus", ",".join(map(str, lg_cpus)),
-            "--connections", str(CONNECTIONS), "--warmup", f"{WARMUP_S}s", "--duration", "3s",
-            "-q", "--json", out]
+            "--connections", str(CONNECTIONS), "--warmup", f"{WARMUP_S}s",
+            "--duration", f"{seconds}s", "-q", "--json", out]
     if rate is None:
         argv += ["--concurrency", str(CONNECTIONS)]
     else:
         argv += ["--rate", str(int(rate))]
     if name != "plain":
         argv += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
-    if name.startswith("tls+auth"):
+    if sends_token(name):
         argv += ["--bearer-file", token]
+    return argv
+
+
+def report(out, p, stderr):
+    try:
+        with open(out) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"failure": f"no report (exit {p.returncode}): {stderr[-500:]}"}
+
+
+def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
+    out = os.path.join(wd, f"{tag}.json")
+    argv = loadgen_argv(edge, name, addr, lg_cpus, out, certs, token, rate)
     # The server's CPU is read from the end of the warmup on: `sent` counts
     # the measured phase only, and the warmup holds the connections' TLS
     # handshakes, which are not the keep-alive cost this measures.
@@ -106,18 +136,43 @@ def run(server, edge, name, addr, lg_cpus, wd, tag, certs, token, rate=None):
     cpu0, t0 = server.cpu_seconds(), time.monotonic()
     _, stderr = p.communicate()
     cpu1, t1 = server.cpu_seconds(), time.monotonic()
-    r = subprocess.CompletedProcess(argv, p.returncode, "", stderr)
-    try:
-        with open(out) as f:
-            rep = json.load(f)
-    except (OSError, ValueError):
-        rep = {"failure": f"no report (exit {r.returncode}): {r.stderr[-500:]}"}
+    rep = report(out, p, stderr)
     total = rep.get("sent") or rep.get("requests") or 0
     if cpu0 is not None and cpu1 is not None:
         rep["server_cpu"] = (cpu1 - cpu0) / (t1 - t0)
         if total:
             rep["cpu_us_per_request"] = (cpu1 - cpu0) * 1e6 / total
     return rep
+
+
+def run_together(servers, edge, lg_cpus, wd, tag, certs, token):
+    """SEC_TOGETHER=1: every server driven at once, closed loop, each by
+    its own mcp-loadgen, all on the same CPUs. The host's slow spells (this
+    VM's figures move by a third between runs) then fall on every server
+    alike, so their ratios hold where back-to-back runs cannot show a few
+    per cent. The CPU is the threads' on-CPU time (schedstat, ns), over
+    the generators' measured phase, which starts after the same warmup in
+    every one of them. {name: report}."""
+    procs = {}
+    for name, s in servers.items():
+        out = os.path.join(wd, f"{tag}-{name.replace(' ', '-')}.json")
+        argv = loadgen_argv(edge, name, s.addr, lg_cpus, out, certs, token,
+                            seconds=TOGETHER_S)
+        procs[name] = (out, subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE))
+    time.sleep(WARMUP_S)
+    cpu0 = {n: AB.cpu_ns(s.proc.pid) for n, s in servers.items()}
+    time.sleep(TOGETHER_S)
+    cpu1 = {n: AB.cpu_ns(s.proc.pid) for n, s in servers.items()}
+    reps = {}
+    for name, (out, p) in procs.items():
+        _, stderr = p.communicate()
+        rep = report(out, p, stderr)
+        total = rep.get("sent") or rep.get("requests") or 0
+        if total:
+            rep["cpu_us_per_request"] = (cpu1[name] - cpu0[name]) / 1e3 / total
+        reps[name] = rep
+    return reps
 
 
 def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
@@ -130,7 +185,7 @@ def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
     args = ["--tool", "echo_text", "--args", '{"text":"hello"}']
     if name != "plain":
         args += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
-    if name.startswith("tls+auth"):
+    if sends_token(name):
         args += ["--bearer-file", token]
 
     def probe(rate):
@@ -166,6 +221,20 @@ def main():
                                          [binary, "--config", cfg], wd,
                                          addr_key=SCHEMES[edge][2])
             for rnd in range(rounds):
+                if TOGETHER:
+                    reps = run_together(servers, edge, lg_cpus, wd, f"{edge}-together-{rnd}",
+                                        certs, token)
+                    for n, rep in reps.items():
+                        if rep.get("failure") or rep.get("errors"):
+                            sys.exit(f"{edge} {n}: failed: {rep.get('failure')} "
+                                     f"errors={rep.get('errors')}")
+                        r = res[edge][n]
+                        r["peak"].append(rep["achieved_rps"])
+                        r["cpu"].append(rep.get("cpu_us_per_request"))
+                        r["cap"].append(None)
+                    B.log(f"round {rnd} {edge}: " + ", ".join(
+                        f"{n} {rep.get('cpu_us_per_request', 0):.2f} µs" for n, rep in reps.items()))
+                    continue
                 for n in B.rotate(list(SERVERS), rnd):
                     s = servers[n]
                     rep = run(s, edge, n, s.addr, lg_cpus, wd, f"{edge}-{n}-closed-{rnd}",
@@ -192,7 +261,9 @@ def main():
     print(f"\nMachine: {m['cpu_model']}, {m['nproc']} CPUs, kernel {m['kernel']}, "
           f"commit {m['commit']}, {m['date']}; server on CPU {srv_cpus}, "
           f"mcp-loadgen on {lg_cpus}; {rounds} rounds; {CONNECTIONS} keep-alive connections, "
-          f"one request in flight each.\n")
+          f"one request in flight each"
+          + (f"; SEC_TOGETHER=1: every server driven at once, {TOGETHER_S} s a round, "
+             f"closed-loop req/s is each server's share" if TOGETHER else "") + ".\n")
     print("| edge | server | closed-loop req/s | server CPU µs/request | capacity at SLO (p99 ≤ 1 ms) |")
     print("|---|---|---|---|---|")
     for edge in edges:
@@ -205,17 +276,23 @@ def main():
             print(f"| {edge} | {n} | {B.med(r['peak']):,.0f} [{min(r['peak']):,.0f}–{max(r['peak']):,.0f}] "
                   f"| {B.med(cpu):.1f} [{min(cpu):.1f}–{max(cpu):.1f}] | {cap} |")
     print()
-    print("Paired by round (the servers ran back to back; median [min-max]):\n")
+    print("Paired by round (the servers ran " + ("at once" if TOGETHER else "back to back")
+          + "; median [min-max]):\n")
     print("| edge | ratio | closed-loop throughput | CPU per request | capacity at SLO |")
     print("|---|---|---|---|---|")
+    pairs = [(num, "plain") for num in SERVERS[1:]]
+    if "tls+token" in SERVERS:
+        pairs += [("tls+token", "tls"), ("tls+auth", "tls+token")]
+    if BEFORE:
+        pairs += [("tls+auth", "tls+auth before")]
     for edge in edges:
-        for num in SERVERS[1:]:
-            a, b = res[edge][num], res[edge]["plain"]
+        for num, den in pairs:
+            a, b = res[edge][num], res[edge][den]
             cells = []
             for key in ("peak", "cpu", "cap"):
                 xs = [x / y for x, y in zip(a[key], b[key]) if x and y]
                 cells.append(f"{B.med(xs):.3f}× [{min(xs):.3f}–{max(xs):.3f}]" if xs else "n/a")
-            print(f"| {edge} | {num} / plain | " + " | ".join(cells) + " |")
+            print(f"| {edge} | {num} / {den} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
