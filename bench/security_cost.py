@@ -30,6 +30,9 @@ keep-alive connections (8, one request in flight each):
   SEC_TOGETHER=1 SEC_TOKEN_ONLY=1 SEC_CONNECTIONS=16 bench/security_cost.py 10 http
       (every server at once on the one core, sharing it: see run_together;
       tls+token is TLS with the token sent and ignored, see SERVERS)
+  SEC_TOGETHER=1 SEC_SERVERS=plain SEC_BEFORE=/tmp/old/mcp-broker SEC_BEFORE_OF=plain \
+      SEC_CONNECTIONS=16 bench/security_cost.py 16 http
+      (one build against another, plain, in the same rounds and at once)
 
 Stdlib only; reuses scripts/bench's and bench/auth_cost.py's helpers.
 Prints a Markdown table of medians [min-max] and paired ratios.
@@ -58,12 +61,17 @@ BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "4"))
 # server's core saturated, so CPU per request is the work, not the wakeups.
 CONNECTIONS = int(os.environ.get("SEC_CONNECTIONS", "8"))
 SERVERS = ("plain", "tls", "tls+auth")
+# SEC_SERVERS=plain,tls keeps only those of the three.
+if os.environ.get("SEC_SERVERS"):
+    SERVERS = tuple(n for n in SERVERS if n in os.environ["SEC_SERVERS"].split(","))
 # SEC_BEFORE=/path/to/mcp-broker adds `tls+auth before`: the TLS + auth
 # broker from another build, in the same rounds (for bench/NOTES.md's
-# before/after figures of a change to the auth path).
+# before/after figures of a change). SEC_BEFORE_OF=plain (or tls) makes
+# it that server's configuration instead.
 BEFORE = os.environ.get("SEC_BEFORE")
+BEFORE_OF = os.environ.get("SEC_BEFORE_OF", "tls+auth")
 if BEFORE:
-    SERVERS += ("tls+auth before",)
+    SERVERS += (f"{BEFORE_OF} before",)
 # SEC_TOKEN_ONLY=1 adds `tls+token`: [tls] without [auth], and the
 # generator sends the same bearer token anyway, which the broker ignores.
 # The same bytes on the wire as `tls+auth` without auth's work on them:
@@ -95,13 +103,18 @@ key_file = "{certs}/server.key"
     return head + tls + "\n[[routers]]" + routers
 
 
+def base(name):
+    """The configuration a server runs: `X before` runs X's."""
+    return name.removesuffix(" before")
+
+
 def sends_token(name):
-    return name.startswith("tls+auth") or name == "tls+token"
+    return base(name) in ("tls+auth", "tls+token")
 
 
 def loadgen_argv(edge, name, addr, lg_cpus, out, certs, token, rate=None, seconds=3):
     plain, tls, _, path = SCHEMES[edge]
-    scheme = plain if name == "plain" else tls
+    scheme = plain if base(name) == "plain" else tls
     argv = [B.LOADGEN, "--target", f"{scheme}://{addr}{path}", "--tool", "echo_text",
             "--args", '{"text":"hello"}', "--cpus", ",".join(map(str, lg_cpus)),
             "--connections", str(CONNECTIONS), "--warmup", f"{WARMUP_S}s",
@@ -110,7 +123,7 @@ def loadgen_argv(edge, name, addr, lg_cpus, out, certs, token, rate=None, second
         argv += ["--concurrency", str(CONNECTIONS)]
     else:
         argv += ["--rate", str(int(rate))]
-    if name != "plain":
+    if base(name) != "plain":
         argv += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
     if sends_token(name):
         argv += ["--bearer-file", token]
@@ -181,9 +194,9 @@ def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
     if BISECT_STEPS == 0:
         return None, False
     plain, tls, _, path = SCHEMES[edge]
-    scheme = plain if name == "plain" else tls
+    scheme = plain if base(name) == "plain" else tls
     args = ["--tool", "echo_text", "--args", '{"text":"hello"}']
-    if name != "plain":
+    if base(name) != "plain":
         args += ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
     if sends_token(name):
         args += ["--bearer-file", token]
@@ -214,8 +227,8 @@ def main():
             for name in SERVERS:
                 cfg = os.path.join(wd, f"{edge}-{name}.toml")
                 with open(cfg, "w") as f:
-                    f.write(config(srv_cpus, None if name == "plain" else certs,
-                                   jwks if name.startswith("tls+auth") else None))
+                    f.write(config(srv_cpus, None if base(name) == "plain" else certs,
+                                   jwks if base(name) == "tls+auth" else None))
                 binary = BEFORE if name.endswith("before") else B.BROKER
                 servers[name] = B.Server(f"{edge}-{name}".replace(" ", "-"),
                                          [binary, "--config", cfg], wd,
@@ -280,11 +293,12 @@ def main():
           + "; median [min-max]):\n")
     print("| edge | ratio | closed-loop throughput | CPU per request | capacity at SLO |")
     print("|---|---|---|---|---|")
-    pairs = [(num, "plain") for num in SERVERS[1:]]
+    pairs = [(num, "plain") for num in SERVERS if num != "plain" and "plain" in SERVERS]
     if "tls+token" in SERVERS:
         pairs += [("tls+token", "tls"), ("tls+auth", "tls+token")]
     if BEFORE:
-        pairs += [("tls+auth", "tls+auth before")]
+        pairs += [(BEFORE_OF, f"{BEFORE_OF} before")]
+    pairs = [(a, b) for a, b in pairs if a in SERVERS and b in SERVERS]
     for edge in edges:
         for num, den in pairs:
             a, b = res[edge][num], res[edge][den]

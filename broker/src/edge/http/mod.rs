@@ -41,7 +41,7 @@ use futures_channel::mpsc;
 use futures_core::Stream;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method as HttpMethod, Request, Response, StatusCode};
 use mcp_schema::ErrorCode;
 use mcp_schema::client::{RequestEncoder, RequestHeader};
@@ -332,7 +332,7 @@ impl hyper::body::Body for Body {
 
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
-const SESSION_HEADER: &str = "mcp-session-id";
+const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
@@ -427,28 +427,42 @@ fn auth_refusal(
     r
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// A header's value as text. `name` a `HeaderName` where the name is
+/// known: looked up by `&str`, every request parsed the name again.
+fn header_str(h: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// Whether `Accept` admits `mime` (`type/subtype`, `type/*` or `*/*`).
 fn accepts(h: &HeaderMap, mime: &str) -> bool {
-    let (ty, _) = mime.split_once('/').unwrap_or((mime, ""));
-    h.get_all(header::ACCEPT)
+    let [ok] = accepted(h, [mime]);
+    ok
+}
+
+/// Which of `mimes` `Accept` admits, as [`accepts`], in one pass over its
+/// media ranges (a POST needs two answers from the same header).
+fn accepted<const N: usize>(h: &HeaderMap, mimes: [&str; N]) -> [bool; N] {
+    let mut ok = [false; N];
+    let ranges = h
+        .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|r| r.split(';').next().unwrap_or("").trim())
-        .any(|r| {
-            r.eq_ignore_ascii_case(mime)
-                || r == "*/*"
-                || r.strip_suffix("/*")
-                    .is_some_and(|t| t.eq_ignore_ascii_case(ty))
-        })
+        .map(|r| r.split(';').next().unwrap_or("").trim());
+    for r in ranges {
+        let any_subtype = r.strip_suffix("/*");
+        for (ok, mime) in ok.iter_mut().zip(mimes) {
+            let ty = mime.split_once('/').map_or(mime, |(ty, _)| ty);
+            *ok |= r == "*/*"
+                || r.eq_ignore_ascii_case(mime)
+                || any_subtype.is_some_and(|t| t.eq_ignore_ascii_case(ty));
+        }
+    }
+    ok
 }
 
 fn is_json_content(h: &HeaderMap) -> bool {
-    header_str(h, header::CONTENT_TYPE.as_str()).is_some_and(|v| {
+    header_str(h, header::CONTENT_TYPE).is_some_and(|v| {
         v.split(';')
             .next()
             .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
@@ -473,12 +487,6 @@ fn is_loopback_origin(origin: &str) -> bool {
         rest.split(':').next().unwrap_or("")
     };
     host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1"
-}
-
-fn unix_nanos() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
 }
 
 /// Why a request body could not be read.
@@ -678,7 +686,7 @@ impl HttpEdge {
         req: Request<Incoming>,
     ) -> Result<(HeaderMap, Bytes), Response<Body>> {
         let h = req.headers();
-        if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
+        if accepted(h, ["application/json", "text/event-stream"]) != [true, true] {
             return Err(refuse(
                 StatusCode::NOT_ACCEPTABLE,
                 ErrorCode::InvalidRequest.code(),
@@ -700,7 +708,7 @@ impl HttpEdge {
                 &format!("payload too large: the body limit is {max} bytes (http.max_body_bytes)"),
             )
         };
-        if header_str(h, header::CONTENT_LENGTH.as_str())
+        if header_str(h, header::CONTENT_LENGTH)
             .and_then(|v| v.parse::<u64>().ok())
             .is_some_and(|n| n > max as u64)
         {
@@ -896,15 +904,16 @@ impl HttpEdge {
     }
 
     fn header<'a>(&self, session: Option<&'a str>) -> RequestHeader<'a> {
-        let millis = SystemTime::now()
+        // One clock read for both.
+        let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+            .unwrap_or_default();
         RequestHeader {
-            message_id: self.ids.borrow_mut().next(millis).0,
+            message_id: self.ids.borrow_mut().next(now.as_millis() as u64).0,
             correlation_id: None,
             session_id: session,
             timeout_ms: 0,
-            unix_nanos: unix_nanos(),
+            unix_nanos: now.as_nanos() as i64,
         }
     }
 
@@ -1792,6 +1801,20 @@ mod tests {
         h.insert(header::ACCEPT, HeaderValue::from_static("text/*"));
         assert!(accepts(&h, "text/event-stream") && !accepts(&h, "application/json"));
         assert!(!accepts(&HeaderMap::new(), "application/json"));
+        // The one-pass form answers each type as `accepts` does, over
+        // every Accept line.
+        let both = ["application/json", "text/event-stream"];
+        assert_eq!(accepted(&h, both), [false, true]);
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("TEXT/Event-Stream"),
+        );
+        h.append(
+            header::ACCEPT,
+            HeaderValue::from_static("application/*; q=1"),
+        );
+        assert_eq!(accepted(&h, both), [true, true]);
+        assert_eq!(accepted(&HeaderMap::new(), both), [false, false]);
     }
 
     #[test]

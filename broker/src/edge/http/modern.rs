@@ -120,7 +120,11 @@ pub const SAMPLING_KEY: &str = "sampling";
 /// version (an unknown one included, so that it gets a structured -32022
 /// rather than the session path's refusal).
 pub fn is_modern(h: &HeaderMap) -> bool {
-    h.get(VERSION_HEADER).is_some_and(|v| {
+    // Every request asks: a `HeaderName`, not the `&str`, spares parsing
+    // the name each time.
+    const VERSION: hyper::header::HeaderName =
+        hyper::header::HeaderName::from_static(VERSION_HEADER);
+    h.get(VERSION).is_some_and(|v| {
         v.to_str()
             .map_or(true, |v| !super::VERSIONS.contains(&v.trim()))
     })
