@@ -71,18 +71,25 @@ pub enum RouteError {
     TooManyRouters(usize),
 }
 
+/// The route tables' maps by name. Their keys come from the routers'
+/// listings, never from clients, who only look names up; so foldhash
+/// (seeded per process) rather than SipHash, a fraction of its cost on a
+/// tool name, which each call hashes two or three times (routing, then
+/// its metrics).
+pub type Names<V> = foldhash::HashMap<Box<str>, V>;
+
 /// The immutable routing state.
 #[derive(Debug, Default)]
 pub struct RouteTable {
     routers: Vec<String>,
-    tools: HashMap<Box<str>, Target>,
-    prompts: HashMap<Box<str>, Target>,
+    tools: Names<Target>,
+    prompts: Names<Target>,
     /// exact URI → (router, index in `resource_list`).
-    resources: HashMap<Box<str>, (RouterId, usize)>,
+    resources: Names<(RouterId, usize)>,
     /// (literal prefix, router), longest prefix first.
     templates: Vec<(Box<str>, RouterId)>,
     /// scheme → router, for schemes exactly one router lists.
-    schemes: HashMap<Box<str>, RouterId>,
+    schemes: Names<RouterId>,
     pub tool_list: Vec<Listed<Tool>>,
     pub prompt_list: Vec<Listed<Prompt>>,
     pub resource_list: Vec<Listed<McpResource>>,
@@ -229,7 +236,7 @@ impl RouteTable {
     }
 }
 
-type Qualified<T> = (HashMap<Box<str>, Target>, Vec<Listed<T>>);
+type Qualified<T> = (Names<Target>, Vec<Listed<T>>);
 
 fn qualify<T: Clone>(
     kind: &'static str,
@@ -242,7 +249,7 @@ fn qualify<T: Clone>(
     for (_, _, name) in items {
         *count.entry(name).or_default() += 1;
     }
-    let mut map: HashMap<Box<str>, Target> = HashMap::new();
+    let mut map = Names::<Target>::default();
     let mut list = Vec::with_capacity(items.len());
     for &(i, item, name) in items {
         let exposed: Box<str> = if count[name] > 1 {

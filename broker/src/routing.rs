@@ -12,7 +12,6 @@
 //! - A router's metrics slot follows its name, not its `uid`: a router
 //!   replaced by a reload keeps counting where it counted.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -52,7 +51,7 @@ pub struct Routing {
     pub capabilities: Capabilities,
     pub instructions: String,
     /// Exposed tool name → latency label.
-    pub tool_labels: HashMap<Box<str>, u32>,
+    pub tool_labels: crate::route::Names<u32>,
 }
 
 impl Routing {
