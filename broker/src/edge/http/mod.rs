@@ -427,8 +427,8 @@ fn auth_refusal(
     r
 }
 
-/// A header's value as text. `name` a `HeaderName` where the name is
-/// known: looked up by `&str`, every request parsed the name again.
+/// A header's value as text. Pass a `HeaderName` where the name is fixed:
+/// a `&str` name is parsed again on every lookup.
 fn header_str(h: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
