@@ -298,7 +298,10 @@ def main():
         pairs += [("tls+token", "tls"), ("tls+auth", "tls+token")]
     if BEFORE:
         pairs += [(BEFORE_OF, f"{BEFORE_OF} before")]
-    pairs = [(a, b) for a, b in pairs if a in SERVERS and b in SERVERS]
+    # Each pair once: with SEC_BEFORE_OF=plain, `plain before / plain`
+    # would repeat `plain / plain before` upside down.
+    pairs = [(a, b) for a, b in pairs if a in SERVERS and b in SERVERS
+             and not (b == "plain" and a == "plain before")]
     for edge in edges:
         for num, den in pairs:
             a, b = res[edge][num], res[edge][den]
