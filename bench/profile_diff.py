@@ -12,6 +12,7 @@ sections).
                                                    plaintext, saturated
   bench/profile_diff.py auth    [REQUESTS]         the same over TLS with [auth] (one
                                                    bearer token) against TLS alone
+                                                   sent the same token
   (defaults: 14000 6 for grpc, 20000 6 for http, 900000 4 for loadgen,
   400000 for tls and auth)
 
@@ -177,10 +178,10 @@ def tls(requests, srv_cpus, lg_cpus, wd, auth=False):
     jwks, token = sec.A.keys_and_token(wd) if auth else (None, None)
     tls_args = ["--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost"]
     # (name, scheme, certificates, JWK Set, loadgen arguments)
+    # auth: against the same token sent to a broker without [auth], which
+    # ignores it, so the difference is auth's own work, not the token's bytes.
     runs = ([("https+auth", "https", certs, jwks, tls_args + ["--bearer-file", token]),
-             # The same token, ignored by a broker without [auth]: the
-            # difference is auth's own work, not the token's bytes.
-            ("https+token", "https", certs, None, tls_args + ["--bearer-file", token])]
+             ("https+token", "https", certs, None, tls_args + ["--bearer-file", token])]
             if auth else
             [("https", "https", certs, None, tls_args), ("http", "http", None, None, [])])
     servers, profiles = [], []
