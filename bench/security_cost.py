@@ -209,6 +209,16 @@ def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
     return c["capacity"], c["bound"] == "generator"
 
 
+def record(r, edge, name, rep):
+    """Adds a closed-loop run's throughput and CPU to `r`; a failed run
+    ends the benchmark."""
+    if rep.get("failure") or rep.get("errors"):
+        sys.exit(f"{edge} {name}: closed loop failed: {rep.get('failure')} "
+                 f"errors={rep.get('errors')} {rep.get('errors_by_kind')}")
+    r["peak"].append(rep["achieved_rps"])
+    r["cpu"].append(rep.get("cpu_us_per_request"))
+
+
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     edges = sys.argv[2].split(",") if len(sys.argv) > 2 else list(SCHEMES)
@@ -238,13 +248,8 @@ def main():
                     reps = run_together(servers, edge, lg_cpus, wd, f"{edge}-together-{rnd}",
                                         certs, token)
                     for n, rep in reps.items():
-                        if rep.get("failure") or rep.get("errors"):
-                            sys.exit(f"{edge} {n}: failed: {rep.get('failure')} "
-                                     f"errors={rep.get('errors')}")
-                        r = res[edge][n]
-                        r["peak"].append(rep["achieved_rps"])
-                        r["cpu"].append(rep.get("cpu_us_per_request"))
-                        r["cap"].append(None)
+                        record(res[edge][n], edge, n, rep)
+                        res[edge][n]["cap"].append(None)
                     B.log(f"round {rnd} {edge}: " + ", ".join(
                         f"{n} {rep.get('cpu_us_per_request', 0):.2f} µs" for n, rep in reps.items()))
                     continue
@@ -252,12 +257,8 @@ def main():
                     s = servers[n]
                     rep = run(s, edge, n, s.addr, lg_cpus, wd, f"{edge}-{n}-closed-{rnd}",
                               certs, token)
-                    if rep.get("failure") or rep.get("errors"):
-                        sys.exit(f"{edge} {n}: closed loop failed: {rep.get('failure')} "
-                                 f"errors={rep.get('errors')} {rep.get('errors_by_kind')}")
                     r = res[edge][n]
-                    r["peak"].append(rep["achieved_rps"])
-                    r["cpu"].append(rep.get("cpu_us_per_request"))
+                    record(r, edge, n, rep)
                     B.log(f"round {rnd} {edge} {n}: closed {rep['achieved_rps']:,.0f} req/s, "
                           f"{rep.get('cpu_us_per_request', 0):.1f} µs CPU/request")
                     cap, gen = capacity(s, edge, n, s.addr, lg_cpus, wd,
@@ -293,15 +294,16 @@ def main():
           + "; median [min-max]):\n")
     print("| edge | ratio | closed-loop throughput | CPU per request | capacity at SLO |")
     print("|---|---|---|---|---|")
-    pairs = [(num, "plain") for num in SERVERS if num != "plain" and "plain" in SERVERS]
+    pairs = [(num, "plain") for num in SERVERS
+             if num != "plain" and not num.endswith(" before") and "plain" in SERVERS]
     if "tls+token" in SERVERS:
         pairs += [("tls+token", "tls"), ("tls+auth", "tls+token")]
     if BEFORE:
+        # The old build against the same servers as the new one, and the
+        # two against each other.
+        pairs += [(f"{a} before", b) for a, b in pairs if a == BEFORE_OF]
         pairs += [(BEFORE_OF, f"{BEFORE_OF} before")]
-    # Each pair once: with SEC_BEFORE_OF=plain, `plain before / plain`
-    # would repeat `plain / plain before` upside down.
-    pairs = [(a, b) for a, b in pairs if a in SERVERS and b in SERVERS
-             and not (b == "plain" and a == "plain before")]
+    pairs = [(a, b) for a, b in pairs if a in SERVERS and b in SERVERS]
     for edge in edges:
         for num, den in pairs:
             a, b = res[edge][num], res[edge][den]

@@ -1164,13 +1164,20 @@ mod tests {
         false
     }
 
-    #[test]
-    fn a_token_that_is_not_utf8_text_is_missing_and_counted() {
-        let dir = temp_dir("utf8");
+    /// An `Auth` over a JWK Set file of keys `kids` in a fresh temp dir
+    /// `name`: (the auth, the dir, the file).
+    fn auth_over_file(name: &str, kids: &[&str]) -> (Auth, PathBuf, PathBuf) {
+        let dir = temp_dir(name);
         let file = dir.join("jwks.json");
-        std::fs::write(&file, jwks(&["k1"])).unwrap();
+        std::fs::write(&file, jwks(kids)).unwrap();
         let c = config(&format!("jwks_file = \"{}\"", file.display())).unwrap();
         let auth = Auth::new(c.auth.as_ref().unwrap()).unwrap();
+        (auth, dir, file)
+    }
+
+    #[test]
+    fn a_token_that_is_not_utf8_text_is_missing_and_counted() {
+        let (auth, dir, _) = auth_over_file("utf8", &["k1"]);
         let mut bad = b"Bearer ".to_vec();
         bad.extend_from_slice(token("k1").as_bytes());
         bad.push(0xff);
@@ -1189,11 +1196,7 @@ mod tests {
 
     #[test]
     fn an_unknown_key_kicks_a_refresh_off_the_request_path_once_per_gap() {
-        let dir = temp_dir("kick");
-        let file = dir.join("jwks.json");
-        std::fs::write(&file, jwks(&["k1"])).unwrap();
-        let c = config(&format!("jwks_file = \"{}\"", file.display())).unwrap();
-        let auth = Auth::new(c.auth.as_ref().unwrap()).unwrap();
+        let (auth, dir, file) = auth_over_file("kick", &["k1"]);
         // A known key: past the key lookup (the signature is bogus).
         assert_eq!(auth.verify(token("k1").as_bytes()), Err(Failure::Signature));
 
