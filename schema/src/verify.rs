@@ -61,6 +61,36 @@ impl VerifiedRequest {
         Ok(Self { frame })
     }
 
+    /// Takes a frame this process built itself with
+    /// [`crate::client::RequestEncoder`] (the gRPC and HTTP edges encode
+    /// what they parsed) without running the verifier again: its bytes came
+    /// out of a `FlatBufferBuilder`, which writes only what the generated
+    /// accessors read back. The verifier was 3% of the HTTP edge's CPU per
+    /// request (bench/NOTES.md, 2026-12-02). The routing checks still run,
+    /// so an empty name is refused as from the network.
+    ///
+    /// Debug builds verify it all the same and panic if it does not pass,
+    /// so every test that sends a request through an edge checks the claim;
+    /// `fuzz/fuzz_targets/grpc_convert.rs` and `http_jsonrpc.rs` check it on
+    /// fuzzed input.
+    ///
+    /// # Safety
+    /// `frame` holds exactly the bytes one `RequestEncoder` method returned,
+    /// unmodified. Frames from anywhere else go through [`Self::verify`].
+    pub unsafe fn from_encoder(frame: Bytes) -> Result<Self, FrameError> {
+        if cfg!(debug_assertions) {
+            let opts = options_for(frame.len());
+            if let Err(e) = flatbuffers::size_prefixed_root_with_opts::<Request>(&opts, &frame) {
+                panic!("a frame built by RequestEncoder fails verification: {e}");
+            }
+        }
+        // SAFETY: the caller promises an encoder's output: a size-prefixed
+        // Request as a FlatBufferBuilder finished it.
+        let req = unsafe { flatbuffers::size_prefixed_root_unchecked::<Request>(&frame) };
+        classify(&req)?;
+        Ok(Self { frame })
+    }
+
     /// The frame, length prefix included.
     pub fn frame(&self) -> &Bytes {
         &self.frame
@@ -78,6 +108,27 @@ impl VerifiedRequest {
             Err(_) => unreachable!("a verified request classifies"),
         }
     }
+}
+
+/// Reads a Response frame this process built itself with
+/// [`crate::encode::ResponseEncoder`] (what dispatch answers into an edge's
+/// buffer) without running the verifier again, as
+/// [`VerifiedRequest::from_encoder`] does for requests; the edges that turn
+/// answers into proto or JSON read every final frame. Debug builds verify
+/// it all the same (the hand-written `ToolResult.content` included) and
+/// panic if it does not pass.
+///
+/// # Safety
+/// `frame` holds exactly the bytes one `ResponseEncoder` method returned,
+/// unmodified. Frames from anywhere else go through [`verify_response`].
+pub unsafe fn built_response(frame: &[u8]) -> Response<'_> {
+    if cfg!(debug_assertions)
+        && let Err(e) = verify_response(frame)
+    {
+        panic!("a frame built by ResponseEncoder fails verification: {e}");
+    }
+    // SAFETY: the caller promises an encoder's output.
+    unsafe { flatbuffers::size_prefixed_root_unchecked::<Response>(frame) }
 }
 
 /// Reads the header of a frame that failed verification, if the header

@@ -503,3 +503,47 @@ proptest! {
         }
     }
 }
+
+/// The edges' own frames skip the verifier (`from_encoder`,
+/// `built_response`): they read the same as verified ones, the routing
+/// checks still refuse an empty name, and a debug build (every test run)
+/// still verifies them, so a frame spoilt after encoding is caught.
+#[test]
+fn frames_from_the_encoders_read_as_verified_ones() {
+    let mut enc = RequestEncoder::new();
+    let frame = enc
+        .tool_call(&header(Some("c-2"), None), [5; 16], "echo", &[("n", "1")])
+        .to_vec();
+    // SAFETY: exactly what `tool_call` returned.
+    let own = unsafe { VerifiedRequest::from_encoder(Bytes::from(frame.clone())) }.unwrap();
+    let checked = verify(&frame).unwrap();
+    assert_eq!(own.view().kind(), checked.view().kind());
+    assert_eq!(own.view().route_key(), RouteKey::Tool("echo"));
+    assert_eq!(own.view().correlation_id(), Some("c-2"));
+
+    let empty = enc
+        .tool_call(&header(None, None), [1; 16], "", &[])
+        .to_vec();
+    // SAFETY: exactly what `tool_call` returned.
+    let refused = unsafe { VerifiedRequest::from_encoder(Bytes::from(empty)) };
+    assert!(matches!(refused, Err(FrameError::InvalidRequest(_))));
+
+    let answer = text_result("hi", None);
+    // SAFETY: exactly what `tool_text` returned.
+    let r = unsafe { mcp_schema::verify::built_response(&answer) };
+    assert_eq!(r.payload_type(), ResponsePayload::ToolResult);
+    let tr = r.payload_as_tool_result().unwrap();
+    assert_eq!(tr.tool_call_id().0, [3; 16]);
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "fails verification")]
+fn a_spoilt_frame_passed_as_the_encoders_own_panics_in_debug_builds() {
+    let mut frame = valid_tool_call();
+    // The root offset now points past the end.
+    frame[4] = 0xff;
+    frame[5] = 0xff;
+    // Deliberately breaks the contract: the debug check must catch it.
+    let _ = unsafe { VerifiedRequest::from_encoder(Bytes::from(frame)) };
+}

@@ -3,10 +3,14 @@
 //!
 //! ```text
 //! gRPC call ──hyper HTTP/2 on shard i──▶ proto ──RequestEncoder──▶ Request frame
-//!   ──VerifiedRequest::verify──▶ shard::handle_here (shard i)
+//!   ──VerifiedRequest::from_encoder──▶ shard::handle_here (shard i)
 //!                                 | Shared::submit(owner_of(session) on another shard)
-//!   ──▶ dispatch::handle ──response frames──▶ verified once ──▶ proto / Status
+//!   ──▶ dispatch::handle ──response frames──▶ verify::built_response ──▶ proto / Status
 //! ```
+//!
+//! Both frames are built by this process's encoders, so neither is verified
+//! again in release builds (debug builds, and so every test, still verify
+//! them): `bench/NOTES.md`, 2026-12-02.
 //!
 //! Every shard has its own `SO_REUSEPORT` listener on `[grpc] listen` and
 //! serves its connections with hyper's HTTP/2 server on its own monoio

@@ -11,7 +11,9 @@
 //!   `crate::` or `super::` paths (the fuzz crate includes the file alone).
 //! - Every frame built here passes `VerifiedRequest::verify` unless a
 //!   routing name is empty (the proto cannot forbid an empty string); the
-//!   shard then refuses it as an invalid request.
+//!   shard then refuses it as an invalid request. The edge relies on it:
+//!   it takes these frames with `VerifiedRequest::from_encoder`, which runs
+//!   the verifier only in debug builds.
 //! - Arguments reach the frame as serde_json accepted them, one JSON value
 //!   each (`RawValue` text, untouched).
 

@@ -1369,14 +1369,26 @@ pub fn write_response_for(
     frame: &[u8],
     version: &str,
 ) {
-    let method = info.method;
-    let resp = match ResponseView::parse(frame) {
-        Ok(v) => v.response,
+    match ResponseView::parse(frame) {
+        Ok(v) => write_response_of(out, id, info, v.response, version),
         Err(e) => {
             let msg = format!("the broker answered with an unreadable frame: {e}");
-            return write_error(out, Some(id), code::INTERNAL_ERROR, &msg, None);
+            write_error(out, Some(id), code::INTERNAL_ERROR, &msg, None)
         }
-    };
+    }
+}
+
+/// [`write_response_for`] of a Response already read: the edge's own
+/// answers, which it takes without the verifier
+/// (`mcp_schema::verify::built_response`).
+pub fn write_response_of(
+    out: &mut Vec<u8>,
+    id: &Id<'_>,
+    info: &RequestInfo<'_>,
+    resp: p::Response<'_>,
+    version: &str,
+) {
+    let method = info.method;
     if let Some(e) = resp.payload_as_error_response() {
         return write_frame_error(out, id, info, method, e.error(), version);
     }

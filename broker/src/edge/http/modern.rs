@@ -1287,7 +1287,7 @@ impl HttpEdge {
         let called = self.run(frame, arrived, None, None).await;
         let mut events = Vec::new();
         let mut out = Vec::with_capacity(256);
-        if let Err(r) = conclude(&mut events, &mut out, id, &info, &wants, &called.frames) {
+        if let Err(r) = conclude(&mut events, &mut out, id, &info, &wants, &called) {
             return refusal_response(Some(id), r);
         }
         if events.is_empty() {
@@ -1335,7 +1335,7 @@ impl HttpEdge {
             let id = Id(&id);
             let mut events = Vec::new();
             let mut out = Vec::with_capacity(256);
-            if let Err(r) = conclude(&mut events, &mut out, &id, &info, &wants, &called.frames) {
+            if let Err(r) = conclude(&mut events, &mut out, &id, &info, &wants, &called) {
                 // The status line is sent: the refusal is the answer.
                 out.clear();
                 jsonrpc::write_error(&mut out, Some(&id), r.code, &r.message, r.data.as_deref());
@@ -1387,10 +1387,10 @@ fn conclude(
     id: &Id<'_>,
     info: &jsonrpc::RequestInfo<'_>,
     wants: &Wants,
-    frames_of_call: &[u8],
+    called: &super::Called,
 ) -> Result<(), Refusal> {
     let (mut elicit, mut fin) = (None, None);
-    for f in frames(frames_of_call) {
+    for f in frames(&called.frames) {
         match jsonrpc::frame_kind(f) {
             FrameKind::Progress => {
                 let mut b = Vec::with_capacity(128);
@@ -1430,7 +1430,13 @@ fn conclude(
         }
         jsonrpc::write_input_required_sampling(out, id, SAMPLING_KEY, p);
     } else if let Some(f) = fin {
-        jsonrpc::write_response_for(out, id, info, f, MODERN_VERSION);
+        match called.answer() {
+            // The common case: the answer ends the call.
+            Some((last, resp)) if std::ptr::eq(last, f) => {
+                jsonrpc::write_response_of(out, id, info, resp, MODERN_VERSION);
+            }
+            _ => jsonrpc::write_response_for(out, id, info, f, MODERN_VERSION),
+        }
         jsonrpc::mark_complete(out, id, wants.cache_scope);
     } else {
         jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), "no answer", None);
