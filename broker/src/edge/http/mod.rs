@@ -496,18 +496,37 @@ enum BodyError {
 }
 
 /// Reads a body of at most `max` bytes, refusing it as soon as it passes.
+/// A body of one data frame (a POST that arrived with its head, the common
+/// case) is hyper's own view of its read buffer, kept without a copy; only
+/// a body in several frames is gathered.
 async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, BodyError> {
-    let mut buf = BytesMut::new();
+    let mut first: Option<Bytes> = None;
+    let mut gathered: Option<BytesMut> = None;
+    let mut len = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Broken)?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > max {
+            len += data.len();
+            if len > max {
                 return Err(BodyError::TooLarge);
             }
-            buf.extend_from_slice(&data);
+            match (&first, &mut gathered) {
+                (None, _) => first = Some(data),
+                (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+                (Some(f), None) => {
+                    let mut buf = BytesMut::with_capacity(len);
+                    buf.extend_from_slice(f);
+                    buf.extend_from_slice(&data);
+                    gathered = Some(buf);
+                }
+            }
         }
     }
-    Ok(buf.freeze())
+    Ok(match (gathered, first) {
+        (Some(buf), _) => buf.freeze(),
+        (None, Some(f)) => f,
+        (None, None) => Bytes::new(),
+    })
 }
 
 /// What [`HttpEdge::call`] produced for one request.
@@ -731,8 +750,16 @@ impl HttpEdge {
             return Err(too_large());
         }
         let (parts, body) = req.into_parts();
-        let read = monoio::time::timeout(self.cfg.body_timeout, read_body(body, max));
-        let body = match read.await {
+        // A body that is already here is read without arming the timer (a
+        // clock read, and a timer-wheel entry made and removed, on every
+        // request); one still on its way is read within `body_timeout`.
+        let mut read = std::pin::pin!(read_body(body, max));
+        let first = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+        let read = match first {
+            Poll::Ready(r) => Ok(r),
+            Poll::Pending => monoio::time::timeout(self.cfg.body_timeout, read).await,
+        };
+        let body = match read {
             Ok(Ok(b)) => b,
             Ok(Err(BodyError::TooLarge)) => return Err(too_large()),
             Ok(Err(BodyError::Broken(e))) => {
