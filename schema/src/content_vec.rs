@@ -149,23 +149,51 @@ pub fn verify(tr: &ToolResult<'_>) -> Result<(), InvalidFlatbuffer> {
     Ok(())
 }
 
-/// The content blocks of `tr`, verified first (so this is safe on any
-/// ToolResult, however it was obtained).
-pub fn content<'a>(tr: &ToolResult<'a>) -> Result<ContentVec<'a>, InvalidFlatbuffer> {
-    verify(tr)?;
-    // SAFETY: both slots were verified just above (vector of u8, and a
+/// The content blocks of `tr` without checking them again: for a
+/// ToolResult of a Response that [`crate::verify::verify_response`]
+/// accepted (which verifies this vector) or that
+/// [`crate::verify::built_response`] read (an encoder's output). Debug
+/// builds check it all the same and panic if it fails.
+///
+/// # Safety
+/// `tr` belongs to such a Response.
+pub unsafe fn content_unchecked<'a>(tr: &ToolResult<'a>) -> ContentVec<'a> {
+    if cfg!(debug_assertions)
+        && let Err(e) = verify(tr)
+    {
+        panic!("a ToolResult passed as checked has an invalid content vector: {e}");
+    }
+    // SAFETY: the caller promises a content vector that `verify` accepts
+    // (checked above in debug builds).
+    unsafe { read(tr) }
+}
+
+/// Both content slots as vectors; absent ones are empty.
+///
+/// # Safety
+/// `verify(tr)` passes.
+unsafe fn read<'a>(tr: &ToolResult<'a>) -> ContentVec<'a> {
+    // SAFETY: the caller's: both slots are verified (vector of u8, and a
     // vector of offsets of the same length whose elements are verified
     // tables).
     unsafe {
-        Ok(ContentVec {
+        ContentVec {
             types: tr
                 ._tab
                 .get::<ForwardsUOffset<Vector<u8>>>(VT_CONTENT_TYPE, None),
             values: tr
                 ._tab
                 .get::<ForwardsUOffset<Vector<ForwardsUOffset<Table>>>>(VT_CONTENT, None),
-        })
+        }
     }
+}
+
+/// The content blocks of `tr`, verified first (so this is safe on any
+/// ToolResult, however it was obtained).
+pub fn content<'a>(tr: &ToolResult<'a>) -> Result<ContentVec<'a>, InvalidFlatbuffer> {
+    verify(tr)?;
+    // SAFETY: verified just above.
+    Ok(unsafe { read(tr) })
 }
 
 /// The fields of a ToolResult, offsets already created in `fbb`.

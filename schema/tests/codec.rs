@@ -534,6 +534,14 @@ fn frames_from_the_encoders_read_as_verified_ones() {
     assert_eq!(r.payload_type(), ResponsePayload::ToolResult);
     let tr = r.payload_as_tool_result().unwrap();
     assert_eq!(tr.tool_call_id().0, [3; 16]);
+    // SAFETY: `tr` is of a Response read by `built_response` from an
+    // encoder's output.
+    let blocks = unsafe { content_vec::content_unchecked(&tr) };
+    assert_eq!(blocks.len(), content_vec::content(&tr).unwrap().len());
+    match blocks.get(0) {
+        ContentRef::Text(t) => assert_eq!(t.text(), "hi"),
+        other => panic!("expected text, got {other:?}"),
+    }
 }
 
 #[test]

@@ -141,10 +141,15 @@ macro_rules! union_content {
 /// ToolResult → CallToolResult: content blocks in order, structured content
 /// appended as a text block (as MCP advises) unless a text block already
 /// holds exactly it, the error message as a text block when there is no
-/// content, `is_error` preserved.
-pub fn tool_result(tr: p::ToolResult<'_>) -> Result<pb::CallToolResult, String> {
-    let blocks = mcp_schema::content_vec::content(&tr)
-        .map_err(|e| format!("invalid tool result content: {e}"))?;
+/// content, `is_error` preserved. The content vector is read without
+/// checking it again.
+///
+/// # Safety
+/// `tr` belongs to a Response read by `mcp_schema::verify::built_response`
+/// (whose contract then held) or accepted by `verify_response`.
+pub unsafe fn tool_result(tr: p::ToolResult<'_>) -> pb::CallToolResult {
+    // SAFETY: the caller's.
+    let blocks = unsafe { mcp_schema::content_vec::content_unchecked(&tr) };
     let mut content: Vec<pb::Content> = blocks.iter().filter_map(content).collect();
     if let Some(s) = tr.structured_content() {
         let already = content
@@ -159,10 +164,10 @@ pub fn tool_result(tr: p::ToolResult<'_>) -> Result<pb::CallToolResult, String> 
     {
         content.push(text_block(e.message().to_string()));
     }
-    Ok(pb::CallToolResult {
+    pb::CallToolResult {
         content,
         is_error: Some(tr.is_error() || tr.error().is_some()),
-    })
+    }
 }
 
 /// A router's elicitation request as the final answer of a CallTool: the

@@ -751,7 +751,8 @@ impl McpService for Edge {
             .await?;
         let answer = reply.answer()?;
         let result = if let Some(tr) = answer.payload_as_tool_result() {
-            convert::tool_result(tr).map_err(|e| status::edge(ErrorCode::Internal, e))?
+            // SAFETY: `answer` read the final frame with `built_response`.
+            unsafe { convert::tool_result(tr) }
         } else if let Some(el) = answer.payload_as_elicitation_request() {
             convert::elicitation(el)
         } else {

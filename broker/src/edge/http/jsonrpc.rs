@@ -1370,7 +1370,8 @@ pub fn write_response_for(
     version: &str,
 ) {
     match ResponseView::parse(frame) {
-        Ok(v) => write_response_of(out, id, info, v.response, version),
+        // SAFETY: `verify_response` accepted it, content vector included.
+        Ok(v) => unsafe { write_response_of(out, id, info, v.response, version) },
         Err(e) => {
             let msg = format!("the broker answered with an unreadable frame: {e}");
             write_error(out, Some(id), code::INTERNAL_ERROR, &msg, None)
@@ -1380,8 +1381,13 @@ pub fn write_response_for(
 
 /// [`write_response_for`] of a Response already read: the edge's own
 /// answers, which it takes without the verifier
-/// (`mcp_schema::verify::built_response`).
-pub fn write_response_of(
+/// (`mcp_schema::verify::built_response`). A tool result's content is read
+/// without checking it again.
+///
+/// # Safety
+/// `resp` was accepted by `mcp_schema::verify::verify_response` or read by
+/// `built_response` (whose contract then held).
+pub unsafe fn write_response_of(
     out: &mut Vec<u8>,
     id: &Id<'_>,
     info: &RequestInfo<'_>,
@@ -1393,15 +1399,9 @@ pub fn write_response_of(
         return write_frame_error(out, id, info, method, e.error(), version);
     }
     if let Some(tr) = resp.payload_as_tool_result() {
-        // Verified with the response; checked again so that a failure is
-        // an error message, not a half-written result.
-        let blocks = match mcp_schema::content_vec::content(&tr) {
-            Ok(b) => b,
-            Err(e) => {
-                let msg = format!("the broker answered with an unreadable tool result: {e}");
-                return write_error(out, Some(id), code::INTERNAL_ERROR, &msg, None);
-            }
-        };
+        // SAFETY: the caller's: `resp` is verified or an encoder's output,
+        // content vector included.
+        let blocks = unsafe { mcp_schema::content_vec::content_unchecked(&tr) };
         let mut o = envelope_start(out, Some(id));
         write_tool_result(o.key("result"), tr, blocks, Compat::of(version));
         return o.end();

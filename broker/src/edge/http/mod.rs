@@ -1301,7 +1301,8 @@ impl HttpEdge {
         }
         if !more {
             if let Some((_, resp)) = called.answer() {
-                jsonrpc::write_response_of(&mut out, id, &info, resp, session.version);
+                // SAFETY: read by `built_response` from the call's own frames.
+                unsafe { jsonrpc::write_response_of(&mut out, id, &info, resp, session.version) };
             }
             return Answer::Json(out);
         }

@@ -1433,7 +1433,8 @@ fn conclude(
         match called.answer() {
             // The common case: the answer ends the call.
             Some((last, resp)) if std::ptr::eq(last, f) => {
-                jsonrpc::write_response_of(out, id, info, resp, MODERN_VERSION);
+                // SAFETY: read by `built_response` from the call's own frames.
+                unsafe { jsonrpc::write_response_of(out, id, info, resp, MODERN_VERSION) };
             }
             _ => jsonrpc::write_response_for(out, id, info, f, MODERN_VERSION),
         }
