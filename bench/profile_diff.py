@@ -13,8 +13,12 @@ sections).
   bench/profile_diff.py auth    [REQUESTS]         the same over TLS with [auth] (one
                                                    bearer token) against TLS alone
                                                    sent the same token
+  bench/profile_diff.py top EDGE [REQUESTS]       one broker alone (EDGE: frames, grpc
+                                                   or http), its top symbols and the
+                                                   inclusive share of the broker's own
+                                                   steps (verifier, encoders, timers)
   (defaults: 14000 6 for grpc, 20000 6 for http, 900000 4 for loadgen,
-  400000 for tls and auth)
+  400000 for tls and auth, 100000 for top)
 
 grpc and http: each server in turn (scripts/bench's, one shard on the upper
 CPU, 16 connections, open loop at RATE from the lower CPU) gets a warmup,
@@ -31,6 +35,15 @@ docs/security.md) for REQUESTS requests. auth: the same with the [auth] of
 security_cost.py (every request carries one valid RS256 token) against
 [tls] alone, sent the same token (which it ignores), so that the difference
 is what authenticating costs and not the token's bytes.
+
+top: the broker as scripts/bench starts it (one shard, WASM `echo`) in a
+closed loop over 16 connections, one request in flight each, recorded
+with DWARF call graphs (`perf record --call-graph dwarf`, 999 Hz) so that
+inlined callers count: prints its CPU per request, its top symbols by
+self time, and the share of all samples spent inside each of STEPS
+(inclusive). The bench/NOTES.md 2026-12-02 figures (the verifier at 6.7%
+of the HTTP edge, with PROFILE_BROKER set to the build before) come
+from it.
 
 Needs perf (root, or perf_event_paranoid <= 1) and the release binaries.
 """
@@ -93,6 +106,55 @@ def record_server(server, target, extra, rate, seconds, lg_cpus, wd, closed=None
     return symbols(data, requests)
 
 
+# The broker's own steps whose inclusive share `top` prints.
+STEPS = ["mcp_schema::verify::VerifiedRequest::verify", "mcp_schema::verify::verify_response",
+         "mcp_schema::content_vec::verify", "mcp_schema::encode::ResponseEncoder::finish",
+         "mcp_schema::client::RequestEncoder::tool_call", "mcp_broker::dispatch::handle_live",
+         "mcp_broker::metrics::record::request", "<monoio::time::timeout::Timeout<T> as",
+         "__vdso_clock_gettime"]
+
+
+def top(edge, requests, srv_cpus, lg_cpus, wd):
+    """One broker under a closed loop, with DWARF call graphs."""
+    print(f"`bench/profile_diff.py top {edge} {requests}`, {B.machine()['date']}: closed "
+          f"loop over {CONNECTIONS} connections, one request in flight each, "
+          f"{requests:,} requests recorded.")
+    # PROFILE_BROKER=/path/to/mcp-broker profiles another build (a "before").
+    B.BROKER = os.environ.get("PROFILE_BROKER", B.BROKER)
+    s = B.start_broker(f"broker-{edge}", wd, 1, srv_cpus, False, addr_key=edge)
+    target = f"http://{s.addr}/mcp" if edge == "http" else f"{edge}://{s.addr}"
+    argv = [B.LOADGEN, "--target", target, *B.TOOL_ARGS, "--cpus",
+            ",".join(map(str, lg_cpus)), "--connections", CONNECTIONS, "--concurrency",
+            CONNECTIONS, "-q"]
+    data = os.path.join(wd, "top.data")
+    try:
+        subprocess.run(argv + ["--requests", "20000"], capture_output=True)
+        perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "--call-graph",
+                                 "dwarf,32768", "-o", data, "-p", str(s.proc.pid)],
+                                stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        r = subprocess.run(argv + ["--requests", str(requests)], capture_output=True, text=True)
+        perf.send_signal(2)
+        perf.wait(timeout=120)
+        if r.returncode != 0:
+            sys.exit(f"mcp-loadgen failed: {r.stderr[-800:]}")
+    finally:
+        s.stop()
+    per = symbols(data, requests)
+    print()
+    summary(s.name, per)
+    print("\n| µs/request (self) | symbol |\n|---|---|")
+    for (k, sym), v in sorted(per.items(), key=lambda kv: -kv[1])[:25]:
+        print(f"| {v:.3f} | `[{k}] {sym[:110]}` |")
+    out = subprocess.run(["perf", "report", "-i", data, "--children", "--sort", "sym",
+                          "--stdio", "-g", "none"], capture_output=True, text=True).stdout
+    print("\n| share of all samples (inclusive) | step |\n|---|---|")
+    for step in STEPS:
+        shares = [float(m.group(1)) for line in out.splitlines()
+                  if step in line and (m := re.match(r"\s*([\d.]+)%", line))]
+        print(f"| {max(shares, default=0.0):.2f}% | `{step}` |")
+
+
 def summary(name, per):
     user = sum(v for (k, _), v in per.items() if k == ".")
     kern = sum(v for (k, _), v in per.items() if k == "k")
@@ -113,9 +175,16 @@ def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "grpc"
     default_rate, default_s = {"grpc": (14000, 6), "http": (20000, 6),
                                "loadgen": (900000, 4), "tls": (400000, 1),
-                               "auth": (400000, 1)}.get(what, (0, 0))
+                               "auth": (400000, 1), "top": (1, 1)}.get(what, (0, 0))
     if not default_rate:
-        sys.exit("first argument: grpc, http, loadgen, tls or auth")
+        sys.exit("first argument: grpc, http, loadgen, tls, auth or top")
+    if what == "top":
+        edge = sys.argv[2] if len(sys.argv) > 2 else ""
+        if edge not in ("frames", "grpc", "http"):
+            sys.exit("top EDGE: frames, grpc or http")
+        srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)
+        requests = int(sys.argv[3]) if len(sys.argv) > 3 else 100000
+        return top(edge, requests, srv_cpus[:1], lg_cpus, tempfile.mkdtemp(prefix="profile-"))
     rate = int(sys.argv[2]) if len(sys.argv) > 2 else default_rate
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else default_s
     srv_cpus, lg_cpus = B.cpu_split(os.cpu_count() or 2)

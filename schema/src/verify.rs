@@ -78,6 +78,8 @@ impl VerifiedRequest {
     /// `frame` holds exactly the bytes one `RequestEncoder` method returned,
     /// unmodified. Frames from anywhere else go through [`Self::verify`].
     pub unsafe fn from_encoder(frame: Bytes) -> Result<Self, FrameError> {
+        // The verifier alone, not `Self::verify`: an empty name is a
+        // refusal (the classification below), not a broken frame.
         if cfg!(debug_assertions) {
             let opts = options_for(frame.len());
             if let Err(e) = flatbuffers::size_prefixed_root_with_opts::<Request>(&opts, &frame) {
