@@ -32,7 +32,7 @@ FREQ = 4999
 # First match wins; checked against "dso symbol".
 ROWS = [
     ("kernel", re.compile(r"\[kernel")),
-    ("tls::uring (our halves)", re.compile(r"tls::uring")),
+    ("tls::uring + record (ours)", re.compile(r"tls::(uring|record)")),
     ("rustls", re.compile(r"\brustls(_pki_types|_webpki|webpki)?::|\bwebpki::")),
     ("ring", re.compile(r"\bring::|ring_core_|aes_gcm|gcm_|aes_hw|aesni|ecp_nistz|"
                         r"sha256_block|sha512_block|GFp_|chacha|poly1305|x25519")),

@@ -26,6 +26,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::TlsSection;
 
+pub mod record;
 pub mod uring;
 
 /// The edges that serve TLS, as metrics label them.
@@ -94,6 +95,10 @@ impl ServerConfigs {
         let with_alpn = |alpn: &[&[u8]]| {
             let mut c = base.clone();
             c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            // The shards take the traffic keys out of rustls once the
+            // handshake is done and run the record layer themselves
+            // (tls/record.rs); the keys never leave the connection's halves.
+            c.enable_secret_extraction = true;
             Arc::new(c)
         };
         Ok(Self {

@@ -1,72 +1,126 @@
-//! TLS on a shard: a rustls server connection over a monoio TCP stream,
-//! split into a read half and a write half like the plaintext stream, so
-//! that the frame edge's reader and writer tasks and the HTTP edge's hyper
-//! I/O work unchanged over it.
+//! TLS on a shard: a rustls handshake over a monoio TCP stream, then the
+//! record layer of [`super::record`], split into a read half and a write
+//! half like the plaintext stream, so that the frame edge's reader and
+//! writer tasks, the gRPC edge's h2 and the HTTP edge's hyper I/O work
+//! unchanged over it.
 //!
 //! # Design
-//! - Both halves share the rustls connection (`Rc<RefCell<_>>`, one shard
-//!   thread). A borrow never spans an `.await`: the halves encrypt or
-//!   decrypt in memory, then do their I/O with owned buffers of their own.
-//! - The read half owns the TCP read half and its ciphertext buffer; the
-//!   write half owns the TCP write half and its ciphertext buffer.
+//! - [`accept`] drives rustls's unbuffered server connection through the
+//!   handshake, then takes the traffic keys out of it
+//!   (`dangerous_into_kernel_connection`, rustls's API for kTLS). From
+//!   then on each half seals or opens its own direction's records in its
+//!   own buffer: no lock, no allocation, no copy but the plaintext's
+//!   (`record.rs` says why).
+//! - The halves share only what rare events need ([`Control`]): rustls's
+//!   kernel connection, which derives the next keys on a TLS 1.3
+//!   KeyUpdate; the peer's request that we update ours too; and the alert
+//!   the write half sends when the read half failed the stream.
+//! - The read half opens records in place in its ciphertext buffer and
+//!   copies their plaintext into the caller's buffer; what does not fit
+//!   stays for the next read.
 //! - [`TlsReadHalf`] is a [`CancelableAsyncReadRent`] like the TCP half it
 //!   wraps: the cancel handle goes to its TCP read, and a cancelled read
 //!   gives back the caller's buffer as it was. Ciphertext already read
-//!   stays in the half (fed to rustls), so nothing is lost.
+//!   stays in the half, so nothing is lost.
 //! - A read whose future is *dropped* while its TCP read is out takes the
-//!   ciphertext buffer with it (monoio keeps it until the kernel lets go);
-//!   what it held was already fed to rustls, so only bytes the kernel puts
-//!   in before the cancellation lands are lost, as with a dropped read on a
-//!   plain TCP half, and the next read gets a new buffer. The edges drop a
-//!   read only with the whole connection.
-//! - Once rustls fails the stream (a record that does not authenticate,
-//!   bytes that are no record), the plaintext of the records before it is
-//!   still handed out, then every read fails; rustls's alert goes out with
-//!   the shutdown.
-//! - Records the read side makes rustls want to send (an alert, a TLS 1.3
-//!   key update's answer) go out with the write half's next write or its
-//!   shutdown; the read side never writes.
+//!   ciphertext buffer with it (monoio keeps it until the kernel lets go).
+//!   If that buffer held the start of a record, the stream cannot go on:
+//!   the next read fails instead of misreading what follows. The edges
+//!   drop a read only with the whole connection.
+//! - Once a record is refused (it does not authenticate, bytes that are no
+//!   record, a message with no place after the handshake), the plaintext
+//!   of the records before it is still handed out, then every read fails;
+//!   the write half's shutdown sends the alert that says why.
+//! - A TLS 1.3 KeyUpdate from the peer switches the read half to the next
+//!   keys; if it asks for ours to change too, the write half sends its own
+//!   KeyUpdate before its next record. The write half also renews its keys
+//!   before the cipher's confidentiality limit (2^24 records for AES-GCM);
+//!   a TLS 1.2 connection, which cannot, fails its writes there instead.
 
-use std::cell::RefCell;
-use std::io::{self, BufRead, Write as _};
+use std::cell::{Cell, RefCell};
+use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use monoio::BufResult;
-use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut, RawBuf};
+use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut, RawBuf, SliceMut};
 use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, CancelHandle, CancelableAsyncReadRent,
     OwnedReadHalf, OwnedWriteHalf, Splitable,
 };
 use monoio::net::TcpStream;
-use rustls::{ServerConfig, ServerConnection};
+use rustls::ServerConfig;
+use rustls::kernel::KernelConnection;
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::unbuffered::{ConnectionState, EncodeError};
 
-/// Ciphertext one TCP read may bring in: one full TLS record and then some.
-const CIPHER_CHUNK: usize = 18 * 1024;
+use super::record::{self, AlertMeaning, Fault, Keys, Version};
 
-type Shared = Rc<RefCell<ServerConnection>>;
+/// The read buffer: one largest record and then some, so that after the
+/// start of a record moves to the front there is room for all of it.
+const CIPHER_CHUNK: usize = record::MAX_RECORD + 2048;
+/// Handshake messages larger than this (a client certificate chain) are
+/// refused rather than buffered without end.
+const MAX_HANDSHAKE_BUFFER: usize = 256 * 1024;
+/// Plaintext one `write` seals: four full records. A larger write returns
+/// a short count (the caller's `write_all` comes back for the rest), so the
+/// write buffer stays small.
+const MAX_WRITE: usize = 4 * record::MAX_PLAIN;
+
+/// What both halves of one connection share; touched only on key updates
+/// and failures.
+struct Control {
+    /// rustls's side of the connection after the handshake: derives the
+    /// next traffic keys on a TLS 1.3 KeyUpdate.
+    kernel: RefCell<KernelConnection<ServerConnectionData>>,
+    /// The peer asked us to update our keys: the write half sends its
+    /// KeyUpdate before its next record.
+    update_tx: Cell<bool>,
+    /// The alert the write half's shutdown sends instead of close_notify:
+    /// the read half refused a record.
+    alert: Cell<Option<u8>>,
+}
 
 /// The reading half of a TLS connection.
 pub struct TlsReadHalf {
     tcp: OwnedReadHalf<TcpStream>,
-    conn: Shared,
-    /// Ciphertext read from the socket; `pos..` not yet taken by rustls.
+    keys: Keys,
+    version: Version,
+    ctl: Rc<Control>,
+    /// Plaintext rustls decrypted during the handshake (a request sent
+    /// with the client's Finished): handed out first.
+    head: Vec<u8>,
+    /// Ciphertext from the socket; `pos..` is not yet opened.
     cipher: Vec<u8>,
     pos: usize,
+    /// The opened record's plaintext not yet handed out, as a range of
+    /// `cipher`.
+    plain: (usize, usize),
+    /// Bytes of a record's start that the last read's buffer held; if that
+    /// buffer is gone (the read was dropped), the stream is lost.
+    held: usize,
     /// The peer closed its side of the TCP connection.
     eof: bool,
-    /// Why rustls failed the stream (a record that did not authenticate,
-    /// bytes that are no record): every later read fails with it too,
-    /// instead of waiting on a peer that will not fix it.
+    /// The peer sent close_notify: every later read is an end.
+    closed: bool,
+    /// Why the stream failed: every later read fails with it too, instead
+    /// of waiting on a peer that will not fix it.
     broken: Option<String>,
 }
 
 /// The writing half of a TLS connection.
 pub struct TlsWriteHalf {
     tcp: OwnedWriteHalf<TcpStream>,
-    conn: Shared,
-    /// Ciphertext for the socket (kept between writes for its capacity).
+    keys: Keys,
+    version: Version,
+    ctl: Rc<Control>,
+    /// Records to renew the keys at (TLS 1.3) or to stop at (TLS 1.2):
+    /// the suite's confidentiality limit, less a margin.
+    limit: u64,
+    /// Sealed records for the socket (kept between writes for its capacity).
     out: Vec<u8>,
+    /// close_notify (or the alert) went out.
+    shut: bool,
 }
 
 /// What a finished handshake agreed.
@@ -76,130 +130,286 @@ pub struct Negotiated {
     pub alpn: Option<Vec<u8>>,
 }
 
+fn invalid(why: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.into())
+}
+
 /// Runs the server side of a TLS handshake on `stream`. The caller bounds
 /// it in time (`tls.handshake_timeout`): dropping the future drops the
-/// connection.
+/// connection. `config` must have `enable_secret_extraction` set (every
+/// configuration [`super::ServerConfigs`] builds has).
 pub async fn accept(
     stream: TcpStream,
     config: Arc<ServerConfig>,
 ) -> io::Result<(TlsReadHalf, TlsWriteHalf, Negotiated)> {
-    let conn = ServerConnection::new(config).map_err(io::Error::other)?;
-    let conn = Rc::new(RefCell::new(conn));
-    let (rd, wr) = stream.into_split();
-    let mut r = TlsReadHalf {
-        tcp: rd,
-        conn: conn.clone(),
-        cipher: Vec::with_capacity(CIPHER_CHUNK),
-        pos: 0,
-        eof: false,
-        broken: None,
-    };
-    let mut w = TlsWriteHalf {
-        tcp: wr,
-        conn,
-        out: Vec::with_capacity(4096),
-    };
+    let mut conn = UnbufferedServerConnection::new(config).map_err(io::Error::other)?;
+    let (mut rd, mut wr) = stream.into_split();
+    // Ciphertext not yet taken by rustls, and what it sends.
+    let mut inbuf: Vec<u8> = Vec::with_capacity(CIPHER_CHUNK);
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    let mut head = Vec::new();
+    let mut peer_closed = false;
+    // The first failure; the alert rustls queued for it goes out first.
+    let mut failed: Option<rustls::Error> = None;
     loop {
-        w.send_pending().await?;
-        if !r.conn.borrow().is_handshaking() {
-            break;
+        let status = conn.process_tls_records(&mut inbuf);
+        let discard = status.discard;
+        let mut transmit = false;
+        let mut need_more = false;
+        let mut ready = false;
+        match status.state {
+            Ok(ConnectionState::EncodeTlsData(mut e)) => loop {
+                let at = out.len();
+                out.resize(out.capacity().max(at + 4096), 0);
+                match e.encode(&mut out[at..]) {
+                    Ok(n) => {
+                        out.truncate(at + n);
+                        break;
+                    }
+                    Err(EncodeError::InsufficientSize(s)) => {
+                        out.truncate(at);
+                        out.reserve(s.required_size);
+                    }
+                    Err(e) => return Err(io::Error::other(e.to_string())),
+                }
+            },
+            Ok(ConnectionState::TransmitTlsData(t)) => {
+                t.done();
+                transmit = true;
+            }
+            Ok(ConnectionState::BlockedHandshake) => need_more = true,
+            Ok(ConnectionState::ReadTraffic(mut r)) => {
+                // Records after the client's Finished, in the same read.
+                while let Some(rec) = r.next_record() {
+                    let rec = rec.map_err(|e| invalid(e.to_string()))?;
+                    head.extend_from_slice(rec.payload);
+                }
+            }
+            Ok(ConnectionState::PeerClosed) => peer_closed = true,
+            // A TLS 1.3 server may send (0.5-RTT) before the client's
+            // Finished: the handshake is over only when rustls says so.
+            Ok(ConnectionState::WriteTraffic(_)) | Ok(ConnectionState::Closed) => ready = true,
+            Ok(_) => return Err(invalid("TLS: an unexpected handshake state (early data?)")),
+            Err(e) => {
+                if failed.is_some() {
+                    // The alert, if any, went out: give up.
+                    let _ = send(&mut wr, &mut out).await;
+                    return Err(invalid(e.to_string()));
+                }
+                failed = Some(e);
+            }
         }
-        if r.pos == r.cipher.len() {
-            if r.eof {
+        inbuf.drain(..discard);
+        if ready {
+            if failed.is_none() && !conn.is_handshaking() {
+                break;
+            }
+            need_more = true;
+        }
+        if transmit {
+            send(&mut wr, &mut out).await?;
+        }
+        if need_more {
+            if let Some(e) = failed {
+                let _ = send(&mut wr, &mut out).await;
+                return Err(invalid(e.to_string()));
+            }
+            if peer_closed {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "the peer closed the connection during the TLS handshake",
                 ));
             }
-            r.fill(None).await?;
-        }
-        if let Err(e) = r.feed() {
-            // The alert rustls queued tells the peer why (e.g. a protocol
-            // version it does not offer); a failure to send it changes
-            // nothing.
-            let _ = w.send_pending().await;
-            return Err(e);
+            if inbuf.len() == inbuf.capacity() {
+                if inbuf.capacity() >= MAX_HANDSHAKE_BUFFER {
+                    return Err(invalid("TLS handshake messages larger than 256 KiB"));
+                }
+                inbuf.reserve(inbuf.capacity());
+            }
+            let len = inbuf.len();
+            let cap = inbuf.capacity();
+            let (res, slice) = rd.read(inbuf.slice_mut(len..cap)).await;
+            inbuf = slice.into_inner();
+            if res? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection during the TLS handshake",
+                ));
+            }
         }
     }
-    let negotiated = {
-        let c = r.conn.borrow();
-        Negotiated {
-            version: c.protocol_version(),
-            alpn: c.alpn_protocol().map(<[u8]>::to_vec),
-        }
+    send(&mut wr, &mut out).await?;
+    let negotiated = Negotiated {
+        version: conn.protocol_version(),
+        alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
+    };
+    let (secrets, kernel) = conn
+        .dangerous_into_kernel_connection()
+        .map_err(|e| io::Error::other(format!("TLS: taking the traffic keys: {e}")))?;
+    let version = match kernel.protocol_version() {
+        rustls::ProtocolVersion::TLSv1_3 => Version::Tls13,
+        rustls::ProtocolVersion::TLSv1_2 => Version::Tls12,
+        v => return Err(invalid(format!("TLS: no record layer for {v:?}"))),
+    };
+    let limit = match kernel.negotiated_cipher_suite() {
+        rustls::SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
+        rustls::SupportedCipherSuite::Tls12(s) => s.common.confidentiality_limit,
+    };
+    // Renew (or stop) well before the limit: the peer counts too.
+    let limit = limit.saturating_sub(limit / 16);
+    let tx = Keys::new(version, secrets.tx).map_err(io::Error::other)?;
+    let rx = Keys::new(version, secrets.rx).map_err(io::Error::other)?;
+    let ctl = Rc::new(Control {
+        kernel: RefCell::new(kernel),
+        update_tx: Cell::new(false),
+        alert: Cell::new(None),
+    });
+    if inbuf.capacity() < CIPHER_CHUNK {
+        inbuf.reserve(CIPHER_CHUNK - inbuf.len());
+    }
+    let r = TlsReadHalf {
+        tcp: rd,
+        keys: rx,
+        version,
+        ctl: ctl.clone(),
+        head,
+        cipher: inbuf,
+        pos: 0,
+        plain: (0, 0),
+        held: 0,
+        eof: false,
+        closed: peer_closed,
+        broken: None,
+    };
+    out.clear();
+    let w = TlsWriteHalf {
+        tcp: wr,
+        keys: tx,
+        version,
+        ctl,
+        limit,
+        out,
+        shut: false,
     };
     Ok((r, w, negotiated))
 }
 
+/// Writes all of `out` to the socket and empties it.
+async fn send(wr: &mut OwnedWriteHalf<TcpStream>, out: &mut Vec<u8>) -> io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let (res, mut buf) = wr.write_all(std::mem::take(out)).await;
+    buf.clear();
+    *out = buf;
+    res.map(|_| ())
+}
+
 impl TlsReadHalf {
-    /// Reads more ciphertext from the socket (all of the previous read has
-    /// been fed to rustls). `c`: the caller's cancel handle.
+    /// Reads more ciphertext from the socket after what is there.
+    /// `c`: the caller's cancel handle.
     async fn fill(&mut self, c: Option<&CancelHandle>) -> io::Result<()> {
-        let mut buf = std::mem::take(&mut self.cipher);
-        buf.clear();
-        if buf.capacity() == 0 {
-            // A read dropped while it waited took the buffer with it: a
-            // read into no room would look like the peer's EOF.
-            buf.reserve(CIPHER_CHUNK);
+        if self.cipher.capacity() == 0 && self.held > 0 {
+            // A dropped read took the buffer with the start of a record.
+            return Err(invalid(
+                "TLS: a read was abandoned in the middle of a record; the stream cannot go on",
+            ));
         }
-        self.pos = 0;
-        let (res, buf) = match c {
-            Some(c) => self.tcp.cancelable_read(buf, c.clone()).await,
-            None => self.tcp.read(buf).await,
+        // What is left is the start of a record: move it to the front so
+        // that the whole record fits.
+        if self.pos > 0 {
+            self.cipher.drain(..self.pos);
+            self.pos = 0;
+        }
+        if self.cipher.capacity() < CIPHER_CHUNK {
+            self.cipher.reserve(CIPHER_CHUNK - self.cipher.len());
+        }
+        self.held = self.cipher.len();
+        self.plain = (0, 0);
+        let buf = std::mem::take(&mut self.cipher);
+        let (len, cap) = (buf.len(), buf.capacity());
+        let slice: SliceMut<Vec<u8>> = buf.slice_mut(len..cap);
+        let (res, slice) = match c {
+            Some(c) => self.tcp.cancelable_read(slice, c.clone()).await,
+            None => self.tcp.read(slice).await,
         };
-        self.cipher = buf;
+        self.cipher = slice.into_inner();
         crate::idle_poll::note_activity();
         if res? == 0 {
             self.eof = true;
-            // rustls learns of the end: its reader then reports a clean
-            // close (after close_notify) or an unexpected EOF.
-            let _ = self.conn.borrow_mut().read_tls(&mut io::empty());
         }
         Ok(())
     }
 
-    /// Hands buffered ciphertext to rustls and processes the records.
-    fn feed(&mut self) -> io::Result<()> {
-        let mut conn = self.conn.borrow_mut();
-        while self.pos < self.cipher.len() && conn.wants_read() {
-            let mut src = &self.cipher[self.pos..];
-            let n = conn.read_tls(&mut src)?;
-            self.pos += n;
-            conn.process_new_packets()
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            if n == 0 {
-                break;
+    /// Opens the next whole record in the buffer, if there is one: `true`
+    /// when one was taken (its plaintext, if any, is in `plain`).
+    fn open_next(&mut self) -> Result<bool, Fault> {
+        let at = self.pos;
+        let Some(len) = record::record_len(&self.cipher[at..], self.version)? else {
+            return Ok(false);
+        };
+        if self.cipher.len() - at < len {
+            return Ok(false);
+        }
+        self.pos += len;
+        let rec = &mut self.cipher[at..at + len];
+        let opened = self.keys.open(rec)?;
+        let payload = &rec[opened.start..opened.end];
+        match opened.typ {
+            record::APPLICATION_DATA => {
+                self.plain = (at + opened.start, at + opened.end);
             }
-        }
-        Ok(())
-    }
-
-    /// Copies decrypted bytes into `buf`: `Some(n)` when there were some,
-    /// or when the stream ended (`n == 0`); `None` when more ciphertext is
-    /// needed.
-    fn take_plaintext<T: IoBufMut>(&mut self, buf: &mut T) -> io::Result<Option<usize>> {
-        let mut conn = self.conn.borrow_mut();
-        let mut reader = conn.reader();
-        match reader.fill_buf() {
-            Ok(chunk) => {
-                let n = chunk.len().min(buf.bytes_total());
-                // SAFETY: `write_ptr` is valid for `bytes_total` bytes, and
-                // `n` is at most that; the source is rustls's buffer, which
-                // cannot overlap the caller's.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(chunk.as_ptr(), buf.write_ptr(), n);
-                    buf.set_init(n);
+            record::ALERT => match record::alert(payload, self.version)? {
+                AlertMeaning::Closed => self.closed = true,
+                AlertMeaning::Ignore => {}
+                AlertMeaning::Fatal(desc) => {
+                    // No alert answers an alert.
+                    self.broken = Some(format!("TLS: the peer sent fatal alert {desc}"));
                 }
-                reader.consume(n);
-                Ok(Some(n))
+            },
+            record::HANDSHAKE if self.version == Version::Tls13 => {
+                let request = record::read_key_update(payload)?;
+                let next = self
+                    .ctl
+                    .kernel
+                    .borrow_mut()
+                    .update_rx_secret()
+                    .map_err(|_| Fault::UnexpectedMessage)?;
+                self.keys = Keys::new(self.version, next).map_err(|_| Fault::UnexpectedMessage)?;
+                if request {
+                    self.ctl.update_tx.set(true);
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            // The peer closed the TCP connection without close_notify: for
-            // the edges' framing (length prefixes, HTTP messages) that is an
-            // ordinary end, as it is in plaintext.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(Some(0)),
-            Err(e) => Err(e),
+            // A TLS 1.2 renegotiation, a ChangeCipherSpec, an empty type.
+            _ => return Err(Fault::UnexpectedMessage),
         }
+        Ok(true)
+    }
+
+    /// Copies pending plaintext into `buf`: `Some(n)`, or `None` when
+    /// there is none.
+    fn take_plaintext<T: IoBufMut>(&mut self, buf: &mut T) -> Option<usize> {
+        let src: &[u8] = if !self.head.is_empty() {
+            &self.head
+        } else if self.plain.0 < self.plain.1 {
+            &self.cipher[self.plain.0..self.plain.1]
+        } else {
+            return None;
+        };
+        let n = src.len().min(buf.bytes_total());
+        // SAFETY: `write_ptr` is valid for `bytes_total` bytes, and `n` is
+        // at most that; the source is this half's buffer, which cannot
+        // overlap the caller's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), buf.write_ptr(), n);
+            buf.set_init(n);
+        }
+        if !self.head.is_empty() {
+            self.head.drain(..n);
+        } else {
+            self.plain.0 += n;
+        }
+        Some(n)
     }
 
     async fn read_inner<T: IoBufMut>(
@@ -208,50 +418,32 @@ impl TlsReadHalf {
         c: Option<&CancelHandle>,
     ) -> BufResult<usize, T> {
         loop {
-            match self.take_plaintext(&mut buf) {
-                Ok(Some(n)) => return (Ok(n), buf),
-                Ok(None) => {
-                    if let Some(why) = &self.broken {
-                        return (
-                            Err(io::Error::new(io::ErrorKind::InvalidData, why.clone())),
-                            buf,
-                        );
-                    }
-                }
-                Err(e) => return (Err(e), buf),
+            if buf.bytes_total() == 0 {
+                return (Ok(0), buf);
             }
-            if self.pos < self.cipher.len() {
-                let before = self.pos;
-                if let Err(e) = self.feed() {
-                    // Records that authenticated before the bad one are
-                    // the peer's data: hand them out first; the next read
-                    // fails.
-                    self.broken = Some(e.to_string());
-                    return match self.take_plaintext(&mut buf) {
-                        Ok(Some(n)) if n > 0 => (Ok(n), buf),
-                        _ => (Err(e), buf),
-                    };
+            if let Some(n) = self.take_plaintext(&mut buf) {
+                return (Ok(n), buf);
+            }
+            if self.closed {
+                return (Ok(0), buf);
+            }
+            if let Some(why) = &self.broken {
+                return (Err(invalid(why.clone())), buf);
+            }
+            match self.open_next() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(fault) => {
+                    self.ctl.alert.set(Some(fault.alert()));
+                    self.broken = Some(format!("TLS: {fault}"));
+                    continue;
                 }
-                if self.pos == before {
-                    // rustls took nothing and had nothing to give: a state
-                    // it cannot leave, so the stream is broken.
-                    return match self.take_plaintext(&mut buf) {
-                        Ok(Some(n)) => (Ok(n), buf),
-                        Ok(None) => (
-                            Err(io::Error::new(
-                                io::ErrorKind::InvalidData,
-                                "TLS stream stalled: records rustls will not take",
-                            )),
-                            buf,
-                        ),
-                        Err(e) => (Err(e), buf),
-                    };
-                }
-                continue;
             }
             if self.eof {
-                // Fed the end above and rustls still wants data: only a
-                // clean or unclean end can follow.
+                // The peer closed the TCP connection without close_notify
+                // (perhaps within a record): for the edges' framing
+                // (length prefixes, HTTP messages) that is an ordinary end,
+                // as it is in plaintext.
                 return (Ok(0), buf);
             }
             if let Err(e) = self.fill(c).await {
@@ -308,48 +500,70 @@ impl CancelableAsyncReadRent for TlsReadHalf {
 }
 
 impl TlsWriteHalf {
-    /// Sends every record rustls holds for the peer.
-    async fn send_pending(&mut self) -> io::Result<()> {
-        loop {
-            let mut out = std::mem::take(&mut self.out);
-            out.clear();
-            {
-                let mut conn = self.conn.borrow_mut();
-                while conn.wants_write() {
-                    conn.write_tls(&mut out)?;
-                }
-            }
-            if out.is_empty() {
-                self.out = out;
-                return Ok(());
-            }
-            let (res, out) = self.tcp.write_all(out).await;
-            // A buffer one large answer grew is not kept.
-            if out.capacity() <= 4 * CIPHER_CHUNK {
-                self.out = out;
-            }
-            res?;
+    /// Before a record under the current keys: a KeyUpdate the peer asked
+    /// for, or one the confidentiality limit calls for (TLS 1.3); a TLS 1.2
+    /// connection at its limit stops.
+    fn renew_keys(&mut self) -> io::Result<()> {
+        let due = self.keys.seq() >= self.limit;
+        let asked = self.ctl.update_tx.get();
+        if !due && !asked {
+            return Ok(());
         }
+        if self.version == Version::Tls12 {
+            return Err(io::Error::other(
+                "TLS 1.2: the connection reached its cipher's record limit; reconnect",
+            ));
+        }
+        self.ctl.update_tx.set(false);
+        // Sent under the old keys, then every record under the new ones.
+        self.keys
+            .seal(record::HANDSHAKE, &record::key_update(false), &mut self.out)
+            .map_err(|f| io::Error::other(f.to_string()))?;
+        let next = self
+            .ctl
+            .kernel
+            .borrow_mut()
+            .update_tx_secret()
+            .map_err(io::Error::other)?;
+        self.keys = Keys::new(self.version, next).map_err(io::Error::other)?;
+        Ok(())
+    }
+
+    async fn write_inner(&mut self, src: &[u8]) -> io::Result<usize> {
+        if self.shut {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS: write after shutdown",
+            ));
+        }
+        if src.is_empty() {
+            return Ok(0);
+        }
+        let src = &src[..src.len().min(MAX_WRITE)];
+        self.out.clear();
+        self.renew_keys()?;
+        for chunk in src.chunks(record::MAX_PLAIN) {
+            self.keys
+                .seal(record::APPLICATION_DATA, chunk, &mut self.out)
+                .map_err(|f| io::Error::other(f.to_string()))?;
+        }
+        send(&mut self.tcp, &mut self.out).await?;
+        Ok(src.len())
+    }
+
+    #[cfg(test)]
+    fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
     }
 }
 
 impl AsyncWriteRent for TlsWriteHalf {
     async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
-        // Room first: rustls takes plaintext only up to its buffer limit.
-        if let Err(e) = self.send_pending().await {
-            return (Err(e), buf);
-        }
         // SAFETY: `read_ptr` is valid for `bytes_init` bytes while `buf`
         // is held, and it is held until this returns.
         let src = unsafe { std::slice::from_raw_parts(buf.read_ptr(), buf.bytes_init()) };
-        let n = match self.conn.borrow_mut().writer().write(src) {
-            Ok(n) => n,
-            Err(e) => return (Err(e), buf),
-        };
-        if let Err(e) = self.send_pending().await {
-            return (Err(e), buf);
-        }
-        (Ok(n), buf)
+        let res = self.write_inner(src).await;
+        (res, buf)
     }
 
     async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
@@ -361,16 +575,27 @@ impl AsyncWriteRent for TlsWriteHalf {
         (n, buf)
     }
 
+    /// Every write is on the socket when it returns: nothing to flush.
     async fn flush(&mut self) -> io::Result<()> {
-        self.conn.borrow_mut().writer().flush()?;
-        self.send_pending().await
+        Ok(())
     }
 
-    /// Sends close_notify (and whatever else is pending), then shuts the
-    /// TCP stream down.
+    /// Sends close_notify (or, when the read half refused a record, the
+    /// alert that says why), then shuts the TCP stream down.
     async fn shutdown(&mut self) -> io::Result<()> {
-        self.conn.borrow_mut().send_close_notify();
-        let sent = self.send_pending().await;
+        let mut sent = Ok(());
+        if !self.shut {
+            self.shut = true;
+            let desc = self.ctl.alert.get().unwrap_or(record::CLOSE_NOTIFY);
+            self.out.clear();
+            sent = match self
+                .keys
+                .seal(record::ALERT, &record::alert_payload(desc), &mut self.out)
+            {
+                Ok(()) => send(&mut self.tcp, &mut self.out).await,
+                Err(f) => Err(io::Error::other(f.to_string())),
+            };
+        }
         let shut = self.tcp.shutdown().await;
         sent.and(shut)
     }
@@ -379,7 +604,7 @@ impl AsyncWriteRent for TlsWriteHalf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read as _;
+    use std::io::{Read as _, Write as _};
 
     type Client = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
 
@@ -427,18 +652,30 @@ mod tests {
             versions: &[&'static rustls::SupportedProtocolVersion],
             alpn: &[&[u8]],
         ) -> Arc<rustls::ClientConfig> {
+            self.client_with_suites(versions, alpn, None)
+        }
+
+        /// As [`Self::client`], offering only `suite` if given.
+        fn client_with_suites(
+            &self,
+            versions: &[&'static rustls::SupportedProtocolVersion],
+            alpn: &[&[u8]],
+            suite: Option<rustls::SupportedCipherSuite>,
+        ) -> Arc<rustls::ClientConfig> {
             use rustls_pki_types::pem::PemObject;
             let mut roots = rustls::RootCertStore::empty();
             for c in rustls_pki_types::CertificateDer::pem_slice_iter(&self.ca) {
                 roots.add(c.unwrap()).unwrap();
             }
-            let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_protocol_versions(versions)
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            let mut provider = rustls::crypto::ring::default_provider();
+            if let Some(suite) = suite {
+                provider.cipher_suites = vec![suite];
+            }
+            let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+                .with_protocol_versions(versions)
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
             cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
             Arc::new(cfg)
         }
@@ -824,5 +1061,118 @@ mod tests {
                 assert!(seen.contains("received fatal alert"), "client saw: {seen}");
             });
         }
+    }
+
+    /// Every suite the ring provider negotiates, in both versions: each
+    /// direction's records, several of them full, round-trip through a
+    /// stock rustls client.
+    #[test]
+    fn every_cipher_suite_of_both_versions_round_trips() {
+        use rustls::crypto::ring::cipher_suite as cs;
+        let certs = Certs::new("suites");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let suites = [
+            (cs::TLS13_AES_128_GCM_SHA256, &rustls::version::TLS13),
+            (cs::TLS13_AES_256_GCM_SHA384, &rustls::version::TLS13),
+            (cs::TLS13_CHACHA20_POLY1305_SHA256, &rustls::version::TLS13),
+            // scripts/dev-certs makes ECDSA keys.
+            (
+                cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                &rustls::version::TLS12,
+            ),
+            (
+                cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                &rustls::version::TLS12,
+            ),
+            (
+                cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+                &rustls::version::TLS12,
+            ),
+        ];
+        for (suite, version) in suites {
+            let cfg = certs.client_with_suites(&[version], &[], Some(suite));
+            let config = config.clone();
+            let message = pattern(70_000);
+            let sent = message.clone();
+            let got = on_runtime(async move {
+                let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = listener.local_addr().unwrap();
+                let client = client(addr, cfg, move |mut tls| {
+                    tls.write_all(&sent).unwrap();
+                    tls.flush().unwrap();
+                    let mut got = vec![0; sent.len()];
+                    let read = tls.read_exact(&mut got).map(|_| got);
+                    let suite = tls.conn.negotiated_cipher_suite();
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                    let _ = tls.read_to_end(&mut Vec::new());
+                    (read, suite)
+                });
+                let (mut r, mut w, _) = accept_one(&listener, config).await;
+                let read = drain(&mut r, &mut w, 8192, true).await;
+                assert_eq!(read.len(), 70_000);
+                w.shutdown().await.unwrap();
+                client.join().unwrap()
+            });
+            let (read, negotiated) = got;
+            assert_eq!(negotiated, Some(suite), "{suite:?}");
+            assert_eq!(read.expect("the echo"), message, "{suite:?}");
+        }
+    }
+
+    /// Near the cipher's confidentiality limit a TLS 1.3 write half renews
+    /// its keys with a KeyUpdate, and the client follows; a TLS 1.2 write
+    /// half, which cannot, refuses to write.
+    #[test]
+    fn the_record_limit_renews_tls13_keys_and_stops_tls12_writes() {
+        let certs = Certs::new("limit");
+        let config = certs.server(crate::tls::Edge::Frames);
+        let cfg = certs.client(TLS13, &[]);
+        let got = on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = client(addr, cfg, |mut tls| {
+                tls.write_all(b"go").unwrap();
+                tls.flush().unwrap();
+                let mut got = vec![0; 10 * 3];
+                tls.read_exact(&mut got).unwrap();
+                got
+            });
+            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            let (res, _) = r.read(Vec::with_capacity(8)).await;
+            assert_eq!(res.unwrap(), 2);
+            w.set_limit(2);
+            for i in 0..10u8 {
+                let (res, _) = w.write_all(vec![i; 3]).await;
+                res.unwrap();
+            }
+            // Renewed every other record: the sequence number restarts.
+            assert!(w.keys.seq() <= 2, "seq {}", w.keys.seq());
+            client.join().unwrap()
+        });
+        let want: Vec<u8> = (0..10u8).flat_map(|i| [i; 3]).collect();
+        assert_eq!(got, want);
+
+        let cfg = certs.client(&[&rustls::version::TLS12], &[]);
+        let config = certs.server(crate::tls::Edge::Frames);
+        on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = client(addr, cfg, |mut tls| {
+                let mut got = Vec::new();
+                let _ = tls.read_to_end(&mut got);
+                got
+            });
+            let (_r, mut w, _) = accept_one(&listener, config).await;
+            let sealed = w.keys.seq();
+            w.set_limit(sealed + 1);
+            let (res, _) = w.write_all(b"one".to_vec()).await;
+            res.unwrap();
+            let (res, _) = w.write_all(b"two".to_vec()).await;
+            let err = res.expect_err("past the limit");
+            assert!(err.to_string().contains("record limit"), "{err}");
+            w.shutdown().await.unwrap();
+            assert_eq!(client.join().unwrap(), b"one");
+        });
     }
 }
