@@ -149,9 +149,13 @@ pub async fn accept(
     let mut out: Vec<u8> = Vec::with_capacity(4096);
     let mut head = Vec::new();
     let mut peer_closed = false;
-    // The first failure; the alert rustls queued for it goes out first.
+    // The failure, once rustls reports one. rustls queues its alert with
+    // the error and hands it out (EncodeTlsData) on the next call, before
+    // it looks at the records again; a third call would meet the bad
+    // record anew, so the call after a failure is the last.
     let mut failed: Option<rustls::Error> = None;
     loop {
+        let after_failure = failed.is_some();
         let status = conn.process_tls_records(&mut inbuf);
         let discard = status.discard;
         let mut transmit = false;
@@ -191,17 +195,18 @@ pub async fn accept(
             Ok(ConnectionState::WriteTraffic(_)) | Ok(ConnectionState::Closed) => ready = true,
             Ok(_) => return Err(invalid("TLS: an unexpected handshake state (early data?)")),
             Err(e) => {
-                if failed.is_some() {
-                    // The alert, if any, went out: give up.
-                    let _ = send(&mut wr, &mut out).await;
-                    return Err(invalid(e.to_string()));
-                }
-                failed = Some(e);
+                failed.get_or_insert(e);
             }
+        }
+        if after_failure {
+            // The alert, if rustls had one, is in `out`.
+            let _ = send(&mut wr, &mut out).await;
+            let e = failed.expect("set before this call");
+            return Err(invalid(e.to_string()));
         }
         inbuf.drain(..discard);
         if ready {
-            if failed.is_none() && !conn.is_handshaking() {
+            if !conn.is_handshaking() {
                 break;
             }
             need_more = true;
@@ -209,11 +214,10 @@ pub async fn accept(
         if transmit {
             send(&mut wr, &mut out).await?;
         }
+        if failed.is_some() {
+            continue;
+        }
         if need_more {
-            if let Some(e) = failed {
-                let _ = send(&mut wr, &mut out).await;
-                return Err(invalid(e.to_string()));
-            }
             if peer_closed {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -1173,6 +1177,34 @@ mod tests {
             assert!(err.to_string().contains("record limit"), "{err}");
             w.shutdown().await.unwrap();
             assert_eq!(client.join().unwrap(), b"one");
+        });
+    }
+
+    /// Bytes that are no ClientHello fail the handshake with rustls's
+    /// alert, sent before the connection closes, and nothing panics (a
+    /// second look at the same bytes would make rustls send a second
+    /// fatal alert, which it asserts against).
+    #[test]
+    fn a_handshake_that_fails_sends_the_alert_once_and_returns_the_error() {
+        let certs = Certs::new("bad-hello");
+        let config = certs.server(crate::tls::Edge::Frames);
+        on_runtime(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = std::thread::spawn(move || {
+                let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+                tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+                let mut got = Vec::new();
+                let _ = tcp.read_to_end(&mut got);
+                got
+            });
+            let (stream, _) = listener.accept().await.unwrap();
+            let err = accept(stream, config).await.err().expect("not a handshake");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+            let got = client.join().unwrap();
+            // One plaintext alert record: type 21, two bytes of payload.
+            assert_eq!(got.first(), Some(&21), "{got:?}");
+            assert_eq!(got.len(), 7, "{got:?}");
         });
     }
 }
