@@ -93,17 +93,23 @@ def record_server(server, target, extra, rate, seconds, lg_cpus, wd, closed=None
         load = ["--connections", CONNECTIONS, "--rate", str(rate)]
     argv = [B.LOADGEN, "--target", target, *B.TOOL_ARGS, *extra, "--cpus",
             ",".join(map(str, lg_cpus)), *load, "-q"]
-    subprocess.run(argv + ["--requests", "20000"], capture_output=True)
     data = os.path.join(wd, f"{server.name}-{len(os.listdir(wd))}.data")
-    perf = subprocess.Popen(["perf", "record", "-q", "-F", FREQ, "-g", "-o", data, "-p",
+    run_recorded(argv, requests, server, data, ["-F", FREQ, "-g"])
+    return symbols(data, requests)
+
+
+def run_recorded(argv, requests, server, data, perf_args):
+    """Warms `server` up with 20,000 requests of mcp-loadgen `argv`, then
+    runs `requests` more under `perf record PERF_ARGS` into `data`."""
+    subprocess.run(argv + ["--requests", "20000"], capture_output=True)
+    perf = subprocess.Popen(["perf", "record", "-q", *perf_args, "-o", data, "-p",
                              str(server.proc.pid)], stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+    time.sleep(0.5)  # perf attached before the first request
     r = subprocess.run(argv + ["--requests", str(requests)], capture_output=True, text=True)
     perf.send_signal(2)
-    perf.wait(timeout=60)
+    perf.wait(timeout=120)
     if r.returncode != 0:
         sys.exit(f"{server.name}: mcp-loadgen failed: {r.stderr[-800:]}")
-    return symbols(data, requests)
 
 
 # The broker's own steps whose inclusive share `top` prints.
@@ -128,16 +134,7 @@ def top(edge, requests, srv_cpus, lg_cpus, wd):
             CONNECTIONS, "-q"]
     data = os.path.join(wd, "top.data")
     try:
-        subprocess.run(argv + ["--requests", "20000"], capture_output=True)
-        perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "--call-graph",
-                                 "dwarf,32768", "-o", data, "-p", str(s.proc.pid)],
-                                stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        r = subprocess.run(argv + ["--requests", str(requests)], capture_output=True, text=True)
-        perf.send_signal(2)
-        perf.wait(timeout=120)
-        if r.returncode != 0:
-            sys.exit(f"mcp-loadgen failed: {r.stderr[-800:]}")
+        run_recorded(argv, requests, s, data, ["-F", "999", "--call-graph", "dwarf,32768"])
     finally:
         s.stop()
     per = symbols(data, requests)
