@@ -731,13 +731,25 @@ mod tests {
         (0..len).map(|i| (i % 251) as u8).collect()
     }
 
-    /// Accepts one connection on `listener` and runs the handshake.
-    async fn accept_one(
-        listener: &monoio::net::TcpListener,
+    /// Binds a loopback listener, starts a client on it running `f`, and
+    /// accepts its connection with the handshake: the halves, what was
+    /// agreed, and the client's thread.
+    async fn connected<R: Send + 'static>(
         config: Arc<ServerConfig>,
-    ) -> (TlsReadHalf, TlsWriteHalf, Negotiated) {
+        cfg: Arc<rustls::ClientConfig>,
+        f: impl FnOnce(Client) -> R + Send + 'static,
+    ) -> (
+        TlsReadHalf,
+        TlsWriteHalf,
+        Negotiated,
+        std::thread::JoinHandle<R>,
+    ) {
+        let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = client(addr, cfg, f);
         let (stream, _) = listener.accept().await.unwrap();
-        accept(stream, config).await.expect("handshake")
+        let (r, w, negotiated) = accept(stream, config).await.expect("handshake");
+        (r, w, negotiated, client)
     }
 
     /// Reads until the stream ends, with reads of `chunk` bytes, and
@@ -771,10 +783,8 @@ mod tests {
         // Several records' worth, so reads and writes each take many turns.
         let message = pattern(200_000);
         let got = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, send_then_read_to_end(message.clone()));
-            let (mut r, mut w, negotiated) = accept_one(&listener, config).await;
+            let (mut r, mut w, negotiated, client) =
+                connected(config, cfg, send_then_read_to_end(message.clone())).await;
             assert_eq!(negotiated.version, Some(rustls::ProtocolVersion::TLSv1_3));
             assert_eq!(negotiated.alpn, None);
             // A read cancelled while it waits returns ECANCELED and the
@@ -826,9 +836,7 @@ mod tests {
         let message = pattern(40_000);
         let sent = message.clone();
         let got = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, move |mut tls| {
+            let (mut r, mut w, negotiated, client) = connected(config, cfg, move |mut tls| {
                 tls.write_all(&sent).unwrap();
                 tls.flush().unwrap();
                 let mut got = vec![0; sent.len()];
@@ -839,8 +847,8 @@ mod tests {
                 // meet a closed socket).
                 let _ = tls.read_to_end(&mut Vec::new());
                 got
-            });
-            let (mut r, mut w, negotiated) = accept_one(&listener, config).await;
+            })
+            .await;
             assert_eq!(negotiated.version, Some(rustls::ProtocolVersion::TLSv1_2));
             assert_eq!(negotiated.alpn.as_deref(), Some(&b"http/1.1"[..]));
             let read = drain(&mut r, &mut w, 8192, true).await;
@@ -859,18 +867,16 @@ mod tests {
         // Full 16 KiB records and a short last one.
         let message = pattern(40_000);
         let (read, reply) = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
             let sent = message.clone();
-            let client = client(addr, cfg, move |mut tls| {
+            let (mut r, mut w, _, client) = connected(config, cfg, move |mut tls| {
                 tls.write_all(&sent).unwrap();
                 tls.flush().unwrap();
                 let mut got = [0; 2];
                 tls.read_exact(&mut got).unwrap();
                 tls.sock.shutdown(std::net::Shutdown::Write).unwrap();
                 got
-            });
-            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            })
+            .await;
             let mut read = Vec::new();
             let mut buf = Vec::with_capacity(7);
             while read.len() < message.len() {
@@ -895,9 +901,7 @@ mod tests {
         let config = certs.server(crate::tls::Edge::Frames);
         let cfg = certs.client(TLS13, &[]);
         let (read, got) = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, |mut tls| {
+            let (mut r, mut w, _, client) = connected(config, cfg, |mut tls| {
                 tls.write_all(b"ping").unwrap();
                 tls.conn.send_close_notify();
                 tls.flush().unwrap();
@@ -905,8 +909,8 @@ mod tests {
                 tls.read_to_end(&mut got)
                     .expect("a clean end after close_notify");
                 got
-            });
-            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            })
+            .await;
             let read = drain(&mut r, &mut w, 64, false).await;
             // The end stays an end.
             let (res, _) = r.read(Vec::with_capacity(64)).await;
@@ -926,17 +930,15 @@ mod tests {
         let config = certs.server(crate::tls::Edge::Frames);
         let cfg = certs.client(TLS13, &[]);
         let read = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, |mut tls| {
+            let (mut r, mut w, _, client) = connected(config, cfg, |mut tls| {
                 tls.write_all(b"bye").unwrap();
                 tls.flush().unwrap();
                 // A FIN, no close_notify; then wait for the server's end
                 // (closing with its records unread would reset instead).
                 tls.sock.shutdown(std::net::Shutdown::Write).unwrap();
                 let _ = tls.sock.read_to_end(&mut Vec::new());
-            });
-            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            })
+            .await;
             let read = drain(&mut r, &mut w, 64, false).await;
             w.shutdown().await.unwrap();
             client.join().unwrap();
@@ -951,9 +953,7 @@ mod tests {
         let config = certs.server(crate::tls::Edge::Frames);
         let cfg = certs.client(TLS13, &[]);
         let got = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, |mut tls| {
+            let (mut r, mut w, _, client) = connected(config, cfg, |mut tls| {
                 let mut got = Vec::new();
                 for round in 0..3u8 {
                     let msg = vec![round; 30_000];
@@ -970,8 +970,8 @@ mod tests {
                 tls.flush().unwrap();
                 let _ = tls.read_to_end(&mut Vec::new());
                 got
-            });
-            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            })
+            .await;
             let read = drain(&mut r, &mut w, 8192, true).await;
             assert_eq!(read.len(), 90_000);
             w.shutdown().await.unwrap();
@@ -988,9 +988,7 @@ mod tests {
         let cfg = certs.client(TLS13, &[]);
         let (go, wait) = std::sync::mpsc::channel::<()>();
         let read = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, move |mut tls| {
+            let (mut r, mut w, _, client) = connected(config, cfg, move |mut tls| {
                 tls.write_all(b"a").unwrap();
                 tls.flush().unwrap();
                 wait.recv().unwrap();
@@ -998,8 +996,8 @@ mod tests {
                 tls.conn.send_close_notify();
                 tls.flush().unwrap();
                 let _ = tls.read_to_end(&mut Vec::new());
-            });
-            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            })
+            .await;
             let (res, first) = r.read(Vec::with_capacity(64)).await;
             assert_eq!(res.unwrap(), 1);
             // The read's TCP read has `rx` (empty) when its future goes.
@@ -1036,9 +1034,7 @@ mod tests {
             let config = config.clone();
             let cfg = cfg.clone();
             on_runtime(async move {
-                let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                let addr = listener.local_addr().unwrap();
-                let client = client(addr, cfg, move |mut tls| {
+                let (mut r, mut w, _, client) = connected(config, cfg, move |mut tls| {
                     tls.write_all(b"hi").unwrap();
                     tls.flush().unwrap();
                     tls.sock.write_all(&garbage).unwrap();
@@ -1046,8 +1042,8 @@ mod tests {
                     tls.read_to_end(&mut rest)
                         .expect_err("the server's alert")
                         .to_string()
-                });
-                let (mut r, mut w, _) = accept_one(&listener, config).await;
+                })
+                .await;
                 let (res, buf) = r.read(Vec::with_capacity(64)).await;
                 assert_eq!(res.unwrap(), 2);
                 assert_eq!(&buf, b"hi");
@@ -1099,9 +1095,7 @@ mod tests {
             let message = pattern(70_000);
             let sent = message.clone();
             let got = on_runtime(async move {
-                let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                let addr = listener.local_addr().unwrap();
-                let client = client(addr, cfg, move |mut tls| {
+                let (mut r, mut w, _, client) = connected(config, cfg, move |mut tls| {
                     tls.write_all(&sent).unwrap();
                     tls.flush().unwrap();
                     let mut got = vec![0; sent.len()];
@@ -1111,8 +1105,8 @@ mod tests {
                     let _ = tls.flush();
                     let _ = tls.read_to_end(&mut Vec::new());
                     (read, suite)
-                });
-                let (mut r, mut w, _) = accept_one(&listener, config).await;
+                })
+                .await;
                 let read = drain(&mut r, &mut w, 8192, true).await;
                 assert_eq!(read.len(), 70_000);
                 w.shutdown().await.unwrap();
@@ -1133,16 +1127,14 @@ mod tests {
         let config = certs.server(crate::tls::Edge::Frames);
         let cfg = certs.client(TLS13, &[]);
         let got = on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, |mut tls| {
+            let (mut r, mut w, _, client) = connected(config, cfg, |mut tls| {
                 tls.write_all(b"go").unwrap();
                 tls.flush().unwrap();
                 let mut got = vec![0; 10 * 3];
                 tls.read_exact(&mut got).unwrap();
                 got
-            });
-            let (mut r, mut w, _) = accept_one(&listener, config).await;
+            })
+            .await;
             let (res, _) = r.read(Vec::with_capacity(8)).await;
             assert_eq!(res.unwrap(), 2);
             w.set_limit(2);
@@ -1160,14 +1152,12 @@ mod tests {
         let cfg = certs.client(&[&rustls::version::TLS12], &[]);
         let config = certs.server(crate::tls::Edge::Frames);
         on_runtime(async move {
-            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = client(addr, cfg, |mut tls| {
+            let (_r, mut w, _, client) = connected(config, cfg, |mut tls| {
                 let mut got = Vec::new();
                 let _ = tls.read_to_end(&mut got);
                 got
-            });
-            let (_r, mut w, _) = accept_one(&listener, config).await;
+            })
+            .await;
             let sealed = w.keys.seq();
             w.set_limit(sealed + 1);
             let (res, _) = w.write_all(b"one".to_vec()).await;
