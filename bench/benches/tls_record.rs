@@ -160,25 +160,10 @@ impl Rustls {
 
     /// Moves what one side has to send to the other and processes it.
     fn transfer(&mut self, client_to_server: bool) {
-        self.wire.clear();
         if client_to_server {
-            while self.client.wants_write() {
-                self.client.write_tls(&mut self.wire).unwrap();
-            }
-            let mut src = &self.wire[..];
-            while !src.is_empty() {
-                self.server.read_tls(&mut src).unwrap();
-                self.server.process_new_packets().unwrap();
-            }
+            pump(&mut self.client, &mut self.server, &mut self.wire);
         } else {
-            while self.server.wants_write() {
-                self.server.write_tls(&mut self.wire).unwrap();
-            }
-            let mut src = &self.wire[..];
-            while !src.is_empty() {
-                self.client.read_tls(&mut src).unwrap();
-                self.client.process_new_packets().unwrap();
-            }
+            pump(&mut self.server, &mut self.client, &mut self.wire);
         }
     }
 
@@ -191,6 +176,23 @@ impl Rustls {
         self.transfer(false);
         let n = self.client.reader().read(&mut self.read).unwrap();
         assert_eq!(n, answer.len());
+    }
+}
+
+/// Everything `from` has to send, read and processed by `to`.
+fn pump<A, B>(
+    from: &mut rustls::ConnectionCommon<A>,
+    to: &mut rustls::ConnectionCommon<B>,
+    wire: &mut Vec<u8>,
+) {
+    wire.clear();
+    while from.wants_write() {
+        from.write_tls(wire).unwrap();
+    }
+    let mut src = &wire[..];
+    while !src.is_empty() {
+        to.read_tls(&mut src).unwrap();
+        to.process_new_packets().unwrap();
     }
 }
 
