@@ -4,6 +4,8 @@ another, symbol by symbol (the profiles behind bench/NOTES.md's 2026-12-01
 sections).
 
   bench/profile_diff.py grpc    [RATE] [SECONDS]   broker-grpc against tonic-baseline
+  bench/profile_diff.py frames  [RATE] [SECONDS]   broker-native (routing, no WASM)
+                                                   against echo-baseline
   bench/profile_diff.py http    [RATE] [SECONDS]   the broker's HTTP edge, 2025-11-25
                                                    (sessions) against 2026-07-28
   bench/profile_diff.py loadgen [RATE] [SECONDS]   mcp-loadgen itself against
@@ -17,10 +19,10 @@ sections).
                                                    or http), its top symbols and the
                                                    inclusive share of the broker's own
                                                    steps (verifier, encoders, timers)
-  (defaults: 14000 6 for grpc, 20000 6 for http, 900000 4 for loadgen,
+  (defaults: 14000 6 for grpc, 100000 4 for frames, 20000 6 for http, 900000 4 for loadgen,
   400000 for tls and auth, 100000 for top)
 
-grpc and http: each server in turn (scripts/bench's, one shard on the upper
+grpc, frames and http: each server in turn (scripts/bench's, one shard on the upper
 CPU, 16 connections, open loop at RATE from the lower CPU) gets a warmup,
 then `perf record -F 4999 -g` attached for RATE x SECONDS requests. Prints
 each profile's total, user and kernel CPU per request, then the symbols
@@ -170,11 +172,11 @@ def diff(names, a, b, top=40):
 
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "grpc"
-    default_rate, default_s = {"grpc": (14000, 6), "http": (20000, 6),
+    default_rate, default_s = {"grpc": (14000, 6), "frames": (100000, 4), "http": (20000, 6),
                                "loadgen": (900000, 4), "tls": (400000, 1),
                                "auth": (400000, 1), "top": (1, 1)}.get(what, (0, 0))
     if not default_rate:
-        sys.exit("first argument: grpc, http, loadgen, tls, auth or top")
+        sys.exit("first argument: grpc, frames, http, loadgen, tls, auth or top")
     if what == "top":
         edge = sys.argv[2] if len(sys.argv) > 2 else ""
         if edge not in ("frames", "grpc", "http"):
@@ -220,6 +222,10 @@ def main():
                                           addr_key="grpc", pin_process=True))
             servers.append(B.start_tonic(wd, 1, srv_cpus))
             runs = [(s.name, s, f"grpc://{s.addr}", ()) for s in servers]
+        elif what == "frames":
+            servers.append(B.start_broker("broker-native", wd, 1, srv_cpus, True))
+            servers.append(B.start_echo(wd, 1, srv_cpus))
+            runs = [(s.name, s, f"frames://{s.addr}", ()) for s in servers]
         else:
             servers.append(B.start_broker("broker-http", wd, 1, srv_cpus, False,
                                           addr_key="http"))

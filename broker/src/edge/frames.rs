@@ -364,6 +364,19 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
     let mut last_read = Instant::now();
     // One per connection; replaced only when it has cancelled a read.
     let mut canceller = monoio::io::Canceller::new();
+    // The read's deadline (idle or partial frame) is kept by one timer for
+    // the whole connection, re-armed lazily: only when a deadline is earlier
+    // than the one it is armed for, or after it fired. A timer made per read
+    // cost a clock read and a timer-wheel insertion and removal per read,
+    // which at one or two frames per read is paid per request. A timer
+    // armed for an earlier deadline than the wait's own fires early; the
+    // wait then re-arms it and goes on.
+    let mut timer = std::pin::pin!(monoio::time::sleep_until(
+        (last_read + cfg.idle_timeout).into(),
+    ));
+    // When the idle clock started: when the broker last heard from the peer
+    // or last stopped serving, or when it ran out while answers were due.
+    let mut idle_from = last_read;
     loop {
         // Serve what is buffered, within the connection's bounds and one
         // turn's budget at a time.
@@ -422,22 +435,28 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         if shard.drain_expired.is_set() {
             return Ok(());
         }
-        let mut wait = match partial_since {
-            Some(t) => cfg.partial_frame_timeout.saturating_sub(t.elapsed()),
-            None => cfg.idle_timeout,
+        // `cursor` is the end of the last frame's handling or of a wait: a
+        // time already read, not a new clock read per read.
+        idle_from = idle_from.max(cursor);
+        let mut deadline = match partial_since {
+            Some(t) => t + cfg.partial_frame_timeout,
+            None => idle_from + cfg.idle_timeout,
         };
         if draining {
-            wait = wait.min(DRAIN_QUIET);
+            deadline = deadline.min(Instant::now() + DRAIN_QUIET);
         }
         // Checked here as well as by the timer: monoio advances its timers
         // only when the shard parks, which a saturated shard rarely does, so
         // a peer trickling bytes is caught at its next byte past the
         // deadline rather than whenever the timer gets to fire.
-        if wait.is_zero() && partial_since.is_some() {
+        if partial_since.is_some() && Instant::now() >= deadline {
             return Err(format!(
                 "partial frame not completed within {:?}",
                 cfg.partial_frame_timeout
             ));
+        }
+        if timer.is_elapsed() || deadline < timer.deadline().into_std() {
+            timer.as_mut().reset(deadline.into());
         }
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(READ_CHUNK);
@@ -450,11 +469,19 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         let held = buf.len();
         let read = rd.cancelable_read(buf.slice_mut(held..), canceller.handle());
         let mut read = std::pin::pin!(read);
-        let ended = monoio::select! {
-            r = &mut read => Some(r),
-            _ = monoio::time::sleep(wait) => None,
-            _ = conn.closed.wait() => None,
-            _ = shard.draining.wait(), if !draining => None,
+        let ended = loop {
+            let fired = monoio::select! {
+                r = &mut read => break Some(r),
+                _ = timer.as_mut() => true,
+                _ = conn.closed.wait() => false,
+                _ = shard.draining.wait(), if !draining => false,
+            };
+            // Armed for an earlier deadline than this wait's: not yet.
+            if fired && Instant::now() < deadline {
+                timer.as_mut().reset(deadline.into());
+                continue;
+            }
+            break None;
         };
         let (res, b) = match ended {
             Some(r) => r,
@@ -499,7 +526,8 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
             ));
         }
         if conn.pending.get() > 0 {
-            // Not idle: answers are still due.
+            // Not idle: answers are still due. The clock starts again.
+            idle_from = Instant::now();
             continue;
         }
         return Err(format!("idle for {:?}", cfg.idle_timeout));
@@ -777,6 +805,10 @@ async fn write_loop<F>(
     let stats = shard.stats();
     let timeout = shard.ctx.shared.config.frames.write_timeout;
     let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
+    // One timer for every write of the connection, re-armed only after it
+    // fired (as the reader's): a timer per write cost a timer-wheel
+    // insertion and removal per batch of answers.
+    let mut timer = std::pin::pin!(monoio::time::sleep_until((Instant::now() + timeout).into()));
     'batches: loop {
         if conn.out.borrow().is_empty() {
             if conn.closed.is_set() {
@@ -790,22 +822,38 @@ async fn write_loop<F>(
         conn.writing.set(n);
         let mut written = 0;
         while written < n {
-            let (res, b) =
-                match monoio::time::timeout(timeout, wr.write(spare.slice(written..))).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        tracing::info!(
-                            shard = shard.ctx.index,
-                            ?timeout,
-                            "closing connection: peer read nothing within the write timeout"
-                        );
-                        ShardStats::add(&stats.write_timeouts, 1);
-                        conn.writing.set(0);
-                        conn.break_off();
-                        // The buffer went with the cancelled write.
-                        break 'batches;
-                    }
-                };
+            let deadline = Instant::now() + timeout;
+            if timer.is_elapsed() {
+                timer.as_mut().reset(deadline.into());
+            }
+            let mut write = std::pin::pin!(wr.write(spare.slice(written..)));
+            let done = loop {
+                monoio::select! {
+                    r = &mut write => break Some(r),
+                    _ = timer.as_mut() => {}
+                }
+                // Armed for an earlier write's deadline: not yet.
+                if Instant::now() < deadline {
+                    timer.as_mut().reset(deadline.into());
+                    continue;
+                }
+                break None;
+            };
+            let (res, b) = match done {
+                Some(r) => r,
+                None => {
+                    tracing::info!(
+                        shard = shard.ctx.index,
+                        ?timeout,
+                        "closing connection: peer read nothing within the write timeout"
+                    );
+                    ShardStats::add(&stats.write_timeouts, 1);
+                    conn.writing.set(0);
+                    conn.break_off();
+                    // The buffer went with the cancelled write.
+                    break 'batches;
+                }
+            };
             spare = b.into_inner();
             match res {
                 Ok(0) | Err(_) => {
