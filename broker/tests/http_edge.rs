@@ -570,6 +570,40 @@ fn slow_heads_and_slow_bodies_are_cut_off_and_huge_heads_refused() {
     Conn::connect(b.http).initialize("2025-06-18");
 }
 
+/// A keep-alive connection's next head gets a header deadline of its own,
+/// counted from when the edge began waiting for it: neither cut short by
+/// the first head's deadline nor left to wait forever.
+#[test]
+fn a_keep_alive_connections_next_head_gets_a_header_deadline_of_its_own() {
+    let b = with_http("header_timeout = \"1s\"\n");
+    let mut c = Conn::connect(b.http);
+    // The first head comes in two pieces 600 ms apart, within its second:
+    // the timer is armed for a second after the edge began reading it.
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    c.send_raw(b"POST /mcp HTTP/1.1\r\nHost: x\r\n");
+    std::thread::sleep(Duration::from_millis(600));
+    c.send_raw(
+        format!(
+            "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(c.read_reply().status, 200);
+    // Half of a second head at once: its deadline is a second after the
+    // edge began waiting for it, about 600 ms after the first head's.
+    let t0 = Instant::now();
+    c.send_raw(b"POST /mcp HTTP/1.1\r\nHost: x\r\n");
+    let mut rest = Vec::new();
+    let _ = c.stream.read_to_end(&mut rest);
+    let held = t0.elapsed();
+    assert!(
+        held >= Duration::from_millis(700),
+        "cut at the first head's deadline: closed after {held:?}"
+    );
+    assert!(held < Duration::from_secs(5), "held {held:?}");
+}
+
 /// `resources/subscribe` sends the updates a router tells for that URI (the
 /// kv router on `put`, here from another session) to the session's GET
 /// stream; an unsubscribed URI's updates do not come.
