@@ -319,6 +319,11 @@ impl OpenSsl {
         })
     }
 
+    /// Waits as `wait_for` for the `n`th `echo_text` answer holding `text`.
+    fn answered(&self, text: &str, n: usize) -> bool {
+        self.wait_for(&format!(r#""text":"{text}""#), n)
+    }
+
     /// What s_client printed so far, for a failure's message.
     fn output(&self) -> String {
         self.out.lock().unwrap().clone()
@@ -354,6 +359,33 @@ fn modern_echo_request(text: &str) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
+}
+
+/// Sends s_client's KeyUpdate command `cmd` (its `n`th), then a call whose
+/// answer must come under the new keys; `back` is how many KeyUpdates the
+/// broker should have sent by then.
+fn key_update_then_call(
+    s: &mut OpenSsl,
+    suite: &str,
+    cmd: &[u8],
+    n: usize,
+    back: usize,
+    text: &str,
+) {
+    s.send(cmd);
+    assert!(s.wait_for("KEYUPDATE", n), "{suite}:\n{}", s.output());
+    s.send(&modern_echo_request(text));
+    assert!(
+        s.answered(text, 1),
+        "{suite}: no answer after the KeyUpdate:\n{}",
+        s.output()
+    );
+    assert_eq!(s.messages(">>>", "KeyUpdate"), n, "{suite}: sent");
+    assert_eq!(
+        s.messages("<<<", "KeyUpdate"),
+        back,
+        "{suite}: from the broker"
+    );
 }
 
 /// The broker's own record layer (`tls::record`) against OpenSSL, whose
@@ -392,48 +424,17 @@ fn openssl_round_trips_records_in_every_suite_and_through_key_updates() {
             "{suite} negotiated:\n{}",
             s.output()
         );
-        // Whether the `n`th answer holding `text` has come.
-        let answered = |s: &OpenSsl, text: &str, n| s.wait_for(&format!(r#""text":"{text}""#), n);
         s.send(&modern_echo_request("one"));
-        assert!(
-            answered(&s, "one", 1),
-            "{suite}: first call:\n{}",
-            s.output()
-        );
+        assert!(s.answered("one", 1), "{suite}: first call:\n{}", s.output());
         s.send(&modern_echo_request(&big));
-        assert!(
-            answered(&s, &big, 1),
-            "{suite}: 40 KB call unanswered or cut"
-        );
+        assert!(s.answered(&big, 1), "{suite}: 40 KB call unanswered or cut");
         if version == "-tls1_3" {
-            // `K`: the client's KeyUpdate asks for the broker's.
-            s.send(b"K\n");
-            assert!(s.wait_for("KEYUPDATE", 1), "{suite}:\n{}", s.output());
-            s.send(&modern_echo_request("after-K"));
-            assert!(
-                answered(&s, "after-K", 1),
-                "{suite}: after K:\n{}",
-                s.output()
-            );
-            assert_eq!(s.messages(">>>", "KeyUpdate"), 1, "{suite}: sent");
-            assert_eq!(
-                s.messages("<<<", "KeyUpdate"),
-                1,
-                "{suite}: the broker answers an update_requested KeyUpdate with its own"
-            );
-            // `k`: the client's keys change, the broker's do not.
-            s.send(b"k\n");
-            assert!(s.wait_for("KEYUPDATE", 2), "{suite}:\n{}", s.output());
-            s.send(&modern_echo_request("after-k"));
-            assert!(
-                answered(&s, "after-k", 1),
-                "{suite}: after k:\n{}",
-                s.output()
-            );
-            assert_eq!(s.messages(">>>", "KeyUpdate"), 2, "{suite}: sent");
-            assert_eq!(s.messages("<<<", "KeyUpdate"), 1, "{suite}: not asked");
+            // `K`: the client's KeyUpdate asks for the broker's, which
+            // comes; `k`: it does not, and none comes.
+            key_update_then_call(&mut s, suite, b"K\n", 1, 1, "after-K");
+            key_update_then_call(&mut s, suite, b"k\n", 2, 1, "after-k");
             s.send(&modern_echo_request(&big));
-            assert!(answered(&s, &big, 2), "{suite}: 40 KB under new keys");
+            assert!(s.answered(&big, 2), "{suite}: 40 KB under new keys");
         } else {
             s.send(b"R\n");
             assert!(
