@@ -769,6 +769,11 @@ impl Config {
             if d.is_zero() {
                 errors.push(format!("{name}: must be greater than zero"));
             }
+            // The reader and writer add them to the clock (one timer per
+            // connection, `edge::frames`), as the gRPC edge's timers do.
+            if d > MAX_TIMER {
+                errors.push(format!("{name}: must be at most 365 days"));
+            }
         }
         let g = &self.grpc;
         if g.max_message_bytes < 1024 || g.max_message_bytes > MAX_FRAME_BYTES_LIMIT as usize {
@@ -1094,6 +1099,27 @@ mod tests {
         // The file states the same defaults the structs have.
         assert_eq!(c.frames, FramesSection::default());
         assert_eq!(c.broker, BrokerSection::default());
+    }
+
+    #[test]
+    fn frame_timeouts_are_bounded() {
+        let err = Config::parse(
+            "[frames]\nidle_timeout = \"1000years\"\nwrite_timeout = \"366days\"\npartial_frame_timeout = \"365days\"\n",
+        )
+        .unwrap_err();
+        let all = err.0.join("\n");
+        assert!(
+            all.contains("frames.idle_timeout: must be at most 365 days"),
+            "{all}"
+        );
+        assert!(
+            all.contains("frames.write_timeout: must be at most 365 days"),
+            "{all}"
+        );
+        assert!(
+            !all.contains("partial_frame_timeout"),
+            "365 days is allowed: {all}"
+        );
     }
 
     #[test]
