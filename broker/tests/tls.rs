@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -163,22 +164,27 @@ fn https_initialize(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> Result<String,
     Ok(text.lines().next().unwrap_or("").to_string())
 }
 
-/// `openssl s_client` against `addr` with `args`: (handshake done, output).
-fn s_client(addr: SocketAddr, ca: &Path, args: &[&str]) -> (bool, String) {
-    let mut child = Command::new("openssl")
+/// `openssl s_client` connecting to `addr` for `localhost`, trusting `ca`,
+/// with `args`, its standard streams piped, started.
+fn spawn_s_client(addr: SocketAddr, ca: &Path, args: &[&OsStr]) -> std::process::Child {
+    Command::new("openssl")
         .arg("s_client")
         .arg("-connect")
         .arg(addr.to_string())
-        .arg("-servername")
-        .arg("localhost")
-        .arg("-CAfile")
+        .args(["-servername", "localhost", "-CAfile"])
         .arg(ca)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("openssl (scripts/setup installs it)");
+        .expect("openssl (scripts/setup installs it)")
+}
+
+/// `openssl s_client` against `addr` with `args`: (handshake done, output).
+fn s_client(addr: SocketAddr, ca: &Path, args: &[&str]) -> (bool, String) {
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut child = spawn_s_client(addr, ca, &args);
     // Closing stdin ends the session once the handshake is over.
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
@@ -268,21 +274,10 @@ impl OpenSsl {
     /// Connects to `addr` for `localhost` with `args`; protocol messages
     /// (`-msg`) go to the file `msg`, not between the application data.
     fn start(addr: SocketAddr, ca: &Path, msg: PathBuf, args: &[&str]) -> OpenSsl {
-        let mut child = Command::new("openssl")
-            .arg("s_client")
-            .arg("-connect")
-            .arg(addr.to_string())
-            .args(["-servername", "localhost", "-CAfile"])
-            .arg(ca)
-            .arg("-msgfile")
-            .arg(&msg)
-            .args(["-msg", "-alpn", "http/1.1"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("openssl (scripts/setup installs it)");
+        let mut all: Vec<&OsStr> = ["-msgfile".as_ref(), msg.as_os_str()].into();
+        all.extend(["-msg", "-alpn", "http/1.1"].map(OsStr::new));
+        all.extend(args.iter().map(OsStr::new));
+        let mut child = spawn_s_client(addr, ca, &all);
         let out = Arc::new(std::sync::Mutex::new(String::new()));
         let gather = |mut r: Box<dyn Read + Send>| {
             let out = out.clone();
