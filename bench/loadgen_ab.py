@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/loadgen_ab.py: what two builds of mcp-loadgen make one server look
 like, side by side: the server's CPU per request, the latency it is
-measured at, and the generator's own send lag, at the same open-loop rates.
+measured at, and the generator's own send lag and CPU per request, at the
+same open-loop rates.
 
 A change to the generator (its ring setup, its batching) can move every
 server's figures; this shows by how much before the change lands in a
@@ -40,7 +41,8 @@ def main():
     server, target = BA.start(which, B.REL, wd, srv_cpus[:1])
     print(f"`bench/loadgen_ab.py {' '.join(sys.argv[1:])}`, {B.machine()['date']}\n")
     print("| rate | build | server CPU µs/request | p50 µs | p99 µs | generator send lag p99 µs "
-          "| sent / scheduled | errors |\n|---|---|---|---|---|---|---|---|")
+          "| generator busy CPU µs/request | sent / scheduled | errors |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     try:
         for _ in range(2):
             for rate in rates:
@@ -59,9 +61,12 @@ def main():
                     with open(out) as f:
                         r = json.load(f)
                     lat = r.get("latency_us") or {}
+                    # The generator's own CPU, less its idle spinning.
+                    g = (r.get("generator") or {}).get("busy_cpu_us_per_request")
                     print(f"| {rate:,} | `{build}` | {(c1 - c0) * 1e6 / (t1 - t0) / rate:.2f} "
                           f"| {lat.get('p50')} | {lat.get('p99')} "
                           f"| {(r.get('send_lag_us') or {}).get('p99')} "
+                          f"| {'n/a' if g is None else f'{g:.2f}'} "
                           f"| {r.get('sent')} / {r.get('scheduled')} | {r.get('errors')} |",
                           flush=True)
     finally:

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::answer::Answers;
 use bytes::{Buf, BytesMut};
 use mcp_schema::FrameSplitter;
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
@@ -325,8 +326,17 @@ async fn read_loop(
 ) -> Result<(), String> {
     let splitter = FrameSplitter::new(ctx.cfg.max_frame);
     let ids = CorrIds::new(cc.index);
+    let mut answers = Answers::default();
     // Complete frames read during `connect` (past the initialize answer).
-    handle_frames(ctx, cc, &ids, &splitter, &mut buf, Instant::now())?;
+    handle_frames(
+        ctx,
+        cc,
+        &ids,
+        &mut answers,
+        &splitter,
+        &mut buf,
+        Instant::now(),
+    )?;
     loop {
         if cc.reader_stop.is_raised()
             || (cc.sending_done.get() && cc.outstanding.borrow().is_empty())
@@ -358,7 +368,15 @@ async fn read_loop(
             Ok(_) => {}
             Err(e) => return Err(format!("connection to {} failed: {e}", ctx.cfg.target)),
         }
-        handle_frames(ctx, cc, &ids, &splitter, &mut buf, Instant::now())?;
+        handle_frames(
+            ctx,
+            cc,
+            &ids,
+            &mut answers,
+            &splitter,
+            &mut buf,
+            Instant::now(),
+        )?;
     }
 }
 
@@ -368,6 +386,7 @@ fn handle_frames(
     ctx: &ThreadCtx,
     cc: &ConnCtx,
     ids: &CorrIds,
+    answers: &mut Answers,
     splitter: &FrameSplitter,
     buf: &mut BytesMut,
     now: Instant,
@@ -380,21 +399,27 @@ fn handle_frames(
         if buf.len() < total {
             break;
         }
-        handle_frame(ctx, cc, ids, &buf[..total], now);
+        handle_frame(ctx, cc, ids, answers, &buf[..total], now);
         buf.advance(total);
     }
     Ok(())
 }
 
-fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now: Instant) {
-    let v = match ResponseView::parse(frame) {
-        Ok(v) => v,
-        Err(_) => return ctx.on_stray(ErrorKind::InvalidFrame, now),
+fn handle_frame(
+    ctx: &ThreadCtx,
+    cc: &ConnCtx,
+    ids: &CorrIds,
+    answers: &mut Answers,
+    frame: &[u8],
+    now: Instant,
+) {
+    let Some(v) = answers.read(frame) else {
+        return ctx.on_stray(ErrorKind::InvalidFrame, now);
     };
-    let Some(seq) = ids.parse(v.correlation_id()) else {
+    let Some(seq) = ids.parse(v.correlation_id) else {
         return ctx.on_stray(ErrorKind::UnknownCorrelation, now);
     };
-    if !v.is_final() {
+    if !v.is_final {
         if cc.outstanding.borrow().contains_key(&seq) {
             ctx.on_progress();
         } else if !cc.timed_out.borrow().contains(seq) {
@@ -411,9 +436,9 @@ fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now:
             None => return ctx.on_unmatched(cc, seq, now),
         }
     };
-    let outcome = if let Some((code, _)) = v.error() {
+    let outcome = if let Some(code) = v.error_code {
         Err((ErrorKind::ErrorResponse, Some(code)))
-    } else if v.payload_type() != p.expect {
+    } else if v.payload_type != p.expect {
         Err((ErrorKind::KindMismatch, None))
     } else {
         Ok(())

@@ -17,6 +17,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alarm;
+mod answer;
 mod cli;
 mod duration;
 mod engine;
