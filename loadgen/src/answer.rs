@@ -27,10 +27,11 @@
 //! with those fields overwritten two ways (all `0xff` or all `0x00` in the
 //! structs and the scalar, which makes any string laid over them invalid
 //! UTF-8 and any offset laid over them point out of the frame or at its
-//! start). Any other difference
-//! (a longer correlation id, another tool's answer, a flipped bit anywhere
-//! else) is a miss: that answer is verified in full. The tests hold the two
-//! paths to the same answer for every single-byte change of real frames.
+//! start), and only if the fields do not overlap one another. Any other
+//! difference (a longer correlation id, another tool's answer, a flipped
+//! bit anywhere else) is a miss: that answer is verified in full. The tests
+//! hold the two paths to the same answer for every single-byte change of
+//! real frames.
 
 use std::ops::Range;
 
@@ -105,10 +106,14 @@ impl Template {
         })
     }
 
-    /// Whether the varying fields overlap nothing else the verifier reads:
-    /// the template verifies again, to the same answer, with them
-    /// overwritten two ways. `scratch` is reused for the copies.
+    /// Whether the varying fields overlap neither one another (which
+    /// `answer` relies on) nor anything else the verifier reads: the
+    /// template verifies again, to the same answer, with them overwritten
+    /// two ways. `scratch` is reused for the copies.
     fn stands_alone(&self, scratch: &mut Vec<u8>) -> bool {
+        if self.varying.windows(2).any(|w| w[0].end > w[1].start) {
+            return false;
+        }
         for (structs, text) in [(0xffu8, b'~'), (0x00, b'0')] {
             scratch.clear();
             scratch.extend_from_slice(&self.bytes);
@@ -415,20 +420,32 @@ mod tests {
             .windows(5)
             .position(|w| w == b"hello")
             .expect("the text is in the frame");
-        for wrong in [text..text + 5, text - 4..text, 4..8] {
+        // The last: over part of the timestamp, as a crafted buffer could
+        // lay the execution time over it.
+        let ts = t
+            .varying
+            .iter()
+            .find(|r| r.len() == 8)
+            .expect("the timestamp's range")
+            .clone();
+        for wrong in [
+            text..text + 5,
+            text - 4..text,
+            4..8,
+            ts.start + 2..ts.start + 6,
+        ] {
             let mut bad = Template {
                 bytes: t.bytes.clone(),
                 varying: t.varying.clone(),
                 correlation: t.correlation.clone(),
                 ..t
             };
-            // In place of the message id's range (the first in the frame
-            // that is not the correlation id).
+            // In place of the absent execution time's empty range.
             let i = bad
                 .varying
                 .iter()
-                .position(|r| *r != bad.correlation)
-                .expect("a struct range");
+                .position(|r| r.is_empty())
+                .expect("this answer has no execution time");
             bad.varying[i] = wrong.clone();
             bad.varying.sort_by_key(|r| r.start);
             assert!(!bad.stands_alone(&mut scratch), "{wrong:?}");

@@ -316,6 +316,14 @@ async fn write_loop(ctx: &ThreadCtx, cc: &ConnCtx, w: &mut WriteHalf) -> io::Res
     Ok(())
 }
 
+/// What a connection's reader keeps from one read to the next.
+struct ReadState {
+    splitter: FrameSplitter,
+    ids: CorrIds,
+    /// Answers verified in full, to match the next ones against.
+    answers: Answers,
+}
+
 /// Reads and handles responses; `buf` holds what was read before (during
 /// `connect`).
 async fn read_loop(
@@ -324,26 +332,21 @@ async fn read_loop(
     r: &mut ReadHalf,
     mut buf: BytesMut,
 ) -> Result<(), String> {
-    let splitter = FrameSplitter::new(ctx.cfg.max_frame);
-    let ids = CorrIds::new(cc.index);
-    let mut answers = Answers::default();
+    let mut st = ReadState {
+        splitter: FrameSplitter::new(ctx.cfg.max_frame),
+        ids: CorrIds::new(cc.index),
+        answers: Answers::default(),
+    };
     // Complete frames read during `connect` (past the initialize answer).
-    handle_frames(
-        ctx,
-        cc,
-        &ids,
-        &mut answers,
-        &splitter,
-        &mut buf,
-        Instant::now(),
-    )?;
+    handle_frames(ctx, cc, &mut st, &mut buf, Instant::now())?;
     loop {
         if cc.reader_stop.is_raised()
             || (cc.sending_done.get() && cc.outstanding.borrow().is_empty())
         {
             return Ok(());
         }
-        let missing = splitter
+        let missing = st
+            .splitter
             .missing(&buf)
             .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?;
         if buf.capacity() - buf.len() < missing.max(READ_CHUNK / 4) {
@@ -368,15 +371,7 @@ async fn read_loop(
             Ok(_) => {}
             Err(e) => return Err(format!("connection to {} failed: {e}", ctx.cfg.target)),
         }
-        handle_frames(
-            ctx,
-            cc,
-            &ids,
-            &mut answers,
-            &splitter,
-            &mut buf,
-            Instant::now(),
-        )?;
+        handle_frames(ctx, cc, &mut st, &mut buf, Instant::now())?;
     }
 }
 
@@ -385,13 +380,12 @@ async fn read_loop(
 fn handle_frames(
     ctx: &ThreadCtx,
     cc: &ConnCtx,
-    ids: &CorrIds,
-    answers: &mut Answers,
-    splitter: &FrameSplitter,
+    st: &mut ReadState,
     buf: &mut BytesMut,
     now: Instant,
 ) -> Result<(), String> {
-    while let Some(len) = splitter
+    while let Some(len) = st
+        .splitter
         .peek_len(buf)
         .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?
     {
@@ -399,7 +393,7 @@ fn handle_frames(
         if buf.len() < total {
             break;
         }
-        handle_frame(ctx, cc, ids, answers, &buf[..total], now);
+        handle_frame(ctx, cc, &st.ids, &mut st.answers, &buf[..total], now);
         buf.advance(total);
     }
     Ok(())
