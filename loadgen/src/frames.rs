@@ -32,7 +32,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::answer::Answers;
 use bytes::{Buf, BytesMut};
 use mcp_schema::FrameSplitter;
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
@@ -316,14 +315,6 @@ async fn write_loop(ctx: &ThreadCtx, cc: &ConnCtx, w: &mut WriteHalf) -> io::Res
     Ok(())
 }
 
-/// What a connection's reader keeps from one read to the next.
-struct ReadState {
-    splitter: FrameSplitter,
-    ids: CorrIds,
-    /// Answers verified in full, to match the next ones against.
-    answers: Answers,
-}
-
 /// Reads and handles responses; `buf` holds what was read before (during
 /// `connect`).
 async fn read_loop(
@@ -332,21 +323,17 @@ async fn read_loop(
     r: &mut ReadHalf,
     mut buf: BytesMut,
 ) -> Result<(), String> {
-    let mut st = ReadState {
-        splitter: FrameSplitter::new(ctx.cfg.max_frame),
-        ids: CorrIds::new(cc.index),
-        answers: Answers::default(),
-    };
+    let splitter = FrameSplitter::new(ctx.cfg.max_frame);
+    let ids = CorrIds::new(cc.index);
     // Complete frames read during `connect` (past the initialize answer).
-    handle_frames(ctx, cc, &mut st, &mut buf, Instant::now())?;
+    handle_frames(ctx, cc, &ids, &splitter, &mut buf, Instant::now())?;
     loop {
         if cc.reader_stop.is_raised()
             || (cc.sending_done.get() && cc.outstanding.borrow().is_empty())
         {
             return Ok(());
         }
-        let missing = st
-            .splitter
+        let missing = splitter
             .missing(&buf)
             .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?;
         if buf.capacity() - buf.len() < missing.max(READ_CHUNK / 4) {
@@ -371,7 +358,7 @@ async fn read_loop(
             Ok(_) => {}
             Err(e) => return Err(format!("connection to {} failed: {e}", ctx.cfg.target)),
         }
-        handle_frames(ctx, cc, &mut st, &mut buf, Instant::now())?;
+        handle_frames(ctx, cc, &ids, &splitter, &mut buf, Instant::now())?;
     }
 }
 
@@ -380,12 +367,12 @@ async fn read_loop(
 fn handle_frames(
     ctx: &ThreadCtx,
     cc: &ConnCtx,
-    st: &mut ReadState,
+    ids: &CorrIds,
+    splitter: &FrameSplitter,
     buf: &mut BytesMut,
     now: Instant,
 ) -> Result<(), String> {
-    while let Some(len) = st
-        .splitter
+    while let Some(len) = splitter
         .peek_len(buf)
         .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?
     {
@@ -393,27 +380,21 @@ fn handle_frames(
         if buf.len() < total {
             break;
         }
-        handle_frame(ctx, cc, &st.ids, &mut st.answers, &buf[..total], now);
+        handle_frame(ctx, cc, ids, &buf[..total], now);
         buf.advance(total);
     }
     Ok(())
 }
 
-fn handle_frame(
-    ctx: &ThreadCtx,
-    cc: &ConnCtx,
-    ids: &CorrIds,
-    answers: &mut Answers,
-    frame: &[u8],
-    now: Instant,
-) {
-    let Some(v) = answers.read(frame) else {
-        return ctx.on_stray(ErrorKind::InvalidFrame, now);
+fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now: Instant) {
+    let v = match ResponseView::parse(frame) {
+        Ok(v) => v,
+        Err(_) => return ctx.on_stray(ErrorKind::InvalidFrame, now),
     };
-    let Some(seq) = ids.parse(v.correlation_id) else {
+    let Some(seq) = ids.parse(v.correlation_id()) else {
         return ctx.on_stray(ErrorKind::UnknownCorrelation, now);
     };
-    if !v.is_final {
+    if !v.is_final() {
         if cc.outstanding.borrow().contains_key(&seq) {
             ctx.on_progress();
         } else if !cc.timed_out.borrow().contains(seq) {
@@ -430,9 +411,9 @@ fn handle_frame(
             None => return ctx.on_unmatched(cc, seq, now),
         }
     };
-    let outcome = if let Some(code) = v.error_code {
+    let outcome = if let Some((code, _)) = v.error() {
         Err((ErrorKind::ErrorResponse, Some(code)))
-    } else if v.payload_type != p.expect {
+    } else if v.payload_type() != p.expect {
         Err((ErrorKind::KindMismatch, None))
     } else {
         Ok(())

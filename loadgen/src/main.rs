@@ -17,7 +17,6 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alarm;
-mod answer;
 mod cli;
 mod duration;
 mod engine;
