@@ -61,11 +61,20 @@ def start(which, bindir, wd, cpus, tag=""):
     if which == "echo":
         s = B.start_echo(wd, 1, cpus)
         return s, f"frames://{s.addr}"
+    if which == "uring":
+        # The fastest frames server here (raw io_uring, no runtime): the one
+        # that shows the generator's own limit first.
+        s = B.Server(f"uring-echo{tag}", [os.path.join(bindir, "uring-echo"), "--listen",
+                                          "127.0.0.1:0", "--shards", "1", "--cpus",
+                                          ",".join(map(str, cpus)), "--defer-taskrun"], wd,
+                     cpus=cpus)
+        return s, f"frames://{s.addr}"
     if which == "rmcp":
         s = B.Server(f"rmcp-baseline{tag}", [os.path.join(bindir, "rmcp-baseline"), "--listen",
                                               "127.0.0.1:0"], wd, addr_key="http", cpus=cpus)
         return s, f"http://{s.addr}/mcp"
-    sys.exit(f"unknown server {which!r}: http, wasm, native, echo, grpc, tonic or rmcp")
+    sys.exit(f"unknown server {which!r}: http, wasm, native, echo, uring, grpc, tonic "
+             "or rmcp")
 
 
 def run(target, lg_cpus, wd, tag, server, rate=None):

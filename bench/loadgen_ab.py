@@ -4,6 +4,11 @@ like, side by side: the server's CPU per request, the latency it is
 measured at, and the generator's own send lag and CPU per request, at the
 same open-loop rates.
 
+Where a run falls behind its schedule, two columns say which side was the
+bound: the generator's idle share (its spin with nothing to do; near zero
+means it was saturated) and the server's CPU in cores (near one means the
+server was).
+
 A change to the generator (its ring setup, its batching) can move every
 server's figures; this shows by how much before the change lands in a
 report. The server is scripts/bench's (one shard on the upper CPU, the
@@ -11,7 +16,7 @@ generator on the lower, 16 connections, the WASM `echo` router); each rate
 runs every build in turn, twice (rounds), 1 s warmup + 3 s measured.
 
   bench/loadgen_ab.py SERVER RATES LOADGEN_A LOADGEN_B
-      SERVER: http | wasm | native | echo | grpc | tonic | rmcp
+      SERVER: http | wasm | native | echo | uring | grpc | tonic | rmcp
       e.g. bench/loadgen_ab.py http 20000,34000,40000 /tmp/lg-old target/release/mcp-loadgen
 
 Stdlib only; needs the release binaries.
@@ -41,8 +46,9 @@ def main():
     server, target = BA.start(which, B.REL, wd, srv_cpus[:1])
     print(f"`bench/loadgen_ab.py {' '.join(sys.argv[1:])}`, {B.machine()['date']}\n")
     print("| rate | build | server CPU µs/request | p50 µs | p99 µs | generator send lag p99 µs "
-          "| generator busy CPU µs/request | sent / scheduled | errors |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+          "| generator busy CPU µs/request | generator idle share | server CPU cores "
+          "| achieved req/s | sent / scheduled | errors |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for _ in range(2):
             for rate in rates:
@@ -62,11 +68,17 @@ def main():
                         r = json.load(f)
                     lat = r.get("latency_us") or {}
                     # The generator's own CPU, less its idle spinning.
-                    g = (r.get("generator") or {}).get("busy_cpu_us_per_request")
+                    gen = r.get("generator") or {}
+                    g = gen.get("busy_cpu_us_per_request")
+                    idle = gen.get("idle_spin_cores")
+                    idle = None if idle is None else idle / max(gen.get("cpu_cores") or 1, 1e-9)
                     print(f"| {rate:,} | `{build}` | {(c1 - c0) * 1e6 / (t1 - t0) / rate:.2f} "
                           f"| {lat.get('p50')} | {lat.get('p99')} "
                           f"| {(r.get('send_lag_us') or {}).get('p99')} "
                           f"| {'n/a' if g is None else f'{g:.2f}'} "
+                          f"| {'n/a' if idle is None else f'{idle:.0%}'} "
+                          f"| {(c1 - c0) / (t1 - t0):.2f} "
+                          f"| {r.get('achieved_rps') or 0:,.0f} "
                           f"| {r.get('sent')} / {r.get('scheduled')} | {r.get('errors')} |",
                           flush=True)
     finally:
