@@ -12,7 +12,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,11 +25,12 @@ use serde_json::{Value, json};
 const ISSUER: &str = "https://issuer.test";
 const AUDIENCE: &str = "https://mcp.test/mcp";
 
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mcp-auth-jwks-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// The test's keys, removed when it ends (passed or not).
+fn temp_dir(test: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("mcp-auth-jwks-{test}-"))
+        .tempdir()
+        .expect("a scratch directory")
 }
 
 /// A JWK Set served on 127.0.0.1 by a thread: `GET /jwks.json` answers the
@@ -150,7 +150,8 @@ fn initialize(b: &Broker, token: &str) -> u16 {
 
 #[test]
 fn keys_are_fetched_at_start_up_and_a_rotated_key_is_found_after_a_kick() {
-    let dir = temp_dir("rotate");
+    let scratch = temp_dir("rotate");
+    let dir = scratch.path();
     let k1 = rsa_key(&dir, "k1");
     let k2 = rsa_key(&dir, "k2");
     let server = JwksServer::start(&json!({"keys": [jwk("k1", &k1)]}));
@@ -170,12 +171,12 @@ fn keys_are_fetched_at_start_up_and_a_rotated_key_is_found_after_a_kick() {
     );
     assert_eq!(server.fetches(), 2, "one fetch for the kick");
     assert_eq!(initialize(&b, &token("k1", &k1)), 200, "k1 still held");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_burst_of_unknown_keys_costs_one_fetch() {
-    let dir = temp_dir("burst");
+    let scratch = temp_dir("burst");
+    let dir = scratch.path();
     let k1 = rsa_key(&dir, "k1");
     let stranger = rsa_key(&dir, "stranger");
     let server = JwksServer::start(&json!({"keys": [jwk("k1", &k1)]}));
@@ -200,7 +201,6 @@ fn a_burst_of_unknown_keys_costs_one_fetch() {
     );
     // Serving goes on with the keys held.
     assert_eq!(initialize(&b, &token("k1", &k1)), 200);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

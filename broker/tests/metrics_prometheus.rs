@@ -40,25 +40,12 @@ fn loadgen() -> PathBuf {
     p
 }
 
-/// A directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A scratch directory removed (with everything in it) on drop.
+fn scratch(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("{tag}-"))
+        .tempdir()
+        .expect("a scratch directory")
 }
 
 /// Prometheus on a loopback port, scraping `target` every second; killed on
@@ -66,14 +53,14 @@ impl Drop for TempDir {
 struct Prometheus {
     child: Child,
     addr: SocketAddr,
-    _dir: TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl Prometheus {
     fn start(target: SocketAddr) -> Self {
         let bin = tool("prometheus");
-        let dir = TempDir::new("mcp-prometheus");
-        let config = dir.0.join("prometheus.yml");
+        let dir = scratch("mcp-prometheus");
+        let config = dir.path().join("prometheus.yml");
         std::fs::write(
             &config,
             format!(
@@ -88,12 +75,12 @@ impl Prometheus {
             .unwrap()
             .local_addr()
             .unwrap();
-        let log = std::fs::File::create(dir.0.join("prometheus.log")).unwrap();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
         let child = Command::new(bin)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
-                dir.0.join("data").display()
+                dir.path().join("data").display()
             ))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
@@ -124,7 +111,7 @@ impl Prometheus {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.0.join("prometheus.log")).unwrap_or_default()
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
     }
 
     /// An instant query's single value, if it has one.
@@ -260,8 +247,8 @@ fn prometheus_scrapes_counts_matching_the_client_and_quantiles_within_bucket_res
         prom.log()
     );
 
-    let dir = TempDir::new("mcp-metrics-loadgen");
-    let report = run_loadgen(&broker, &dir.0.join("report.json"));
+    let dir = scratch("mcp-metrics-loadgen");
+    let report = run_loadgen(&broker, &dir.path().join("report.json"));
     let sent = report["sent"].as_u64().unwrap();
     let requests = report["requests"].as_u64().unwrap();
     assert_eq!(sent, 1000, "{report}");

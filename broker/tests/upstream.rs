@@ -113,10 +113,13 @@ impl Drop for Upstream {
     }
 }
 
-fn state_dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mcp-broker-upstream-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// The upstream servers' state (and certificates) of one test, removed when
+/// the test ends. Declared before the servers, it outlives them.
+fn state_dir(test: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("mcp-broker-upstream-{test}-"))
+        .tempdir()
+        .expect("a scratch directory")
 }
 
 /// The embedded default plus one `[[routers]]` entry per `(name, url,
@@ -212,7 +215,8 @@ fn names(list: &Value, key: &str, field: &str) -> Vec<String> {
 
 #[test]
 fn two_upstreams_with_colliding_names_are_listed_and_called_on_every_edge() {
-    let dir = state_dir("two");
+    let scratch = state_dir("two");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir.join("alpha"));
     let beta = Upstream::start("beta", 0, &dir.join("beta"));
     let b = Broker::start_with_config(
@@ -429,7 +433,8 @@ fn last_message(r: &common::http::Reply) -> Value {
 
 #[test]
 fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
-    let dir = state_dir("progress");
+    let scratch = state_dir("progress");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
@@ -478,7 +483,8 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
 
 #[test]
 fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed() {
-    let dir = state_dir("late");
+    let scratch = state_dir("late");
+    let dir = scratch.path();
     let port = dead_port();
     let b = Broker::start_with_config(
         &config(&[(
@@ -534,7 +540,8 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
 
 #[test]
 fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
-    let dir = state_dir("grow");
+    let scratch = state_dir("grow");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
@@ -627,7 +634,8 @@ fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
 
 #[test]
 fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
-    let dir = state_dir("restart");
+    let scratch = state_dir("restart");
+    let dir = scratch.path();
     let mut alpha = Upstream::start("alpha", 0, &dir);
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"20s\"")]),
@@ -726,7 +734,8 @@ fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
 
 #[test]
 fn a_slow_upstream_hits_the_deadline_and_an_abandoned_call_is_cancelled_upstream() {
-    let dir = state_dir("slow");
+    let scratch = state_dir("slow");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir);
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"1s\"")]),
@@ -775,7 +784,8 @@ fn a_slow_upstream_hits_the_deadline_and_an_abandoned_call_is_cancelled_upstream
 
 #[test]
 fn a_guest_reaches_its_granted_origin_only() {
-    let dir = state_dir("grant");
+    let scratch = state_dir("grant");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir.join("a"));
     let other = Upstream::start("other", 0, &dir.join("o"));
     let mut toml = config(&[]);
@@ -928,7 +938,8 @@ const STEP: Duration = Duration::from_millis(400);
 
 #[test]
 fn progress_and_logs_reach_every_edge_while_the_call_runs() {
-    let dir = state_dir("live");
+    let scratch = state_dir("live");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let args = format!(r#"{{"n":3,"delay":{}}}"#, STEP.as_secs_f64());
@@ -1066,7 +1077,8 @@ fn modern_live_call(b: &Broker, id: u32, tool: &str, args: &str) -> Conn {
 
 #[test]
 fn a_2026_07_28_call_streams_progress_and_logs_live_and_closing_it_cancels_upstream() {
-    let dir = state_dir("modern-live");
+    let scratch = state_dir("modern-live");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir);
     // A deadline far past the long call's end: only the close may cancel it.
     let b = Broker::start_with_config(
@@ -1118,7 +1130,8 @@ fn a_2026_07_28_call_streams_progress_and_logs_live_and_closing_it_cancels_upstr
 
 #[test]
 fn a_stock_python_client_gets_upstream_progress_while_the_call_runs() {
-    let dir = state_dir("sdk");
+    let scratch = state_dir("sdk");
+    let dir = scratch.path();
     let alpha = Upstream::start("alpha", 0, &dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let out = Command::new(python())
@@ -1208,7 +1221,8 @@ fn certificates(dir: &Path) {
 
 #[test]
 fn an_https_upstream_is_trusted_through_its_ca_file_only() {
-    let dir = state_dir("tls");
+    let scratch = state_dir("tls");
+    let dir = scratch.path();
     certificates(&dir);
     let mut child = Command::new(python())
         .arg(repo().join("broker/tests/upstreams/server.py"))
@@ -1232,7 +1246,7 @@ fn an_https_upstream_is_trusted_through_its_ca_file_only() {
         child,
         port,
         name: "secure".into(),
-        state: dir.clone(),
+        state: dir.to_path_buf(),
     };
     let url = format!("https://localhost:{}/mcp", upstream.port);
     let ca = dir.join("ca.pem");

@@ -4,8 +4,6 @@
 #[path = "fixtures/support.rs"]
 mod support;
 
-use std::path::PathBuf;
-
 use mcp_broker::wasm::types::ToolError;
 use mcp_broker::wasm::{
     BUNDLED_ROUTERS, CallError, DirGrant, LoadError, ROUTER_INTERFACE, RouterPool, RouterSpec,
@@ -81,24 +79,21 @@ fn default_routers_dir_holds_every_bundled_router() {
     }
 }
 
-/// A directory with one file, unique to this test process. Made once: tests
-/// run in parallel, and rewriting the file (truncate, then write) while
-/// another test's guest reads it let that guest read it empty.
-fn data_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir =
-            std::env::temp_dir().join(format!("mcp-broker-wasm-grant-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("hello.txt"), "hello from the host").unwrap();
-        dir
-    })
-    .clone()
+/// A directory with one file, of one test's own (tests run in parallel, and
+/// none may see another rewrite it), removed when the test ends.
+fn data_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("mcp-broker-wasm-grant-")
+        .tempdir()
+        .expect("a scratch directory");
+    std::fs::write(dir.path().join("hello.txt"), "hello from the host").unwrap();
+    dir
 }
 
 #[test]
 fn router_without_a_directory_grant_cannot_read_files() {
-    let dir = data_dir();
+    let scratch = data_dir();
+    let dir = scratch.path();
     let pool = RouterPool::new(load(&bundled("chaos")));
     on_shard(async {
         for path in [
@@ -118,10 +113,11 @@ fn router_without_a_directory_grant_cannot_read_files() {
 
 #[test]
 fn router_with_a_read_only_directory_grant_reads_it_and_nothing_else() {
-    let dir = data_dir();
+    let scratch = data_dir();
+    let dir = scratch.path();
     let mut spec = bundled("chaos");
     spec.grants.read_only_dirs.push(DirGrant {
-        host: dir,
+        host: dir.to_path_buf(),
         guest: "/data".into(),
     });
     let pool = RouterPool::new(load(&spec));

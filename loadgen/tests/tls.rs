@@ -419,8 +419,12 @@ fn https_runs_clean_with_a_bearer_token_and_a_server_name() {
     let _g = serial();
     let (backend, stats) = mcp_server();
     let proxy = tls_proxy(backend, PLAIN);
-    let token = std::env::temp_dir().join(format!("loadgen-tls-token-{}", std::process::id()));
-    std::fs::write(&token, "test-token\n").unwrap();
+    // Removed when the test ends.
+    let token = tempfile::Builder::new()
+        .prefix("loadgen-tls-token-")
+        .tempfile()
+        .expect("a token file");
+    std::fs::write(token.path(), "test-token\n").unwrap();
     // Verified by name (`localhost`, a DNS SAN) instead of the IP.
     let target = format!("https://{proxy}/mcp");
     let (ok, r, e) = run(
@@ -435,7 +439,7 @@ fn https_runs_clean_with_a_bearer_token_and_a_server_name() {
             "--tls-server-name",
             "localhost",
             "--bearer-file",
-            token.to_str().unwrap(),
+            token.path().to_str().unwrap(),
             "--connections",
             "2",
             "--pipeline",
