@@ -40,6 +40,16 @@
 //! scales the idle wall time by the thread's share of its core, for rounds
 //! spent descheduled.
 //!
+//! The same readings give each round's length, kept in a histogram
+//! ([`AlarmClock::take_turns`]): a round is one turn of every task that was
+//! runnable, so an answer that reached the generator while a round ran
+//! waited up to about that long to be read. Each round counts once per µs
+//! it lasted, so the histogram's percentiles are those of the round that a
+//! random moment (an answer's arrival) falls in, not of rounds counted
+//! alike, most of which are a few idle µs. Send lag shows a generator late
+//! to *send*; long turns show one late to *read*, which the latency it
+//! reports then includes.
+//!
 //! # Invariants
 //! - A waiter is woken no earlier than its deadline; the ticker wakes it at
 //!   the first turn after it (microseconds, unless the thread is busy).
@@ -55,8 +65,11 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
 use crate::notify::{Notify, race};
 use crate::rt::Runtime;
+use crate::stats;
 
 /// The runtime timers fire up to this much after the time asked (measured:
 /// up to 1.7 ms on monoio's and tokio's millisecond wheels).
@@ -85,6 +98,8 @@ pub struct AlarmClock {
     work: Cell<u64>,
     /// Wall time of yield rounds with no work in them.
     idle: Cell<Duration>,
+    /// Length of every yield round since the last [`Self::take_turns`], µs.
+    turns: RefCell<Histogram<u64>>,
 }
 
 impl AlarmClock {
@@ -104,6 +119,7 @@ impl AlarmClock {
             pump: Notify::default(),
             work: Cell::new(0),
             idle: Cell::new(Duration::ZERO),
+            turns: RefCell::new(stats::new_histogram()),
         })
     }
 
@@ -119,6 +135,13 @@ impl AlarmClock {
     /// Wall time the ticker spent spinning with nothing else to do, so far.
     pub fn idle_spin(&self) -> Duration {
         self.idle.get()
+    }
+
+    /// The lengths of the yield rounds since the last call (µs; see the
+    /// module doc), and a fresh start. Empty when the ticker never spun
+    /// (closed loop, `--spin 0`, or rates low enough for the timer alone).
+    pub fn take_turns(&self) -> Histogram<u64> {
+        self.turns.replace(stats::new_histogram())
     }
 
     /// Completes at `until` or at `wake`'s next notify, whichever is first.
@@ -154,10 +177,12 @@ impl AlarmClock {
         let mut round: Option<(Instant, u64)> = None;
         loop {
             let now = Instant::now();
-            if let Some((began, work)) = round.take()
-                && work == self.work.get()
-            {
-                self.idle.set(self.idle.get() + (now - began));
+            if let Some((began, work)) = round.take() {
+                let turn = now - began;
+                stats::record_weighted(&mut self.turns.borrow_mut(), turn.as_micros() as u64);
+                if work == self.work.get() {
+                    self.idle.set(self.idle.get() + turn);
+                }
             }
             let next = {
                 let mut st = self.state.borrow_mut();
@@ -317,6 +342,63 @@ mod tests {
         assert!(
             median < Duration::from_micros(500),
             "median lateness {median:?}: {sorted:?}"
+        );
+    }
+
+    /// A task that holds the thread for 2 ms at a time makes the rounds of
+    /// the ticker's spin that long: what an answer arriving meanwhile waits.
+    #[test]
+    fn a_task_that_holds_the_thread_shows_as_long_turns() {
+        let mut rt = Monoio::build().expect("runtime");
+        let turns = rt.block_on(async {
+            // A spin longer than the gaps between deadlines: the ticker
+            // yields all along and never sleeps on the runtime timer, which
+            // monoio would not fire while the hog keeps a task runnable.
+            let clock = AlarmClock::new(Duration::from_millis(20));
+            let busy = Rc::new(Cell::new(true));
+            // The hog yields through a second task, as the ticker does: a
+            // monoio task that wakes itself runs again at once.
+            let (ping, pong) = (Rc::new(Notify::default()), Rc::new(Notify::default()));
+            let (pi, po) = (ping.clone(), pong.clone());
+            drop(Monoio::spawn(async move {
+                loop {
+                    pi.notified().await;
+                    po.notify();
+                }
+            }));
+            let b = busy.clone();
+            let hog = Monoio::spawn(async move {
+                while b.get() {
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_millis(2) {
+                        std::hint::spin_loop();
+                    }
+                    ping.notify();
+                    pong.notified().await;
+                }
+            });
+            let never = Notify::default();
+            let start = Instant::now() + Duration::from_millis(5);
+            for k in 0..10u64 {
+                let t = start + Duration::from_millis(5 * k);
+                clock.wait_until::<Monoio>(t, &never).await;
+            }
+            busy.set(false);
+            hog.await;
+            clock.take_turns()
+        });
+        assert!(
+            !turns.is_empty(),
+            "the ticker spun, so it measured its rounds"
+        );
+        // Every round with the hog in it lasted its 2 ms.
+        let p50 = turns.value_at_quantile(0.5);
+        assert!((1_900..20_000).contains(&p50), "median turn {p50} µs");
+        assert!(
+            AlarmClock::new(Duration::from_micros(200))
+                .take_turns()
+                .is_empty(),
+            "a clock that never spun has no turns"
         );
     }
 

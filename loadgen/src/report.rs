@@ -59,11 +59,23 @@ impl Latency {
     }
 }
 
+/// The median, 99th percentile and maximum of a histogram of µs (send lag,
+/// the generator's turns).
 #[derive(Serialize, Debug)]
 pub struct SendLag {
     pub p50: u64,
     pub p99: u64,
     pub max: u64,
+}
+
+impl SendLag {
+    fn of(h: &Histogram<u64>) -> Self {
+        SendLag {
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+        }
+    }
 }
 
 /// The generator's own cost over the measured phase.
@@ -88,6 +100,12 @@ pub struct Generator {
     /// CPU per answered request without the idle spin, µs: what a request
     /// costs the generator, whatever the rate (`None` as above).
     pub busy_cpu_us_per_request: Option<f64>,
+    /// Open loop: how long one turn of a worker's tasks took while it spun
+    /// for its send times, µs, weighted by length: the turn that an answer
+    /// arriving at a random moment fell in. Such an answer waited up to
+    /// about that long to be read, and its latency includes the wait.
+    /// `None` when the spin never ran (closed loop, `--spin 0`, low rates).
+    pub turn_us: Option<SendLag>,
 }
 
 #[derive(Serialize, Debug)]
@@ -165,11 +183,7 @@ impl Report {
         let achieved_rps = per_s(responses, run_window);
         let mode = cfg.map(RunConfig::mode);
         let scheduled = matches!(mode, Some(Mode::Open | Mode::RateLimited));
-        let send_lag = (scheduled && !s.send_lag.is_empty()).then(|| SendLag {
-            p50: s.send_lag.value_at_quantile(0.5),
-            p99: s.send_lag.value_at_quantile(0.99),
-            max: s.send_lag.max(),
-        });
+        let send_lag = (scheduled && !s.send_lag.is_empty()).then(|| SendLag::of(&s.send_lag));
         let kept_up = !scheduled
             || (achieved_rps >= KEEP_UP_RATIO * offered_rps
                 && c.sent >= c.intended
@@ -191,6 +205,7 @@ impl Report {
                 cpu_us_per_request: per_request(u.cores),
                 idle_spin_cores: idle,
                 busy_cpu_us_per_request: idle.and_then(|i| per_request(u.cores - i)),
+                turn_us: (!s.turns.is_empty()).then(|| SendLag::of(&s.turns)),
             }
         });
         Self {
@@ -278,6 +293,15 @@ impl Report {
                     1e6 / busy
                 );
             }
+        }
+        if let Some(t) = self.generator.as_ref().and_then(|g| g.turn_us.as_ref()) {
+            let _ = writeln!(
+                o,
+                "  loadgen turn (an answer waits up to one to be read): p50 {}  p99 {}  max {}",
+                fmt_us(t.p50),
+                fmt_us(t.p99),
+                fmt_us(t.max)
+            );
         }
         let l = &self.latency_us;
         let _ = writeln!(o, "  latency (successful responses only):");

@@ -31,6 +31,13 @@ pub fn record(h: &mut Histogram<u64>, us: u64) {
     let _ = h.record(us.clamp(HIST_LOW_US, HIST_HIGH_US));
 }
 
+/// Records a span of `us` once per µs it lasted (at least once): the
+/// histogram then holds the span that a moment picked at random falls in.
+pub fn record_weighted(h: &mut Histogram<u64>, us: u64) {
+    // In range by the clamp, so it cannot fail.
+    let _ = h.record_n(us.clamp(HIST_LOW_US, HIST_HIGH_US), us.max(1));
+}
+
 /// Kinds of failure, counted separately. The names are part of the JSON
 /// report (`errors_by_kind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -252,6 +259,10 @@ pub struct ThreadStats {
     /// Open loop: how late each request was written after its intended
     /// time (generator or window lag), in µs.
     pub send_lag: Histogram<u64>,
+    /// Open loop, measured phase: the length of each turn of the worker's
+    /// task loop while its alarm clock spun (`alarm.rs`), in µs: how long
+    /// an answer could wait to be read.
+    pub turns: Histogram<u64>,
     /// When the last request was written / the last final response came,
     /// relative to the run start.
     pub last_send: std::time::Duration,
@@ -290,6 +301,7 @@ impl Default for ThreadStats {
             counts: Counts::default(),
             latency: new_histogram(),
             send_lag: new_histogram(),
+            turns: new_histogram(),
             last_send: Default::default(),
             last_response: Default::default(),
             cpu: None,
@@ -303,6 +315,7 @@ impl ThreadStats {
         // Same bounds on both sides: cannot fail.
         let _ = self.latency.add(&o.latency);
         let _ = self.send_lag.add(&o.send_lag);
+        let _ = self.turns.add(&o.turns);
         self.last_send = self.last_send.max(o.last_send);
         self.last_response = self.last_response.max(o.last_response);
         match (&mut self.cpu, &o.cpu) {

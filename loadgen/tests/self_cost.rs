@@ -77,6 +77,60 @@ fn open_loop_reports_its_own_cpu_per_request_with_and_without_idle_spin() {
     assert!(busy < per, "{g}");
 }
 
+/// At a rate where the alarm clock spins without a break (a send due every
+/// 0.5 ms on the one thread, within the 2.2 ms its spin reaches), the
+/// worker's once-a-tick housekeeping still runs. It used to sleep on the
+/// runtime's timer, which monoio fires only when it parks: it stood still
+/// until sending ended, so the per-second interval histograms came as one
+/// at the end, and the measured phase's start went unmarked (no
+/// `generator` in the report).
+#[test]
+fn the_generator_keeps_its_housekeeping_while_its_clock_spins_without_a_break() {
+    let _g = serial();
+    let server = spawn(PROMPT);
+    let json = common::json_path("self-cost-busy");
+    let hlog = json.with_extension("hlog");
+    let out = loadgen(
+        &[
+            "--target",
+            &server.target(),
+            "--tool",
+            "echo",
+            "--rate",
+            "2000",
+            "--connections",
+            "2",
+            "--warmup",
+            "300ms",
+            "--duration",
+            "2500ms",
+            "--hlog",
+            hlog.to_str().unwrap(),
+        ],
+        &json,
+    );
+    assert!(out.status.success());
+    let r = report(&json);
+    assert_eq!(r["errors"], 0, "{r}");
+    // One interval histogram per second as it passed (at 1 s, 2 s and the
+    // last, partial one): the housekeeping ran during the run.
+    let intervals = std::fs::read_to_string(&hlog).unwrap();
+    let n = intervals
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .count();
+    assert!(n >= 3, "{n} interval histograms:\n{intervals}");
+    let g = &r["generator"];
+    assert_eq!(g["threads"], 1, "{r}");
+    let (per, idle) = (f(&g["cpu_us_per_request"]), f(&g["idle_spin_cores"]));
+    assert!(per > 0.0 && idle >= 0.0, "{g}");
+    // The turns of its task loop while it spun: how long an answer could
+    // wait to be read.
+    let t = &g["turn_us"];
+    let (p50, p99, max) = (f(&t["p50"]), f(&t["p99"]), f(&t["max"]));
+    assert!(1.0 <= p50 && p50 <= p99 && p99 <= max, "{t}");
+}
+
 #[test]
 fn without_spin_no_cpu_is_counted_as_idle_spin() {
     let _g = serial();
