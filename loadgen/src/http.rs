@@ -851,12 +851,21 @@ async fn abandoned(cc: &ConnCtx, seq: u64) {
 
 /// The stop condition while reading a request's response: before its
 /// answer, the request ending; after it, the run stopping or the rest of
-/// the body taking longer than `timeout`.
-async fn request_stop(cc: &ConnCtx, seq: u64, answered: Option<Instant>, timeout: Duration) {
+/// the body taking longer than `timeout`. Timed on the alarm clock: the
+/// runtime's timer does not fire while the clock spins (`engine.rs`).
+async fn request_stop(
+    ctx: &ThreadCtx,
+    cc: &ConnCtx,
+    seq: u64,
+    answered: Option<Instant>,
+    timeout: Duration,
+) {
     match answered {
         None => abandoned(cc, seq).await,
         Some(t) => {
-            race(cc.reader_stop.wait(), Monoio::sleep_until(t + timeout)).await;
+            let never = crate::notify::Notify::default();
+            let body_late = ctx.clock.wait_until::<Monoio>(t + timeout, &never);
+            race(cc.reader_stop.wait(), body_late).await;
         }
     }
 }
@@ -1010,7 +1019,7 @@ impl HttpDriver {
         expect: ResponsePayload,
     ) -> bool {
         let answered = Cell::new(None::<Instant>);
-        let mut stop = || request_stop(cc, seq, answered.get(), self.timeout);
+        let mut stop = || request_stop(ctx, cc, seq, answered.get(), self.timeout);
         let result = async {
             let mut head = c.read_head(false, &mut stop).await?;
             let ok_status = (200..300).contains(&head.status);
