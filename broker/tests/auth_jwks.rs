@@ -152,8 +152,8 @@ fn initialize(b: &Broker, token: &str) -> u16 {
 fn keys_are_fetched_at_start_up_and_a_rotated_key_is_found_after_a_kick() {
     let scratch = temp_dir("rotate");
     let dir = scratch.path();
-    let k1 = rsa_key(&dir, "k1");
-    let k2 = rsa_key(&dir, "k2");
+    let k1 = rsa_key(dir, "k1");
+    let k2 = rsa_key(dir, "k2");
     let server = JwksServer::start(&json!({"keys": [jwk("k1", &k1)]}));
     let b = Broker::start_with_config(&config(&server.url()), &[]);
     assert_eq!(server.fetches(), 1, "fetched once at start-up");
@@ -177,8 +177,8 @@ fn keys_are_fetched_at_start_up_and_a_rotated_key_is_found_after_a_kick() {
 fn a_burst_of_unknown_keys_costs_one_fetch() {
     let scratch = temp_dir("burst");
     let dir = scratch.path();
-    let k1 = rsa_key(&dir, "k1");
-    let stranger = rsa_key(&dir, "stranger");
+    let k1 = rsa_key(dir, "k1");
+    let stranger = rsa_key(dir, "stranger");
     let server = JwksServer::start(&json!({"keys": [jwk("k1", &k1)]}));
     let b = Broker::start_with_config(&config(&server.url()), &[]);
     assert_eq!(server.fetches(), 1);

@@ -435,7 +435,7 @@ fn last_message(r: &common::http::Reply) -> Value {
 fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
     let scratch = state_dir("progress");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir);
+    let alpha = Upstream::start("alpha", 0, dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
     // The HTTP edge sends log notifications once the session asked for them.
@@ -513,7 +513,7 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
     // A client listening on the session's GET stream.
     let mut listen = listen(&b, &s);
 
-    let _up = Upstream::start("late", port, &dir);
+    let _up = Upstream::start("late", port, dir);
     // Retried with backoff (1 s, 2 s): the tools appear, and the listening
     // client is told.
     let (events, _) = listen.read_chunked(Some(&|t: &str| {
@@ -542,7 +542,7 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
 fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
     let scratch = state_dir("grow");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir);
+    let alpha = Upstream::start("alpha", 0, dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
     let mut listen = listen(&b, &s);
@@ -636,7 +636,7 @@ fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
 fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
     let scratch = state_dir("restart");
     let dir = scratch.path();
-    let mut alpha = Upstream::start("alpha", 0, &dir);
+    let mut alpha = Upstream::start("alpha", 0, dir);
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"20s\"")]),
         &[],
@@ -736,7 +736,7 @@ fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
 fn a_slow_upstream_hits_the_deadline_and_an_abandoned_call_is_cancelled_upstream() {
     let scratch = state_dir("slow");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir);
+    let alpha = Upstream::start("alpha", 0, dir);
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"1s\"")]),
         &[],
@@ -816,7 +816,7 @@ fn a_guest_reaches_its_granted_origin_only() {
     // Without the grant, a component that imports wasi:http does not load.
     let mut toml = config(&[]);
     toml.push_str("\n[[routers]]\nname = \"probe\"\nwasm = \"netprobe.wasm\"\n");
-    let err = refused_start(&toml, &dir);
+    let err = refused_start(&toml, dir);
     assert!(err.contains("probe") && err.contains("wasi:http"), "{err}");
 }
 
@@ -940,7 +940,7 @@ const STEP: Duration = Duration::from_millis(400);
 fn progress_and_logs_reach_every_edge_while_the_call_runs() {
     let scratch = state_dir("live");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir);
+    let alpha = Upstream::start("alpha", 0, dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let args = format!(r#"{{"n":3,"delay":{}}}"#, STEP.as_secs_f64());
 
@@ -1079,7 +1079,7 @@ fn modern_live_call(b: &Broker, id: u32, tool: &str, args: &str) -> Conn {
 fn a_2026_07_28_call_streams_progress_and_logs_live_and_closing_it_cancels_upstream() {
     let scratch = state_dir("modern-live");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir);
+    let alpha = Upstream::start("alpha", 0, dir);
     // A deadline far past the long call's end: only the close may cancel it.
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"60s\"")]),
@@ -1132,7 +1132,7 @@ fn a_2026_07_28_call_streams_progress_and_logs_live_and_closing_it_cancels_upstr
 fn a_stock_python_client_gets_upstream_progress_while_the_call_runs() {
     let scratch = state_dir("sdk");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir);
+    let alpha = Upstream::start("alpha", 0, dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let out = Command::new(python())
         .arg(repo().join("broker/tests/upstreams/sdk_progress.py"))
@@ -1223,7 +1223,7 @@ fn certificates(dir: &Path) {
 fn an_https_upstream_is_trusted_through_its_ca_file_only() {
     let scratch = state_dir("tls");
     let dir = scratch.path();
-    certificates(&dir);
+    certificates(dir);
     let mut child = Command::new(python())
         .arg(repo().join("broker/tests/upstreams/server.py"))
         .args(["0", "--name", "secure", "--tls"])
@@ -1285,6 +1285,6 @@ fn an_https_upstream_is_trusted_through_its_ca_file_only() {
         &url,
         &format!("upstream_ca_file = \"{}\"", bad.display()),
     )]);
-    let err = refused_start(&toml, &dir);
+    let err = refused_start(&toml, dir);
     assert!(err.contains("not-a-ca.pem"), "{err}");
 }
