@@ -58,11 +58,23 @@ fn run_conformance(suite_args: &[&str]) -> String {
         broker.ready_line
     );
     let url = broker.mcp_url();
+    // The suite's per-scenario results go under the target directory, not
+    // a fresh directory in /tmp per run: kept when the run fails (the
+    // message names them), removed when it passes.
+    let slug: String = suite_args
+        .join("_")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let results = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("conformance-{}-{slug}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&results);
     let out = Command::new(root.join("scripts/conformance"))
         .args(suite_args)
         .arg(&url)
         // Bounds the run: the script kills the suite past this many seconds.
         .env("CONFORMANCE_TIMEOUT", "300")
+        .env("CONFORMANCE_OUTPUT_DIR", &results)
         .output()
         .expect("run scripts/conformance");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -74,6 +86,7 @@ fn run_conformance(suite_args: &[&str]) -> String {
     );
     // The run really happened: the suite printed its summary.
     assert!(stdout.contains("=== SUMMARY ==="), "{stdout}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&results);
     stdout.into_owned()
 }
 
