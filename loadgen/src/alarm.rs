@@ -78,6 +78,9 @@ pub const TIMER_SLACK: Duration = Duration::from_millis(2);
 #[derive(Default)]
 struct State {
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Deadlines that need no precision ([`AlarmClock::wait_until_coarse`]):
+    /// served on the runtime timer or by a turn of the spin, never spun for.
+    coarse: BinaryHeap<Reverse<(Instant, u64)>>,
     wakers: HashMap<u64, Waker>,
     next_id: u64,
 }
@@ -164,6 +167,34 @@ impl AlarmClock {
             clock: self,
             until,
             id: None,
+            coarse: false,
+        };
+        let _ = race(alarm, wake.notified()).await;
+    }
+
+    /// Completes at `until` (to within the runtime timer's slack) or at
+    /// `wake`'s next notify. For work that must happen on time while the
+    /// ticker spins (monoio fires its own timers only when it parks, and it
+    /// does not park while the ticker spins) but needs no precision: the
+    /// ticker never spins for it, it wakes it on the runtime timer or in a
+    /// turn of a spin made for the precise waiters.
+    pub async fn wait_until_coarse<R: Runtime>(self: &Rc<Self>, until: Instant, wake: &Notify) {
+        if until <= Instant::now() {
+            return;
+        }
+        if self.early.is_zero() {
+            let _ = race(R::sleep_until(until), wake.notified()).await;
+            return;
+        }
+        if !self.ticker_started.replace(true) {
+            drop(R::spawn(Rc::clone(self).tick::<R>()));
+            drop(R::spawn(Rc::clone(self).pump()));
+        }
+        let alarm = Alarm {
+            clock: self,
+            until,
+            id: None,
+            coarse: true,
         };
         let _ = race(alarm, wake.notified()).await;
     }
@@ -184,30 +215,44 @@ impl AlarmClock {
                     self.idle.set(self.idle.get() + turn);
                 }
             }
-            let next = {
+            let (next, next_coarse) = {
                 let mut st = self.state.borrow_mut();
-                while let Some(&Reverse((t, id))) = st.deadlines.peek() {
-                    if t > now {
-                        break;
-                    }
-                    st.deadlines.pop();
-                    if let Some(w) = st.wakers.remove(&id) {
-                        w.wake();
+                let st = &mut *st;
+                for heap in [&mut st.deadlines, &mut st.coarse] {
+                    while let Some(&Reverse((t, id))) = heap.peek() {
+                        if t > now {
+                            break;
+                        }
+                        heap.pop();
+                        if let Some(w) = st.wakers.remove(&id) {
+                            w.wake();
+                        }
                     }
                 }
-                st.deadlines.peek().map(|Reverse((t, _))| *t)
+                (
+                    st.deadlines.peek().map(|Reverse((t, _))| *t),
+                    st.coarse.peek().map(|Reverse((t, _))| *t),
+                )
+            };
+            // When to look again without spinning: shortly before the next
+            // precise deadline, or at the next coarse one.
+            let wake_at = match (next.map(|t| t - self.early), next_coarse) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
             };
             match next {
-                None => self.kick.notified().await,
-                Some(t) if t > now + self.early => {
-                    let _ = race(R::sleep_until(t - self.early), self.kick.notified()).await;
-                }
-                // The last stretch: give the other tasks (and the I/O
-                // driver) a turn, then look again.
-                Some(_) => {
+                Some(t) if t <= now + self.early => {
+                    // The last stretch: give the other tasks (and the I/O
+                    // driver) a turn, then look again.
                     round = Some((now, self.work.get()));
                     self.fair_yield().await;
                 }
+                _ => match wake_at {
+                    None => self.kick.notified().await,
+                    Some(at) => {
+                        let _ = race(R::sleep_until(at), self.kick.notified()).await;
+                    }
+                },
             }
         }
     }
@@ -262,6 +307,8 @@ struct Alarm<'a> {
     clock: &'a AlarmClock,
     until: Instant,
     id: Option<u64>,
+    /// On the coarse heap ([`AlarmClock::wait_until_coarse`]).
+    coarse: bool,
 }
 
 impl Future for Alarm<'_> {
@@ -282,7 +329,12 @@ impl Future for Alarm<'_> {
             None => {
                 let id = st.next_id;
                 st.next_id += 1;
-                st.deadlines.push(Reverse((self.until, id)));
+                let heap = if self.coarse {
+                    &mut st.coarse
+                } else {
+                    &mut st.deadlines
+                };
+                heap.push(Reverse((self.until, id)));
                 st.wakers.insert(id, cx.waker().clone());
                 drop(st);
                 self.id = Some(id);
@@ -399,6 +451,50 @@ mod tests {
                 .take_turns()
                 .is_empty(),
             "a clock that never spun has no turns"
+        );
+    }
+
+    /// A coarse deadline is met while the ticker spins for precise ones
+    /// (monoio's own timer would wait for the spin to end), and alone it
+    /// never makes the ticker spin.
+    #[test]
+    fn coarse_waits_are_served_during_a_spin_and_never_spun_for() {
+        let mut rt = Monoio::build().expect("runtime");
+        let (coarse_done, spin_done, lone_turns) = rt.block_on(async {
+            let clock = AlarmClock::new(Duration::from_micros(200));
+            let t0 = Instant::now();
+            let done = Rc::new(Cell::new(None));
+            let (c, d) = (clock.clone(), done.clone());
+            let coarse = Monoio::spawn(async move {
+                let never = Notify::default();
+                c.wait_until_coarse::<Monoio>(t0 + Duration::from_millis(5), &never)
+                    .await;
+                d.set(Some(t0.elapsed()));
+            });
+            // Precise deadlines 50 µs apart for 60 ms: the ticker spins all
+            // along.
+            let never = Notify::default();
+            for k in 1..=1_200u64 {
+                clock
+                    .wait_until::<Monoio>(t0 + Duration::from_micros(50 * k), &never)
+                    .await;
+            }
+            let spin_done = t0.elapsed();
+            coarse.await;
+            // A coarse wait alone: no spin, so no turns.
+            let lone = AlarmClock::new(Duration::from_micros(200));
+            lone.wait_until_coarse::<Monoio>(Instant::now() + Duration::from_millis(5), &never)
+                .await;
+            (done.get(), spin_done, lone.take_turns())
+        });
+        let coarse_done = coarse_done.expect("the coarse wait ended");
+        assert!(
+            coarse_done >= Duration::from_millis(5) && coarse_done < spin_done,
+            "a 5 ms coarse wait ended after {coarse_done:?}, the spin after {spin_done:?}"
+        );
+        assert!(
+            lone_turns.is_empty(),
+            "a lone coarse wait made the clock spin"
         );
     }
 

@@ -864,7 +864,7 @@ async fn request_stop(
         None => abandoned(cc, seq).await,
         Some(t) => {
             let never = crate::notify::Notify::default();
-            let body_late = ctx.clock.wait_until::<Monoio>(t + timeout, &never);
+            let body_late = ctx.clock.wait_until_coarse::<Monoio>(t + timeout, &never);
             race(cc.reader_stop.wait(), body_late).await;
         }
     }
