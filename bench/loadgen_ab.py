@@ -7,7 +7,8 @@ same open-loop rates.
 Where a run falls behind its schedule, two columns say which side was the
 bound: the generator's idle share (its spin with nothing to do; near zero
 means it was saturated) and the server's CPU in cores (near one means the
-server was).
+server was). A third gives how long answers waited for the generator's
+reader (`generator.turn_us` p99), which the latency columns include.
 
 A change to the generator (its ring setup, its batching) can move every
 server's figures; this shows by how much before the change lands in a
@@ -46,9 +47,9 @@ def main():
     server, target = BA.start(which, B.REL, wd, srv_cpus[:1])
     print(f"`bench/loadgen_ab.py {' '.join(sys.argv[1:])}`, {B.machine()['date']}\n")
     print("| rate | build | server CPU µs/request | p50 µs | p99 µs | generator send lag p99 µs "
-          "| generator busy CPU µs/request | generator idle share | server CPU cores "
-          "| achieved req/s | sent / scheduled | errors |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| generator busy CPU µs/request | generator idle share | generator read wait p99 µs "
+          "| server CPU cores | achieved req/s | sent / scheduled | errors |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for _ in range(2):
             for rate in rates:
@@ -77,6 +78,7 @@ def main():
                           f"| {(r.get('send_lag_us') or {}).get('p99')} "
                           f"| {'n/a' if g is None else f'{g:.2f}'} "
                           f"| {'n/a' if idle is None else f'{idle:.0%}'} "
+                          f"| {(gen.get('turn_us') or {}).get('p99', 'n/a')} "
                           f"| {(c1 - c0) / (t1 - t0):.2f} "
                           f"| {r.get('achieved_rps') or 0:,.0f} "
                           f"| {r.get('sent')} / {r.get('scheduled')} | {r.get('errors')} |",
