@@ -151,6 +151,20 @@ impl AlarmClock {
     /// Must be called inside the thread's runtime (it starts the ticker on
     /// first use).
     pub async fn wait_until<R: Runtime>(self: &Rc<Self>, until: Instant, wake: &Notify) {
+        self.wait::<R>(until, wake, false).await;
+    }
+
+    /// Completes at `until` (to within the runtime timer's slack) or at
+    /// `wake`'s next notify. For work that must happen on time while the
+    /// ticker spins (monoio fires its own timers only when it parks, and it
+    /// does not park while the ticker spins) but needs no precision: the
+    /// ticker never spins for it, it wakes it on the runtime timer or in a
+    /// turn of a spin made for the precise waiters.
+    pub async fn wait_until_coarse<R: Runtime>(self: &Rc<Self>, until: Instant, wake: &Notify) {
+        self.wait::<R>(until, wake, true).await;
+    }
+
+    async fn wait<R: Runtime>(self: &Rc<Self>, until: Instant, wake: &Notify, coarse: bool) {
         if until <= Instant::now() {
             return;
         }
@@ -167,34 +181,7 @@ impl AlarmClock {
             clock: self,
             until,
             id: None,
-            coarse: false,
-        };
-        let _ = race(alarm, wake.notified()).await;
-    }
-
-    /// Completes at `until` (to within the runtime timer's slack) or at
-    /// `wake`'s next notify. For work that must happen on time while the
-    /// ticker spins (monoio fires its own timers only when it parks, and it
-    /// does not park while the ticker spins) but needs no precision: the
-    /// ticker never spins for it, it wakes it on the runtime timer or in a
-    /// turn of a spin made for the precise waiters.
-    pub async fn wait_until_coarse<R: Runtime>(self: &Rc<Self>, until: Instant, wake: &Notify) {
-        if until <= Instant::now() {
-            return;
-        }
-        if self.early.is_zero() {
-            let _ = race(R::sleep_until(until), wake.notified()).await;
-            return;
-        }
-        if !self.ticker_started.replace(true) {
-            drop(R::spawn(Rc::clone(self).tick::<R>()));
-            drop(R::spawn(Rc::clone(self).pump()));
-        }
-        let alarm = Alarm {
-            clock: self,
-            until,
-            id: None,
-            coarse: true,
+            coarse,
         };
         let _ = race(alarm, wake.notified()).await;
     }
