@@ -50,6 +50,12 @@
 //! to *send*; long turns show one late to *read*, which the latency it
 //! reports then includes.
 //!
+//! Work that must happen on time while the ticker spins but needs no
+//! precision (the engine's housekeeping) waits coarsely
+//! ([`AlarmClock::wait_until_coarse`]): on a second heap that the ticker
+//! serves in a turn of its spin or on the runtime timer, never spinning
+//! for it.
+//!
 //! # Invariants
 //! - A waiter is woken no earlier than its deadline; the ticker wakes it at
 //!   the first turn after it (microseconds, unless the thread is busy).
@@ -223,10 +229,11 @@ impl AlarmClock {
             };
             // When to look again without spinning: shortly before the next
             // precise deadline, or at the next coarse one.
-            let wake_at = match (next.map(|t| t - self.early), next_coarse) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let wake_at = next
+                .map(|t| t - self.early)
+                .into_iter()
+                .chain(next_coarse)
+                .min();
             match next {
                 Some(t) if t <= now + self.early => {
                     // The last stretch: give the other tasks (and the I/O
