@@ -46,7 +46,17 @@ fn spec(name: &str) -> RouterSpec {
 }
 
 fn bench(c: &mut Criterion) {
-    let host = WasmHost::new(&HostConfig::default()).expect("host");
+    // A small pool (the four pools below, one instance each, plus the
+    // transient instance of each load): the call path does not depend on its
+    // size, and valgrind cannot reserve the default pool's terabytes of
+    // address space, so `valgrind --tool=callgrind` can count a call's
+    // instructions (bench/results/wasm-host.md), which wall time on a shared
+    // VM does not resolve.
+    let config = HostConfig {
+        max_instances: 10,
+        ..HostConfig::default()
+    };
+    let host = WasmHost::new(&config).expect("host");
     let args = args_256();
 
     let mut echo = spec("echo");
