@@ -41,6 +41,7 @@ use super::metered::{
 };
 use super::outbound::{Outbound, OutboundHooks};
 use super::spec::{HostConfig, NEVER_WAITS_MAX_RUN, RouterSpec};
+use super::ticker;
 use super::types as w;
 
 /// Core instances, tables and memories one router store may create: a Rust
@@ -59,6 +60,9 @@ pub struct WasmHost {
     shared: Arc<Shared>,
     ticker: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
+    /// The ticker is parked: no guest code has run for
+    /// [`ticker::PARK_AFTER`] (`ticker.rs`).
+    parked: Arc<AtomicBool>,
 }
 
 /// What every router and pool of this host needs.
@@ -140,21 +144,20 @@ impl WasmHost {
             .build()?;
 
         let stop = Arc::new(AtomicBool::new(false));
+        let parked = Arc::new(AtomicBool::new(false));
         let ticker = {
             let engine = engine.weak();
-            let stop = stop.clone();
+            let (stop, parked) = (stop.clone(), parked.clone());
             let tick = config.epoch_tick;
+            let may_park = ticker::can_park();
+            if !may_park {
+                tracing::debug!("membarrier refused: the epoch ticker ticks even when idle");
+            }
             std::thread::Builder::new()
                 .name("wasm-epoch".into())
                 .spawn(move || {
                     // A dedicated thread, not a shard: sleeping is its job.
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
-                        match engine.upgrade() {
-                            Some(engine) => engine.increment_epoch(),
-                            None => break,
-                        }
-                    }
+                    ticker::run(engine, tick, &stop, &parked, may_park)
                 })?
         };
         Ok(Self {
@@ -169,7 +172,15 @@ impl WasmHost {
             }),
             ticker: Some(ticker),
             stop,
+            parked,
         })
+    }
+
+    /// Whether the epoch ticker is parked because no guest code has run for
+    /// a while (for tests and diagnostics: an idle broker makes no
+    /// wake-ups of its own).
+    pub fn epoch_ticker_parked(&self) -> bool {
+        self.parked.load(Ordering::Relaxed)
     }
 
     /// The engine (for benchmarks and diagnostics).
@@ -339,7 +350,9 @@ impl Drop for WasmHost {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.ticker.take() {
-            // The ticker exits within one tick; a panic there is already logged.
+            // The ticker exits within one tick, or at once if parked; a
+            // panic there is already logged.
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -965,7 +978,11 @@ impl<F: Future> Future for Drive<'_, F> {
         let this = unsafe { self.get_unchecked_mut() };
         let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
         let _entered = this.handle.enter();
-        if let Poll::Ready(v) = fut.poll(cx) {
+        // Guest code runs only inside this poll: the epoch must move.
+        let running = ticker::GuestRunning::enter();
+        let polled = fut.poll(cx);
+        drop(running);
+        if let Poll::Ready(v) = polled {
             return Poll::Ready(Ok(v));
         }
         let deadline = this.deadline;

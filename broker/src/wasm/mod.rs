@@ -28,6 +28,7 @@ mod metered;
 mod outbound;
 mod pool;
 mod spec;
+mod ticker;
 
 use std::path::PathBuf;
 
