@@ -35,6 +35,12 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use crate::config::AuthSection;
 
+mod jwt_ring;
+/// Installs the ring-backed JWT provider ([`jwt_ring`]); [`Auth::new`]
+/// does, and so must anything that signs or verifies with `jsonwebtoken`
+/// before one exists (the tests that mint tokens).
+pub use jwt_ring::install as install_jwt_crypto;
+
 /// The shortest time between two re-reads of the JWK Set caused by tokens
 /// naming a key it does not hold: a flood of such tokens costs one read per
 /// interval, not one per token. It counts from the last refresh made after
@@ -52,6 +58,24 @@ pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest JWK Set answer read: a set of a few keys is a few KiB.
 pub const MAX_JWKS_BYTES: usize = 1 << 20;
+
+/// The RSA key sizes a JWK Set may hold: what the signature check
+/// (ring) accepts. Shorter keys are breakable (NIST has disallowed
+/// 1024-bit RSA signatures since 2013); a set holding one is refused when
+/// it loads rather than every token signed with it being refused later.
+pub const MIN_RSA_BITS: usize = 2048;
+pub const MAX_RSA_BITS: usize = 8192;
+
+/// The size in bits of a JWK's base64url modulus `n`.
+fn rsa_bits(n: &str) -> Option<usize> {
+    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(n.trim_end_matches('='))
+        .ok()?;
+    let skip = n.iter().take_while(|&&b| b == 0).count();
+    let n = &n[skip..];
+    let top = *n.first()?;
+    Some(n.len() * 8 - top.leading_zeros() as usize)
+}
 
 /// Why a request was not authenticated or not authorized; the label of
 /// `mcp_auth_failures_total`.
@@ -217,6 +241,14 @@ impl KeySet {
                     }
                 }
             }
+            if let AlgorithmParameters::RSA(p) = &jwk.algorithm {
+                let bits = rsa_bits(&p.n).ok_or_else(|| format!("{name}: `n` is not base64url"))?;
+                if !(MIN_RSA_BITS..=MAX_RSA_BITS).contains(&bits) {
+                    return Err(format!(
+                        "{name}: an RSA key of {bits} bits; {MIN_RSA_BITS} to {MAX_RSA_BITS} are accepted"
+                    ));
+                }
+            }
             let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("{name}: {e}"))?;
             keys.push(Key {
                 kid,
@@ -332,6 +364,7 @@ impl Auth {
     /// the file or URL and why, when the set cannot be had: never serve
     /// without keys.
     pub fn new(cfg: &AuthSection) -> Result<Self, String> {
+        jwt_ring::install();
         let source = Source::new(cfg)?;
         let state = Arc::new(KeyState {
             keys: arc_swap::ArcSwap::from_pointee(KeySet { keys: Vec::new() }),
@@ -1300,5 +1333,27 @@ mod tests {
         assert!(e.contains("symmetric"), "{e}");
         assert!(KeySet::parse(r#"{"keys":[]}"#).is_err());
         assert!(KeySet::parse("not json").is_err());
+    }
+
+    #[test]
+    fn rsa_keys_outside_2048_to_8192_bits_are_refused_at_load() {
+        let set = |n: &[u8]| {
+            let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(n);
+            format!(r#"{{"keys":[{{"kty":"RSA","kid":"k","n":"{n}","e":"AQAB"}}]}}"#)
+        };
+        // 1024 bits: a key of the size that can be broken.
+        let e = KeySet::parse(&set(&[0xC3; 128])).err().unwrap();
+        assert!(e.contains("key `k`") && e.contains("1024 bits"), "{e}");
+        // A leading zero byte does not count; 2047 bits is one short.
+        let mut short = vec![0u8; 257];
+        short[1] = 0x40;
+        let e = KeySet::parse(&set(&short)).err().unwrap();
+        assert!(e.contains("2047 bits"), "{e}");
+        let e = KeySet::parse(&set(&[0xC3; 1025])).err().unwrap();
+        assert!(e.contains("8200 bits"), "{e}");
+        assert!(KeySet::parse(&set(&[0x80; 256])).is_ok());
+        assert!(KeySet::parse(&set(&[0xFF; 1024])).is_ok());
+        assert_eq!(rsa_bits("AQAB"), Some(17));
+        assert_eq!(rsa_bits("not base64!"), None);
     }
 }

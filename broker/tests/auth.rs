@@ -88,7 +88,7 @@ scopes = ["kv:write"]
         let mut h = Header::new(Algorithm::RS256);
         h.kid = Some("k1".into());
         let k = EncodingKey::from_rsa_pem(&self.trusted.private_pem).unwrap();
-        jsonwebtoken::encode(&h, claims, &k).unwrap()
+        common::jwt::encode(&h, claims, &k)
     }
 
     /// A valid token for `sub` with `scope`.
@@ -125,7 +125,7 @@ fn catalogue(f: &Fixture) -> Vec<(&'static str, Option<String>, &'static str)> {
         let mut h = Header::new(Algorithm::HS256);
         h.kid = Some("k1".into());
         let k = EncodingKey::from_secret(&f.trusted.public_pem).unwrap();
-        format!("Bearer {}", jsonwebtoken::encode(&h, &good, &k).unwrap())
+        format!("Bearer {}", common::jwt::encode(&h, &good, &k))
     };
     let tampered = {
         let t = f.sign(&good);
@@ -138,14 +138,14 @@ fn catalogue(f: &Fixture) -> Vec<(&'static str, Option<String>, &'static str)> {
         let mut h = Header::new(Algorithm::RS256);
         h.kid = Some("k-unknown".into());
         let k = EncodingKey::from_rsa_pem(&f.stranger.private_pem).unwrap();
-        format!("Bearer {}", jsonwebtoken::encode(&h, &good, &k).unwrap())
+        format!("Bearer {}", common::jwt::encode(&h, &good, &k))
     };
     let wrong_signer = {
         // The trusted kid, signed by another key.
         let mut h = Header::new(Algorithm::RS256);
         h.kid = Some("k1".into());
         let k = EncodingKey::from_rsa_pem(&f.stranger.private_pem).unwrap();
-        format!("Bearer {}", jsonwebtoken::encode(&h, &good, &k).unwrap())
+        format!("Bearer {}", common::jwt::encode(&h, &good, &k))
     };
     vec![
         ("missing", None, "missing"),
@@ -691,7 +691,7 @@ fn a_key_rotated_out_stops_its_tokens_even_once_verified() {
         let mut h = Header::new(Algorithm::RS256);
         h.kid = Some("k2".into());
         let k = EncodingKey::from_rsa_pem(&f.stranger.private_pem).unwrap();
-        jsonwebtoken::encode(&h, &claims("alice", "mcp"), &k).unwrap()
+        common::jwt::encode(&h, &claims("alice", "mcp"), &k)
     };
     // Its first use asks for the set to be read again.
     assert!(

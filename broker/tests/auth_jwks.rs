@@ -127,7 +127,7 @@ fn token(kid: &str, key: &RsaKey) -> String {
         "exp": now() + 300, "nbf": now() - 10, "iat": now(),
     });
     let k = EncodingKey::from_rsa_pem(&key.private_pem).unwrap();
-    jsonwebtoken::encode(&h, &claims, &k).unwrap()
+    common::jwt::encode(&h, &claims, &k)
 }
 
 /// The status of an `initialize` POSTed with `token`.

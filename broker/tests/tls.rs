@@ -535,12 +535,11 @@ fn stock_clients_call_tools_over_tls_with_a_bearer_token() {
     });
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
     header.kid = Some("k1".into());
-    let token = jsonwebtoken::encode(
+    let token = common::jwt::encode(
         &header,
         &claims,
         &jsonwebtoken::EncodingKey::from_rsa_pem(&key.private_pem).unwrap(),
-    )
-    .unwrap();
+    );
     let ca = dir.path("ca.pem");
 
     // Frames: the token in InitializeRequest, over TLS.

@@ -77,3 +77,15 @@ pub fn rsa_key(dir: &Path, name: &str) -> RsaKey {
 pub fn jwk(kid: &str, k: &RsaKey) -> Value {
     json!({"kty": "RSA", "kid": kid, "use": "sig", "n": b64(&k.modulus), "e": "AQAB"})
 }
+
+/// `jsonwebtoken::encode` through the broker's own provider (ring,
+/// `auth::install_jwt_crypto`): the crate is built without a backend of its
+/// own, so one must be installed before the first token is signed.
+pub fn encode(
+    header: &jsonwebtoken::Header,
+    claims: &impl serde::Serialize,
+    key: &jsonwebtoken::EncodingKey,
+) -> String {
+    mcp_broker::auth::install_jwt_crypto();
+    jsonwebtoken::encode(header, claims, key).unwrap()
+}
