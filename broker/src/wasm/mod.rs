@@ -24,6 +24,7 @@
 mod bindings;
 mod error;
 mod host;
+mod json_check;
 mod metered;
 mod outbound;
 mod pool;
