@@ -4,9 +4,9 @@
 //! value passes here (`pool.rs`, `check_response`): the edges embed them
 //! in their answers as they are, so text that is not JSON must be caught
 //! before a client sees it. `serde_json::from_str::<IgnoredAny>` did this
-//! at ≈ 1,500 instructions for the echo's 270-byte answer, 15% of a whole
-//! WASM call (`bench/results/wasm-host.md`); most of it was the
-//! deserializer's machinery, not the bytes.
+//! at 1,521 instructions for the echo's 256-byte structured content, 17%
+//! of a whole WASM call, most of it the deserializer's machinery rather
+//! than the bytes; this takes 933 (`bench/results/wasm-host.md`).
 //!
 //! # Invariants
 //! - [`is_json`] accepts exactly what `serde_json::from_str::<IgnoredAny>`
