@@ -31,27 +31,31 @@
 
 use jsonwebtoken::crypto::{CryptoProvider, JwtSigner, JwtVerifier, KeyUtils};
 use jsonwebtoken::errors::{Error, ErrorKind};
-use jsonwebtoken::jwk::{EllipticCurve, ThumbprintHash};
 use jsonwebtoken::signature;
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, DecodingKeyKind, EncodingKey};
+use ring::hmac;
 use ring::rand::SystemRandom;
 use ring::signature as sig;
-use ring::{digest, hmac};
 
-/// The provider. `key_utils` serve the crate's JWK helpers
-/// (`Jwk::from_encoding_key`, thumbprints), which the broker does not call
-/// but which must not panic if a later change does.
+/// The provider. Its `key_utils` serve only the crate's JWK builders
+/// (`Jwk::from_encoding_key`, `Jwk::thumbprint`), which the broker never
+/// calls: they refuse with an error that says so, where the crate's own
+/// placeholders (`KeyUtils::new_unimplemented`) would panic.
 pub static PROVIDER: CryptoProvider = CryptoProvider {
     signer_factory: signer,
     verifier_factory: verifier,
     key_utils: KeyUtils {
-        rsa_pub_components_from_private_key: rsa_components_from_private,
-        rsa_pub_components_from_public_key: rsa_components_from_public,
-        ec_pub_components_from_private_key: ec_components_from_private,
-        ed_pub_components_from_private_key: ed_component_from_private,
-        compute_digest: thumbprint_digest,
+        rsa_pub_components_from_private_key: |_| Err(not_used()),
+        rsa_pub_components_from_public_key: |_| Err(not_used()),
+        ec_pub_components_from_private_key: |_, _| Err(not_used()),
+        ed_pub_components_from_private_key: |_, _| Err(not_used()),
+        compute_digest: |_, _| Err(not_used()),
     },
 };
+
+fn not_used() -> Error {
+    ErrorKind::Provider("JWKs are not built from keys in mcp-broker".into()).into()
+}
 
 /// Installs [`PROVIDER`] as the process's provider; later calls do nothing.
 /// No backend feature of `jsonwebtoken` is enabled, so there is no other
@@ -243,102 +247,6 @@ impl JwtSigner for Signer {
     }
 }
 
-type Components = Result<(Vec<u8>, Vec<u8>), Error>;
-
-fn rsa_components_from_private(der: &[u8]) -> Components {
-    let pair = sig::RsaKeyPair::from_der(der)
-        .map_err(|e| Error::from(ErrorKind::InvalidRsaKey(e.to_string())))?;
-    let c: sig::RsaPublicKeyComponents<Vec<u8>> = pair.public().into();
-    Ok((c.n, c.e))
-}
-
-/// `RSAPublicKey ::= SEQUENCE { modulus INTEGER, publicExponent INTEGER }`
-/// (RFC 8017, A.1.1), DER: read by hand, as ring reads but does not expose
-/// it.
-fn rsa_components_from_public(der: &[u8]) -> Components {
-    fn bad() -> Error {
-        ErrorKind::InvalidRsaKey("not a PKCS#1 RSAPublicKey".into()).into()
-    }
-    /// One DER element of tag `tag`: its contents and what follows it.
-    fn element(tag: u8, b: &[u8]) -> Option<(&[u8], &[u8])> {
-        let (&t, rest) = b.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        if t != tag {
-            return None;
-        }
-        let (len, rest) = if first < 0x80 {
-            (usize::from(first), rest)
-        } else {
-            let n = usize::from(first & 0x7f);
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
-            }
-            let len = rest[..n]
-                .iter()
-                .fold(0usize, |a, &x| (a << 8) | usize::from(x));
-            (len, &rest[n..])
-        };
-        (rest.len() >= len).then(|| rest.split_at(len))
-    }
-    fn unsigned(int: &[u8]) -> Vec<u8> {
-        let skip = int.iter().take_while(|&&x| x == 0).count();
-        int[skip..].to_vec()
-    }
-    let (seq, tail) = element(0x30, der).ok_or_else(bad)?;
-    let (n, rest) = element(0x02, seq).ok_or_else(bad)?;
-    let (e, rest) = element(0x02, rest).ok_or_else(bad)?;
-    if !tail.is_empty() || !rest.is_empty() {
-        return Err(bad());
-    }
-    Ok((unsigned(n), unsigned(e)))
-}
-
-fn ec_components_from_private(
-    der: &[u8],
-    alg: Algorithm,
-) -> Result<(EllipticCurve, Vec<u8>, Vec<u8>), Error> {
-    let (curve, a, half) = match alg {
-        Algorithm::ES256 => (
-            EllipticCurve::P256,
-            &sig::ECDSA_P256_SHA256_FIXED_SIGNING,
-            32,
-        ),
-        Algorithm::ES384 => (
-            EllipticCurve::P384,
-            &sig::ECDSA_P384_SHA384_FIXED_SIGNING,
-            48,
-        ),
-        _ => return Err(ErrorKind::InvalidEcdsaKey.into()),
-    };
-    let pair = sig::EcdsaKeyPair::from_pkcs8(a, der, &SystemRandom::new())
-        .map_err(|_| Error::from(ErrorKind::InvalidEcdsaKey))?;
-    use sig::KeyPair as _;
-    // Uncompressed SEC1: 0x04, then x, then y.
-    let point = pair.public_key().as_ref();
-    let (x, y) = point[1..].split_at(half);
-    Ok((curve, x.to_vec(), y.to_vec()))
-}
-
-fn ed_component_from_private(der: &[u8], curve: &EllipticCurve) -> Result<Vec<u8>, Error> {
-    if *curve != EllipticCurve::Ed25519 {
-        return Err(ErrorKind::InvalidAlgorithm.into());
-    }
-    use sig::KeyPair as _;
-    let pair = sig::Ed25519KeyPair::from_pkcs8_maybe_unchecked(der)
-        .map_err(|_| Error::from(ErrorKind::InvalidEddsaKey))?;
-    Ok(pair.public_key().as_ref().to_vec())
-}
-
-fn thumbprint_digest(data: &[u8], hash: ThumbprintHash) -> Result<Vec<u8>, Error> {
-    let a = match hash {
-        ThumbprintHash::SHA256 => &digest::SHA256,
-        ThumbprintHash::SHA384 => &digest::SHA384,
-        ThumbprintHash::SHA512 => &digest::SHA512,
-        _ => return Err(ErrorKind::Provider("thumbprint hash not supported".into()).into()),
-    };
-    Ok(digest::digest(a, data).as_ref().to_vec())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,10 +356,6 @@ mod tests {
             b"",
         );
         let from_der = DecodingKey::from_rsa_der(&der);
-        assert_eq!(
-            rsa_components_from_public(&der).unwrap(),
-            (n.clone(), vec![1, 0, 1])
-        );
         for (alg, name, digest, pss) in [
             (Algorithm::RS256, "RS256", "-sha256", false),
             (Algorithm::RS384, "RS384", "-sha384", false),
@@ -485,8 +389,7 @@ mod tests {
     }
 
     /// EC and Ed25519 keys made by ring: what the provider signs, it
-    /// verifies from the JWK's public parts; a flipped bit fails; the
-    /// `key_utils` give back the public parts the JWK holds.
+    /// verifies from the JWK's public parts; a flipped bit fails.
     #[test]
     fn ec_and_ed25519_tokens_round_trip_and_tampered_ones_do_not() {
         install();
@@ -499,8 +402,6 @@ mod tests {
             let pair = sig::EcdsaKeyPair::from_pkcs8(signing, pkcs8.as_ref(), &rng).unwrap();
             let point = pair.public_key().as_ref();
             let (x, y) = point[1..].split_at(half);
-            let (_, px, py) = ec_components_from_private(pkcs8.as_ref(), alg).unwrap();
-            assert_eq!((px.as_slice(), py.as_slice()), (x, y));
             let key = DecodingKey::from_ec_components(&b64(x), &b64(y)).unwrap();
             let token = jsonwebtoken::encode(
                 &Header::new(alg),
@@ -514,10 +415,6 @@ mod tests {
         let pkcs8 = sig::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
         let pair = sig::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
         let x = pair.public_key().as_ref();
-        assert_eq!(
-            ed_component_from_private(pkcs8.as_ref(), &EllipticCurve::Ed25519).unwrap(),
-            x
-        );
         let key = DecodingKey::from_ed_components(&b64(x)).unwrap();
         let token = jsonwebtoken::encode(
             &Header::new(Algorithm::EdDSA),
@@ -559,20 +456,13 @@ mod tests {
         assert!(refused(check(&tamper(&token), &key, Algorithm::HS256)));
     }
 
+    /// The crate's JWK builders get an error, not the panic of its
+    /// placeholder helpers.
     #[test]
-    fn a_pkcs1_public_key_that_is_not_one_is_an_error() {
-        for der in [
-            &[][..],
-            &[0x30, 0x03, 0x02, 0x01, 0x05][..],
-            &[0x30, 0x06, 0x02, 0x01, 0x05, 0x02, 0x01][..],
-            &[0x30, 0x06, 0x02, 0x01, 0x05, 0x02, 0x01, 0x03, 0x00][..],
-            &[0x30, 0x80][..],
-        ] {
-            assert!(rsa_components_from_public(der).is_err(), "{der:?}");
-        }
-        assert_eq!(
-            rsa_components_from_public(&[0x30, 0x06, 0x02, 0x01, 0x05, 0x02, 0x01, 0x03]).unwrap(),
-            (vec![5], vec![3])
-        );
+    fn building_a_jwk_from_a_key_is_refused_without_a_panic() {
+        install();
+        let key = EncodingKey::from_rsa_der(b"any bytes");
+        let e = jsonwebtoken::jwk::Jwk::from_encoding_key(&key, Algorithm::RS256).unwrap_err();
+        assert!(e.to_string().contains("not built from keys"), "{e}");
     }
 }
