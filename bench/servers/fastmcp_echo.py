@@ -20,6 +20,7 @@ answers them:
 import argparse
 import asyncio
 import json
+import socket
 import sys
 from typing import Any
 
@@ -73,11 +74,15 @@ def build(json_response: bool, stateless: bool) -> FastMCP:
     return server
 
 
-async def run_uvicorn(app: Any, port: int, label: str, **tls: Any) -> None:
+async def run_uvicorn(
+    app: Any, port: int, label: str, fd: int | None = None, **tls: Any
+) -> None:
     """Serves `app` on 127.0.0.1:`port` (0: any) and prints
     `LABEL ready http=127.0.0.1:PORT path=/mcp` once it accepts connections.
     Also used by bench/servers/fastmcp_slow.py and the broker's upstream test
-    fixture (broker/tests/upstreams/server.py); `tls`: uvicorn's
+    fixture (broker/tests/upstreams/server.py); `fd`: an inherited TCP socket,
+    already bound and not yet listening, to serve on instead of `port` (the
+    tests hold a port that way so no one else can take it); `tls`: uvicorn's
     `ssl_certfile`/`ssl_keyfile`."""
     # Bound by uvicorn itself, as `FastMCP.run("streamable-http")` does, so
     # the sockets are set up as a stock deployment's are.
@@ -91,7 +96,9 @@ async def run_uvicorn(app: Any, port: int, label: str, **tls: Any) -> None:
         **tls,
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    # asyncio's server calls listen() on a socket it is given.
+    sockets = [socket.socket(fileno=fd)] if fd is not None else None
+    task = asyncio.create_task(server.serve(sockets=sockets))
     # Ready means accepting: poll uvicorn's flag, bounded, and fail loudly.
     for _ in range(1000):
         if server.started or task.done():

@@ -8,8 +8,8 @@
 
 mod common;
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,27 +44,96 @@ fn python() -> PathBuf {
     py
 }
 
+/// A loopback port that refuses connections and that no one else can take
+/// meanwhile: a socket bound to it that never listens. A port merely found
+/// free and closed again could be taken by any other test's listener (another
+/// broker's HTTP edge answers MCP), so "down" is held, not hoped for.
+/// `Upstream::start_on` hands the socket to the server, which listens on it.
+struct DeadPort {
+    sock: socket2::Socket,
+    port: u16,
+}
+
+impl DeadPort {
+    /// Any free port.
+    fn new() -> DeadPort {
+        Self::on(0).expect("bind a loopback port")
+    }
+
+    /// `port`, retried for 10 s: the port of a server just killed lingers a
+    /// moment.
+    fn reclaim(port: u16) -> DeadPort {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::on(port) {
+                Ok(d) => return d,
+                Err(e) if Instant::now() > until => panic!("reclaim port {port}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    fn on(port: u16) -> std::io::Result<DeadPort> {
+        use socket2::{Domain, Socket, Type};
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+        // Over the killed server's TIME_WAIT connections, as uvicorn would.
+        sock.set_reuse_address(true)?;
+        sock.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())?;
+        let port = sock.local_addr()?.as_socket().unwrap().port();
+        Ok(DeadPort { sock, port })
+    }
+}
+
 /// A FastMCP fixture server; killed on drop.
 struct Upstream {
     child: Child,
     port: u16,
     name: String,
     state: PathBuf,
+    /// `server.py`'s further arguments.
+    extra: Vec<OsString>,
+    /// Its port while it is killed, until `restart`.
+    held: Option<DeadPort>,
 }
 
 impl Upstream {
-    /// Starts server `name` on `port` (0: any), keeping counts in `state`.
-    fn start(name: &str, port: u16, state: &Path) -> Upstream {
+    /// Starts server `name` on any free port, keeping counts in `state`.
+    fn start(name: &str, state: &Path) -> Upstream {
+        Self::start_on(name, DeadPort::new(), state, &[])
+    }
+
+    /// Starts server `name` listening on `port`'s socket, which it inherits
+    /// (the port is never free in between); `extra`: `server.py`'s further
+    /// arguments.
+    fn start_on(name: &str, port: DeadPort, state: &Path, extra: &[OsString]) -> Upstream {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
         std::fs::create_dir_all(state).unwrap();
-        let mut child = Command::new(python())
-            .arg(repo().join("broker/tests/upstreams/server.py"))
-            .arg(port.to_string())
+        let fd = port.sock.as_raw_fd();
+        let mut cmd = Command::new(python());
+        cmd.arg(repo().join("broker/tests/upstreams/server.py"))
+            .arg("0")
+            .args(["--fd", &fd.to_string()])
             .args(["--name", name, "--state"])
             .arg(state)
+            .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start server.py");
+            .stderr(Stdio::inherit());
+        // SAFETY: between fork and exec, only fcntl (async-signal-safe) on
+        // a descriptor this process owns; cleared in the child alone, so no
+        // other test's child inherits the socket.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("start server.py");
+        // The server holds the socket now; ours must go, or the port would
+        // stay listening (with no one accepting) after the server is killed.
+        drop(port);
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
@@ -80,6 +149,8 @@ impl Upstream {
             port,
             name: name.into(),
             state: state.into(),
+            extra: extra.to_vec(),
+            held: None,
         }
     }
 
@@ -87,29 +158,27 @@ impl Upstream {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
+    /// Kills it and holds its port, dead, until `restart`.
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.held = Some(DeadPort::reclaim(self.port));
     }
 
     /// Starts it again on the same port.
     fn restart(&mut self) {
-        self.kill();
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            // The port may linger a moment after the kill.
-            if TcpListener::bind(("127.0.0.1", self.port)).is_ok() || Instant::now() > until {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if self.held.is_none() {
+            self.kill();
         }
-        *self = Upstream::start(&self.name.clone(), self.port, &self.state.clone());
+        let port = self.held.take().unwrap();
+        *self = Upstream::start_on(&self.name.clone(), port, &self.state.clone(), &self.extra);
     }
 }
 
 impl Drop for Upstream {
     fn drop(&mut self) {
-        self.kill();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -132,15 +201,6 @@ fn config(routers: &[(&str, &str, &str)]) -> String {
         ));
     }
     c
-}
-
-/// A free loopback port with nothing listening on it.
-fn dead_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A connection holding session `s`'s GET stream open (head read).
@@ -217,8 +277,8 @@ fn names(list: &Value, key: &str, field: &str) -> Vec<String> {
 fn two_upstreams_with_colliding_names_are_listed_and_called_on_every_edge() {
     let scratch = state_dir("two");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir.join("alpha"));
-    let beta = Upstream::start("beta", 0, &dir.join("beta"));
+    let alpha = Upstream::start("alpha", &dir.join("alpha"));
+    let beta = Upstream::start("beta", &dir.join("beta"));
     let b = Broker::start_with_config(
         &config(&[
             (
@@ -435,7 +495,7 @@ fn last_message(r: &common::http::Reply) -> Value {
 fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
     let scratch = state_dir("progress");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, dir);
+    let alpha = Upstream::start("alpha", dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
     // The HTTP edge sends log notifications once the session asked for them.
@@ -485,11 +545,11 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
 fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed() {
     let scratch = state_dir("late");
     let dir = scratch.path();
-    let port = dead_port();
+    let port = DeadPort::new();
     let b = Broker::start_with_config(
         &config(&[(
             "late",
-            &format!("http://127.0.0.1:{port}/mcp"),
+            &format!("http://127.0.0.1:{}/mcp", port.port),
             "refresh_interval = \"2s\"",
         )]),
         &[],
@@ -513,7 +573,7 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
     // A client listening on the session's GET stream.
     let mut listen = listen(&b, &s);
 
-    let _up = Upstream::start("late", port, dir);
+    let _up = Upstream::start_on("late", port, dir, &[]);
     // Retried with backoff (1 s, 2 s): the tools appear, and the listening
     // client is told.
     let (events, _) = listen.read_chunked(Some(&|t: &str| {
@@ -542,7 +602,7 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
 fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
     let scratch = state_dir("grow");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, dir);
+    let alpha = Upstream::start("alpha", dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let (mut c, s) = session(&b);
     let mut listen = listen(&b, &s);
@@ -636,7 +696,7 @@ fn an_upstream_announcing_list_changed_is_relisted_for_every_edge() {
 fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
     let scratch = state_dir("restart");
     let dir = scratch.path();
-    let mut alpha = Upstream::start("alpha", 0, dir);
+    let mut alpha = Upstream::start("alpha", dir);
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"20s\"")]),
         &[],
@@ -736,7 +796,7 @@ fn a_killed_upstream_fails_calls_clearly_and_serves_again_after_restart() {
 fn a_slow_upstream_hits_the_deadline_and_an_abandoned_call_is_cancelled_upstream() {
     let scratch = state_dir("slow");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, dir);
+    let alpha = Upstream::start("alpha", dir);
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"1s\"")]),
         &[],
@@ -786,8 +846,8 @@ fn a_slow_upstream_hits_the_deadline_and_an_abandoned_call_is_cancelled_upstream
 fn a_guest_reaches_its_granted_origin_only() {
     let scratch = state_dir("grant");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, &dir.join("a"));
-    let other = Upstream::start("other", 0, &dir.join("o"));
+    let alpha = Upstream::start("alpha", &dir.join("a"));
+    let other = Upstream::start("other", &dir.join("o"));
     let mut toml = config(&[]);
     toml.push_str(&format!(
         "\n[[routers]]\nname = \"probe\"\nwasm = \"netprobe.wasm\"\nupstream = \"{}\"\n",
@@ -940,7 +1000,7 @@ const STEP: Duration = Duration::from_millis(400);
 fn progress_and_logs_reach_every_edge_while_the_call_runs() {
     let scratch = state_dir("live");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, dir);
+    let alpha = Upstream::start("alpha", dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let args = format!(r#"{{"n":3,"delay":{}}}"#, STEP.as_secs_f64());
 
@@ -1079,7 +1139,7 @@ fn modern_live_call(b: &Broker, id: u32, tool: &str, args: &str) -> Conn {
 fn a_2026_07_28_call_streams_progress_and_logs_live_and_closing_it_cancels_upstream() {
     let scratch = state_dir("modern-live");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, dir);
+    let alpha = Upstream::start("alpha", dir);
     // A deadline far past the long call's end: only the close may cancel it.
     let b = Broker::start_with_config(
         &config(&[("alpha", &alpha.url(), "call_deadline = \"60s\"")]),
@@ -1132,7 +1192,7 @@ fn a_2026_07_28_call_streams_progress_and_logs_live_and_closing_it_cancels_upstr
 fn a_stock_python_client_gets_upstream_progress_while_the_call_runs() {
     let scratch = state_dir("sdk");
     let dir = scratch.path();
-    let alpha = Upstream::start("alpha", 0, dir);
+    let alpha = Upstream::start("alpha", dir);
     let b = Broker::start_with_config(&config(&[("alpha", &alpha.url(), "")]), &[]);
     let out = Command::new(python())
         .arg(repo().join("broker/tests/upstreams/sdk_progress.py"))
@@ -1224,30 +1284,16 @@ fn an_https_upstream_is_trusted_through_its_ca_file_only() {
     let scratch = state_dir("tls");
     let dir = scratch.path();
     certificates(dir);
-    let mut child = Command::new(python())
-        .arg(repo().join("broker/tests/upstreams/server.py"))
-        .args(["0", "--name", "secure", "--tls"])
-        .arg(dir.join("server.pem"))
-        .arg(dir.join("server.key"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start server.py --tls");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http=127.0.0.1:"))
-        .unwrap_or_else(|| panic!("no ready line: {line:?}"))
-        .parse()
-        .unwrap();
-    let upstream = Upstream {
-        child,
-        port,
-        name: "secure".into(),
-        state: dir.to_path_buf(),
-    };
+    let upstream = Upstream::start_on(
+        "secure",
+        DeadPort::new(),
+        dir,
+        &[
+            "--tls".into(),
+            dir.join("server.pem").into(),
+            dir.join("server.key").into(),
+        ],
+    );
     let url = format!("https://localhost:{}/mcp", upstream.port);
     let ca = dir.join("ca.pem");
     let b = Broker::start_with_config(

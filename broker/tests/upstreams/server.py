@@ -1,7 +1,7 @@
 """A FastMCP (PyPI `mcp` 1.x) Streamable HTTP server for the broker's
 upstream-router tests (`broker/tests/upstream.rs`).
 
-    python server.py PORT --name NAME [--json] [--state DIR] [--tls CERT KEY]
+    python server.py PORT --name NAME [--fd FD] [--json] [--state DIR] [--tls CERT KEY]
 
 PORT 0 picks a free port. Prints one line once it accepts connections:
 
@@ -147,22 +147,30 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
 
 
 async def serve(
-    port: int, name: str, json_response: bool, state: str | None, tls: list[str] | None
+    port: int,
+    fd: int | None,
+    name: str,
+    json_response: bool,
+    state: str | None,
+    tls: list[str] | None,
 ) -> None:
     app = build(name, json_response, state).streamable_http_app()
     files = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
-    await run_uvicorn(app, port, "upstream-fixture", **files)
+    await run_uvicorn(app, port, "upstream-fixture", fd, **files)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("port", type=int)
     p.add_argument("--name", required=True)
+    p.add_argument(
+        "--fd", type=int, help="serve on this inherited socket, bound and not listening; PORT is ignored"
+    )
     p.add_argument("--json", action="store_true", help="answer with application/json, not SSE")
     p.add_argument("--state", help="directory for counts kept across restarts")
     p.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve https with these PEM files")
     a = p.parse_args()
-    asyncio.run(serve(a.port, a.name, a.json, a.state, a.tls))
+    asyncio.run(serve(a.port, a.fd, a.name, a.json, a.state, a.tls))
 
 
 if __name__ == "__main__":
