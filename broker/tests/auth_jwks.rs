@@ -206,12 +206,8 @@ fn a_burst_of_unknown_keys_costs_one_fetch() {
 #[test]
 fn the_broker_does_not_start_without_its_keys() {
     // A port nothing listens on: connection refused.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("http://127.0.0.1:{port}/jwks.json");
+    let dead = common::DeadPort::any();
+    let url = format!("http://127.0.0.1:{}/jwks.json", dead.port);
     let stderr = common::fails_to_start(&config(&url));
     assert!(
         stderr.contains(&url) && stderr.contains("auth.jwks_url"),

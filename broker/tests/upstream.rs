@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Broker;
 use common::grpc::{client as grpc_client, rt, with_session};
 use common::http::{ACCEPT_BOTH, Conn, JSON, eventually};
+use common::{Broker, DeadPort};
 use mcp_schema::client::ResponseView;
 use serde_json::Value;
 
@@ -44,46 +44,6 @@ fn python() -> PathBuf {
     py
 }
 
-/// A loopback port that refuses connections and that no one else can take
-/// meanwhile: a socket bound to it that never listens. A port merely found
-/// free and closed again could be taken by any other test's listener (another
-/// broker's HTTP edge answers MCP), so "down" is held, not hoped for.
-/// `Upstream::start_on` hands the socket to the server, which listens on it.
-struct DeadPort {
-    sock: socket2::Socket,
-    port: u16,
-}
-
-impl DeadPort {
-    /// Any free port.
-    fn new() -> DeadPort {
-        Self::on(0).expect("bind a loopback port")
-    }
-
-    /// `port`, retried for 10 s: the port of a server just killed lingers a
-    /// moment.
-    fn reclaim(port: u16) -> DeadPort {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Self::on(port) {
-                Ok(d) => return d,
-                Err(e) if Instant::now() > until => panic!("reclaim port {port}: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-    }
-
-    fn on(port: u16) -> std::io::Result<DeadPort> {
-        use socket2::{Domain, Socket, Type};
-        let sock = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-        // Over the killed server's TIME_WAIT connections, as uvicorn would.
-        sock.set_reuse_address(true)?;
-        sock.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())?;
-        let port = sock.local_addr()?.as_socket().unwrap().port();
-        Ok(DeadPort { sock, port })
-    }
-}
-
 /// A FastMCP fixture server; killed on drop.
 struct Upstream {
     child: Child,
@@ -99,7 +59,7 @@ struct Upstream {
 impl Upstream {
     /// Starts server `name` on any free port, keeping counts in `state`.
     fn start(name: &str, state: &Path) -> Upstream {
-        Self::start_on(name, DeadPort::new(), state, &[])
+        Self::start_on(name, DeadPort::any(), state, &[])
     }
 
     /// Starts server `name` listening on `port`'s socket, which it inherits
@@ -545,7 +505,7 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
 fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed() {
     let scratch = state_dir("late");
     let dir = scratch.path();
-    let port = DeadPort::new();
+    let port = DeadPort::any();
     let b = Broker::start_with_config(
         &config(&[(
             "late",
@@ -1286,7 +1246,7 @@ fn an_https_upstream_is_trusted_through_its_ca_file_only() {
     certificates(dir);
     let upstream = Upstream::start_on(
         "secure",
-        DeadPort::new(),
+        DeadPort::any(),
         dir,
         &[
             "--tls".into(),

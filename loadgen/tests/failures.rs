@@ -28,12 +28,8 @@ fn bad_target_fails_with_a_clear_message_and_a_report() {
 
 #[test]
 fn refused_connection_fails_with_a_clear_message_and_a_report() {
-    // A port that was just free: nothing listens on it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Nothing listens on it.
+    let (_held, port) = common::refused_port();
     let json = common::json_path("refused");
     let target = format!("frames://127.0.0.1:{port}");
     let out = loadgen(
@@ -52,11 +48,7 @@ fn refused_connection_fails_with_a_clear_message_and_a_report() {
 
 #[test]
 fn refused_grpc_connection_fails_with_a_clear_message_and_a_report() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (_held, port) = common::refused_port();
     let json = common::json_path("grpc-refused");
     let target = format!("grpc://127.0.0.1:{port}");
     let out = loadgen(

@@ -144,11 +144,9 @@ fn without_spin_no_cpu_is_counted_as_idle_spin() {
 
 #[test]
 fn a_run_that_never_starts_measures_no_generator_cpu() {
-    // A port nothing listens on: bound, then closed.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // A port nothing listens on.
+    let (_held, port) = common::refused_port();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let json = common::json_path("self-cost-refused");
     let out = loadgen(
         &[

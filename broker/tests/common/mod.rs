@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub mod grpc;
 pub mod http;
@@ -25,6 +25,47 @@ pub const PORT_ZERO: [&str; 8] = [
     "--metrics-listen",
     "127.0.0.1:0",
 ];
+
+/// A loopback port that refuses connections and that no one else can take
+/// meanwhile: a socket bound to it that never listens. A port merely found
+/// free and closed again could be taken by any other test's listener (another
+/// broker's HTTP edge answers MCP), so "down" is held, not hoped for.
+/// A server can be handed the socket to listen on (`upstream.rs`
+/// `Upstream::start_on`).
+pub struct DeadPort {
+    pub sock: socket2::Socket,
+    pub port: u16,
+}
+
+impl DeadPort {
+    /// Any free port.
+    pub fn any() -> DeadPort {
+        Self::on(0).expect("bind a loopback port")
+    }
+
+    /// `port`, retried for 10 s: the port of a server just killed lingers a
+    /// moment.
+    pub fn reclaim(port: u16) -> DeadPort {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::on(port) {
+                Ok(d) => return d,
+                Err(e) if Instant::now() > until => panic!("reclaim port {port}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    fn on(port: u16) -> std::io::Result<DeadPort> {
+        use socket2::{Domain, Socket, Type};
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+        // Over the killed server's TIME_WAIT connections, as uvicorn would.
+        sock.set_reuse_address(true)?;
+        sock.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())?;
+        let port = sock.local_addr()?.as_socket().unwrap().port();
+        Ok(DeadPort { sock, port })
+    }
+}
 
 pub struct Broker {
     pub child: Child,

@@ -27,6 +27,18 @@ use mcp_schema::verify::VerifiedRequest;
 /// runs in parallel would measure each other.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
+/// A loopback port whose connections are refused for as long as the
+/// returned socket lives: bound, never listening. A port found free and
+/// closed again could be taken by another test's listener meanwhile.
+pub fn refused_port() -> (socket2::Socket, u16) {
+    use socket2::{Domain, Socket, Type};
+    let sock = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    sock.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let port = sock.local_addr().unwrap().as_socket().unwrap().port();
+    (sock, port)
+}
+
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
