@@ -4,7 +4,8 @@ open loop (issue 15, items 3 and 5), counted by the kernel.
 
 Starts echo-baseline, broker-native and broker-wasm (scripts/bench's servers,
 one shard on the upper CPU) -- or, with EDGE=grpc, tonic-baseline and the
-broker's gRPC edge -- and drives each in turn with mcp-loadgen open
+broker's gRPC edge; with EDGE=http, the broker's HTTP edge and rmcp-baseline,
+each in both protocol eras -- and drives each in turn with mcp-loadgen open
 loop at RATE over 16 connections for a fixed number of requests, with
 `perf stat` attached to the server process for exactly that run. Prints,
 per request: on-CPU time, context switches, all syscalls, io_uring_enter
@@ -31,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -57,7 +59,7 @@ def run(server, rate, seconds, lg_cpus, wd, tag):
     """One measured open-loop run; returns ({event: per request},
     {thread: CPU µs per request}, loadgen report)."""
     requests = int(rate * seconds)
-    argv = [B.LOADGEN, "--target", f"{server.scheme}://{server.addr}", *B.TOOL_ARGS,
+    argv = [B.LOADGEN, "--target", server.target, *B.TOOL_ARGS, *server.extra,
             "--cpus", ",".join(map(str, lg_cpus)), "--connections", str(CONNECTIONS),
             "--rate", str(rate), "-q"]
     # Warm: instances, buffers, the ring's registered state.
@@ -92,10 +94,23 @@ def main():
             servers["echo-baseline"] = B.start_echo(wd, 1, srv_cpus)
             servers["broker-native"] = B.start_broker("broker-native", wd, 1, srv_cpus, True)
             servers["broker-wasm"] = B.start_broker("broker-wasm", wd, 1, srv_cpus, False)
+        elif edge == "http":
+            # As scripts/bench --slo starts them: both pinned whole.
+            http = B.start_broker("broker-http", wd, 1, srv_cpus, False, addr_key="http",
+                                  pin_process=True)
+            rmcp = B.Server("rmcp-baseline", [B.RMCP, "--listen", "127.0.0.1:0"], wd,
+                            addr_key="http", cpus=srv_cpus)
+            # One entry per era, sharing the server process.
+            for s in (http, rmcp):
+                for era in B.ERAS:
+                    servers[f"{s.name} {era}"] = types.SimpleNamespace(
+                        name=s.name, proc=s.proc, addr=s.addr, target=f"http://{s.addr}/mcp",
+                        extra=["--mcp-version", era], stop=s.stop)
         else:
-            sys.exit(f"EDGE must be frames or grpc, not {edge!r}")
+            sys.exit(f"EDGE must be frames, grpc or http, not {edge!r}")
         for s in servers.values():
-            s.scheme = edge
+            if edge != "http":
+                s.target, s.extra = f"{edge}://{s.addr}", []
         warm = os.environ.get("WARM") == "1"
         variants = [(n, False) for n in sorted(servers)]
         if warm:
@@ -118,7 +133,8 @@ def main():
                       f"{rep.get('errors')}")
                 res[n].append((per, threads))
     finally:
-        for s in servers.values():
+        # Two entries share each HTTP server process: stop each once.
+        for s in {id(s.proc): s for s in servers.values()}.values():
             s.stop()
     print(f"Open loop at {rate:,} req/s, {CONNECTIONS} connections, {rate * seconds:,.0f} "
           f"requests per run; medians of {rounds} rounds, per request:\n")
