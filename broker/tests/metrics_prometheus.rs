@@ -195,17 +195,20 @@ fn promtool_check(exposition: &str) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// The bucket bounds (seconds) around loadgen's value `us`: from the lower
-/// bound of the bucket below its bucket (`slack` more buckets below) to the
-/// upper bound of its bucket.
-/// The broker measures a sub-interval of what the client measures (no
-/// network, no client), so its quantile is the client's or a little less.
-fn resolution_window(us: f64, slack: usize) -> (f64, f64) {
+/// The bucket bounds (seconds) around an exact quantile of `us`: from the
+/// lower bound of the bucket below its bucket to the upper bound of its
+/// bucket. The one below: HdrHistogram reports the highest value
+/// equivalent to the quantile (0.1% up), which can cross a bucket bound.
+fn resolution_window(us: f64) -> (f64, f64) {
     let b = bucket_of((us * 1e3) as u64);
-    let lo = b.checked_sub(2 + slack).map_or(0, |i| BOUNDS_NS[i]);
+    let lo = b.checked_sub(2).map_or(0, |i| BOUNDS_NS[i]);
     let hi = BOUNDS_NS.get(b).copied().unwrap_or(u64::MAX);
     (lo as f64 / 1e9, hi as f64 / 1e9)
 }
+
+/// What each call of `run_loadgen` asks the chaos router's `sleep` tool
+/// to sleep.
+const TOOL_SLEEP_S: f64 = 0.002;
 
 fn run_loadgen(broker: &Broker, json: &Path) -> serde_json::Value {
     // A server of known latency (the chaos router's 2 ms sleep), so that
@@ -216,7 +219,8 @@ fn run_loadgen(broker: &Broker, json: &Path) -> serde_json::Value {
     // measures from the intended send time, which the broker cannot know).
     let out = Command::new(loadgen())
         .args(["--target", &format!("frames://{}", broker.frames)])
-        .args(["--tool", "sleep", "--args", r#"{"ms":2}"#])
+        .args(["--tool", "sleep", "--args"])
+        .arg(format!(r#"{{"ms":{}}}"#, TOOL_SLEEP_S * 1e3))
         .args(["--connections", "2", "--concurrency", "2"])
         .args(["--requests", "1000", "--duration", "120s"])
         .args(["--timeout", "10s", "-q", "--json"])
@@ -274,38 +278,43 @@ fn prometheus_scrapes_counts_matching_the_client_and_quantiles_within_bucket_res
         "errors recorded: {errors:?}"
     );
 
-    // Quantiles: the broker served nothing else, so the cumulative buckets
-    // are exactly this run's distribution.
-    // The tail allows one bucket more below: a client descheduled on a
-    // shared machine inflates its own tail, which the broker never sees.
-    for (q, key, slack) in [(0.5, "p50", 0), (0.9, "p90", 0), (0.99, "p99", 1)] {
-        let client_us = report["latency_us"][key].as_f64().unwrap();
+    // Quantiles, three measurements of one distribution: the client's
+    // (loadgen), the broker's exact one (its HdrHistogram summary) and
+    // Prometheus's estimate from the broker's buckets.
+    // - The broker times a sub-interval of the client's (no network, no
+    //   client), so its exact quantile is at most the client's (plus
+    //   HdrHistogram's 0.1%), and at least the tool's own 2 ms sleep. How far
+    //   under the client's depends on the machine, not on the broker: with
+    //   another test binary beside it the client's p50 grew to 7.8 ms and
+    //   the broker's to 4.8.
+    // - The broker served nothing else, so the cumulative buckets are
+    //   exactly this run's distribution, and Prometheus's estimate lies
+    //   within bucket resolution of the exact quantile.
+    for (q, key) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")] {
+        let client_s = report["latency_us"][key].as_f64().unwrap() / 1e6;
+        let exact = prom
+            .wait_for(
+                &format!("mcp_request_duration_hdr_seconds{{router=\"chaos\",quantile=\"{q}\"}}"),
+                |v| !v.is_nan(),
+            )
+            .unwrap_or(f64::NAN);
+        assert!(
+            exact <= client_s * 1.001 && exact >= TOOL_SLEEP_S,
+            "{key}: the broker's {exact} s vs loadgen's {client_s} s and the tool's {TOOL_SLEEP_S} s sleep"
+        );
         let promql = format!(
             "histogram_quantile({q}, sum by (le) (mcp_request_duration_seconds_bucket{{router=\"chaos\",tool=\"sleep\"}}))"
         );
         let estimate = prom.query(&promql).unwrap_or(f64::NAN);
-        let (lo, hi) = resolution_window(client_us, slack);
+        let (lo, hi) = resolution_window(exact * 1e6);
         eprintln!(
-            "{key}: loadgen {client_us} µs, histogram_quantile {estimate} s, accepted [{lo}, {hi}] s"
+            "{key}: loadgen {client_s} s, broker {exact} s, histogram_quantile {estimate} s, accepted [{lo}, {hi}] s"
         );
         assert!(
             (lo..=hi).contains(&estimate),
-            "{key}: histogram_quantile {estimate} s is outside [{lo}, {hi}] s around loadgen's {client_us} µs\n{report}"
+            "{key}: histogram_quantile {estimate} s is outside [{lo}, {hi}] s around the broker's exact {exact} s\n{report}"
         );
     }
-    // The exact summary: a little under the client's (no network, no
-    // client), never above it by more than HdrHistogram's 0.1%.
-    let p50 = prom
-        .wait_for(
-            "mcp_request_duration_hdr_seconds{router=\"chaos\",quantile=\"0.5\"}",
-            |v| !v.is_nan(),
-        )
-        .unwrap_or(f64::NAN);
-    let client_p50 = report["latency_us"]["p50"].as_f64().unwrap() / 1e6;
-    assert!(
-        p50 <= client_p50 * 1.001 && p50 >= client_p50 * 0.8,
-        "summary p50 {p50} s vs loadgen p50 {client_p50} s"
-    );
 
     // The exposition after load is clean for promtool.
     let (status, exposition) = broker.http_get("/metrics");
