@@ -808,7 +808,16 @@ async fn set_logging_level_without_a_session_sets_the_level_of_the_connection() 
     let mut late = with_session(call("sleep", r#"{"ms":1000}"#), &session);
     late.set_timeout(Duration::from_millis(100));
     let e = c.call_tool(late).await.unwrap_err();
-    assert_eq!(e.code(), Code::DeadlineExceeded);
+    // The broker answers 10 ms before the deadline; tonic's client also
+    // times the call and says CANCELLED ("Timeout expired") when its own
+    // timer fires first, as it did once with three test binaries on the two
+    // CPUs. Either way the call ended at its deadline, and any WARNING it
+    // logged is what this test expects to be filtered out.
+    assert!(
+        e.code() == Code::DeadlineExceeded
+            || (e.code() == Code::Cancelled && e.message() == "Timeout expired"),
+        "{e:?}"
+    );
     c.call_tool(with_session(call("trap", "{}"), &session))
         .await
         .unwrap_err();
