@@ -100,10 +100,31 @@ async fn handle_on(
             ShardStats::sub(&self.0.in_flight, 1);
         }
     }
+    /// Records the call if the edge drops it unanswered
+    /// ([`record_edge_deadline`]).
+    struct Unanswered<'a> {
+        shard: &'a Shard,
+        req: &'a VerifiedRequest,
+        arrived: Instant,
+        answered: bool,
+    }
+    impl Drop for Unanswered<'_> {
+        fn drop(&mut self) {
+            if !self.answered {
+                record_edge_deadline(&self.shard.ctx, self.req, self.arrived, self.arrived);
+            }
+        }
+    }
     let arrived = Instant::now();
     let stats = shard.stats();
     ShardStats::add(&stats.in_flight, 1);
     let _in_flight = InFlight(stats);
+    let mut unanswered = Unanswered {
+        shard: &shard,
+        req: &req,
+        arrived,
+        answered: false,
+    };
     let live = live.map(SentLive);
     let (mut args, mut out) = (Vec::new(), Vec::new());
     run_or_expire(
@@ -114,6 +135,7 @@ async fn handle_on(
         live.as_ref().map(|l| l as &dyn crate::dispatch::LiveOut),
     )
     .await;
+    unanswered.answered = true;
     let _ended = metrics::record::request(
         &shard.ctx,
         metrics::Edge::Grpc,
@@ -123,6 +145,40 @@ async fn handle_on(
         &out,
     );
     out
+}
+
+/// How much earlier than `timeout_ms` after its arrival on the shard a gRPC
+/// call may be dropped by the edge's deadline timer: that timer starts
+/// before the call reaches the shard, and monoio's timers fire on a 1 ms
+/// wheel.
+const EDGE_DEADLINE_SLACK: Duration = Duration::from_millis(2);
+
+/// A gRPC call the edge dropped unanswered. If its `timeout_ms` has (about)
+/// passed, the edge has answered DEADLINE_EXCEEDED itself (a router that
+/// waits, on a clock or the network, is still waiting when the edge's timer
+/// fires), so the call is recorded with that outcome: without it the
+/// client's answer would be missing from `mcp_requests_total`. A call
+/// dropped earlier (the client cancelled, or its connection closed) got no
+/// answer from the broker and is not counted.
+fn record_edge_deadline(ctx: &ShardCtx, req: &VerifiedRequest, arrived: Instant, started: Instant) {
+    let Some(ms) = req.view().timeout_ms() else {
+        return;
+    };
+    if arrived.elapsed() + EDGE_DEADLINE_SLACK < Duration::from_millis(ms.into()) {
+        return;
+    }
+    let to = req.view().reply_to();
+    let frame = ctx
+        .enc
+        .borrow_mut()
+        .error(
+            &to,
+            mcp_schema::ErrorCode::DeadlineExceeded,
+            "the client's deadline passed",
+            None,
+        )
+        .to_vec();
+    let _ended = metrics::record::request(ctx, metrics::Edge::Grpc, req, arrived, started, &frame);
 }
 
 /// The shard the calling thread runs (`None` off the shards).
@@ -629,6 +685,8 @@ async fn inbox_loop(shard: Rc<Shard>) {
                             started,
                             &out,
                         );
+                    } else if !forwarded {
+                        record_edge_deadline(&shard.ctx, &req, arrived, started);
                     }
                     ShardStats::sub(&stats.in_flight, 1);
                     if answered {
