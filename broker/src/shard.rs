@@ -101,7 +101,9 @@ async fn handle_on(
         }
     }
     /// Records the call if the edge drops it unanswered
-    /// ([`record_edge_deadline`]).
+    /// ([`record_edge_deadline`]); not while a panic unwinds through it:
+    /// that is the handler's failure, which the edge's panic guard answers
+    /// with INTERNAL (`edge/grpc/guard.rs`), not a deadline.
     struct Unanswered<'a> {
         shard: &'a Shard,
         req: &'a VerifiedRequest,
@@ -110,7 +112,7 @@ async fn handle_on(
     }
     impl Drop for Unanswered<'_> {
         fn drop(&mut self) {
-            if !self.answered {
+            if !self.answered && !std::thread::panicking() {
                 record_edge_deadline(&self.shard.ctx, self.req, self.arrived, self.arrived);
             }
         }
