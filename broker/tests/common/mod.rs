@@ -26,10 +26,12 @@ pub const PORT_ZERO: [&str; 8] = [
     "127.0.0.1:0",
 ];
 
-/// A loopback port that refuses connections and that no one else can take
-/// meanwhile: a socket bound to it that never listens. A port merely found
-/// free and closed again could be taken by any other test's listener (another
-/// broker's HTTP edge answers MCP), so "down" is held, not hoped for.
+/// A loopback port that refuses connections and that no other test takes
+/// meanwhile: a socket bound to it that never listens, which the kernel's
+/// port-0 allocation skips (only an explicit bind of this very port with
+/// `SO_REUSEADDR` could share it). A port merely found free and closed
+/// again could be taken by any other test's listener (another broker's
+/// HTTP edge answers MCP), so "down" is held, not hoped for.
 /// A server can be handed the socket to listen on (`upstream.rs`
 /// `Upstream::start_on`).
 pub struct DeadPort {
