@@ -1062,6 +1062,29 @@ unsafe extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
 }
 
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4): its
+/// descriptors' socket inodes against `/proc/net/tcp`'s LISTEN entries.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the broker's descriptors")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let tcp = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    tcp.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // local_address is ADDR:PORT in hex, st 0A is LISTEN, inode is the
+        // tenth field.
+        f.len() > 9
+            && f[3] == "0A"
+            && f[1].rsplit(':').next() == Some(&format!("{port:04X}"))
+            && inodes.contains(f[9])
+    })
+}
+
 /// Free loopback addresses (bound, then released: the broker binds them
 /// next).
 fn free_addrs<const N: usize>() -> [std::net::SocketAddr; N] {
@@ -1166,13 +1189,20 @@ fn moved_listeners_take_new_connections_and_keep_established_ones() {
     );
     assert_eq!(text_of(&v), "stayed", "{v}");
 
-    // The old listeners close after their linger.
+    // The old listeners close after their linger. Asked of the broker's own
+    // sockets, not by connecting: once closed, a port can be taken at once
+    // by another test's listener (this binary's tests start brokers on port
+    // 0 in parallel), and a connect would then succeed.
+    let pid = b.child.id();
+    for (edge, addr) in ["frames", "grpc", "http", "metrics"].iter().zip(&new) {
+        assert!(
+            listens_on(pid, addr.port()),
+            "the new {edge} listener {addr} is not the broker's"
+        );
+    }
     for (edge, addr) in ["frames", "grpc", "http", "metrics"].iter().zip(&old) {
         assert!(
-            eventually(Duration::from_secs(5), || std::net::TcpStream::connect(
-                addr
-            )
-            .is_err()),
+            eventually(Duration::from_secs(5), || !listens_on(pid, addr.port())),
             "the old {edge} listener {addr} still accepts after the reload"
         );
     }
