@@ -8,7 +8,10 @@
 //!   which the shard must turn into a -32603 answer and survive;
 //! - `MCP_BROKER_TEST_KILL_SHARD_TOOL`: panics in the shard's reader,
 //!   outside any handler, which kills the shard thread (then `/readyz`
-//!   must turn 503 and the process must exit non-zero).
+//!   must turn 503 and the process must exit non-zero);
+//! - `MCP_BROKER_TEST_STALL_TOOL=name:ms`: blocks the thread of the shard
+//!   running the call for `ms` milliseconds, as a shard too busy to turn
+//!   to its inbox would be, then routes the call as usual.
 
 #[cfg(debug_assertions)]
 mod imp {
@@ -22,6 +25,7 @@ mod imp {
 
     static PANIC_TOOL: OnceLock<Option<String>> = OnceLock::new();
     static KILL_TOOL: OnceLock<Option<String>> = OnceLock::new();
+    static STALL_TOOL: OnceLock<Option<String>> = OnceLock::new();
 
     thread_local! {
         static KILL: Cell<bool> = const { Cell::new(false) };
@@ -33,6 +37,13 @@ mod imp {
         }
         if armed("MCP_BROKER_TEST_KILL_SHARD_TOOL", &KILL_TOOL) == Some(name) {
             KILL.with(|k| k.set(true));
+        }
+        if let Some((tool, ms)) =
+            armed("MCP_BROKER_TEST_STALL_TOOL", &STALL_TOOL).and_then(|v| v.split_once(':'))
+            && tool == name
+        {
+            let ms = ms.parse().expect("MCP_BROKER_TEST_STALL_TOOL=name:ms");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
     }
 

@@ -25,7 +25,7 @@ use monoio::net::TcpListener;
 use crate::dispatch::ShardCtx;
 use crate::local::{Latch, YieldQueue};
 use crate::metrics;
-use crate::shared::{ShardMsg, ShardStats, Shared};
+use crate::shared::{EdgeDeadline, ShardMsg, ShardStats, Shared};
 use crate::wasm::RouterPool;
 
 /// Everything a shard thread needs to start.
@@ -79,10 +79,14 @@ pub(crate) fn handle_here(
     index: usize,
     req: VerifiedRequest,
     live: Option<crate::shared::LiveSender>,
+    edge_deadline: Option<EdgeDeadline>,
 ) -> Result<crate::edge::rt::ShardBound<impl Future<Output = Vec<u8>>>, NotHere> {
     match here(index) {
         Some(shard) => Ok(crate::edge::rt::ShardBound::new(handle_on(
-            shard, req, live,
+            shard,
+            req,
+            live,
+            edge_deadline,
         ))),
         None => Err((req, live)),
     }
@@ -92,6 +96,7 @@ async fn handle_on(
     shard: Rc<Shard>,
     req: VerifiedRequest,
     live: Option<crate::shared::LiveSender>,
+    edge_deadline: Option<EdgeDeadline>,
 ) -> Vec<u8> {
     /// In flight until answered, dropped or unwound.
     struct InFlight<'a>(&'a ShardStats);
@@ -100,19 +105,23 @@ async fn handle_on(
             ShardStats::sub(&self.0.in_flight, 1);
         }
     }
-    /// Records the call if the edge drops it unanswered
-    /// ([`record_edge_deadline`]); not while a panic unwinds through it:
-    /// that is the handler's failure, which the edge's panic guard answers
-    /// with INTERNAL (`edge/grpc/guard.rs`), not a deadline.
+    /// Records the call if the edge drops it having answered
+    /// DEADLINE_EXCEEDED itself ([`record_edge_deadline`]). A panic that
+    /// unwinds through it is the handler's failure, which the edge's panic
+    /// guard answers with INTERNAL (`edge/grpc/guard.rs`), not a deadline.
     struct Unanswered<'a> {
         shard: &'a Shard,
         req: &'a VerifiedRequest,
         arrived: Instant,
+        edge_deadline: Option<EdgeDeadline>,
         answered: bool,
     }
     impl Drop for Unanswered<'_> {
         fn drop(&mut self) {
-            if !self.answered && !std::thread::panicking() {
+            if !self.answered
+                && !std::thread::panicking()
+                && self.edge_deadline.as_ref().is_some_and(EdgeDeadline::fired)
+            {
                 record_edge_deadline(&self.shard.ctx, self.req, self.arrived, self.arrived);
             }
         }
@@ -125,6 +134,7 @@ async fn handle_on(
         shard: &shard,
         req: &req,
         arrived,
+        edge_deadline,
         answered: false,
     };
     let live = live.map(SentLive);
@@ -149,26 +159,12 @@ async fn handle_on(
     out
 }
 
-/// How much earlier than `timeout_ms` after its arrival on the shard a gRPC
-/// call may be dropped by the edge's deadline timer: that timer starts
-/// before the call reaches the shard, and monoio's timers fire on a 1 ms
-/// wheel.
-const EDGE_DEADLINE_SLACK: Duration = Duration::from_millis(2);
-
-/// A gRPC call the edge dropped unanswered. If its `timeout_ms` has (about)
-/// passed, the edge has answered DEADLINE_EXCEEDED itself (a router that
-/// waits, on a clock or the network, is still waiting when the edge's timer
-/// fires), so the call is recorded with that outcome: without it the
-/// client's answer would be missing from `mcp_requests_total`. A call
-/// dropped earlier (the client cancelled, or its connection closed) got no
-/// answer from the broker and is not counted.
+/// A gRPC call the edge dropped after answering DEADLINE_EXCEEDED itself
+/// ([`EdgeDeadline`]; a router that waits, on a clock or the network, is
+/// still waiting when the edge's timer fires): recorded with that outcome,
+/// without which the client's answer would be missing from
+/// `mcp_requests_total`.
 fn record_edge_deadline(ctx: &ShardCtx, req: &VerifiedRequest, arrived: Instant, started: Instant) {
-    let Some(ms) = req.view().timeout_ms() else {
-        return;
-    };
-    if arrived.elapsed() + EDGE_DEADLINE_SLACK < Duration::from_millis(ms.into()) {
-        return;
-    }
     let to = req.view().reply_to();
     let frame = ctx
         .enc
@@ -632,6 +628,7 @@ async fn inbox_loop(shard: Rc<Shard>) {
                         mut reply,
                         forwarded,
                         live,
+                        edge_deadline,
                     } = job;
                     let live = live.map(SentLive);
                     let started = Instant::now();
@@ -644,7 +641,11 @@ async fn inbox_loop(shard: Rc<Shard>) {
                     // frame connection gone) drops the handling, which drops
                     // a lease mid-call and so discards the instance and stops
                     // its guest, instead of running it to its deadline for an
-                    // answer nobody reads.
+                    // answer nobody reads. The caller is asked first: a job
+                    // that waited in the inbox past its caller (a busy owner
+                    // shard, the gRPC edge's deadline) is not run at all, and
+                    // once the edge has answered DEADLINE_EXCEEDED, an answer
+                    // ready in the same turn is not the one the client got.
                     let ran = {
                         let mut run = Box::pin(Some(run_or_expire(
                             &shard,
@@ -654,6 +655,8 @@ async fn inbox_loop(shard: Rc<Shard>) {
                             live.as_ref().map(|l| l as &dyn crate::dispatch::LiveOut),
                         )));
                         let ran = monoio::select! {
+                            biased;
+                            _ = reply.cancellation() => None,
                             r = poll_fn(|cx| {
                                 let fut = run.as_mut().as_pin_mut().expect("polled until ready");
                                 match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
@@ -661,7 +664,6 @@ async fn inbox_loop(shard: Rc<Shard>) {
                                     Err(payload) => Poll::Ready(Err(Panicked::from(payload))),
                                 }
                             }) => Some(r),
-                            _ = reply.cancellation() => None,
                         };
                         drop_future(&mut run);
                         ran
@@ -678,17 +680,21 @@ async fn inbox_loop(shard: Rc<Shard>) {
                             None,
                         ));
                     }
-                    if answered && !forwarded {
-                        let _ended = metrics::record::request(
-                            &shard.ctx,
-                            metrics::Edge::Grpc,
-                            &req,
-                            arrived,
-                            started,
-                            &out,
-                        );
-                    } else if !forwarded {
-                        record_edge_deadline(&shard.ctx, &req, arrived, started);
+                    // What the client got: the edge's DEADLINE_EXCEEDED once
+                    // it has fired, even if the call finished meanwhile.
+                    if !forwarded {
+                        if edge_deadline.as_ref().is_some_and(EdgeDeadline::fired) {
+                            record_edge_deadline(&shard.ctx, &req, arrived, started);
+                        } else if answered {
+                            let _ended = metrics::record::request(
+                                &shard.ctx,
+                                metrics::Edge::Grpc,
+                                &req,
+                                arrived,
+                                started,
+                                &out,
+                            );
+                        }
                     }
                     ShardStats::sub(&stats.in_flight, 1);
                     if answered {

@@ -31,6 +31,40 @@ pub struct Job {
     /// Where the request's progress and log frames go while it runs (the
     /// gRPC edge: its session's Subscribe streams); `None`: with the answer.
     pub live: Option<LiveSender>,
+    /// Set when the gRPC edge answered the call DEADLINE_EXCEEDED itself and
+    /// dropped its receiver (`None`: the caller has no deadline).
+    pub edge_deadline: Option<EdgeDeadline>,
+}
+
+/// Set by the gRPC edge when its deadline timer answers a call with
+/// DEADLINE_EXCEEDED itself, before it drops the call. The shard running the
+/// call then records that answer in the metrics: the router is usually still
+/// waiting (a clock, the network) and never answers. A call dropped with the
+/// flag clear (its client cancelled, its connection closed) got no answer
+/// from the broker and is not counted.
+///
+/// An explicit signal, not an inference from the time: a hand-off can reach
+/// a busy owner shard after the deadline has passed, and a cancel can come
+/// just before it.
+#[derive(Clone, Default)]
+pub struct EdgeDeadline(Arc<AtomicBool>);
+
+impl EdgeDeadline {
+    /// The edge has answered DEADLINE_EXCEEDED. Called before the call's
+    /// future or receiver is dropped, which is what the shard observes.
+    pub fn fire(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub fn fired(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+impl std::fmt::Debug for EdgeDeadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("EdgeDeadline").field(&self.fired()).finish()
+    }
 }
 
 /// A thread-safe [`crate::dispatch::LiveOut`] for requests handed to a shard.
@@ -363,6 +397,7 @@ impl Shared {
         shard: usize,
         req: VerifiedRequest,
         live: Option<LiveSender>,
+        edge_deadline: Option<EdgeDeadline>,
     ) -> Result<oneshot::Receiver<Vec<u8>>, SubmitError> {
         let (reply, rx) = oneshot::channel();
         let forwarded = false;
@@ -373,6 +408,7 @@ impl Shared {
                 reply,
                 forwarded,
                 live,
+                edge_deadline,
             }),
         )?;
         Ok(rx)
@@ -396,6 +432,9 @@ impl Shared {
                 // The origin connection is on another thread: its
                 // notifications come back with the answer.
                 live: None,
+                // Frame calls have no edge timer: the shard answers their
+                // deadlines itself.
+                edge_deadline: None,
             }),
         )?;
         Ok(rx)

@@ -487,6 +487,83 @@ async fn router_and_input_errors_map_to_grpc_status_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_answered_while_the_owner_shard_is_busy_is_counted_once() {
+    // A gRPC session belongs to its connection, and its calls run on its
+    // owner shard, which may be another shard than the connection's. While
+    // the owner is too busy to turn to its inbox (here: an `echo` of the
+    // session stalls its thread for 3 s, by the debug build's fault
+    // injection), a call of the session waits there, and the connection's
+    // shard answers it DEADLINE_EXCEEDED at its deadline. That answer was
+    // once missing from the metrics: the owner picked the call up after the
+    // stall and, timing it from then, judged that no deadline had passed.
+    let b = Broker::start_with_chaos_env(|c| c, &[("MCP_BROKER_TEST_STALL_TOOL", "echo:3000")]);
+    let c = client(&b).await;
+    let chaos = || b.metric("mcp_requests_total", r#"router="chaos""#);
+    let deadlines = || b.metric("mcp_requests_total", r#"outcome="deadline_exceeded""#);
+    let in_flight = || b.metric("mcp_in_flight_requests", "");
+    let (chaos_before, deadlines_before) = (chaos(), deadlines());
+
+    // Sessions are spread over the two shards by their ids: stall one after
+    // another until the connection still answers a ping meanwhile, i.e.
+    // until the stalled owner is not the connection's shard.
+    let mut found = None;
+    for _ in 0..12 {
+        let (_, session) = initialize(&mut c.clone()).await;
+        let mut staller = c.clone();
+        let s = session.clone();
+        let stall = tokio::spawn(async move {
+            staller
+                .call_tool(with_session(call("echo", "{}"), &s))
+                .await
+        });
+        assert!(
+            eventually(Duration::from_secs(2), || in_flight() >= 1.0).await,
+            "the stalled call reached its shard"
+        );
+        let mut pinger = c.clone();
+        let ping = pinger.ping(pb::PingRequest {});
+        if tokio::time::timeout(Duration::from_millis(300), ping)
+            .await
+            .is_ok()
+        {
+            found = Some((session, stall));
+            break;
+        }
+        stall.await.unwrap().expect("the stalled echo completes");
+    }
+    let (session, stall) =
+        found.expect("12 sessions, none owned by another shard than the connection's");
+
+    let mut r = with_session(call("sleep", r#"{"ms":1}"#), &session);
+    r.set_timeout(Duration::from_millis(300));
+    let e = c.clone().call_tool(r).await.unwrap_err();
+    // Or tonic's own timer, if it fired first on a starved machine (see
+    // `router_and_input_errors_map_to_grpc_status_codes`).
+    assert!(
+        e.code() == Code::DeadlineExceeded
+            || (e.code() == Code::Cancelled && e.message() == "Timeout expired"),
+        "{e:?}"
+    );
+    assert!(
+        !stall.is_finished(),
+        "the owner turned to its inbox before the deadline: the stall ended early"
+    );
+    stall.await.unwrap().expect("the stalled echo completes");
+
+    // The call counted once, as the deadline its client got, and not run
+    // after it (a run would count it again, as `ok`).
+    assert!(
+        eventually(Duration::from_secs(5), || deadlines()
+            >= deadlines_before + 1.0)
+        .await,
+        "the edge's DEADLINE_EXCEEDED is not counted"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(deadlines(), deadlines_before + 1.0, "counted once");
+    assert_eq!(chaos(), chaos_before + 1.0, "the call counted once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_refuse_with_resource_exhausted_and_subscriptions_end_with_the_client() {
     let b = Broker::start_with_config(|c| {
         c.replace(

@@ -49,15 +49,25 @@ impl Broker {
     /// sure (the embedded default need not serve it), with `chaos` as the
     /// last `[[routers]]` entry so that `edit` can append keys to it.
     pub fn start_with_chaos(edit: impl FnOnce(String) -> String) -> Self {
+        Self::start_with_chaos_env(edit, &[])
+    }
+
+    /// [`Broker::start_with_chaos`] with `env` set for the broker (e.g. the
+    /// debug build's fault injection, `src/fault.rs`).
+    pub fn start_with_chaos_env(edit: impl FnOnce(String) -> String, env: &[(&str, &str)]) -> Self {
         let mut text = example();
         if let Some(at) = text.find("[[routers]]\nname = \"chaos\"") {
             text.truncate(at);
         }
         text.push_str("\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n");
-        Self::start_with(Some(edit(text)))
+        Self::start_with_env(Some(edit(text)), env)
     }
 
     fn start_with(config: Option<String>) -> Self {
+        Self::start_with_env(config, &[])
+    }
+
+    fn start_with_env(config: Option<String>, env: &[(&str, &str)]) -> Self {
         let file = config.map(|text| tempfile_like::TempFile::new("grpc-test.toml", &text));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
         cmd.args([
@@ -73,6 +83,7 @@ impl Broker {
         if let Some(f) = &file {
             cmd.arg("--config").arg(&f.path);
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

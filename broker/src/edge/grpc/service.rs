@@ -39,7 +39,7 @@ use super::request::{self, Refused};
 use super::session::{SessionError, Sessions};
 use super::status;
 use crate::auth::Principal;
-use crate::shared::{Shared, SubmitError};
+use crate::shared::{EdgeDeadline, Shared, SubmitError};
 
 thread_local! {
     /// Reused per shard thread: building a frame allocates nothing once the
@@ -440,14 +440,15 @@ impl Reply {
 
 /// `rx`, unless `after` passes first (`None`). The timer is the shard's
 /// (`crate::edge::rt::ShardTimer`): a call is served on a shard thread.
+/// `rx` is borrowed: the caller drops it, after telling the shard why.
 async fn with_deadline<F: std::future::Future + Unpin>(
-    mut rx: F,
+    rx: &mut F,
     after: Duration,
 ) -> Option<F::Output> {
     use hyper::rt::Timer;
     let mut sleep = crate::edge::rt::ShardTimer.sleep(after);
     std::future::poll_fn(|cx| {
-        if let std::task::Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
+        if let std::task::Poll::Ready(r) = Pin::new(&mut *rx).poll(cx) {
             return std::task::Poll::Ready(Some(r));
         }
         sleep.as_mut().poll(cx).map(|()| None)
@@ -527,22 +528,25 @@ impl EdgeState {
             .map_err(|e| status::edge(e.code(), e.to_string()))?;
         let shard = self.pick_shard(session);
         let live = self.live(op, session);
+        // Told to the shard when this edge answers DEADLINE_EXCEEDED itself,
+        // so that the answer is counted (`await_reply`).
+        let expiry = meta.deadline.map(|_| EdgeDeadline::default());
         // The call's shard is this thread's (every call without a session,
         // and a session's calls on its owner): handled right here, as the
         // HTTP edge does, without the inbox, a spawned task and a oneshot.
         // Else handed to the owner shard.
-        let frames = match crate::shard::handle_here(shard, req, live) {
+        let frames = match crate::shard::handle_here(shard, req, live, expiry.clone()) {
             Ok(run) => {
                 let run = std::pin::pin!(async move { Ok::<_, ()>(run.await) });
-                self.await_reply(run, meta, header.timeout_ms, session, op)
+                self.await_reply(run, meta, header.timeout_ms, expiry.as_ref(), session, op)
                     .await?
             }
             Err((req, live)) => {
                 let rx = self
                     .shared
-                    .submit(shard, req, live)
+                    .submit(shard, req, live, expiry.clone())
                     .map_err(submit_status)?;
-                self.await_reply(rx, meta, header.timeout_ms, session, op)
+                self.await_reply(rx, meta, header.timeout_ms, expiry.as_ref(), session, op)
                     .await?
                     .map_err(drop)
             }
@@ -566,21 +570,26 @@ impl EdgeState {
     /// first. The router is stopped at `timeout_ms`, but its stop lands on
     /// the next epoch tick and the answer still has to travel: the edge
     /// answers DEADLINE_EXCEEDED itself at `timeout_ms`, before the
-    /// transport's own timer would cancel the call (CANCELLED).
+    /// transport's own timer would cancel the call (CANCELLED), and fires
+    /// `expiry` before `reply` is dropped, for the shard to record it.
     async fn await_reply<E>(
         &self,
-        reply: impl std::future::Future<Output = Result<Vec<u8>, E>> + Unpin,
+        mut reply: impl std::future::Future<Output = Result<Vec<u8>, E>> + Unpin,
         meta: &CallMeta,
         timeout_ms: u32,
+        expiry: Option<&EdgeDeadline>,
         session: Option<&str>,
         op: Op<'_>,
     ) -> Result<Result<Vec<u8>, E>, Status> {
         if meta.deadline.is_none() {
             return Ok(reply.await);
         }
-        match with_deadline(reply, Duration::from_millis(timeout_ms.into())).await {
+        match with_deadline(&mut reply, Duration::from_millis(timeout_ms.into())).await {
             Some(r) => Ok(r),
             None => {
+                if let Some(e) = expiry {
+                    e.fire();
+                }
                 let s = status::edge(ErrorCode::DeadlineExceeded, "the client's deadline passed");
                 self.log_failure(session, op, &s);
                 Err(s)
