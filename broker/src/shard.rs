@@ -680,10 +680,17 @@ async fn inbox_loop(shard: Rc<Shard>) {
                             None,
                         ));
                     }
-                    // What the client got: the edge's DEADLINE_EXCEEDED once
-                    // it has fired, even if the call finished meanwhile.
+                    // What the client got: the edge's DEADLINE_EXCEEDED if
+                    // its timer claimed the call first, even if the call
+                    // finished meanwhile; else this answer, which the edge
+                    // then waits for.
+                    let edge_answered = match &edge_deadline {
+                        Some(d) if answered => !d.claim_answer(),
+                        Some(d) => d.fired(),
+                        None => false,
+                    };
                     if !forwarded {
-                        if edge_deadline.as_ref().is_some_and(EdgeDeadline::fired) {
+                        if edge_answered {
                             record_edge_deadline(&shard.ctx, &req, arrived, started);
                         } else if answered {
                             let _ended = metrics::record::request(

@@ -9,7 +9,7 @@
 //!   count), never a copy.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -31,33 +31,60 @@ pub struct Job {
     /// Where the request's progress and log frames go while it runs (the
     /// gRPC edge: its session's Subscribe streams); `None`: with the answer.
     pub live: Option<LiveSender>,
-    /// Set when the gRPC edge answered the call DEADLINE_EXCEEDED itself and
-    /// dropped its receiver (`None`: the caller has no deadline).
+    /// Claimed by the gRPC edge if it answered the call DEADLINE_EXCEEDED
+    /// itself (`None`: the caller has no deadline).
     pub edge_deadline: Option<EdgeDeadline>,
 }
 
-/// Set by the gRPC edge when its deadline timer answers a call with
-/// DEADLINE_EXCEEDED itself, before it drops the call. The shard running the
-/// call then records that answer in the metrics: the router is usually still
-/// waiting (a clock, the network) and never answers. A call dropped with the
-/// flag clear (its client cancelled, its connection closed) got no answer
-/// from the broker and is not counted.
+/// Who answers a gRPC call with a deadline: the edge's timer
+/// (DEADLINE_EXCEEDED) or the shard running it, whichever claims it first.
+///
+/// The edge claims it ([`Self::fire`]) before it drops the call's future or
+/// receiver; the shard running the call then records that answer in the
+/// metrics (the router is usually still waiting, on a clock or the network,
+/// and never answers). A call dropped unclaimed (its client cancelled, its
+/// connection closed) got no answer from the broker and is not counted.
+/// A shard that finished a handed-off call claims it before recording its
+/// answer ([`Self::claim_answer`]); an edge that then finds the call
+/// claimed waits for that answer instead of its own. So the metrics hold
+/// what the client got, also when the two finish at the same moment.
 ///
 /// An explicit signal, not an inference from the time: a hand-off can reach
 /// a busy owner shard after the deadline has passed, and a cancel can come
 /// just before it.
 #[derive(Clone, Default)]
-pub struct EdgeDeadline(Arc<AtomicBool>);
+pub struct EdgeDeadline(Arc<AtomicU8>);
+
+const UNCLAIMED: u8 = 0;
+const EDGE_ANSWERED: u8 = 1;
+const SHARD_ANSWERED: u8 = 2;
 
 impl EdgeDeadline {
-    /// The edge has answered DEADLINE_EXCEEDED. Called before the call's
-    /// future or receiver is dropped, which is what the shard observes.
-    pub fn fire(&self) {
-        self.0.store(true, Ordering::Release);
+    /// The edge's timer claims the call: `true` if the edge answers
+    /// DEADLINE_EXCEEDED, `false` if the shard's answer is on its way.
+    pub fn fire(&self) -> bool {
+        self.claim(EDGE_ANSWERED)
     }
 
+    /// The shard claims the call for the answer it is about to send:
+    /// `false` if the edge has already answered.
+    pub fn claim_answer(&self) -> bool {
+        self.claim(SHARD_ANSWERED)
+    }
+
+    /// Whether the edge answered the call itself.
     pub fn fired(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.load(Ordering::Acquire) == EDGE_ANSWERED
+    }
+
+    fn claim(&self, by: u8) -> bool {
+        match self
+            .0
+            .compare_exchange(UNCLAIMED, by, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(now) => now == by,
+        }
     }
 }
 
@@ -574,5 +601,35 @@ impl Shared {
             .iter()
             .map(|s| s.in_flight.load(Ordering::Relaxed))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EdgeDeadline;
+
+    #[test]
+    fn the_first_to_claim_a_deadline_call_answers_it() {
+        // The edge's timer first: the shard's answer is not the client's.
+        let d = EdgeDeadline::default();
+        assert!(!d.fired());
+        assert!(d.fire());
+        assert!(d.fire(), "firing again changes nothing");
+        assert!(!d.claim_answer());
+        assert!(d.fired());
+
+        // The shard first: the edge waits for its answer.
+        let d = EdgeDeadline::default();
+        assert!(d.claim_answer());
+        assert!(!d.fire());
+        assert!(!d.fired());
+
+        // Shared by clones, as between the edge and the shard.
+        let (edge, shard) = (EdgeDeadline::default(), EdgeDeadline::default());
+        let shard_copy = shard.clone();
+        assert!(shard_copy.claim_answer());
+        assert!(!shard.fire());
+        assert!(edge.clone().fire());
+        assert!(edge.fired());
     }
 }

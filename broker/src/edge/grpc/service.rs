@@ -570,7 +570,7 @@ impl EdgeState {
     /// first. The router is stopped at `timeout_ms`, but its stop lands on
     /// the next epoch tick and the answer still has to travel: the edge
     /// answers DEADLINE_EXCEEDED itself at `timeout_ms`, before the
-    /// transport's own timer would cancel the call (CANCELLED), and fires
+    /// transport's own timer would cancel the call (CANCELLED), and claims
     /// `expiry` before `reply` is dropped, for the shard to record it.
     async fn await_reply<E>(
         &self,
@@ -586,10 +586,10 @@ impl EdgeState {
         }
         match with_deadline(&mut reply, Duration::from_millis(timeout_ms.into())).await {
             Some(r) => Ok(r),
+            // A shard that finished the call as the timer fired has claimed
+            // it, and its answer (already counted) is on its way.
+            None if expiry.is_some_and(|e| !e.fire()) => Ok(reply.await),
             None => {
-                if let Some(e) = expiry {
-                    e.fire();
-                }
                 let s = status::edge(ErrorCode::DeadlineExceeded, "the client's deadline passed");
                 self.log_failure(session, op, &s);
                 Err(s)
