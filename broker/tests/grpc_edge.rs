@@ -501,7 +501,8 @@ async fn a_deadline_answered_while_the_owner_shard_is_busy_is_counted_once() {
     let chaos = || b.metric("mcp_requests_total", r#"router="chaos""#);
     let deadlines = || b.metric("mcp_requests_total", r#"outcome="deadline_exceeded""#);
     let in_flight = || b.metric("mcp_in_flight_requests", "");
-    let (chaos_before, deadlines_before) = (chaos(), deadlines());
+    let ran = || b.metric("mcp_router_calls_total", r#"router="chaos""#);
+    let (chaos_before, deadlines_before, ran_before) = (chaos(), deadlines(), ran());
 
     // Sessions are spread over the two shards by their ids: stall one after
     // another until the connection still answers a ping meanwhile, i.e.
@@ -550,8 +551,8 @@ async fn a_deadline_answered_while_the_owner_shard_is_busy_is_counted_once() {
     );
     stall.await.unwrap().expect("the stalled echo completes");
 
-    // The call counted once, as the deadline its client got, and not run
-    // after it (a run would count it again, as `ok`).
+    // The call counted once, as the deadline its client got, once the
+    // owner turns to its inbox; and not run then, for nobody.
     assert!(
         eventually(Duration::from_secs(5), || deadlines()
             >= deadlines_before + 1.0)
@@ -561,6 +562,11 @@ async fn a_deadline_answered_while_the_owner_shard_is_busy_is_counted_once() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(deadlines(), deadlines_before + 1.0, "counted once");
     assert_eq!(chaos(), chaos_before + 1.0, "the call counted once");
+    assert_eq!(
+        ran(),
+        ran_before,
+        "the call ran after its client had its answer"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
