@@ -52,6 +52,13 @@ const TICK: Duration = Duration::from_millis(20);
 /// refused: a load test against an unreachable host should fail fast.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long past the end of the send phase requests due before it may
+/// still be written ([`Pacer::step`]): a writer woken a little late.
+/// Without the bound, a pipelined HTTP run at 3x a server's capacity went
+/// on sending its whole backlog after the end (a `--duration 5s` run took
+/// 15 s), since each answer made room in the window for another.
+const CATCH_UP: Duration = Duration::from_millis(100);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// `--concurrency N`: N requests in flight, each sent when one ends;
@@ -919,11 +926,15 @@ impl Pacer {
         // it still go out (late, and measured from their intended times):
         // a writer woken a little after the end must not leave them unsent,
         // or every run would end "could not keep up" by a few requests.
-        // Not after Ctrl-C (nothing more is sent), and not into a full
-        // window (those are held back by it, and say so).
+        // Not after Ctrl-C (nothing more is sent), not into a full window
+        // (those are held back by it, and say so), and not beyond
+        // `CATCH_UP` past the end: a generator further behind could not
+        // keep up, and sending its whole backlog would stretch the run by
+        // as long as the server takes to answer it.
         let catching_up = ctx.send_over(now);
         if catching_up
             && (ctx.shared.interrupted()
+                || ctx.send_end().is_some_and(|e| now >= e + CATCH_UP)
                 || self
                     .schedule
                     .as_ref()

@@ -270,6 +270,8 @@ enum Bad {
     /// Answer calls, but a session's calls after this many get 404 (the
     /// session expired); `initialize` makes a new session each time.
     Expire(usize),
+    /// Answer each call after this long: a server slower than the rate.
+    Slow(Duration),
 }
 
 struct Counters {
@@ -446,6 +448,10 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
                 } else {
                     respond(&mut w, "200 OK", "application/json", "", &ok_result)
                 }
+            }
+            Bad::Slow(d) => {
+                std::thread::sleep(d);
+                respond(&mut w, "200 OK", "application/json", "", &ok_result)
             }
             Bad::OpenStream => chunked_with(
                 &mut w,
@@ -639,6 +645,41 @@ fn a_server_that_never_answers_times_out_and_the_run_ends_on_time() {
     assert!(
         took < Duration::from_secs(5),
         "1 s + 0.5 s drain + 1 s DELETE bound, took {took:?}"
+    );
+}
+
+#[test]
+fn a_run_behind_its_schedule_stops_sending_at_the_end_of_its_duration() {
+    let _g = serial();
+    // Two connections answered one call per 5 ms each: 400 calls/s at most,
+    // a fifth of the rate asked. Each answer frees room in the pipeline
+    // window, so only the send phase's end can stop the backlog of ~1,600
+    // requests the schedule put before it (4 s more at the server's pace).
+    let (r, c, took) = run_bad(
+        Bad::Slow(Duration::from_millis(5)),
+        "http-behind",
+        &[
+            "--rate",
+            "2000",
+            "--pipeline",
+            "4",
+            "--duration",
+            "1s",
+            "--drain",
+            "1s",
+            "--warmup",
+            "0s",
+        ],
+    );
+    assert_eq!(n(&r["scheduled"]), 2000, "{r:#}");
+    assert!(n(&r["sent"]) < 1000, "the backlog was sent: {r:#}");
+    assert_eq!(r["kept_up"], false, "{r:#}");
+    assert_eq!(n(&r["errors"]), 0, "what was sent is answered: {r:#}");
+    assert_eq!(n(&r["ok"]), n(&r["sent"]), "{r:#}");
+    assert!(c.calls.load(Ordering::SeqCst) as u64 >= n(&r["sent"]));
+    assert!(
+        took < Duration::from_secs(3),
+        "1 s + 100 ms of catching up + 8 answers in flight + the DELETEs, took {took:?}"
     );
 }
 
