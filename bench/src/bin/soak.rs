@@ -19,7 +19,15 @@
 //! sampling the broker's RSS every second. Then it lets the well-behaved
 //! clients drain, stops the abusers, keeps sampling a few seconds, scrapes
 //! `/metrics`, stops the broker with SIGTERM, and writes
-//! `<out>/soak-<date>-<host>[-<tag>].md` and `.json`.
+//! `<out>/soak-<date>-<host>[-http][-<tag>].md` and `.json`.
+//!
+//! `--edge http` runs the same on the MCP Streamable HTTP edge
+//! (`soak/http.rs`): mcp-loadgen `http://` with `--pipeline`, a checker of
+//! stateless 2026-07-28 POSTs matched by JSON-RPC id, slowloris and
+//! never-readers sending HTTP requests (the second half of the
+//! never-readers small calls instead of zeros), and HTTP garbage (random
+//! bytes, truncated and bit-flipped requests, bodies that are not JSON, and
+//! heads past `max_header_bytes` in place of oversized prefixes).
 //!
 //! Every loop is bounded by the run's deadlines; every socket is loopback.
 //! The broker and loadgen children die with this process (PDEATHSIG), and
@@ -43,6 +51,28 @@ use clap::Parser;
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 use serde_json::{Value, json};
 
+#[path = "soak/http.rs"]
+mod http;
+
+/// The edge a run drives: its well-behaved load, checker and abusers all
+/// go to that one listener.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Edge {
+    /// Size-prefixed FlatBuffers frames.
+    Frames,
+    /// MCP Streamable HTTP (`POST /mcp`).
+    Http,
+}
+
+impl Edge {
+    fn name(self) -> &'static str {
+        match self {
+            Edge::Frames => "frames",
+            Edge::Http => "http",
+        }
+    }
+}
+
 /// The overload and abuse soak (issue 18); see the module docs and
 /// README.md, "Overload and abuse soak".
 #[derive(Parser, Debug)]
@@ -54,6 +84,20 @@ struct Args {
     /// The mcp-loadgen binary.
     #[arg(long)]
     loadgen: PathBuf,
+    /// The edge to soak.
+    #[arg(long, value_enum, default_value_t = Edge::Frames)]
+    edge: Edge,
+    /// `--edge http`: the protocol revision of the well-behaved load
+    /// (mcp-loadgen's `--mcp-version`; default its own, the 2025-11-25
+    /// session era). The checker and abusers always send stateless
+    /// 2026-07-28 requests.
+    #[arg(long)]
+    mcp_version: Option<String>,
+    /// `--edge http`: requests in flight per mcp-loadgen connection
+    /// (`--pipeline`); without pipelining 8 connections cannot overload
+    /// the broker.
+    #[arg(long, default_value_t = 32)]
+    loadgen_pipeline: u64,
     /// Seconds of load and abuse.
     #[arg(long, default_value_t = 60.0)]
     duration: f64,
@@ -513,6 +557,8 @@ fn run_never_readers(
     }
 }
 
+/// The frame edge's garbage kinds, in the order of [`garbage_frame`]'s
+/// `kind`; the last one closes the connection.
 const GARBAGE_KINDS: [&str; 5] = [
     "random_body",
     "truncated_request",
@@ -563,31 +609,79 @@ fn garbage_frame(rng: &mut Rng, kind: usize, template: &[u8], max_frame: u32, ou
     }
 }
 
-/// Counts the answers to garbage in `buf` by kind, leaving a partial frame.
-fn count_answers(buf: &mut Vec<u8>, gs: &GarbageStats) {
+/// One answer read back by the checker or a garbage connection.
+enum Answer {
+    /// A final answer: its request's correlation id (JSON-RPC id on HTTP),
+    /// when it has one, and its outcome (`ToolResult`, `error_-32602`,
+    /// `http_400_error_-32700`, ...).
+    Final {
+        corr: Option<String>,
+        outcome: String,
+    },
+    /// A progress or log notification ahead of a final answer.
+    Progress,
+    /// Bytes framed as an answer that do not parse as one.
+    Invalid,
+}
+
+/// The bytes a connection returned can no longer be split into answers
+/// (a length prefix past any answer's, or no HTTP response head).
+#[derive(Debug)]
+struct Unframeable;
+
+/// How answers are read off an edge's connection: every complete one at
+/// the front of the buffer is moved out, a partial one stays.
+type ReadAnswers = fn(&mut Vec<u8>, &mut Vec<Answer>) -> Result<(), Unframeable>;
+
+/// [`ReadAnswers`] for the frame edge.
+fn frame_answers(buf: &mut Vec<u8>, out: &mut Vec<Answer>) -> Result<(), Unframeable> {
     let mut at = 0;
-    let mut seen: Vec<String> = Vec::new();
-    while buf.len() - at >= 4 {
+    let res = loop {
+        if buf.len() - at < 4 {
+            break Ok(());
+        }
         let len = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
         if len > 64 << 20 {
-            seen.push("unparseable_stream".into());
-            at = buf.len();
-            break;
+            break Err(Unframeable);
         }
         if buf.len() - at < 4 + len {
-            break;
+            break Ok(());
         }
-        let frame = &buf[at..at + 4 + len];
-        seen.push(match ResponseView::parse(frame) {
-            Ok(v) => match v.error() {
-                Some((code, _)) => format!("error_{code}"),
-                None => format!("{:?}", v.payload_type()),
+        out.push(match ResponseView::parse(&buf[at..at + 4 + len]) {
+            Err(_) => Answer::Invalid,
+            Ok(v) if !v.is_final() => Answer::Progress,
+            Ok(v) => Answer::Final {
+                corr: Some(v.correlation_id().to_owned()),
+                outcome: match v.error() {
+                    Some((code, _)) => format!("error_{code}"),
+                    None => format!("{:?}", v.payload_type()),
+                },
             },
-            Err(_) => "invalid_response".into(),
         });
         at += 4 + len;
+    };
+    match res {
+        Ok(()) => drop(buf.drain(..at)),
+        Err(_) => buf.clear(),
     }
-    buf.drain(..at);
+    res
+}
+
+/// Counts the answers to garbage in `buf` by kind, leaving a partial one.
+fn count_answers(buf: &mut Vec<u8>, read: ReadAnswers, gs: &GarbageStats) {
+    let mut answers = Vec::new();
+    let res = read(buf, &mut answers);
+    let mut seen: Vec<String> = answers
+        .into_iter()
+        .map(|a| match a {
+            Answer::Final { outcome, .. } => outcome,
+            Answer::Progress => "progress".into(),
+            Answer::Invalid => "invalid_response".into(),
+        })
+        .collect();
+    if res.is_err() {
+        seen.push("unparseable_stream".into());
+    }
     if !seen.is_empty()
         && let Ok(mut m) = gs.answers.lock()
     {
@@ -602,11 +696,16 @@ struct GarbagePlan {
     addr: SocketAddr,
     conns: usize,
     rate: u64,
-    /// A valid request frame to truncate and flip bits in.
+    /// A valid request to truncate and flip bits in.
     template: Vec<u8>,
-    max_frame: u32,
+    /// The limit the last garbage kind passes: the frame edge's
+    /// `max_frame_bytes`, the HTTP edge's `max_header_bytes`.
+    limit: u32,
     seed: u64,
     close_every: usize,
+    /// Appends garbage of a kind (0..5; 4 is the one that closes).
+    make: fn(&mut Rng, usize, &[u8], u32, &mut Vec<u8>),
+    read: ReadAnswers,
 }
 
 fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) {
@@ -615,9 +714,11 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
         conns: n,
         rate,
         template,
-        max_frame,
+        limit,
         seed,
         close_every,
+        make,
+        read,
     } = plan;
     struct Slot {
         s: TcpStream,
@@ -672,7 +773,7 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
                         next_kind % 4
                     };
                     let before = c.out.len();
-                    garbage_frame(&mut rng, kind, &template, max_frame, &mut c.out);
+                    make(&mut rng, kind, &template, limit, &mut c.out);
                     if kind == 4 && c.oversized_at.is_none() {
                         c.oversized_at = Some(c.appended + 4);
                     }
@@ -702,13 +803,13 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
                 match drain(&mut c.s, Some(&mut c.inbuf)) {
                     Ok(got) => {
                         gs.conn.bytes_received.fetch_add(got as u64, Relaxed);
-                        count_answers(&mut c.inbuf, &gs);
+                        count_answers(&mut c.inbuf, read, &gs);
                     }
                     Err(how) => res = Err(how),
                 }
             }
             if let Err(how) = res {
-                count_answers(&mut c.inbuf, &gs);
+                count_answers(&mut c.inbuf, read, &gs);
                 if c.oversized_at.is_some_and(|o| c.written >= o) {
                     gs.closed_after_oversized.fetch_add(1, Relaxed);
                 } else {
@@ -753,18 +854,48 @@ struct Entry {
     finals: u32,
 }
 
+/// The bytes of an `echo` call: (sequence number, correlation id).
+type EncodeCall = Box<dyn FnMut(u64, &str) -> Vec<u8> + Send>;
+
+/// How a checker talks to its edge.
+struct CheckerWire {
+    request: EncodeCall,
+    read: ReadAnswers,
+}
+
+impl CheckerWire {
+    fn new(edge: Edge, idx: usize) -> Self {
+        match edge {
+            Edge::Frames => {
+                let mut enc = RequestEncoder::new();
+                Self {
+                    request: Box::new(move |seq, corr| {
+                        echo_frame(&mut enc, 0xC000 + idx as u64, seq, corr, "soak")
+                    }),
+                    read: frame_answers,
+                }
+            }
+            Edge::Http => Self {
+                request: Box::new(|_, corr| http::echo_request(corr, "soak")),
+                read: http::answers,
+            },
+        }
+    }
+}
+
 /// One checker connection: `echo` calls with ids `c<idx>.<seq>` at `rate`
 /// until `send_until`, then waits for every answer until `drain_until`
 /// (missing then: lost), and until `grace_until` to tell late from never.
 fn run_checker(
     idx: usize,
     addr: SocketAddr,
+    mut wire: CheckerWire,
     rate: f64,
     (send_until, drain_until, grace_until): (Instant, Instant, Instant),
     abort: Arc<AtomicBool>,
 ) -> CheckerResult {
     let mut r = CheckerResult::default();
-    let mut enc = RequestEncoder::new();
+    let mut answers = Vec::new();
     let mut entries: HashMap<u64, Entry> = HashMap::new();
     let mut conn: Option<TcpStream> = None;
     let mut generation = 0u32;
@@ -810,7 +941,7 @@ fn run_checker(
         while sending && next_send <= now && out.len() < 64 * 1024 {
             seq += 1;
             let corr = format!("{prefix}{seq}");
-            let frame = echo_frame(&mut enc, 0xC000 + idx as u64, seq, &corr, "soak");
+            let frame = (wire.request)(seq, &corr);
             out.extend_from_slice(&frame);
             appended += frame.len() as u64;
             entries.insert(
@@ -843,53 +974,47 @@ fn run_checker(
         }
         // Answers already read count even when the connection then closed.
         let now = Instant::now();
-        let mut at = 0;
-        while inbuf.len() - at >= 4 {
-            let len = u32::from_le_bytes([inbuf[at], inbuf[at + 1], inbuf[at + 2], inbuf[at + 3]])
-                as usize;
-            if len > 64 << 20 {
-                r.invalid += 1;
-                at = inbuf.len();
-                closed.get_or_insert(Closed::Reset);
-                break;
-            }
-            if inbuf.len() - at < 4 + len {
-                break;
-            }
-            match ResponseView::parse(&inbuf[at..at + 4 + len]) {
-                Err(_) => r.invalid += 1,
-                Ok(v) if !v.is_final() => r.progress += 1,
-                Ok(v) => {
-                    let id = v
-                        .correlation_id()
-                        .strip_prefix(prefix.as_str())
-                        .and_then(|x| x.parse::<u64>().ok());
-                    match id.and_then(|id| entries.get_mut(&id)) {
-                        None => r.unknown += 1,
-                        Some(e) => {
-                            e.finals += 1;
-                            if e.finals == 1 {
-                                r.answered += 1;
-                                outstanding -= 1;
-                                if now >= drain_until {
-                                    r.late += 1;
-                                }
-                                r.latencies_us.push((now - e.sent_at).as_micros() as u64);
-                                let k = match v.error() {
-                                    Some((code, _)) => format!("error_{code}"),
-                                    None => format!("{:?}", v.payload_type()),
-                                };
-                                *r.outcomes.entry(k).or_default() += 1;
-                            } else {
-                                r.duplicates += 1;
-                            }
+        if (wire.read)(&mut inbuf, &mut answers).is_err() {
+            r.invalid += 1;
+            closed.get_or_insert(Closed::Reset);
+        }
+        for a in answers.drain(..) {
+            let (corr, outcome) = match a {
+                Answer::Invalid => {
+                    r.invalid += 1;
+                    continue;
+                }
+                Answer::Progress => {
+                    r.progress += 1;
+                    continue;
+                }
+                Answer::Final { corr, outcome } => (corr, outcome),
+            };
+            let id = corr
+                .as_deref()
+                .and_then(|c| c.strip_prefix(prefix.as_str()))
+                .and_then(|x| x.parse::<u64>().ok());
+            match id.and_then(|id| entries.get_mut(&id)) {
+                None => {
+                    r.unknown += 1;
+                    *r.outcomes.entry(format!("unknown_{outcome}")).or_default() += 1;
+                }
+                Some(e) => {
+                    e.finals += 1;
+                    if e.finals == 1 {
+                        r.answered += 1;
+                        outstanding -= 1;
+                        if now >= drain_until {
+                            r.late += 1;
                         }
+                        r.latencies_us.push((now - e.sent_at).as_micros() as u64);
+                        *r.outcomes.entry(outcome).or_default() += 1;
+                    } else {
+                        r.duplicates += 1;
                     }
                 }
             }
-            at += 4 + len;
         }
-        inbuf.drain(..at);
         if let Some(how) = closed {
             match how {
                 Closed::Eof => r.conn_closed_eof += 1,
@@ -932,6 +1057,7 @@ struct Broker {
     child: Child,
     pid: i32,
     frames: SocketAddr,
+    http: SocketAddr,
     metrics: SocketAddr,
     ready_line: String,
     log_path: PathBuf,
@@ -1044,6 +1170,7 @@ fn start_broker(a: &Args, workdir: &Path, shards: usize) -> Result<Broker> {
     Ok(Broker {
         pid: child.id() as i32,
         frames: addr_of("frames=")?,
+        http: addr_of("http=")?,
         metrics: addr_of("metrics=")?,
         ready_line: ready.clone(),
         log_path,
@@ -1210,9 +1337,18 @@ fn log_summary(p: &Path) -> (BTreeMap<String, u64>, Vec<(String, u64)>) {
 
 fn run_loadgen(a: &Args, target: SocketAddr, extra: &[String], json_path: &Path) -> Result<Child> {
     let mut cmd = Command::new(&a.loadgen);
-    cmd.arg("--target")
-        .arg(format!("frames://{target}"))
-        .args(["--tool", "echo", "--args", r#"{"text":"hello"}"#, "-q"])
+    match a.edge {
+        Edge::Frames => cmd.arg("--target").arg(format!("frames://{target}")),
+        Edge::Http => {
+            cmd.arg("--target").arg(format!("http://{target}/mcp"));
+            cmd.args(["--pipeline", &a.loadgen_pipeline.to_string()]);
+            if let Some(v) = &a.mcp_version {
+                cmd.args(["--mcp-version", v]);
+            }
+            &mut cmd
+        }
+    };
+    cmd.args(["--tool", "echo", "--args", r#"{"text":"hello"}"#, "-q"])
         .args(extra)
         .arg("--json")
         .arg(json_path)
@@ -1381,37 +1517,45 @@ fn main() -> Result<()> {
 
     let mut broker = start_broker(&a, &workdir, shards)?;
     log(format!("broker pid {}: {}", broker.pid, broker.ready_line));
-    let max_frame: u32 = a
+    // The limit the closing garbage passes, from the config when it sets it.
+    let (limit_key, limit_default) = match a.edge {
+        Edge::Frames => ("max_frame_bytes", mcp_schema::DEFAULT_MAX_FRAME_LEN),
+        // The broker's default `http.max_header_bytes` (docs/http.md).
+        Edge::Http => ("max_header_bytes", 16 << 10),
+    };
+    let limit: u32 = a
         .broker_config
         .as_ref()
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.trim().strip_prefix("max_frame_bytes"))
+                .find_map(|l| l.trim().strip_prefix(limit_key))
                 .and_then(|v| v.trim_start_matches([' ', '=']).trim().parse().ok())
         })
-        .unwrap_or(mcp_schema::DEFAULT_MAX_FRAME_LEN);
+        .unwrap_or(limit_default);
+    let target = match a.edge {
+        Edge::Frames => broker.frames,
+        Edge::Http => broker.http,
+    };
 
     // Capacity: closed loop, the settings scripts/bench uses for its peak.
     let (capacity, capacity_report) = match a.capacity {
         Some(c) => (c, Value::Null),
         None => {
             let p = workdir.join("capacity.json");
-            let extra: Vec<String> = [
-                "--connections",
-                "4",
-                "--concurrency",
-                "256",
-                "--warmup",
-                "1s",
-                "--duration",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .chain([format!("{}s", a.capacity_duration)])
-            .collect();
+            // 256 in flight either way (HTTP: 8 connections × --pipeline).
+            let in_flight: &[&str] = match a.edge {
+                Edge::Frames => &["--connections", "4", "--concurrency", "256"],
+                Edge::Http => &["--connections", "8"],
+            };
+            let extra: Vec<String> = in_flight
+                .iter()
+                .chain(&["--warmup", "1s", "--duration"])
+                .map(|s| s.to_string())
+                .chain([format!("{}s", a.capacity_duration)])
+                .collect();
             log("measuring capacity (closed loop)");
-            let mut child = run_loadgen(&a, broker.frames, &extra, &p)?;
+            let mut child = run_loadgen(&a, target, &extra, &p)?;
             let st = child.wait()?;
             let rep = read_json(&p);
             let c = rep["achieved_rps"].as_f64().unwrap_or(0.0);
@@ -1438,15 +1582,42 @@ fn main() -> Result<()> {
     let stalled_zeros = Arc::new(AtomicU64::new(0));
     let garbage = Arc::new(GarbageStats::default());
     let mut enc = RequestEncoder::new();
-    let template = echo_frame(&mut enc, 0xA000, 1, "garbage.1", "garbage template");
-    let slow_frame = echo_frame(&mut enc, 0xB000, 1, "slowloris.1", "slowloris");
     let big_text = "x".repeat(a.never_reader_arg_kib * 1024);
-    let never_frames: Vec<Vec<u8>> = (0..16)
-        .map(|i| echo_frame(&mut enc, 0xD000, i, &format!("never.{i}"), &big_text))
-        .collect();
+    // What each abuser sends on this edge. The second half of the
+    // never-readers: zero bytes on frames (each 4 a zero-length frame the
+    // broker answers), small calls on HTTP (zeros there are one bad request
+    // and a close); both make answers pile up unread.
+    let (template, slow_frame, never_frames, small_frames) = match a.edge {
+        Edge::Frames => (
+            echo_frame(&mut enc, 0xA000, 1, "garbage.1", "garbage template"),
+            echo_frame(&mut enc, 0xB000, 1, "slowloris.1", "slowloris"),
+            (0..16)
+                .map(|i| echo_frame(&mut enc, 0xD000, i, &format!("never.{i}"), &big_text))
+                .collect::<Vec<_>>(),
+            vec![vec![0u8; 64 * 1024]],
+        ),
+        Edge::Http => (
+            http::echo_request("garbage.1", "garbage template"),
+            http::echo_request("slowloris.1", "slowloris"),
+            (0..16)
+                .map(|i| http::echo_request(&format!("never.{i}"), &big_text))
+                .collect(),
+            (0..16)
+                .map(|i| http::echo_request(&format!("small.{i}"), "x"))
+                .collect(),
+        ),
+    };
+    let (make, read, garbage_kinds): (_, ReadAnswers, _) = match a.edge {
+        Edge::Frames => (
+            garbage_frame as fn(&mut Rng, usize, &[u8], u32, &mut Vec<u8>),
+            frame_answers,
+            GARBAGE_KINDS,
+        ),
+        Edge::Http => (http::garbage as _, http::answers, http::GARBAGE_KINDS),
+    };
     let mut abusers: Vec<JoinHandle<()>> = Vec::new();
     {
-        let addr = broker.frames;
+        let addr = target;
         let (st, sp) = (Arc::clone(&idle), Arc::clone(&stop));
         let n = a.idle;
         abusers.push(thread::spawn(move || run_idle(addr, n, st, sp)));
@@ -1467,9 +1638,8 @@ fn main() -> Result<()> {
             Arc::clone(&stalled_zeros),
         );
         let n = a.never_readers / 2;
-        let zero_block = vec![vec![0u8; 64 * 1024]];
         abusers.push(thread::spawn(move || {
-            run_never_readers(addr, n, zero_block, bps, st, stl, sp)
+            run_never_readers(addr, n, small_frames, bps, st, stl, sp)
         }));
         let (gs, sp) = (Arc::clone(&garbage), Arc::clone(&stop));
         let plan = GarbagePlan {
@@ -1477,9 +1647,11 @@ fn main() -> Result<()> {
             conns: a.garbage_conns,
             rate: a.garbage_rate,
             template,
-            max_frame,
+            limit,
             seed: a.seed,
             close_every: a.garbage_close_every,
+            make,
+            read,
         };
         if plan.conns > 0 && plan.rate > 0 {
             abusers.push(thread::spawn(move || run_garbage(plan, gs, sp)));
@@ -1545,17 +1717,18 @@ fn main() -> Result<()> {
         a.never_readers,
         a.garbage_rate
     ));
-    let mut lg = Some(run_loadgen(&a, broker.frames, &lg_args, &lg_path)?);
+    let mut lg = Some(run_loadgen(&a, target, &lg_args, &lg_path)?);
     let load_start = Instant::now();
     let send_until = load_start + dur;
     let drain_until = send_until + deadline;
     let grace_until = drain_until + Duration::from_secs_f64(a.grace);
     let checkers: Vec<JoinHandle<CheckerResult>> = (0..a.checker_conns)
         .map(|i| {
-            let (addr, ab) = (broker.frames, Arc::clone(&abort));
+            let (addr, ab) = (target, Arc::clone(&abort));
             let r = a.checker_rate as f64 / a.checker_conns.max(1) as f64;
+            let wire = CheckerWire::new(a.edge, i);
             thread::spawn(move || {
-                run_checker(i, addr, r, (send_until, drain_until, grace_until), ab)
+                run_checker(i, addr, wire, r, (send_until, drain_until, grace_until), ab)
             })
         })
         .collect();
@@ -1848,11 +2021,18 @@ fn main() -> Result<()> {
         idle.report("idle", a.idle),
         slow.report("slowloris", a.slowloris),
         never.report("never_reader_calls", a.never_readers - a.never_readers / 2),
-        zeros.report("never_reader_zeros", a.never_readers / 2),
+        zeros.report(
+            match a.edge {
+                Edge::Frames => "never_reader_zeros",
+                Edge::Http => "never_reader_small_calls",
+            },
+            a.never_readers / 2,
+        ),
         garbage.conn.report("garbage", a.garbage_conns),
     ];
     let garbage_json = json!({
-        "sent_by_kind": GARBAGE_KINDS.iter().zip(&garbage.sent_by_kind)
+        "kinds": garbage_kinds,
+        "sent_by_kind": garbage_kinds.iter().zip(&garbage.sent_by_kind)
             .map(|(k, v)| (k.to_string(), v.load(Relaxed))).collect::<BTreeMap<_, _>>(),
         "closed_after_oversized_prefix": garbage.closed_after_oversized.load(Relaxed),
         "closed_otherwise": garbage.closed_otherwise.load(Relaxed),
@@ -1881,10 +2061,13 @@ fn main() -> Result<()> {
         .command
         .clone()
         .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" "));
-    let name = match &a.tag {
-        Some(t) => format!("soak-{date}-{}-{t}", m["host"].as_str().unwrap_or("host")),
-        None => format!("soak-{date}-{}", m["host"].as_str().unwrap_or("host")),
-    };
+    let mut name = format!("soak-{date}-{}", m["host"].as_str().unwrap_or("host"));
+    if a.edge != Edge::Frames {
+        name = format!("{name}-{}", a.edge.name());
+    }
+    if let Some(t) = &a.tag {
+        name = format!("{name}-{t}");
+    }
     let loadavg_end = std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
@@ -1909,7 +2092,9 @@ fn main() -> Result<()> {
             "garbage_close_every": a.garbage_close_every,
             "checker_conns": a.checker_conns, "checker_rate": a.checker_rate,
             "answer_deadline_s": a.answer_deadline, "grace_s": a.grace, "rss_limit_mb": a.rss_limit_mb,
-            "max_frame_bytes": max_frame, "broker_ready_line": broker.ready_line,
+            "edge": a.edge.name(), "loadgen_pipeline": a.loadgen_pipeline,
+            "mcp_version": a.mcp_version,
+            "limit_key": limit_key, "limit_bytes": limit, "broker_ready_line": broker.ready_line,
         },
         "failure": failure,
         "capacity_run": capacity_report,
@@ -1968,7 +2153,12 @@ fn markdown(d: &Value, name: &str) -> String {
     let s = &d["settings"];
     let _ = writeln!(
         o,
-        "# Overload and abuse soak, {} on {}\n",
+        "# Overload and abuse soak{}, {} on {}\n",
+        if s["edge"].as_str() == Some("http") {
+            " (MCP HTTP edge)"
+        } else {
+            ""
+        },
         fmt_n(&d["date"]),
         fmt_n(&m["host"])
     );
@@ -2021,60 +2211,109 @@ fn markdown(d: &Value, name: &str) -> String {
         fmt_n(&m["loadavg_start"]),
         fmt_n(&d["loadavg_end"])
     );
+    let http = s["edge"].as_str() == Some("http");
     let _ = writeln!(
         o,
-        "- broker: {} shard(s), `echo` router only, every listener on 127.0.0.1 port 0, \
-         other settings default (max frame {} bytes); nothing pinned: broker, load generator \
+        "- edge: {}; broker: {} shard(s), `echo` router only, every listener on 127.0.0.1 \
+         port 0, other settings default ({} {} bytes); nothing pinned: broker, load generator \
          and abusers share all CPUs",
+        if http {
+            "MCP Streamable HTTP (`POST /mcp`)"
+        } else {
+            "frames"
+        },
         fmt_n(&s["shards"]),
-        fmt_n(&s["max_frame_bytes"])
+        fmt_n(&s["limit_key"]),
+        fmt_n(&s["limit_bytes"])
     );
+    let in_flight = if http {
+        format!(
+            "{} connections × `--pipeline {}`, protocol {}",
+            fmt_n(&s["loadgen_connections"]),
+            fmt_n(&s["loadgen_pipeline"]),
+            s["mcp_version"]
+                .as_str()
+                .unwrap_or("2025-11-25 (mcp-loadgen's default: sessions)")
+        )
+    } else {
+        format!("{} connections", fmt_n(&s["loadgen_connections"]))
+    };
     let _ = writeln!(
         o,
         "- capacity {} req/s ({}); well-behaved load `mcp-loadgen --rate {}` ({}× capacity, \
-         {} connections, open loop, `echo {{\"text\":\"hello\"}}`) for {} s; `--drain` {} s and \
+         {in_flight}, open loop, `echo {{\"text\":\"hello\"}}`) for {} s; `--drain` {} s and \
          `--timeout` the whole run (it counts from the intended send time, which falls ever \
          further behind at 3× capacity), so `timeout` = no answer by the drain's end",
         fmt_n(&s["capacity_rps"]),
-        if s["capacity_measured"].as_bool() == Some(true) {
-            "measured first: mcp-loadgen closed loop, 4 connections, 256 in flight"
-        } else {
-            "given with --capacity"
+        match (s["capacity_measured"].as_bool(), http) {
+            (Some(true), false) => {
+                "measured first: mcp-loadgen closed loop, 4 connections, 256 in flight".into()
+            }
+            (Some(true), true) => format!(
+                "measured first: mcp-loadgen closed loop, 8 connections × `--pipeline {}`",
+                fmt_n(&s["loadgen_pipeline"])
+            ),
+            _ => "given with --capacity".into(),
         },
         fmt_n(&s["rate_rps"]),
         fmt_n(&s["overload"]),
-        fmt_n(&s["loadgen_connections"]),
         fmt_n(&s["duration_s"]),
         fmt_n(&s["answer_deadline_s"])
     );
     let _ = writeln!(
         o,
-        "- checker: {} connections, {} `echo` calls/s in total, unique correlation ids, each \
+        "- checker: {} connections, {} `echo` calls/s in total{}, unique {}, each \
          must get exactly one final answer within {} s of the load's end",
         fmt_n(&s["checker_conns"]),
         fmt_n(&s["checker_rate"]),
+        if http {
+            " (stateless 2026-07-28 POSTs, pipelined on keep-alive connections)"
+        } else {
+            ""
+        },
+        if http {
+            "JSON-RPC ids"
+        } else {
+            "correlation ids"
+        },
         fmt_n(&s["answer_deadline_s"])
     );
-    let _ = writeln!(
-        o,
-        "- abusers: {idle} idle connections; {slow} slowloris (one byte of a valid frame every \
+    let common = format!(
+        "- abusers: {idle} idle connections; {slow} slowloris (one byte of a valid {unit} every \
          {iv} s); {nr} never-readers, never reading, each sending at most {kib} KiB/s \
-         (0 = unbounded): half pipelined `echo` calls with {arg} KiB arguments, half zero \
-         bytes (each 4 a zero-length frame that the broker answers with an error; the table \
-         counts 64 KiB blocks as their frames); {gc} garbage connections sending {gr} frames/s \
-         in all (random bodies, truncated and bit-flipped requests and zero-length frames in \
-         turn, and an oversized prefix every {ge}th frame). Every abuser reconnects when the \
-         broker closes it.",
+         (0 = unbounded): half pipelined `echo` calls with {arg} KiB arguments, ",
+        unit = if http { "request" } else { "frame" },
         idle = fmt_n(&s["idle"]),
         slow = fmt_n(&s["slowloris"]),
         iv = fmt_n(&s["slowloris_interval_s"]),
         nr = fmt_n(&s["never_readers"]),
         kib = fmt_n(&s["never_reader_kib_per_s"]),
         arg = fmt_n(&s["never_reader_arg_kib"]),
-        gc = fmt_n(&s["garbage_conns"]),
-        gr = fmt_n(&s["garbage_rate"]),
-        ge = fmt_n(&s["garbage_close_every"]),
     );
+    let rest = if http {
+        format!(
+            "half pipelined small `echo` calls (answers piling up unread); {gc} garbage \
+             connections sending {gr} pieces/s in all (random bytes, truncated and bit-flipped \
+             requests and valid heads with bodies that are not JSON in turn, and a head past \
+             `max_header_bytes` every {ge}th piece). Every abuser reconnects when the broker \
+             closes it.",
+            gc = fmt_n(&s["garbage_conns"]),
+            gr = fmt_n(&s["garbage_rate"]),
+            ge = fmt_n(&s["garbage_close_every"]),
+        )
+    } else {
+        format!(
+            "half zero bytes (each 4 a zero-length frame that the broker answers with an error; \
+             the table counts 64 KiB blocks as their frames); {gc} garbage connections sending \
+             {gr} frames/s in all (random bodies, truncated and bit-flipped requests and \
+             zero-length frames in turn, and an oversized prefix every {ge}th frame). Every \
+             abuser reconnects when the broker closes it.",
+            gc = fmt_n(&s["garbage_conns"]),
+            gr = fmt_n(&s["garbage_rate"]),
+            ge = fmt_n(&s["garbage_close_every"]),
+        )
+    };
+    let _ = writeln!(o, "{common}{rest}");
     let lg = &d["loadgen"];
     let _ = writeln!(o, "\n## Well-behaved load\n");
     let _ = writeln!(
@@ -2121,7 +2360,7 @@ fn markdown(d: &Value, name: &str) -> String {
     let _ = writeln!(
         o,
         "\nChecker: sent {} ({} never written: their connection had closed), answered {}, lost \
-         {}, duplicated {}, unknown ids {}, invalid frames {}; connections closed by the broker \
+         {}, duplicated {}, unknown ids {}, invalid answers {}; connections closed by the broker \
          {} (FIN) + {} (reset); latency p50 {} µs, p99 {} µs, max {} µs.",
         fmt_n(&c["sent"]),
         fmt_n(&c["unsent_on_close"]),
@@ -2155,7 +2394,7 @@ fn markdown(d: &Value, name: &str) -> String {
     let _ = writeln!(
         o,
         "| Kind | Configured | Connects | Connect failures | Closed by broker (FIN) | (reset) | \
-         Lifetime p50 / max (s) | Bytes sent | Frames sent | Bytes received |\n\
+         Lifetime p50 / max (s) | Bytes sent | Messages sent | Bytes received |\n\
          |---|---|---|---|---|---|---|---|---|---|"
     );
     for ab in d["abusers"].as_array().into_iter().flatten() {
@@ -2180,16 +2419,24 @@ fn markdown(d: &Value, name: &str) -> String {
         );
     }
     let g = &d["garbage"];
-    let kinds: Vec<String> = GARBAGE_KINDS
-        .iter()
+    let kinds: Vec<String> = g["kinds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
         .map(|k| format!("`{k}` {}", fmt_n(&g["sent_by_kind"][k])))
         .collect();
     let _ = writeln!(
         o,
-        "\nGarbage frames sent by kind: {}. Garbage connections the broker closed after an \
-         oversized prefix had been written on them (the documented outcome): {}; closed \
+        "\nGarbage sent by kind: {}. Garbage connections the broker closed after the closing \
+         kind ({}) had begun to be written on them (the documented outcome): {}; closed \
          without one: {}.",
         kinds.join(", "),
+        if http {
+            "a head past `max_header_bytes`, answered 431"
+        } else {
+            "an oversized length prefix"
+        },
         fmt_n(&g["closed_after_oversized_prefix"]),
         fmt_n(&g["closed_otherwise"])
     );
@@ -2257,7 +2504,7 @@ fn markdown(d: &Value, name: &str) -> String {
     let _ = writeln!(
         o,
         "| t (s) | Phase | RSS (MiB) | Threads | Broker CPU (s) | Idle open | Slowloris open | \
-         Never-readers open (stalled) | Garbage frames |\n|---|---|---|---|---|---|---|---|---|"
+         Never-readers open (stalled) | Garbage sent |\n|---|---|---|---|---|---|---|---|---|"
     );
     let samples = d["samples"].as_array().cloned().unwrap_or_default();
     let n = samples.len();
