@@ -129,6 +129,11 @@ pub struct GrpcSection {
     /// A PING not acknowledged within this closes the connection.
     #[serde(with = "humantime_serde")]
     pub keepalive_timeout: Duration,
+    /// A unary answer the peer's HTTP/2 flow control lets none of out for
+    /// this long closes its connection (between one and two of it), and
+    /// frees every answer held for it.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: open calls per connection.
     pub max_concurrent_streams_per_connection: u32,
     /// Age at which a connection is asked to go away (GOAWAY, graceful).
@@ -169,6 +174,7 @@ impl Default for GrpcSection {
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(60),
             keepalive_timeout: Duration::from_secs(20),
+            write_timeout: Duration::from_secs(30),
             max_concurrent_streams_per_connection: 256,
             max_connection_age: Duration::from_secs(3600),
             max_connection_age_grace: Duration::from_secs(30),
@@ -800,6 +806,7 @@ impl Config {
             ("grpc.handshake_timeout", g.handshake_timeout),
             ("grpc.keepalive_interval", g.keepalive_interval),
             ("grpc.keepalive_timeout", g.keepalive_timeout),
+            ("grpc.write_timeout", g.write_timeout),
             ("grpc.max_connection_age", g.max_connection_age),
             ("grpc.max_connection_age_grace", g.max_connection_age_grace),
             ("grpc.session_idle_timeout", g.session_idle_timeout),

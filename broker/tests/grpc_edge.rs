@@ -1092,6 +1092,108 @@ fn a_peer_that_ignores_keepalive_pings_is_disconnected_and_streams_are_capped() 
     assert!(frames.iter().any(|(k, _)| *k == PING), "{frames:?}");
 }
 
+/// A raw `CallTool` of `echo` on `stream`: HEADERS (HPACK literals without
+/// indexing), then one DATA frame with the length-prefixed protobuf.
+fn raw_echo_call(stream: u8, text: &str) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/turbomcp.mcp.v1.McpService/CallTool"),
+        (":authority", "127.0.0.1"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.push(0);
+        for s in [name, value] {
+            block.push(s.len() as u8);
+            block.extend_from_slice(s.as_bytes());
+        }
+    }
+    let args = format!(r#"{{"text":"{text}"}}"#);
+    let mut pb = vec![0x0a, 4];
+    pb.extend_from_slice(b"echo");
+    pb.extend_from_slice(&[0x12, args.len() as u8]);
+    pb.extend_from_slice(args.as_bytes());
+    let mut msg = vec![0];
+    msg.extend_from_slice(&(pb.len() as u32).to_be_bytes());
+    msg.extend_from_slice(&pb);
+    let mut out = Vec::new();
+    for (kind, flags, payload) in [(1u8, 0x4u8, block), (0, 0x1, msg)] {
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+        out.extend_from_slice(&[kind, flags, 0, 0, 0, stream]);
+        out.extend_from_slice(&payload);
+    }
+    out
+}
+
+#[test]
+fn a_peer_whose_flow_control_lets_no_answer_out_is_disconnected_at_the_write_timeout() {
+    use std::io::Write;
+    // The [grpc] write_timeout (the example's [frames] and [http] have one
+    // of the same value too).
+    let b = Broker::start_with_config(|c| {
+        c.replace(
+            "answers per connection.\nwrite_timeout = \"30s\"",
+            "answers per connection.\nwrite_timeout = \"300ms\"",
+        )
+    });
+    // SETTINGS_INITIAL_WINDOW_SIZE (0x4) = 0: the answer's HEADERS may
+    // come, its DATA may not. The peer reads everything (the test reads
+    // until the close), but never opens the window; keepalive (60 s) alone
+    // would keep it, and what it holds, for 80 s.
+    let connect = |window: Option<u32>| {
+        let mut s = std::net::TcpStream::connect(b.grpc).unwrap();
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+        let mut settings = vec![];
+        if let Some(w) = window {
+            settings.extend_from_slice(&[0, 4]);
+            settings.extend_from_slice(&w.to_be_bytes());
+        }
+        s.write_all(&[0, 0, settings.len() as u8, 4, 0, 0, 0, 0, 0])
+            .unwrap();
+        s.write_all(&settings).unwrap();
+        s.write_all(&raw_echo_call(1, "held")).unwrap();
+        s
+    };
+    let mut stuck = connect(Some(0));
+    let t = std::time::Instant::now();
+    let frames = frames_until_close(&mut stuck, Duration::from_secs(10))
+        .expect("a peer whose window lets no answer out is disconnected");
+    let took = t.elapsed();
+    // Between one write_timeout and two, plus the shard timer's slack.
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        frames.iter().any(|(k, _)| *k == 1),
+        "the answer's HEADERS: {frames:?}"
+    );
+    assert!(
+        !frames.iter().any(|(k, _)| *k == 0),
+        "no DATA in a window of 0: {frames:?}"
+    );
+    // The same call with the default window is answered, and the
+    // connection outlives two write_timeouts.
+    let mut open = connect(None);
+    assert!(
+        frames_until_close(&mut open, Duration::from_secs(1)).is_none(),
+        "an answered peer keeps its connection"
+    );
+    // Other clients are served as usual.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = client(&b).await;
+        let r = c
+            .call_tool(call("echo", r#"{"text":"after"}"#))
+            .await
+            .expect("echo");
+        assert!(!r.into_inner().content.is_empty());
+    });
+}
+
 #[test]
 fn a_connection_past_its_max_age_is_closed() {
     let b = Broker::start_with_config(|c| {

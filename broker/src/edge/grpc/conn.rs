@@ -26,6 +26,12 @@
 //!   the shards, TLS handshakes in progress included; a connection accepted
 //!   beyond that is closed at once. Without the count, slow handshakes were
 //!   bounded only in time, and a flood of them in number by nothing.
+//! - A unary answer that HTTP/2 flow control lets none of out for
+//!   `grpc.write_timeout` (the peer never reads, or holds its receive window
+//!   at 0 while still answering PINGs) closes its connection within twice
+//!   that, freeing every answer held for it ([`Unsent`]). Keepalive alone
+//!   let a non-reading peer pin `max_concurrent_streams_per_connection`
+//!   answers for 80 s, and a window-0 peer that answers PINGs for ever.
 //! - At `grpc.max_connection_age` a connection is asked to go away (GOAWAY)
 //!   and closed `grpc.max_connection_age_grace` later; at the drain it is
 //!   asked to go away, and closed when its calls are answered or the drain
@@ -33,9 +39,12 @@
 
 use std::cell::Cell;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use hyper::body::Incoming;
 use mcp_proto::v1::LogLevel;
@@ -145,6 +154,95 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The unary answers of one connection that hyper has not yet handed to
+/// HTTP/2 whole, counted by the watchdog epoch in which they became ready
+/// (two epochs in turn; [`stalled_answers`]). hyper polls an answer's body
+/// only once the stream has send capacity, and HTTP/2 gives a stream
+/// capacity only within the peer's flow-control window: an answer still
+/// counted a whole epoch later is one the peer lets none of out.
+#[derive(Default)]
+struct Unsent {
+    epoch: AtomicUsize,
+    count: [AtomicUsize; 2],
+}
+
+/// The methods whose answers [`Unsent`] counts: `McpService`'s unary ones.
+/// A Subscribe stream's body stays open for its session's life, and the
+/// health and reflection services are not the broker's calls.
+fn is_unary_call(path: &str) -> bool {
+    path.strip_prefix("/turbomcp.mcp.v1.McpService/")
+        .is_some_and(|m| m != "Subscribe")
+}
+
+/// A unary answer's body, counted in [`Unsent`] until hyper has polled it
+/// to its end (all of it with HTTP/2) or dropped it (stream reset,
+/// connection gone). Atomics, not `Cell`s: tonic's body type is `Send`.
+struct Tracked {
+    inner: tonic::body::Body,
+    unsent: Option<(Arc<Unsent>, usize)>,
+}
+
+impl Tracked {
+    fn wrap(inner: tonic::body::Body, unsent: &Arc<Unsent>) -> tonic::body::Body {
+        let slot = unsent.epoch.load(Ordering::Relaxed) & 1;
+        unsent.count[slot].fetch_add(1, Ordering::Relaxed);
+        tonic::body::Body::new(Self {
+            inner,
+            unsent: Some((unsent.clone(), slot)),
+        })
+    }
+
+    fn taken(&mut self) {
+        if let Some((unsent, slot)) = self.unsent.take() {
+            unsent.count[slot].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.taken();
+    }
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, tonic::Status>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+            self.taken();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Resolves once an answer of this connection has waited whole between
+/// `timeout` and twice it: at each tick, the slot of the epoch before the
+/// current one must be empty, and becomes the next epoch's.
+async fn stalled_answers(unsent: &Unsent, timeout: Duration) {
+    loop {
+        monoio::time::sleep(timeout).await;
+        let current = unsent.epoch.load(Ordering::Relaxed) & 1;
+        if unsent.count[current ^ 1].load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        unsent.epoch.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -273,16 +371,23 @@ where
     let _closed = Closed(info.clone());
     let routes = edge.routes.clone();
     let tokio = edge.edge.tokio();
+    let unsent = Arc::new(Unsent::default());
+    let answers = unsent.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(info.clone());
         let mut routes = routes.clone();
+        let track = is_unary_call(req.uri().path()).then(|| answers.clone());
         let call = async move {
             // tonic's router is always ready; asking keeps the contract.
             std::future::poll_fn(|cx| {
                 Service::<hyper::Request<Incoming>>::poll_ready(&mut routes, cx)
             })
             .await?;
-            routes.call(req).await
+            let answer = routes.call(req).await?;
+            Ok(match track {
+                Some(unsent) => answer.map(|body| Tracked::wrap(body, &unsent)),
+                None => answer,
+            })
         };
         super::guard::Guarded::new(call, tokio.clone())
     });
@@ -294,12 +399,14 @@ where
     enum End {
         Done(Result<(), hyper::Error>),
         Silent,
+        Stalled,
         Age,
         Drain,
     }
     let end = monoio::select! {
         r = conn.as_mut() => End::Done(r),
         _ = no_preface(&received, edge.cfg.handshake_timeout) => End::Silent,
+        _ = stalled_answers(&unsent, edge.cfg.write_timeout) => End::Stalled,
         _ = monoio::time::sleep(edge.cfg.max_connection_age) => End::Age,
         _ = edge.draining.wait() => End::Drain,
     };
@@ -307,6 +414,11 @@ where
         End::Done(r) => r,
         End::Silent => {
             tracing::debug!(%peer, "gRPC connection closed: no HTTP/2 preface within grpc.handshake_timeout");
+            return;
+        }
+        End::Stalled => {
+            let write_timeout = edge.cfg.write_timeout;
+            tracing::warn!(%peer, ?write_timeout, "gRPC connection closed: the peer's flow control let none of an answer out within grpc.write_timeout");
             return;
         }
         // Nothing can be in flight on a connection that has not spoken
