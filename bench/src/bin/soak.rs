@@ -19,7 +19,7 @@
 //! sampling the broker's RSS every second. Then it lets the well-behaved
 //! clients drain, stops the abusers, keeps sampling a few seconds, scrapes
 //! `/metrics`, stops the broker with SIGTERM, and writes
-//! `<out>/soak-<date>-<host>[-http][-<tag>].md` and `.json`.
+//! `<out>/soak-<date>-<host>[-http|-grpc][-<tag>].md` and `.json`.
 //!
 //! `--edge http` runs the same on the MCP Streamable HTTP edge
 //! (`soak/http.rs`): mcp-loadgen `http://` with `--pipeline`, a checker of
@@ -28,6 +28,10 @@
 //! never-readers small calls instead of zeros), and HTTP garbage (random
 //! bytes, truncated and bit-flipped requests, bodies that are not JSON, and
 //! heads past `max_header_bytes` in place of oversized prefixes).
+//! `--edge grpc` runs it on the gRPC edge (`soak/grpc.rs`): mcp-loadgen
+//! `grpc://`, a checker of tonic clients whose answers must echo their own
+//! call's id, slowloris dribbling the HTTP/2 preface, never-readers in raw
+//! HTTP/2 with a stream window of 0, and HTTP/2 garbage after the preface.
 //!
 //! Every loop is bounded by the run's deadlines; every socket is loopback.
 //! The broker and loadgen children die with this process (PDEATHSIG), and
@@ -51,8 +55,17 @@ use clap::Parser;
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 use serde_json::{Value, json};
 
+#[path = "soak/grpc.rs"]
+mod grpc;
 #[path = "soak/http.rs"]
 mod http;
+
+/// Calls each gRPC never-reader sends (HTTP/2 stream ids only grow, so the
+/// list is built once and not repeated): at the default 1 MiB/s, 32 s of
+/// 32 KiB calls and 8 s of small ones, after which the connection is held
+/// open, unread, until the broker's keepalive closes it.
+const GRPC_NEVER_READER_LARGE_CALLS: u32 = 1024;
+const GRPC_NEVER_READER_SMALL_CALLS: u32 = 65_536;
 
 /// The edge a run drives: its well-behaved load, checker and abusers all
 /// go to that one listener.
@@ -62,6 +75,8 @@ enum Edge {
     Frames,
     /// MCP Streamable HTTP (`POST /mcp`).
     Http,
+    /// gRPC (`turbomcp.mcp.v1.McpService`).
+    Grpc,
 }
 
 impl Edge {
@@ -69,6 +84,7 @@ impl Edge {
         match self {
             Edge::Frames => "frames",
             Edge::Http => "http",
+            Edge::Grpc => "grpc",
         }
     }
 }
@@ -474,11 +490,20 @@ fn run_slowloris(
     }
 }
 
+/// What a never-reading connection sends: `messages` in turn, from the
+/// first; after the last, again from the first when `cycle` (frames and
+/// HTTP requests can repeat), else nothing more (HTTP/2 stream ids only
+/// grow, so a gRPC list starts with its preface and is sent once).
+struct NeverReaderPlan {
+    messages: Vec<Vec<u8>>,
+    cycle: bool,
+}
+
 /// Pipeline valid calls with large arguments; never read.
 fn run_never_readers(
     addr: SocketAddr,
     n: usize,
-    frames: Vec<Vec<u8>>,
+    plan: NeverReaderPlan,
     bytes_per_s: u64,
     st: Arc<ConnStats>,
     stalled: Arc<AtomicU64>,
@@ -500,6 +525,10 @@ fn run_never_readers(
     } else {
         bytes_per_s as f64 * TICK.as_secs_f64()
     };
+    let NeverReaderPlan {
+        messages: frames,
+        cycle,
+    } = plan;
     let mut slots: Vec<Option<Slot>> = (0..n).map(|_| None).collect();
     while !stop.load(Relaxed) {
         let tick = Instant::now();
@@ -523,7 +552,7 @@ fn run_never_readers(
             // Unused budget does not pile up beyond ten ticks' worth.
             c.budget = (c.budget + per_tick).min(per_tick * 10.0);
             let mut result = Ok(());
-            while c.budget >= 1.0 {
+            while c.budget >= 1.0 && c.frame < frames.len() {
                 let f = &frames[c.frame];
                 let end = f.len().min(c.off + c.budget as usize);
                 match write_some(&mut c.s, &f[c.off..end]) {
@@ -537,7 +566,10 @@ fn run_never_readers(
                         c.off += w;
                         if c.off == f.len() {
                             c.off = 0;
-                            c.frame = (c.frame + 1) % frames.len();
+                            c.frame += 1;
+                            if cycle {
+                                c.frame %= frames.len();
+                            }
                             st.frames_sent.fetch_add(1, Relaxed);
                         }
                     }
@@ -578,7 +610,14 @@ struct GarbageStats {
     answers: Mutex<BTreeMap<String, u64>>,
 }
 
-fn garbage_frame(rng: &mut Rng, kind: usize, template: &[u8], max_frame: u32, out: &mut Vec<u8>) {
+fn garbage_frame(
+    rng: &mut Rng,
+    kind: usize,
+    template: &[u8],
+    max_frame: u32,
+    _seq: u64,
+    out: &mut Vec<u8>,
+) {
     match kind {
         0 => {
             let len = 16 + rng.below(1009) as usize;
@@ -703,10 +742,17 @@ struct GarbagePlan {
     limit: u32,
     seed: u64,
     close_every: usize,
-    /// Appends garbage of a kind (0..5; 4 is the one that closes).
-    make: fn(&mut Rng, usize, &[u8], u32, &mut Vec<u8>),
+    /// Appends garbage of a kind (0..5; 4 is the one that closes), the
+    /// n-th on its connection.
+    make: MakeGarbage,
     read: ReadAnswers,
+    /// Sent first on every new connection (gRPC: the HTTP/2 preface).
+    greeting: Vec<u8>,
 }
+
+/// Appends one piece of garbage: (rng, kind, template, limit, the piece's
+/// number on its connection, out).
+type MakeGarbage = fn(&mut Rng, usize, &[u8], u32, u64, &mut Vec<u8>);
 
 fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) {
     let GarbagePlan {
@@ -719,6 +765,7 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
         close_every,
         make,
         read,
+        greeting,
     } = plan;
     struct Slot {
         s: TcpStream,
@@ -729,6 +776,8 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
         written: u64,
         /// Stream offset just past the first oversized prefix appended.
         oversized_at: Option<u64>,
+        /// Pieces of garbage appended so far.
+        pieces: u64,
     }
     const TICK: Duration = Duration::from_millis(10);
     // What may wait unwritten per connection before no more is generated.
@@ -748,11 +797,12 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
                 *slot = gs.conn.open(addr).map(|s| Slot {
                     s,
                     since: Instant::now(),
-                    out: Vec::new(),
+                    out: greeting.clone(),
                     inbuf: Vec::new(),
-                    appended: 0,
+                    appended: greeting.len() as u64,
                     written: 0,
                     oversized_at: None,
+                    pieces: 0,
                 });
             }
         }
@@ -773,7 +823,8 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
                         next_kind % 4
                     };
                     let before = c.out.len();
-                    make(&mut rng, kind, &template, limit, &mut c.out);
+                    make(&mut rng, kind, &template, limit, c.pieces, &mut c.out);
+                    c.pieces += 1;
                     if kind == 4 && c.oversized_at.is_none() {
                         c.oversized_at = Some(c.appended + 4);
                     }
@@ -875,7 +926,8 @@ impl CheckerWire {
                     read: frame_answers,
                 }
             }
-            Edge::Http => Self {
+            // A tonic client instead: `grpc::run_checker`.
+            Edge::Http | Edge::Grpc => Self {
                 request: Box::new(|_, corr| http::echo_request(corr, "soak")),
                 read: http::answers,
             },
@@ -1058,6 +1110,7 @@ struct Broker {
     pid: i32,
     frames: SocketAddr,
     http: SocketAddr,
+    grpc: SocketAddr,
     metrics: SocketAddr,
     ready_line: String,
     log_path: PathBuf,
@@ -1171,6 +1224,7 @@ fn start_broker(a: &Args, workdir: &Path, shards: usize) -> Result<Broker> {
         pid: child.id() as i32,
         frames: addr_of("frames=")?,
         http: addr_of("http=")?,
+        grpc: addr_of("grpc=")?,
         metrics: addr_of("metrics=")?,
         ready_line: ready.clone(),
         log_path,
@@ -1339,6 +1393,7 @@ fn run_loadgen(a: &Args, target: SocketAddr, extra: &[String], json_path: &Path)
     let mut cmd = Command::new(&a.loadgen);
     match a.edge {
         Edge::Frames => cmd.arg("--target").arg(format!("frames://{target}")),
+        Edge::Grpc => cmd.arg("--target").arg(format!("grpc://{target}")),
         Edge::Http => {
             cmd.arg("--target").arg(format!("http://{target}/mcp"));
             cmd.args(["--pipeline", &a.loadgen_pipeline.to_string()]);
@@ -1522,6 +1577,9 @@ fn main() -> Result<()> {
         Edge::Frames => ("max_frame_bytes", mcp_schema::DEFAULT_MAX_FRAME_LEN),
         // The broker's default `http.max_header_bytes` (docs/http.md).
         Edge::Http => ("max_header_bytes", 16 << 10),
+        // The closing garbage passes HTTP/2's own frame size (no config
+        // key: the broker does not raise it).
+        Edge::Grpc => ("HTTP/2 SETTINGS_MAX_FRAME_SIZE", 16_384),
     };
     let limit: u32 = a
         .broker_config
@@ -1536,6 +1594,7 @@ fn main() -> Result<()> {
     let target = match a.edge {
         Edge::Frames => broker.frames,
         Edge::Http => broker.http,
+        Edge::Grpc => broker.grpc,
     };
 
     // Capacity: closed loop, the settings scripts/bench uses for its peak.
@@ -1545,7 +1604,7 @@ fn main() -> Result<()> {
             let p = workdir.join("capacity.json");
             // 256 in flight either way (HTTP: 8 connections × --pipeline).
             let in_flight: &[&str] = match a.edge {
-                Edge::Frames => &["--connections", "4", "--concurrency", "256"],
+                Edge::Frames | Edge::Grpc => &["--connections", "4", "--concurrency", "256"],
                 Edge::Http => &["--connections", "8"],
             };
             let extra: Vec<String> = in_flight
@@ -1585,8 +1644,8 @@ fn main() -> Result<()> {
     let big_text = "x".repeat(a.never_reader_arg_kib * 1024);
     // What each abuser sends on this edge. The second half of the
     // never-readers: zero bytes on frames (each 4 a zero-length frame the
-    // broker answers), small calls on HTTP (zeros there are one bad request
-    // and a close); both make answers pile up unread.
+    // broker answers), small calls on HTTP and gRPC (zeros there are one
+    // protocol error and a close); both make answers pile up unread.
     let (template, slow_frame, never_frames, small_frames) = match a.edge {
         Edge::Frames => (
             echo_frame(&mut enc, 0xA000, 1, "garbage.1", "garbage template"),
@@ -1606,14 +1665,29 @@ fn main() -> Result<()> {
                 .map(|i| http::echo_request(&format!("small.{i}"), "x"))
                 .collect(),
         ),
-    };
-    let (make, read, garbage_kinds): (_, ReadAnswers, _) = match a.edge {
-        Edge::Frames => (
-            garbage_frame as fn(&mut Rng, usize, &[u8], u32, &mut Vec<u8>),
-            frame_answers,
-            GARBAGE_KINDS,
+        // Each never-reader sends its preface and SETTINGS (an initial
+        // window of 0: the broker can send no answer's DATA), then a finite
+        // list of calls on fresh streams, then holds the connection.
+        Edge::Grpc => (
+            grpc::call(1, "garbage template"),
+            grpc::greeting(None),
+            std::iter::once(grpc::greeting(Some(0)))
+                .chain(grpc::calls(GRPC_NEVER_READER_LARGE_CALLS, &big_text))
+                .collect(),
+            std::iter::once(grpc::greeting(Some(0)))
+                .chain(grpc::calls(GRPC_NEVER_READER_SMALL_CALLS, "x"))
+                .collect(),
         ),
-        Edge::Http => (http::garbage as _, http::answers, http::GARBAGE_KINDS),
+    };
+    let cycle = a.edge != Edge::Grpc;
+    let (make, read, garbage_kinds): (MakeGarbage, ReadAnswers, _) = match a.edge {
+        Edge::Frames => (garbage_frame, frame_answers, GARBAGE_KINDS),
+        Edge::Http => (http::garbage, http::answers, http::GARBAGE_KINDS),
+        Edge::Grpc => (grpc::garbage, grpc::answers, grpc::GARBAGE_KINDS),
+    };
+    let greeting = match a.edge {
+        Edge::Grpc => grpc::greeting(None),
+        Edge::Frames | Edge::Http => Vec::new(),
     };
     let mut abusers: Vec<JoinHandle<()>> = Vec::new();
     {
@@ -1630,7 +1704,11 @@ fn main() -> Result<()> {
         let (st, sp, stl) = (Arc::clone(&never), Arc::clone(&stop), Arc::clone(&stalled));
         let n = a.never_readers - a.never_readers / 2;
         abusers.push(thread::spawn(move || {
-            run_never_readers(addr, n, never_frames, bps, st, stl, sp)
+            let plan = NeverReaderPlan {
+                messages: never_frames,
+                cycle,
+            };
+            run_never_readers(addr, n, plan, bps, st, stl, sp)
         }));
         let (st, sp, stl) = (
             Arc::clone(&zeros),
@@ -1639,7 +1717,11 @@ fn main() -> Result<()> {
         );
         let n = a.never_readers / 2;
         abusers.push(thread::spawn(move || {
-            run_never_readers(addr, n, small_frames, bps, st, stl, sp)
+            let plan = NeverReaderPlan {
+                messages: small_frames,
+                cycle,
+            };
+            run_never_readers(addr, n, plan, bps, st, stl, sp)
         }));
         let (gs, sp) = (Arc::clone(&garbage), Arc::clone(&stop));
         let plan = GarbagePlan {
@@ -1652,6 +1734,7 @@ fn main() -> Result<()> {
             close_every: a.garbage_close_every,
             make,
             read,
+            greeting,
         };
         if plan.conns > 0 && plan.rate > 0 {
             abusers.push(thread::spawn(move || run_garbage(plan, gs, sp)));
@@ -1692,7 +1775,7 @@ fn main() -> Result<()> {
     // than the run would expire requests that are merely late. With the
     // whole run as timeout, `timeout` means what the checker's `lost` does:
     // no answer by `answer_deadline` after the last send.
-    let lg_args: Vec<String> = vec![
+    let mut lg_args: Vec<String> = vec![
         "--connections".into(),
         a.loadgen_connections.to_string(),
         "--rate".into(),
@@ -1706,6 +1789,12 @@ fn main() -> Result<()> {
         "--drain".into(),
         format!("{}s", a.answer_deadline),
     ];
+    if a.edge == Edge::Grpc {
+        // Calls in flight in the generator at once (each is a task and an
+        // HTTP/2 stream): bounded, and twice the broker's default
+        // `grpc.max_concurrent_requests`, so that its own bound is reached.
+        lg_args.extend(["--concurrency".into(), "2048".into()]);
+    }
     log(format!(
         "load phase {:.0} s: loadgen {rate} req/s ({}x {capacity:.0}), checker {} req/s, \
          {} idle, {} slowloris, {} never-readers, {} garbage frames/s",
@@ -1726,9 +1815,13 @@ fn main() -> Result<()> {
         .map(|i| {
             let (addr, ab) = (target, Arc::clone(&abort));
             let r = a.checker_rate as f64 / a.checker_conns.max(1) as f64;
-            let wire = CheckerWire::new(a.edge, i);
-            thread::spawn(move || {
-                run_checker(i, addr, wire, r, (send_until, drain_until, grace_until), ab)
+            let edge = a.edge;
+            let deadlines = (send_until, drain_until, grace_until);
+            thread::spawn(move || match edge {
+                Edge::Grpc => grpc::run_checker(i, addr, r, deadlines, ab),
+                Edge::Frames | Edge::Http => {
+                    run_checker(i, addr, CheckerWire::new(edge, i), r, deadlines, ab)
+                }
             })
         })
         .collect();
@@ -2024,7 +2117,7 @@ fn main() -> Result<()> {
         zeros.report(
             match a.edge {
                 Edge::Frames => "never_reader_zeros",
-                Edge::Http => "never_reader_small_calls",
+                Edge::Http | Edge::Grpc => "never_reader_small_calls",
             },
             a.never_readers / 2,
         ),
@@ -2154,10 +2247,10 @@ fn markdown(d: &Value, name: &str) -> String {
     let _ = writeln!(
         o,
         "# Overload and abuse soak{}, {} on {}\n",
-        if s["edge"].as_str() == Some("http") {
-            " (MCP HTTP edge)"
-        } else {
-            ""
+        match s["edge"].as_str() {
+            Some("http") => " (MCP HTTP edge)",
+            Some("grpc") => " (gRPC edge)",
+            _ => "",
         },
         fmt_n(&d["date"]),
         fmt_n(&m["host"])
@@ -2212,15 +2305,16 @@ fn markdown(d: &Value, name: &str) -> String {
         fmt_n(&d["loadavg_end"])
     );
     let http = s["edge"].as_str() == Some("http");
+    let grpc = s["edge"].as_str() == Some("grpc");
     let _ = writeln!(
         o,
         "- edge: {}; broker: {} shard(s), `echo` router only, every listener on 127.0.0.1 \
          port 0, other settings default ({} {} bytes); nothing pinned: broker, load generator \
          and abusers share all CPUs",
-        if http {
-            "MCP Streamable HTTP (`POST /mcp`)"
-        } else {
-            "frames"
+        match (http, grpc) {
+            (true, _) => "MCP Streamable HTTP (`POST /mcp`)",
+            (_, true) => "gRPC (`turbomcp.mcp.v1.McpService`)",
+            _ => "frames",
         },
         fmt_n(&s["shards"]),
         fmt_n(&s["limit_key"]),
@@ -2234,6 +2328,11 @@ fn markdown(d: &Value, name: &str) -> String {
             s["mcp_version"]
                 .as_str()
                 .unwrap_or("2025-11-25 (mcp-loadgen's default: sessions)")
+        )
+    } else if grpc {
+        format!(
+            "{} connections, at most 2,048 calls in flight",
+            fmt_n(&s["loadgen_connections"])
         )
     } else {
         format!("{} connections", fmt_n(&s["loadgen_connections"]))
@@ -2266,15 +2365,16 @@ fn markdown(d: &Value, name: &str) -> String {
          must get exactly one final answer within {} s of the load's end",
         fmt_n(&s["checker_conns"]),
         fmt_n(&s["checker_rate"]),
-        if http {
-            " (stateless 2026-07-28 POSTs, pipelined on keep-alive connections)"
-        } else {
-            ""
+        match (http, grpc) {
+            (true, _) => " (stateless 2026-07-28 POSTs, pipelined on keep-alive connections)",
+            (_, true) =>
+                " (tonic clients, one channel each; an answer must echo its own call's id)",
+            _ => "",
         },
-        if http {
-            "JSON-RPC ids"
-        } else {
-            "correlation ids"
+        match (http, grpc) {
+            (true, _) => "JSON-RPC ids",
+            (_, true) => "ids in the echoed text",
+            _ => "correlation ids",
         },
         fmt_n(&s["answer_deadline_s"])
     );
@@ -2282,7 +2382,11 @@ fn markdown(d: &Value, name: &str) -> String {
         "- abusers: {idle} idle connections; {slow} slowloris (one byte of a valid {unit} every \
          {iv} s); {nr} never-readers, never reading, each sending at most {kib} KiB/s \
          (0 = unbounded): half pipelined `echo` calls with {arg} KiB arguments, ",
-        unit = if http { "request" } else { "frame" },
+        unit = match (http, grpc) {
+            (true, _) => "request",
+            (_, true) => "HTTP/2 preface and SETTINGS frame",
+            _ => "frame",
+        },
         idle = fmt_n(&s["idle"]),
         slow = fmt_n(&s["slowloris"]),
         iv = fmt_n(&s["slowloris_interval_s"]),
@@ -2290,7 +2394,21 @@ fn markdown(d: &Value, name: &str) -> String {
         kib = fmt_n(&s["never_reader_kib_per_s"]),
         arg = fmt_n(&s["never_reader_arg_kib"]),
     );
-    let rest = if http {
+    let rest = if grpc {
+        format!(
+            "half small `echo` calls; both raw HTTP/2 advertising a stream window of 0 (the \
+             broker can send no answer's DATA), at most {} and {} calls on fresh streams, then \
+             holding the connection; {gc} garbage connections sending {gr} pieces/s in all after \
+             the preface (random bytes, truncated and bit-flipped calls and HEADERS frames of \
+             random HPACK in turn, and a DATA frame past the 16 KiB frame size every {ge}th \
+             piece). Every abuser reconnects when the broker closes it.",
+            GRPC_NEVER_READER_LARGE_CALLS,
+            GRPC_NEVER_READER_SMALL_CALLS,
+            gc = fmt_n(&s["garbage_conns"]),
+            gr = fmt_n(&s["garbage_rate"]),
+            ge = fmt_n(&s["garbage_close_every"]),
+        )
+    } else if http {
         format!(
             "half pipelined small `echo` calls (answers piling up unread); {gc} garbage \
              connections sending {gr} pieces/s in all (random bytes, truncated and bit-flipped \
@@ -2432,10 +2550,10 @@ fn markdown(d: &Value, name: &str) -> String {
          kind ({}) had begun to be written on them (the documented outcome): {}; closed \
          without one: {}.",
         kinds.join(", "),
-        if http {
-            "a head past `max_header_bytes`, answered 431"
-        } else {
-            "an oversized length prefix"
+        match (http, grpc) {
+            (true, _) => "a head past `max_header_bytes`, answered 431",
+            (_, true) => "a DATA frame past the frame size, a FRAME_SIZE_ERROR",
+            _ => "an oversized length prefix",
         },
         fmt_n(&g["closed_after_oversized_prefix"]),
         fmt_n(&g["closed_otherwise"])

@@ -69,6 +69,7 @@ pub(crate) fn garbage(
     kind: usize,
     template: &[u8],
     max_head: u32,
+    _seq: u64,
     out: &mut Vec<u8>,
 ) {
     match kind {
@@ -320,7 +321,7 @@ mod tests {
         assert_eq!(body["params"]["arguments"]["text"], "soak");
         // Garbage of the last kind passes the head limit it is given.
         let mut out = Vec::new();
-        garbage(&mut Rng(1), 4, &req, 1024, &mut out);
+        garbage(&mut Rng(1), 4, &req, 1024, 0, &mut out);
         assert!(out.len() > 1024 && out.ends_with(b"\r\n\r\n"));
     }
 }
