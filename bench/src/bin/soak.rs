@@ -234,6 +234,14 @@ impl Rng {
     fn fill(&mut self, out: &mut Vec<u8>, n: usize) {
         out.extend((0..n).map(|_| self.next() as u8));
     }
+
+    /// Flips one to four random bits of `bytes`.
+    fn flip_bits(&mut self, bytes: &mut [u8]) {
+        for _ in 0..1 + self.below(4) {
+            let i = self.below(bytes.len() as u64) as usize;
+            bytes[i] ^= 1 << self.below(8);
+        }
+    }
 }
 
 /// Sleeps until `start + period` in steps of at most 50 ms, returning early
@@ -633,10 +641,7 @@ fn garbage_frame(
         2 => {
             let start = out.len();
             out.extend_from_slice(template);
-            for _ in 0..1 + rng.below(4) {
-                let i = 4 + rng.below(template.len() as u64 - 4) as usize;
-                out[start + i] ^= 1 << rng.below(8);
-            }
+            rng.flip_bits(&mut out[start + 4..]);
         }
         3 => out.extend_from_slice(&0u32.to_le_bytes()),
         _ => {

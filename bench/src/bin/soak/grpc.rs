@@ -163,12 +163,9 @@ pub(crate) fn garbage(
             if kind == 1 {
                 out.truncate(start + 9 + rng.below(len as u64 - 9) as usize);
             } else {
-                // Flip bits after the HEADERS frame's 9-byte header: in the
-                // header block, the DATA frame or the message.
-                for _ in 0..1 + rng.below(4) {
-                    let i = start + 9 + rng.below(len as u64 - 9) as usize;
-                    out[i] ^= 1 << rng.below(8);
-                }
+                // After the HEADERS frame's 9-byte header: in the header
+                // block, the DATA frame or the message.
+                rng.flip_bits(&mut out[start + 9..]);
             }
         }
         3 => {

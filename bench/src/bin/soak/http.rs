@@ -84,10 +84,7 @@ pub(crate) fn garbage(
         2 => {
             let start = out.len();
             out.extend_from_slice(template);
-            for _ in 0..1 + rng.below(4) {
-                let i = rng.below(template.len() as u64) as usize;
-                out[start + i] ^= 1 << rng.below(8);
-            }
+            rng.flip_bits(&mut out[start..]);
         }
         3 => {
             let len = 16 + rng.below(497) as usize;
