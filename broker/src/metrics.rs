@@ -619,7 +619,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
 
     // Connections and frames, per shard (bounded by the shard count; shows
     // how SO_REUSEPORT spread the connections).
-    let per_shard: [Family<crate::shared::ShardStats>; 9] = [
+    let per_shard: [Family<crate::shared::ShardStats>; 11] = [
         (
             "mcp_connections_open",
             "gauge",
@@ -643,6 +643,18 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "counter",
             "Frame-edge connections closed because the peer read nothing within frames.write_timeout.",
             |s| s.write_timeouts.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_http_write_timeouts_total",
+            "counter",
+            "HTTP-edge connections closed because the peer read nothing within http.write_timeout.",
+            |s| s.http_write_timeouts.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_grpc_write_timeouts_total",
+            "counter",
+            "gRPC-edge connections closed because the peer's flow control let none of an answer out within grpc.write_timeout.",
+            |s| s.grpc_write_timeouts.load(Ordering::Relaxed),
         ),
         (
             "mcp_frames_received_total",

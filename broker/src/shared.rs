@@ -176,6 +176,10 @@ pub struct ShardStats {
     /// Connections closed because the peer read nothing within
     /// `frames.write_timeout`.
     pub write_timeouts: AtomicU64,
+    /// HTTP-edge connections closed at `http.write_timeout`.
+    pub http_write_timeouts: AtomicU64,
+    /// gRPC-edge connections closed at `grpc.write_timeout`.
+    pub grpc_write_timeouts: AtomicU64,
     /// Nanoseconds the shard spent in idle-polling windows (`broker.idle_poll`).
     pub idle_poll_ns: AtomicU64,
     pub ready: AtomicBool,
@@ -200,6 +204,8 @@ impl ShardStats {
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             write_timeouts: AtomicU64::new(0),
+            http_write_timeouts: AtomicU64::new(0),
+            grpc_write_timeouts: AtomicU64::new(0),
             idle_poll_ns: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             dead: AtomicBool::new(false),

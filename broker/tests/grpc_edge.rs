@@ -1172,6 +1172,7 @@ fn a_peer_whose_flow_control_lets_no_answer_out_is_disconnected_at_the_write_tim
         !frames.iter().any(|(k, _)| *k == 0),
         "no DATA in a window of 0: {frames:?}"
     );
+    assert_eq!(b.metric("mcp_grpc_write_timeouts_total", ""), 1.0);
     // The same call with the default window is answered, and the
     // connection outlives two write_timeouts.
     let mut open = connect(None);

@@ -1040,6 +1040,7 @@ fn a_peer_that_reads_nothing_is_cut_off_at_the_write_timeout() {
         .count();
     assert!(answers < 20, "{answers} answers: nothing was cut off");
     writer.join().unwrap();
+    assert_eq!(b.metric_sum("mcp_http_write_timeouts_total"), 1.0);
     // The edge still serves others.
     Conn::connect(b.http).initialize("2025-06-18");
 }

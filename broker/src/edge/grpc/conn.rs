@@ -259,6 +259,7 @@ impl Drop for Closed {
 /// with the edge's tonic services.
 pub struct ShardGrpc {
     index: usize,
+    shared: Arc<crate::shared::Shared>,
     cfg: GrpcSection,
     edge: Arc<super::GrpcEdge>,
     routes: tonic::service::Routes,
@@ -272,7 +273,7 @@ pub struct ShardGrpc {
 impl ShardGrpc {
     pub fn new(
         index: usize,
-        shared: &crate::shared::Shared,
+        shared: &Arc<crate::shared::Shared>,
         edge: Arc<super::GrpcEdge>,
         draining: Rc<Latch>,
         drain_expired: Rc<Latch>,
@@ -286,6 +287,7 @@ impl ShardGrpc {
             .max_concurrent_streams(cfg.max_concurrent_streams_per_connection);
         Rc::new(Self {
             index,
+            shared: shared.clone(),
             routes: edge.routes(),
             edge,
             tls: shared.tls.clone(),
@@ -419,6 +421,8 @@ where
         End::Stalled => {
             let write_timeout = edge.cfg.write_timeout;
             tracing::warn!(%peer, ?write_timeout, "gRPC connection closed: the peer's flow control let none of an answer out within grpc.write_timeout");
+            let stats = &edge.shared.stats[edge.index];
+            crate::shared::ShardStats::add(&stats.grpc_write_timeouts, 1);
             return;
         }
         // Nothing can be in flight on a connection that has not spoken

@@ -263,6 +263,8 @@ async fn serve_connection<I>(
             // Dropping the connection drops its answers and its SSE
             // streams; their events stay in the session's replay logs.
             tracing::warn!(%peer, ?write_timeout, "HTTP connection closed: the peer read nothing within http.write_timeout");
+            let stats = &edge.ctx.shared.stats[edge.ctx.index];
+            crate::shared::ShardStats::add(&stats.http_write_timeouts, 1);
             return;
         }
     };
