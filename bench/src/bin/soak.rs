@@ -931,11 +931,11 @@ impl CheckerWire {
                     read: frame_answers,
                 }
             }
-            // A tonic client instead: `grpc::run_checker`.
-            Edge::Http | Edge::Grpc => Self {
+            Edge::Http => Self {
                 request: Box::new(|_, corr| http::echo_request(corr, "soak")),
                 read: http::answers,
             },
+            Edge::Grpc => unreachable!("the gRPC checker is a tonic client: grpc::run_checker"),
         }
     }
 }
