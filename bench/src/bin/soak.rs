@@ -63,7 +63,8 @@ mod http;
 /// Calls each gRPC never-reader sends (HTTP/2 stream ids only grow, so the
 /// list is built once and not repeated): at the default 1 MiB/s, 32 s of
 /// 32 KiB calls and 8 s of small ones, after which the connection is held
-/// open, unread, until the broker's keepalive closes it.
+/// open, unread, until the broker closes it (h2 after 1,024 refused
+/// streams, else `grpc.write_timeout`).
 const GRPC_NEVER_READER_LARGE_CALLS: u32 = 1024;
 const GRPC_NEVER_READER_SMALL_CALLS: u32 = 65_536;
 
@@ -779,7 +780,8 @@ fn run_garbage(plan: GarbagePlan, gs: Arc<GarbageStats>, stop: Arc<AtomicBool>) 
         inbuf: Vec<u8>,
         appended: u64,
         written: u64,
-        /// Stream offset just past the first oversized prefix appended.
+        /// Stream offset 4 bytes into the first closing piece (kind 4)
+        /// appended: on frames, just past its oversized length prefix.
         oversized_at: Option<u64>,
         /// Pieces of garbage appended so far.
         pieces: u64,
@@ -1584,7 +1586,7 @@ fn main() -> Result<()> {
         Edge::Http => ("max_header_bytes", 16 << 10),
         // The closing garbage passes HTTP/2's own frame size (no config
         // key: the broker does not raise it).
-        Edge::Grpc => ("HTTP/2 SETTINGS_MAX_FRAME_SIZE", 16_384),
+        Edge::Grpc => ("HTTP/2 SETTINGS_MAX_FRAME_SIZE", grpc::MAX_FRAME as u32),
     };
     let limit: u32 = a
         .broker_config
@@ -1673,8 +1675,9 @@ fn main() -> Result<()> {
         // Each never-reader sends its preface and SETTINGS (an initial
         // window of 0: the broker can send no answer's DATA), then a finite
         // list of calls on fresh streams, then holds the connection.
+        // gRPC garbage builds its calls on fresh streams: no template.
         Edge::Grpc => (
-            grpc::call(1, "garbage template"),
+            Vec::new(),
             grpc::greeting(None),
             std::iter::once(grpc::greeting(Some(0)))
                 .chain(grpc::calls(GRPC_NEVER_READER_LARGE_CALLS, &big_text))

@@ -25,7 +25,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const CALL_TOOL: &str = "/turbomcp.mcp.v1.McpService/CallTool";
 /// SETTINGS_MAX_FRAME_SIZE's initial value: the largest frame a peer may
 /// send before the other raises it.
-const MAX_FRAME: usize = 16_384;
+pub(crate) const MAX_FRAME: usize = 16_384;
 
 const DATA: u8 = 0;
 const HEADERS: u8 = 1;
@@ -140,13 +140,13 @@ pub(crate) fn calls(n: u32, text: &str) -> Vec<Vec<u8>> {
 
 /// Appends one piece of garbage of `kind` (see [`GARBAGE_KINDS`]) to `out`,
 /// the `seq`-th on its connection (which gives it a fresh stream id).
-/// Calls are built afresh on their own stream, not from the template.
-/// (`_limit`: HTTP/2's own frame size is the limit the last kind passes.)
+/// Calls are built afresh on their own stream, not from a template;
+/// `max_frame` is the frame size the last kind passes.
 pub(crate) fn garbage(
     rng: &mut Rng,
     kind: usize,
     _template: &[u8],
-    _limit: u32,
+    max_frame: u32,
     seq: u64,
     out: &mut Vec<u8>,
 ) {
@@ -177,7 +177,7 @@ pub(crate) fn garbage(
         _ => {
             // A DATA frame past SETTINGS_MAX_FRAME_SIZE: FRAME_SIZE_ERROR.
             let mut payload = Vec::new();
-            let len = MAX_FRAME + 1 + rng.below(1024) as usize;
+            let len = max_frame as usize + 1 + rng.below(1024) as usize;
             rng.fill(&mut payload, len);
             frame(out, DATA, 0, stream, &payload);
         }
