@@ -136,18 +136,126 @@ const READ_CAPACITY: usize = 16 * 1024;
 /// waiting for hyper's flush (and holds hyper back while a send is out).
 const WRITE_HIGH_WATER: usize = 64 * 1024;
 
-type ReadOp<RH> = (BufResult<usize, Vec<u8>>, RH);
-type WriteOp<WH> = (BufResult<usize, Vec<u8>>, WH);
+/// A connection's receiving side as hyper's I/O reads it: what is ready is
+/// copied straight into hyper's buffer; a socket op brings more.
+pub trait RecvSide: Sized {
+    /// Bytes ready without a socket read, as `BufRead::fill_buf`:
+    /// `Some(Ok(bytes))`, empty at the stream's end; `Some(Err)` when the
+    /// stream failed; `None` until [`RecvSide::fill`] brings more.
+    fn ready(&mut self) -> Option<io::Result<&[u8]>>;
+    /// Takes `n` bytes of what [`RecvSide::ready`] gave.
+    fn consume(&mut self, n: usize);
+    /// One socket read.
+    fn fill(&mut self) -> impl Future<Output = io::Result<()>>;
+}
 
-/// One `recv` into an owned buffer; the half comes back with the result.
-async fn recv<RH: AsyncReadRent>(mut half: RH, buf: Vec<u8>) -> ReadOp<RH> {
-    let r = half.read(buf).await;
-    crate::idle_poll::note_activity();
-    (r, half)
+/// A connection's sending side as hyper's I/O writes it: hyper's bytes
+/// are appended to the buffer the next send takes (sealed into TLS
+/// records on the way, [`crate::tls::uring::Sealer`]).
+pub trait SendSide {
+    /// Appends `bytes` to `out`.
+    fn stage(&mut self, out: &mut Vec<u8>, bytes: &[u8]) -> io::Result<()>;
+    /// Makes `out` ready for the socket.
+    fn seal(&mut self, out: &mut Vec<u8>) -> io::Result<()>;
+    /// Appends what ends the stream before the socket is shut down.
+    fn close(&mut self, out: &mut Vec<u8>) -> io::Result<()>;
+}
+
+/// The receiving side of a plaintext TCP stream: one `recv` into an owned
+/// buffer.
+pub struct TcpRecv {
+    half: OwnedReadHalf<TcpStream>,
+    /// Received bytes; `pos..` not yet handed out.
+    buf: Vec<u8>,
+    pos: usize,
+    eof: bool,
+}
+
+impl RecvSide for TcpRecv {
+    fn ready(&mut self) -> Option<io::Result<&[u8]>> {
+        if self.pos < self.buf.len() {
+            Some(Ok(&self.buf[self.pos..]))
+        } else {
+            self.eof.then_some(Ok(&[]))
+        }
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos += n;
+    }
+
+    async fn fill(&mut self) -> io::Result<()> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        self.pos = 0;
+        let (r, buf) = self.half.read(buf).await;
+        self.buf = buf;
+        crate::idle_poll::note_activity();
+        // 0 bytes: the peer closed.
+        self.eof = r? == 0;
+        Ok(())
+    }
+}
+
+impl RecvSide for crate::tls::uring::TlsReadHalf {
+    fn ready(&mut self) -> Option<io::Result<&[u8]>> {
+        crate::tls::uring::TlsReadHalf::ready(self)
+    }
+
+    fn consume(&mut self, n: usize) {
+        crate::tls::uring::TlsReadHalf::consume(self, n)
+    }
+
+    fn fill(&mut self) -> impl Future<Output = io::Result<()>> {
+        self.fill_more()
+    }
+}
+
+/// Plaintext: hyper's bytes go out as they are.
+pub struct Plain;
+
+impl SendSide for Plain {
+    fn stage(&mut self, out: &mut Vec<u8>, bytes: &[u8]) -> io::Result<()> {
+        out.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn seal(&mut self, _: &mut Vec<u8>) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn close(&mut self, _: &mut Vec<u8>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SendSide for crate::tls::uring::Sealer {
+    fn stage(&mut self, out: &mut Vec<u8>, bytes: &[u8]) -> io::Result<()> {
+        crate::tls::uring::Sealer::stage(self, out, bytes)
+    }
+
+    fn seal(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        crate::tls::uring::Sealer::seal(self, out)
+    }
+
+    fn close(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        crate::tls::uring::Sealer::close(self, out)
+    }
+}
+
+type TcpWrite = OwnedWriteHalf<TcpStream>;
+type FillOp<RS> = (io::Result<()>, RS);
+type SendOp = (BufResult<usize, Vec<u8>>, TcpWrite);
+
+/// One socket read into the receiving side; the side comes back with the
+/// result.
+async fn fill<RS: RecvSide>(mut side: RS) -> FillOp<RS> {
+    let r = side.fill().await;
+    (r, side)
 }
 
 /// Sends all of an owned buffer (a short send is continued, not reported).
-async fn send<WH: AsyncWriteRent>(mut half: WH, buf: Vec<u8>) -> WriteOp<WH> {
+async fn send(mut half: TcpWrite, buf: Vec<u8>) -> SendOp {
     let r = half.write_all(buf).await;
     (r, half)
 }
@@ -155,86 +263,108 @@ async fn send<WH: AsyncWriteRent>(mut half: WH, buf: Vec<u8>) -> WriteOp<WH> {
 /// A TCP stream (or a TLS stream over one, [`crate::tls::uring`]) as
 /// hyper's I/O, over owned-buffer completion ops.
 ///
-/// Each direction owns its stream half and its buffer while idle and lends
-/// both to its op while one is out; the op future lives in a slot boxed
-/// once per connection and overwritten in place, and the send buffers
-/// take turns, so past a connection's first requests a request allocates
-/// nothing here. Dropping the connection drops an op still in the kernel:
-/// monoio then keeps that op's buffer alive until its completion arrives
-/// (and asks the kernel to cancel it), so no buffer is freed under the
-/// kernel.
+/// Reads: what the receiving side holds ([`RecvSide`]: received bytes, or
+/// a TLS record opened in place) is copied straight into hyper's buffer;
+/// when it holds nothing, one socket read brings more. Writes: hyper's
+/// bytes are copied into the buffer the next send takes ([`SendSide`],
+/// which seals them into TLS records on the way). So either way a byte is
+/// copied once in user space, TLS or not.
 ///
-/// Writes are buffered: `poll_write` copies hyper's bytes and reports them
+/// Each direction owns its side while idle and lends it to its op while
+/// one is out; the op future lives in a slot boxed once per connection
+/// and overwritten in place, and the send buffers take turns, so past a
+/// connection's first requests a request allocates nothing here. Dropping
+/// the connection drops an op still in the kernel: monoio then keeps that
+/// op's buffer alive until its completion arrives (and asks the kernel to
+/// cancel it), so no buffer is freed under the kernel.
+///
+/// Writes are buffered: `poll_write` stages hyper's bytes and reports them
 /// written; the send goes out on `poll_flush` (hyper flushes after every
 /// message) or past [`WRITE_HIGH_WATER`]. A send that fails surfaces on the
 /// next write, flush or shutdown, which is as soon as hyper can learn of it
 /// from any buffered writer.
-pub struct UringIo<RH, WH, R, W> {
-    rd: Option<RH>,
-    /// Received bytes; `rd_pos..` not yet handed to hyper. `None` while a
-    /// `recv` owns it.
-    rd_buf: Option<Vec<u8>>,
-    rd_pos: usize,
+pub struct UringIo<RS, SS, R, W> {
+    rd: Option<RS>,
     rd_op: Pin<Box<Option<R>>>,
-    make_recv: fn(RH, Vec<u8>) -> R,
-    /// Bytes received so far, shared with the connection's watchdog (the
-    /// gRPC edge's HTTP/2 preface deadline).
+    make_fill: fn(RS) -> R,
+    /// Bytes handed to hyper so far, shared with the connection's watchdog
+    /// (the gRPC edge's HTTP/2 preface deadline).
     received: Rc<Cell<u64>>,
 
-    wr: Option<WH>,
-    /// Bytes hyper wrote that no send carries yet.
+    wr: Option<TcpWrite>,
+    staging: SS,
+    /// Bytes for the socket that no send carries yet.
     wr_pending: Vec<u8>,
     /// The buffer of the last finished send, cleared, for the next one.
     wr_spare: Option<Vec<u8>>,
     wr_op: Pin<Box<Option<W>>>,
-    make_send: fn(WH, Vec<u8>) -> W,
+    make_send: fn(TcpWrite, Vec<u8>) -> W,
     /// A failed send, for the next write, flush or shutdown to report.
     wr_error: Option<io::Error>,
+    /// The stream's end (TLS close_notify) is staged.
+    closing: bool,
     /// When the send in flight began (`None`: none is): the connection's
     /// watchdog cuts off a peer that takes nothing for `http.write_timeout`.
     send_started: Rc<Cell<Option<Instant>>>,
 }
 
 /// hyper's I/O over a plaintext TCP stream.
-pub type TcpIo<R, W> = UringIo<OwnedReadHalf<TcpStream>, OwnedWriteHalf<TcpStream>, R, W>;
+pub type TcpIo<R, W> = UringIo<TcpRecv, Plain, R, W>;
 
 /// hyper's I/O over `stream`.
 pub fn uring_io(
     stream: TcpStream,
-) -> TcpIo<
-    impl Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
-    impl Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
-> {
+) -> TcpIo<impl Future<Output = FillOp<TcpRecv>>, impl Future<Output = SendOp>> {
     let (rd, wr) = stream.into_split();
-    halves_io(rd, wr)
+    let recv = TcpRecv {
+        half: rd,
+        buf: Vec::with_capacity(READ_CAPACITY),
+        pos: 0,
+        eof: false,
+    };
+    sides_io(recv, Plain, wr)
 }
 
-/// hyper's I/O over a stream's two halves (a TLS stream's, say).
-pub fn halves_io<RH: AsyncReadRent, WH: AsyncWriteRent>(
-    rd: RH,
-    wr: WH,
-) -> UringIo<RH, WH, impl Future<Output = ReadOp<RH>>, impl Future<Output = WriteOp<WH>>> {
+/// hyper's I/O over a TLS stream's halves: records are opened into
+/// hyper's buffer and sealed from hyper's bytes, with no buffer between.
+pub fn tls_io(
+    rd: crate::tls::uring::TlsReadHalf,
+    wr: crate::tls::uring::TlsWriteHalf,
+) -> UringIo<
+    crate::tls::uring::TlsReadHalf,
+    crate::tls::uring::Sealer,
+    impl Future<Output = FillOp<crate::tls::uring::TlsReadHalf>>,
+    impl Future<Output = SendOp>,
+> {
+    let (sealer, wr) = wr.into_parts();
+    sides_io(rd, sealer, wr)
+}
+
+fn sides_io<RS: RecvSide, SS: SendSide>(
+    rd: RS,
+    staging: SS,
+    wr: TcpWrite,
+) -> UringIo<RS, SS, impl Future<Output = FillOp<RS>>, impl Future<Output = SendOp>> {
     UringIo {
         rd: Some(rd),
-        rd_buf: Some(Vec::with_capacity(READ_CAPACITY)),
-        rd_pos: 0,
         rd_op: Box::pin(None),
-        make_recv: recv,
+        make_fill: fill,
         received: Rc::default(),
         wr: Some(wr),
+        staging,
         wr_pending: Vec::new(),
         wr_spare: None,
         wr_op: Box::pin(None),
         make_send: send,
         wr_error: None,
+        closing: false,
         send_started: Rc::default(),
     }
 }
 
-impl<RH, WH: AsyncWriteRent, R, W> UringIo<RH, WH, R, W>
+impl<RS, SS: SendSide, R, W> UringIo<RS, SS, R, W>
 where
-    R: Future<Output = ReadOp<RH>>,
-    W: Future<Output = WriteOp<WH>>,
+    W: Future<Output = SendOp>,
 {
     /// Polls the send in flight, if any; `Ready` once none is.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -256,16 +386,18 @@ where
         Poll::Ready(())
     }
 
-    /// Hands the buffered bytes to a send (none may be in flight).
-    fn start_send(&mut self) {
+    /// Hands the staged bytes to a send (none may be in flight).
+    fn start_send(&mut self) -> io::Result<()> {
+        self.staging.seal(&mut self.wr_pending)?;
         let half = self.wr.take().expect("no send in flight");
         let next = self.wr_spare.take().unwrap_or_default();
         let buf = std::mem::replace(&mut self.wr_pending, next);
         self.wr_op.set(Some((self.make_send)(half, buf)));
         self.send_started.set(Some(Instant::now()));
+        Ok(())
     }
 
-    /// Bytes received so far, shared with the connection's watchdog.
+    /// Bytes handed to hyper so far, shared with the connection's watchdog.
     pub fn recv_count(&self) -> Rc<Cell<u64>> {
         self.received.clone()
     }
@@ -279,7 +411,7 @@ where
         self.wr_error.take().map_or(Ok(()), Err)
     }
 
-    /// Sends everything buffered; `Ready` once the kernel took all of it.
+    /// Sends everything staged; `Ready` once the kernel took all of it.
     fn poll_flush_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
             std::task::ready!(self.poll_send(cx));
@@ -287,11 +419,11 @@ where
             if self.wr_pending.is_empty() {
                 return Poll::Ready(Ok(()));
             }
-            self.start_send();
+            self.start_send()?;
         }
     }
 
-    /// Buffers `bufs` for the next send, or `Pending` while the buffer is
+    /// Stages `bufs` for the next send, or `Pending` while the buffer is
     /// past its high water mark and a send is out.
     fn poll_buffer(
         &mut self,
@@ -304,24 +436,24 @@ where
             // One send at a time: the kernel owns that buffer until it ends.
             std::task::ready!(self.poll_send(cx));
             self.take_error()?;
-            self.start_send();
+            self.start_send()?;
             // Its first poll submits it.
             let _ = self.poll_send(cx);
             self.take_error()?;
         }
         let mut n = 0;
         for b in bufs {
-            self.wr_pending.extend_from_slice(b);
+            self.staging.stage(&mut self.wr_pending, b)?;
             n += b.len();
         }
         Poll::Ready(Ok(n))
     }
 }
 
-impl<RH: Unpin, WH: AsyncWriteRent + Unpin, R, W> hyper::rt::Read for UringIo<RH, WH, R, W>
+impl<RS: RecvSide + Unpin, SS: SendSide + Unpin, R, W> hyper::rt::Read for UringIo<RS, SS, R, W>
 where
-    R: Future<Output = ReadOp<RH>>,
-    W: Future<Output = WriteOp<WH>>,
+    R: Future<Output = FillOp<RS>>,
+    W: Future<Output = SendOp>,
 {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -329,45 +461,37 @@ where
         mut out: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(buf) = &this.rd_buf
-            && this.rd_pos < buf.len()
-        {
-            let n = out.remaining().min(buf.len() - this.rd_pos);
-            out.put_slice(&buf[this.rd_pos..this.rd_pos + n]);
-            this.rd_pos += n;
-            return Poll::Ready(Ok(()));
-        }
-        if this.rd_op.is_none() {
-            let half = this.rd.take().expect("no recv in flight");
-            let mut buf = this.rd_buf.take().expect("no recv in flight");
-            buf.clear();
-            this.rd_pos = 0;
-            this.rd_op.set(Some((this.make_recv)(half, buf)));
-        }
-        let op = this.rd_op.as_mut().as_pin_mut().expect("a recv in flight");
-        let ((res, buf), half) = std::task::ready!(op.poll(cx));
-        this.rd_op.set(None);
-        this.rd = Some(half);
-        this.rd_buf = Some(buf);
-        let buf = this.rd_buf.as_ref().expect("just returned");
-        match res {
-            // 0 bytes: the peer closed; nothing put is hyper's EOF.
-            Ok(got) => {
-                this.received.set(this.received.get() + got as u64);
-                let n = out.remaining().min(buf.len());
-                out.put_slice(&buf[..n]);
-                this.rd_pos = n;
-                Poll::Ready(Ok(()))
+        loop {
+            if this.rd_op.is_none() {
+                let side = this.rd.as_mut().expect("no read in flight");
+                match side.ready() {
+                    // Nothing put is hyper's EOF.
+                    Some(Ok(src)) => {
+                        let n = out.remaining().min(src.len());
+                        out.put_slice(&src[..n]);
+                        side.consume(n);
+                        this.received.set(this.received.get() + n as u64);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Some(Err(e)) => return Poll::Ready(Err(e)),
+                    None => {
+                        let side = this.rd.take().expect("no read in flight");
+                        this.rd_op.set(Some((this.make_fill)(side)));
+                    }
+                }
             }
-            Err(e) => Poll::Ready(Err(e)),
+            let op = this.rd_op.as_mut().as_pin_mut().expect("a read in flight");
+            let (res, side) = std::task::ready!(op.poll(cx));
+            this.rd_op.set(None);
+            this.rd = Some(side);
+            res?;
         }
     }
 }
 
-impl<RH: Unpin, WH: AsyncWriteRent + Unpin, R, W> hyper::rt::Write for UringIo<RH, WH, R, W>
+impl<RS: Unpin, SS: SendSide + Unpin, R, W> hyper::rt::Write for UringIo<RS, SS, R, W>
 where
-    R: Future<Output = ReadOp<RH>>,
-    W: Future<Output = WriteOp<WH>>,
+    W: Future<Output = SendOp>,
 {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -397,14 +521,18 @@ where
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.closing {
+            this.closing = true;
+            // TLS: close_notify, sent with whatever is staged. One that
+            // cannot be sealed (the record count exhausted) is left out:
+            // HTTP messages carry their own lengths, so its absence
+            // truncates nothing.
+            let _ = this.staging.close(&mut this.wr_pending);
+        }
         std::task::ready!(this.poll_flush_all(cx))?;
         let half = this.wr.as_mut().expect("no send in flight after a flush");
         // monoio shuts a TCP stream down with a plain syscall: the future
-        // is ready at its first poll. A TLS half first sends close_notify;
-        // should that send not finish at once, the future is dropped (the
-        // send cancelled) and the next poll shuts down without it: HTTP
-        // messages carry their own lengths, so a missing close_notify
-        // truncates nothing.
+        // is ready at its first poll.
         let shutdown = std::pin::pin!(half.shutdown());
         shutdown.poll(cx)
     }
@@ -471,10 +599,7 @@ mod tests {
 
     /// Our end on the runtime, the peer's a blocking std socket.
     async fn pair() -> (
-        TcpIo<
-            impl Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
-            impl Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
-        >,
+        TcpIo<impl Future<Output = FillOp<TcpRecv>>, impl Future<Output = SendOp>>,
         std::net::TcpStream,
     ) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -488,8 +613,8 @@ mod tests {
     /// One hyper read with room for `room` bytes.
     async fn read<R, W>(io: &mut TcpIo<R, W>, room: usize) -> io::Result<Vec<u8>>
     where
-        R: Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
-        W: Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
+        R: Future<Output = FillOp<TcpRecv>>,
+        W: Future<Output = SendOp>,
     {
         let mut storage = vec![MaybeUninit::<u8>::uninit(); room];
         let mut rb = hyper::rt::ReadBuf::uninit(&mut storage);
@@ -499,8 +624,8 @@ mod tests {
 
     async fn write_vectored<R, W>(io: &mut TcpIo<R, W>, bufs: &[&[u8]]) -> io::Result<usize>
     where
-        R: Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
-        W: Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
+        R: Future<Output = FillOp<TcpRecv>>,
+        W: Future<Output = SendOp>,
     {
         let slices: Vec<io::IoSlice<'_>> = bufs.iter().map(|b| io::IoSlice::new(b)).collect();
         std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write_vectored(cx, &slices)).await
@@ -508,8 +633,8 @@ mod tests {
 
     async fn flush<R, W>(io: &mut TcpIo<R, W>) -> io::Result<()>
     where
-        R: Future<Output = ReadOp<OwnedReadHalf<TcpStream>>>,
-        W: Future<Output = WriteOp<OwnedWriteHalf<TcpStream>>>,
+        R: Future<Output = FillOp<TcpRecv>>,
+        W: Future<Output = SendOp>,
     {
         std::future::poll_fn(|cx| Pin::new(&mut *io).poll_flush(cx)).await
     }

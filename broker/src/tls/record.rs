@@ -129,7 +129,11 @@ enum Construction {
 
 /// One direction's traffic keys and record count.
 pub struct Keys {
-    key: LessSafeKey,
+    /// Boxed: ring's expanded AES-GCM key is about 550 bytes, and the
+    /// read half that holds these keys moves by value into each socket
+    /// read (hyper's I/O, `edge/rt.rs`): boxed, such a move copies about
+    /// 130 bytes instead of 700.
+    key: Box<LessSafeKey>,
     iv: [u8; aead::NONCE_LEN],
     seq: u64,
     construction: Construction,
@@ -180,7 +184,7 @@ impl Keys {
             (Version::Tls12, true) => Construction::Tls12Chacha,
         };
         Ok(Keys {
-            key: LessSafeKey::new(key),
+            key: Box::new(LessSafeKey::new(key)),
             iv,
             seq,
             construction,
@@ -215,38 +219,66 @@ impl Keys {
     /// [`MAX_PLAIN`] bytes) to `out`.
     pub fn seal(&mut self, typ: u8, plain: &[u8], out: &mut Vec<u8>) -> Result<(), Fault> {
         debug_assert!(plain.len() <= MAX_PLAIN);
+        out.reserve(self.prefix() + plain.len() + 1 + TAG);
+        let start = self.begin(out);
+        out.extend_from_slice(plain);
+        self.finish(typ, out, start)
+            .inspect_err(|_| out.truncate(start))
+    }
+
+    /// What precedes a record's plaintext: its header and, for TLS 1.2
+    /// AES-GCM, the explicit nonce.
+    fn prefix(&self) -> usize {
+        match self.construction {
+            Construction::Tls12Gcm => HEADER + EXPLICIT_NONCE,
+            Construction::Tls13 | Construction::Tls12Chacha => HEADER,
+        }
+    }
+
+    /// Starts a record at the end of `out` and returns where it starts.
+    /// The caller appends its plaintext (at most [`MAX_PLAIN`] bytes; see
+    /// [`Keys::staged`]) straight after, and [`Keys::finish`] seals it in
+    /// place: the plaintext is copied once, into the buffer the socket
+    /// write takes.
+    pub fn begin(&self, out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        out.resize(start + self.prefix(), 0);
+        start
+    }
+
+    /// Plaintext bytes appended so far to the record begun at `start`.
+    pub fn staged(&self, out: &[u8], start: usize) -> usize {
+        out.len() - start - self.prefix()
+    }
+
+    /// Seals the record begun at `start` (everything after it in `out` is
+    /// its plaintext) as content type `typ`.
+    pub fn finish(&mut self, typ: u8, out: &mut Vec<u8>, start: usize) -> Result<(), Fault> {
+        let sealed_from = start + self.prefix();
+        let len = out.len() - sealed_from;
+        debug_assert!(len <= MAX_PLAIN);
         let seq = self.next_seq()?;
         let nonce = self.nonce(seq);
-        let start = out.len();
-        out.reserve(HEADER + EXPLICIT_NONCE + plain.len() + 1 + TAG);
-        let sealed_from = match self.construction {
+        out.reserve(1 + TAG);
+        let aad = match self.construction {
             Construction::Tls13 => {
-                let header = header(APPLICATION_DATA, plain.len() + 1 + TAG);
-                out.extend_from_slice(&header);
-                out.extend_from_slice(plain);
                 out.push(typ);
-                start + HEADER
+                AadBytes::Tls13(header(APPLICATION_DATA, len + 1 + TAG))
             }
             Construction::Tls12Gcm => {
-                out.extend_from_slice(&header(typ, EXPLICIT_NONCE + plain.len() + TAG));
-                out.extend_from_slice(&nonce[4..]);
-                out.extend_from_slice(plain);
-                start + HEADER + EXPLICIT_NONCE
+                out[start..start + HEADER]
+                    .copy_from_slice(&header(typ, EXPLICIT_NONCE + len + TAG));
+                out[start + HEADER..sealed_from].copy_from_slice(&nonce[4..]);
+                AadBytes::Tls12(tls12_aad(seq, typ, [3, 3], len))
             }
             Construction::Tls12Chacha => {
-                out.extend_from_slice(&header(typ, plain.len() + TAG));
-                out.extend_from_slice(plain);
-                start + HEADER
+                out[start..start + HEADER].copy_from_slice(&header(typ, len + TAG));
+                AadBytes::Tls12(tls12_aad(seq, typ, [3, 3], len))
             }
         };
-        let aad: AadBytes = match self.construction {
-            Construction::Tls13 => {
-                let mut h = [0; HEADER];
-                h.copy_from_slice(&out[start..start + HEADER]);
-                AadBytes::Tls13(h)
-            }
-            _ => AadBytes::Tls12(tls12_aad(seq, typ, [3, 3], plain.len())),
-        };
+        if let AadBytes::Tls13(h) = &aad {
+            out[start..start + HEADER].copy_from_slice(h);
+        }
         let tag = self
             .key
             .seal_in_place_separate_tag(
@@ -502,6 +534,26 @@ mod tests {
                 assert_eq!(got[1], (APPLICATION_DATA, vec![]));
                 assert_eq!(got[2], (ALERT, vec![1, 0]));
                 assert_eq!(got[3], (APPLICATION_DATA, vec![0xaa; MAX_PLAIN]));
+            }
+        }
+    }
+
+    #[test]
+    fn a_record_staged_in_pieces_after_other_bytes_is_the_record_seal_makes() {
+        for version in [Version::Tls13, Version::Tls12] {
+            for which in 0..3 {
+                let (mut whole, mut staged) = pair(version, which);
+                let plain: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+                let mut want = b"before".to_vec();
+                whole.seal(APPLICATION_DATA, &plain, &mut want).unwrap();
+                let mut got = b"before".to_vec();
+                let start = staged.begin(&mut got);
+                for piece in plain.chunks(700) {
+                    got.extend_from_slice(piece);
+                }
+                assert_eq!(staged.staged(&got, start), plain.len());
+                staged.finish(APPLICATION_DATA, &mut got, start).unwrap();
+                assert!(got == want, "{version:?} suite {which}: the records differ");
             }
         }
     }

@@ -108,18 +108,31 @@ pub struct TlsReadHalf {
     broken: Option<String>,
 }
 
-/// The writing half of a TLS connection.
+/// The writing half of a TLS connection: a [`Sealer`] and the socket.
 pub struct TlsWriteHalf {
     tcp: OwnedWriteHalf<TcpStream>,
+    sealer: Sealer,
+    /// Sealed records for the socket (kept between writes for its capacity).
+    out: Vec<u8>,
+}
+
+/// Seals what a connection sends into records, in the caller's buffer.
+///
+/// [`TlsWriteHalf`] seals each write and sends it. hyper's I/O
+/// (`edge/rt.rs`) holds a sealer of its own ([`TlsWriteHalf::into_parts`])
+/// and seals hyper's bytes straight into the buffer its send takes: the
+/// plaintext is copied once, as in plaintext, not first into a buffer and
+/// then into a record.
+pub struct Sealer {
     keys: Keys,
     version: Version,
     ctl: Rc<Control>,
     /// Records to renew the keys at (TLS 1.3) or to stop at (TLS 1.2):
     /// the suite's confidentiality limit, less a margin.
     limit: u64,
-    /// Sealed records for the socket (kept between writes for its capacity).
-    out: Vec<u8>,
-    /// close_notify (or the alert) went out.
+    /// Where the record being filled starts in the caller's buffer.
+    open: Option<usize>,
+    /// close_notify (or the alert) is sealed: nothing more is.
     shut: bool,
 }
 
@@ -288,12 +301,15 @@ pub async fn accept(
     out.clear();
     let w = TlsWriteHalf {
         tcp: wr,
-        keys: tx,
-        version,
-        ctl,
-        limit,
+        sealer: Sealer {
+            keys: tx,
+            version,
+            ctl,
+            limit,
+            open: None,
+            shut: false,
+        },
         out,
-        shut: false,
     };
     Ok((r, w, negotiated))
 }
@@ -390,30 +406,55 @@ impl TlsReadHalf {
         Ok(true)
     }
 
-    /// Copies pending plaintext into `buf`: `Some(n)`, or `None` when
-    /// there is none.
-    fn take_plaintext<T: IoBufMut>(&mut self, buf: &mut T) -> Option<usize> {
-        let src: &[u8] = if !self.head.is_empty() {
-            &self.head
-        } else if self.plain.0 < self.plain.1 {
-            &self.cipher[self.plain.0..self.plain.1]
-        } else {
-            return None;
-        };
-        let n = src.len().min(buf.bytes_total());
-        // SAFETY: `write_ptr` is valid for `bytes_total` bytes, and `n` is
-        // at most that; the source is this half's buffer, which cannot
-        // overlap the caller's.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), buf.write_ptr(), n);
-            buf.set_init(n);
+    /// Plaintext ready without reading the socket, as
+    /// `BufRead::fill_buf`: `Some(Ok(bytes))`, empty at the stream's end;
+    /// `Some(Err)` once the stream failed; `None` when nothing is ready
+    /// until [`TlsReadHalf::fill`] reads more. Take bytes with
+    /// [`TlsReadHalf::consume`].
+    pub fn ready(&mut self) -> Option<io::Result<&[u8]>> {
+        while self.head.is_empty() && self.plain.0 == self.plain.1 {
+            // Plaintext before a close or a failure is handed out first.
+            if self.closed {
+                return Some(Ok(&[]));
+            }
+            if let Some(why) = &self.broken {
+                return Some(Err(invalid(why.clone())));
+            }
+            match self.open_next() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(fault) => {
+                    self.ctl.alert.set(Some(fault.alert()));
+                    self.broken = Some(format!("TLS: {fault}"));
+                    continue;
+                }
+            }
+            // The peer closed the TCP connection without close_notify
+            // (perhaps within a record): for the edges' framing (length
+            // prefixes, HTTP messages) that is an ordinary end, as it is
+            // in plaintext.
+            return self.eof.then_some(Ok(&[]));
         }
+        Some(Ok(if !self.head.is_empty() {
+            &self.head
+        } else {
+            &self.cipher[self.plain.0..self.plain.1]
+        }))
+    }
+
+    /// Takes `n` bytes of what [`TlsReadHalf::ready`] gave.
+    pub fn consume(&mut self, n: usize) {
         if !self.head.is_empty() {
             self.head.drain(..n);
         } else {
             self.plain.0 += n;
         }
-        Some(n)
+    }
+
+    /// Reads more ciphertext from the socket (hyper's I/O, `edge/rt.rs`,
+    /// calls this when [`TlsReadHalf::ready`] gives nothing).
+    pub async fn fill_more(&mut self) -> io::Result<()> {
+        self.fill(None).await
     }
 
     async fn read_inner<T: IoBufMut>(
@@ -425,30 +466,21 @@ impl TlsReadHalf {
             if buf.bytes_total() == 0 {
                 return (Ok(0), buf);
             }
-            if let Some(n) = self.take_plaintext(&mut buf) {
-                return (Ok(n), buf);
-            }
-            if self.closed {
-                return (Ok(0), buf);
-            }
-            if let Some(why) = &self.broken {
-                return (Err(invalid(why.clone())), buf);
-            }
-            match self.open_next() {
-                Ok(true) => continue,
-                Ok(false) => {}
-                Err(fault) => {
-                    self.ctl.alert.set(Some(fault.alert()));
-                    self.broken = Some(format!("TLS: {fault}"));
-                    continue;
+            match self.ready() {
+                Some(Ok(src)) => {
+                    let n = src.len().min(buf.bytes_total());
+                    // SAFETY: `write_ptr` is valid for `bytes_total` bytes,
+                    // and `n` is at most that; the source is this half's
+                    // buffer, which cannot overlap the caller's.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), buf.write_ptr(), n);
+                        buf.set_init(n);
+                    }
+                    self.consume(n);
+                    return (Ok(n), buf);
                 }
-            }
-            if self.eof {
-                // The peer closed the TCP connection without close_notify
-                // (perhaps within a record): for the edges' framing
-                // (length prefixes, HTTP messages) that is an ordinary end,
-                // as it is in plaintext.
-                return (Ok(0), buf);
+                Some(Err(e)) => return (Err(e), buf),
+                None => {}
             }
             if let Err(e) = self.fill(c).await {
                 return (Err(e), buf);
@@ -503,11 +535,11 @@ impl CancelableAsyncReadRent for TlsReadHalf {
     }
 }
 
-impl TlsWriteHalf {
+impl Sealer {
     /// Before a record under the current keys: a KeyUpdate the peer asked
     /// for, or one the confidentiality limit calls for (TLS 1.3); a TLS 1.2
     /// connection at its limit stops.
-    fn renew_keys(&mut self) -> io::Result<()> {
+    fn renew_keys(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
         let due = self.keys.seq() >= self.limit;
         let asked = self.ctl.update_tx.get();
         if !due && !asked {
@@ -521,7 +553,7 @@ impl TlsWriteHalf {
         self.ctl.update_tx.set(false);
         // Sent under the old keys, then every record under the new ones.
         self.keys
-            .seal(record::HANDSHAKE, &record::key_update(false), &mut self.out)
+            .seal(record::HANDSHAKE, &record::key_update(false), out)
             .map_err(|f| io::Error::other(f.to_string()))?;
         let next = self
             .ctl
@@ -533,31 +565,88 @@ impl TlsWriteHalf {
         Ok(())
     }
 
-    async fn write_inner(&mut self, src: &[u8]) -> io::Result<usize> {
+    /// Appends `src` to `out` as application data: into the record being
+    /// filled, sealing each as it reaches the largest plaintext a record
+    /// carries. `out` takes nothing else until [`Sealer::seal`].
+    pub fn stage(&mut self, out: &mut Vec<u8>, mut src: &[u8]) -> io::Result<()> {
         if self.shut {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "TLS: write after shutdown",
             ));
         }
-        if src.is_empty() {
-            return Ok(0);
+        while !src.is_empty() {
+            let start = match self.open {
+                Some(start) => start,
+                None => {
+                    self.renew_keys(out)?;
+                    let start = self.keys.begin(out);
+                    self.open = Some(start);
+                    start
+                }
+            };
+            let room = record::MAX_PLAIN - self.keys.staged(out, start);
+            let n = room.min(src.len());
+            out.extend_from_slice(&src[..n]);
+            src = &src[n..];
+            if n == room {
+                self.seal(out)?;
+            }
         }
+        Ok(())
+    }
+
+    /// Seals the record being filled, if any: `out` is then whole records,
+    /// ready for the socket.
+    pub fn seal(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        match self.open.take() {
+            Some(start) => self
+                .keys
+                .finish(record::APPLICATION_DATA, out, start)
+                .map_err(|f| io::Error::other(f.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Seals what is staged, then close_notify (or, when the read half
+    /// refused a record, the alert that says why), once.
+    pub fn close(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        self.seal(out)?;
+        if self.shut {
+            return Ok(());
+        }
+        self.shut = true;
+        let desc = self.ctl.alert.get().unwrap_or(record::CLOSE_NOTIFY);
+        self.keys
+            .seal(record::ALERT, &record::alert_payload(desc), out)
+            .map_err(|f| io::Error::other(f.to_string()))
+    }
+
+    #[cfg(test)]
+    fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
+}
+
+impl TlsWriteHalf {
+    /// The sealer and the socket, for a writer that keeps its own buffer
+    /// (hyper's I/O, `edge/rt.rs`).
+    pub fn into_parts(self) -> (Sealer, OwnedWriteHalf<TcpStream>) {
+        (self.sealer, self.tcp)
+    }
+
+    async fn write_inner(&mut self, src: &[u8]) -> io::Result<usize> {
         let src = &src[..src.len().min(MAX_WRITE)];
         self.out.clear();
-        self.renew_keys()?;
-        for chunk in src.chunks(record::MAX_PLAIN) {
-            self.keys
-                .seal(record::APPLICATION_DATA, chunk, &mut self.out)
-                .map_err(|f| io::Error::other(f.to_string()))?;
-        }
+        self.sealer.stage(&mut self.out, src)?;
+        self.sealer.seal(&mut self.out)?;
         send(&mut self.tcp, &mut self.out).await?;
         Ok(src.len())
     }
 
     #[cfg(test)]
     fn set_limit(&mut self, limit: u64) {
-        self.limit = limit;
+        self.sealer.set_limit(limit);
     }
 }
 
@@ -587,18 +676,10 @@ impl AsyncWriteRent for TlsWriteHalf {
     /// Sends close_notify (or, when the read half refused a record, the
     /// alert that says why), then shuts the TCP stream down.
     async fn shutdown(&mut self) -> io::Result<()> {
-        let mut sent = Ok(());
-        if !self.shut {
-            self.shut = true;
-            let desc = self.ctl.alert.get().unwrap_or(record::CLOSE_NOTIFY);
-            self.out.clear();
-            sent = match self
-                .keys
-                .seal(record::ALERT, &record::alert_payload(desc), &mut self.out)
-            {
-                Ok(()) => send(&mut self.tcp, &mut self.out).await,
-                Err(f) => Err(io::Error::other(f.to_string())),
-            };
+        self.out.clear();
+        let mut sent = self.sealer.close(&mut self.out);
+        if sent.is_ok() {
+            sent = send(&mut self.tcp, &mut self.out).await;
         }
         let shut = self.tcp.shutdown().await;
         sent.and(shut)
@@ -982,6 +1063,83 @@ mod tests {
     }
 
     #[test]
+    fn hyper_io_opens_records_into_its_reads_seals_its_writes_and_closes_with_close_notify() {
+        use hyper::rt::{Read as _, Write as _};
+        use std::mem::MaybeUninit;
+        use std::pin::Pin;
+        let certs = Certs::new("hyper-io");
+        for versions in [TLS13, &[&rustls::version::TLS12][..]] {
+            let config = certs.server(crate::tls::Edge::Http);
+            let cfg = certs.client(versions, &[]);
+            let tls13 = versions == TLS13;
+            let (got, clean) = on_runtime(async move {
+                let (r, w, _, client) = connected(config, cfg, move |mut tls| {
+                    let mut got = Vec::new();
+                    for round in 0..3u8 {
+                        let msg = vec![round; 30_000];
+                        tls.write_all(&msg).unwrap();
+                        tls.flush().unwrap();
+                        let mut back = vec![0; msg.len()];
+                        tls.read_exact(&mut back).unwrap();
+                        got.extend_from_slice(&back);
+                        if tls13 {
+                            // The server's sealer must send its KeyUpdate
+                            // before its next record.
+                            tls.conn.refresh_traffic_keys().unwrap();
+                        }
+                    }
+                    tls.conn.send_close_notify();
+                    tls.flush().unwrap();
+                    // Ok only if the server's close_notify came.
+                    let clean = tls.read_to_end(&mut Vec::new()).is_ok();
+                    (got, clean)
+                })
+                .await;
+                let mut io = crate::edge::rt::tls_io(r, w);
+                let mut storage = vec![MaybeUninit::<u8>::uninit(); 20_000];
+                let mut echoed = 0;
+                // Reads smaller and larger than a record; each echoed as
+                // three slices, which one record (or several) carries.
+                for room in [7, 1000, 16_384, 20_000].into_iter().cycle() {
+                    let mut rb = hyper::rt::ReadBuf::uninit(&mut storage[..room]);
+                    std::future::poll_fn(|cx| Pin::new(&mut io).poll_read(cx, rb.unfilled()))
+                        .await
+                        .expect("read");
+                    let read = rb.filled().to_vec();
+                    if read.is_empty() {
+                        break;
+                    }
+                    let (a, rest) = read.split_at(read.len() / 3);
+                    let (b, c) = rest.split_at(rest.len() / 2);
+                    let slices = [
+                        std::io::IoSlice::new(a),
+                        std::io::IoSlice::new(b),
+                        std::io::IoSlice::new(c),
+                    ];
+                    let n = std::future::poll_fn(|cx| {
+                        Pin::new(&mut io).poll_write_vectored(cx, &slices)
+                    })
+                    .await
+                    .expect("write");
+                    assert_eq!(n, read.len());
+                    std::future::poll_fn(|cx| Pin::new(&mut io).poll_flush(cx))
+                        .await
+                        .expect("flush");
+                    echoed += n;
+                }
+                assert_eq!(echoed, 90_000);
+                std::future::poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx))
+                    .await
+                    .expect("shutdown");
+                client.join().unwrap()
+            });
+            let want: Vec<u8> = (0..3u8).flat_map(|r| vec![r; 30_000]).collect();
+            assert!(got == want, "{versions:?}: the echo differs");
+            assert!(clean, "{versions:?}: no close_notify before the close");
+        }
+    }
+
+    #[test]
     fn a_read_dropped_while_it_waits_loses_nothing_when_nothing_was_pending() {
         let certs = Certs::new("dropped-read");
         let config = certs.server(crate::tls::Edge::Frames);
@@ -1143,7 +1301,7 @@ mod tests {
                 res.unwrap();
             }
             // Renewed every other record: the sequence number restarts.
-            assert!(w.keys.seq() <= 2, "seq {}", w.keys.seq());
+            assert!(w.sealer.keys.seq() <= 2, "seq {}", w.sealer.keys.seq());
             client.join().unwrap()
         });
         let want: Vec<u8> = (0..10u8).flat_map(|i| [i; 3]).collect();
@@ -1158,7 +1316,7 @@ mod tests {
                 got
             })
             .await;
-            let sealed = w.keys.seq();
+            let sealed = w.sealer.keys.seq();
             w.set_limit(sealed + 1);
             let (res, _) = w.write_all(b"one".to_vec()).await;
             res.unwrap();

@@ -48,7 +48,6 @@ use std::time::Duration;
 
 use hyper::body::Incoming;
 use mcp_proto::v1::LogLevel;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 use tonic::codegen::Service;
 
@@ -341,15 +340,18 @@ async fn connection(edge: Rc<ShardGrpc>, stream: TcpStream, peer: SocketAddr, _s
     edge.connections.set(edge.connections.get() + 1);
     let _guard = ConnGuard(edge.clone());
     let Some(tls) = edge.tls.clone() else {
-        let (rd, wr) = stream.into_split();
-        return serve(&edge, rd, wr, peer).await;
+        let io = rt::uring_io(stream);
+        let received = io.recv_count();
+        return serve(&edge, io, received, peer).await;
     };
     let edge_tls = crate::tls::Edge::Grpc;
     if let Some((rd, wr)) = tls
         .accept_on_shard(edge_tls, stream, peer, &edge.draining)
         .await
     {
-        serve(&edge, rd, wr, peer).await;
+        let io = rt::tls_io(rd, wr);
+        let received = io.recv_count();
+        serve(&edge, io, received, peer).await;
     }
 }
 
@@ -363,11 +365,10 @@ async fn no_preface(received: &Cell<u64>, timeout: std::time::Duration) {
 }
 
 /// Serves HTTP/2 on one connection until it ends, its age or the drain
-/// closes it.
-async fn serve<RH, WH>(edge: &Rc<ShardGrpc>, rd: RH, wr: WH, peer: SocketAddr)
+/// closes it. `received`: the bytes `io` has handed to HTTP/2 so far.
+async fn serve<I>(edge: &Rc<ShardGrpc>, io: I, received: Rc<Cell<u64>>, peer: SocketAddr)
 where
-    RH: AsyncReadRent + Unpin + 'static,
-    WH: AsyncWriteRent + Unpin + 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
 {
     let info = ConnInfo::new();
     let _closed = Closed(info.clone());
@@ -393,8 +394,6 @@ where
         };
         super::guard::Guarded::new(call, tokio.clone())
     });
-    let io = rt::halves_io(rd, wr);
-    let received = io.recv_count();
     let conn = edge.builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     /// Why a connection is closed or asked to go away.

@@ -217,7 +217,7 @@ async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
         .accept_on_shard(edge_tls, stream, peer, &edge.draining)
         .await
     {
-        let io = rt::halves_io(rd, wr);
+        let io = rt::tls_io(rd, wr);
         let send_clock = io.send_clock();
         serve_connection(&edge, io, send_clock, peer).await;
     }
