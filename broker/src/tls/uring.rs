@@ -1,8 +1,10 @@
 //! TLS on a shard: a rustls handshake over a monoio TCP stream, then the
 //! record layer of [`super::record`], split into a read half and a write
 //! half like the plaintext stream, so that the frame edge's reader and
-//! writer tasks, the gRPC edge's h2 and the HTTP edge's hyper I/O work
-//! unchanged over it.
+//! writer tasks work unchanged over it. hyper's I/O (`edge/rt.rs`, the
+//! HTTP and gRPC edges) uses the read half's [`TlsReadHalf::ready`] and
+//! the write half's [`Sealer`] instead, so that its bytes are copied once
+//! in user space, as in plaintext, and not through a buffer of its own.
 //!
 //! # Design
 //! - [`accept`] drives rustls's unbuffered server connection through the
@@ -18,6 +20,9 @@
 //! - The read half opens records in place in its ciphertext buffer and
 //!   copies their plaintext into the caller's buffer; what does not fit
 //!   stays for the next read.
+//! - The write half's [`Sealer`] stages plaintext into an open record at
+//!   the end of the caller's buffer and seals it there in place
+//!   ([`record::Keys::begin`], [`record::Keys::finish`]).
 //! - [`TlsReadHalf`] is a [`CancelableAsyncReadRent`] like the TCP half it
 //!   wraps: the cancel handle goes to its TCP read, and a cancelled read
 //!   gives back the caller's buffer as it was. Ciphertext already read
