@@ -414,7 +414,7 @@ impl TlsReadHalf {
     /// Plaintext ready without reading the socket, as
     /// `BufRead::fill_buf`: `Some(Ok(bytes))`, empty at the stream's end;
     /// `Some(Err)` once the stream failed; `None` when nothing is ready
-    /// until [`TlsReadHalf::fill`] reads more. Take bytes with
+    /// until [`TlsReadHalf::fill_more`] reads more. Take bytes with
     /// [`TlsReadHalf::consume`].
     pub fn ready(&mut self) -> Option<io::Result<&[u8]>> {
         while self.head.is_empty() && self.plain.0 == self.plain.1 {
