@@ -813,6 +813,26 @@ mod tests {
         }
     }
 
+    /// Client side: three rounds of 30,000 bytes sent and their echo read
+    /// back; after each, with `new_keys`, a KeyUpdate asking the server
+    /// for one too (it must take the client's new keys and send its own
+    /// KeyUpdate before its next record). Returns the echoes.
+    fn echo_rounds(tls: &mut Client, new_keys: bool) -> Vec<u8> {
+        let mut got = Vec::new();
+        for round in 0..3u8 {
+            let msg = vec![round; 30_000];
+            tls.write_all(&msg).unwrap();
+            tls.flush().unwrap();
+            let mut back = vec![0; msg.len()];
+            tls.read_exact(&mut back).unwrap();
+            got.extend_from_slice(&back);
+            if new_keys {
+                tls.conn.refresh_traffic_keys().unwrap();
+            }
+        }
+        got
+    }
+
     fn pattern(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i % 251) as u8).collect()
     }
@@ -1040,18 +1060,7 @@ mod tests {
         let cfg = certs.client(TLS13, &[]);
         let got = on_runtime(async move {
             let (mut r, mut w, _, client) = connected(config, cfg, |mut tls| {
-                let mut got = Vec::new();
-                for round in 0..3u8 {
-                    let msg = vec![round; 30_000];
-                    tls.write_all(&msg).unwrap();
-                    tls.flush().unwrap();
-                    let mut back = vec![0; msg.len()];
-                    tls.read_exact(&mut back).unwrap();
-                    got.extend_from_slice(&back);
-                    // New keys both ways: the server must take the
-                    // client's and send its own before its next record.
-                    tls.conn.refresh_traffic_keys().unwrap();
-                }
+                let got = echo_rounds(&mut tls, true);
                 tls.conn.send_close_notify();
                 tls.flush().unwrap();
                 let _ = tls.read_to_end(&mut Vec::new());
@@ -1079,20 +1088,7 @@ mod tests {
             let tls13 = versions == TLS13;
             let (got, clean) = on_runtime(async move {
                 let (r, w, _, client) = connected(config, cfg, move |mut tls| {
-                    let mut got = Vec::new();
-                    for round in 0..3u8 {
-                        let msg = vec![round; 30_000];
-                        tls.write_all(&msg).unwrap();
-                        tls.flush().unwrap();
-                        let mut back = vec![0; msg.len()];
-                        tls.read_exact(&mut back).unwrap();
-                        got.extend_from_slice(&back);
-                        if tls13 {
-                            // The server's sealer must send its KeyUpdate
-                            // before its next record.
-                            tls.conn.refresh_traffic_keys().unwrap();
-                        }
-                    }
+                    let got = echo_rounds(&mut tls, tls13);
                     tls.conn.send_close_notify();
                     tls.flush().unwrap();
                     // Ok only if the server's close_notify came.
