@@ -263,7 +263,9 @@ impl Keys {
         let aad = match self.construction {
             Construction::Tls13 => {
                 out.push(typ);
-                AadBytes::Tls13(header(APPLICATION_DATA, len + 1 + TAG))
+                let h = header(APPLICATION_DATA, len + 1 + TAG);
+                out[start..start + HEADER].copy_from_slice(&h);
+                AadBytes::Tls13(h)
             }
             Construction::Tls12Gcm => {
                 out[start..start + HEADER]
@@ -276,9 +278,6 @@ impl Keys {
                 AadBytes::Tls12(tls12_aad(seq, typ, [3, 3], len))
             }
         };
-        if let AadBytes::Tls13(h) = &aad {
-            out[start..start + HEADER].copy_from_slice(h);
-        }
         let tag = self
             .key
             .seal_in_place_separate_tag(
