@@ -11,8 +11,7 @@ steps, for one server at a time:
 2. a bisection between the last rate that held and the first that failed.
 
 A failing probe is the generator's, not the server's, when the generator
-fell behind its schedule while the server still had CPU to spare (under
-`GENERATOR_BOUND_CPU` of one core per shard): the capacity found is then
+itself wrote its requests late (`verdict`): the capacity found is then
 only a lower bound, and the report says so.
 
 Stdlib only. `scripts/bench --slo` and bench/security_cost.py use it.
@@ -28,8 +27,12 @@ SLO_P99_US = 1000
 # A probe whose answers came slower than this share of the offered rate
 # did not hold it (the rest queued or were lost).
 ACHIEVED_SHARE = 0.98
-# Behind schedule while the server used less than this share of its CPUs:
-# the generator set the bound, not the server.
+# A failing probe whose requests the generator itself wrote this late (p99
+# of its own lag, µs) may have failed by the generator: a tenth of the SLO.
+GENERATOR_LAG_US = SLO_P99_US // 10
+# Generators that do not report their own lag: behind schedule while the
+# server used less than this share of its CPUs, the generator set the
+# bound, not the server.
 GENERATOR_BOUND_CPU = 0.8
 
 
@@ -69,6 +72,7 @@ def probe(loadgen, target, args, lg_cpus, workdir, tag, rate, connections, durat
         "failure": rep.get("failure"),
         "kept_up": rep.get("kept_up"),
         "send_lag_us": rep.get("send_lag_us"),
+        "generator_lag_us": rep.get("generator_lag_us"),
         "generator": rep.get("generator"),
         "p50_us": lat.get("p50"),
         "p99_us": lat.get("p99"),
@@ -84,19 +88,32 @@ def probe(loadgen, target, args, lg_cpus, workdir, tag, rate, connections, durat
 
 def verdict(p):
     """'holds', 'server' (the server failed the SLO) or 'generator' (the
-    generator lagged while the server had CPU to spare)."""
+    generator's own lateness may have failed the probe).
+
+    mcp-loadgen tells its own lateness (`generator_lag_us`: from when a
+    request was due and its in-flight window let it go) from the waits for
+    answers that a full window imposes (in `send_lag_us`, and `kept_up`
+    false). Those waits are the server's: over HTTP/1.1 one request is in
+    flight per connection, so a server past its knee holds every send
+    back. A failing probe is the generator's only when its own lag's p99
+    exceeds `GENERATOR_LAG_US`. Reports of generators from before that
+    field fall back to the server's CPU: behind schedule while the server
+    had some to spare."""
     if p.get("failure") or p.get("errors"):
         return "server"
+    fails = (p.get("kept_up") is False
+             or p["p99_us"] is None or p["p99_us"] > SLO_P99_US
+             or (p.get("achieved_rps") or 0) < ACHIEVED_SHARE * p["rate"])
+    if not fails:
+        return "holds"
+    own = p.get("generator_lag_us")
+    if own is not None:
+        return "generator" if own["p99"] > GENERATOR_LAG_US else "server"
     if p.get("kept_up") is False:
         cpu = p.get("server_cpu")
         if cpu is not None and cpu < GENERATOR_BOUND_CPU:
             return "generator"
-        return "server"
-    if p["p99_us"] is None or p["p99_us"] > SLO_P99_US:
-        return "server"
-    if (p.get("achieved_rps") or 0) < ACHIEVED_SHARE * p["rate"]:
-        return "server"
-    return "holds"
+    return "server"
 
 
 def capacity(run, start=1000, limit=2_000_000, bisect_steps=4, log=None, confirm=True):

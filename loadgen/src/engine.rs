@@ -317,6 +317,25 @@ pub struct ConnCtx {
     /// Tells the reader to stop reading now.
     pub reader_stop: Signal,
     pub finished: Cell<bool>,
+    /// When an end last freed a slot of a full window. A request due
+    /// before then waited for the server's answers, not for the generator:
+    /// [`ThreadCtx::on_sent`] counts its lag from here.
+    pub reopened: Cell<Option<Instant>>,
+}
+
+impl ConnCtx {
+    /// Requests ended at `at`; `was_full`: the window was full before they
+    /// did. Every place that takes requests out of `outstanding` calls it.
+    pub fn ended(&self, was_full: bool, at: Instant) {
+        if was_full {
+            self.reopened.set(Some(at));
+        }
+    }
+
+    /// Whether the window is full (before an end, for [`Self::ended`]).
+    pub fn window_full(&self) -> bool {
+        self.outstanding.borrow().len() as u64 >= self.plan.window
+    }
 }
 
 /// The state of one worker thread.
@@ -351,15 +370,19 @@ impl ThreadCtx {
         self.send_end.get().is_some_and(|e| now >= e)
     }
 
-    /// A request was written. `intended` is its scheduled time.
-    pub fn on_sent(&self, intended: Instant, now: Instant, scheduled: bool) {
+    /// A request was written. `intended` is its scheduled time; `ready`,
+    /// from when the window let it go (its intended time unless the window
+    /// was full then): the lag from `ready` on is the generator's own.
+    pub fn on_sent(&self, intended: Instant, ready: Instant, now: Instant, scheduled: bool) {
         if self.measured(intended) {
             let mut i = self.interval.borrow_mut();
             i.1.sent += 1;
             i.1.intended += 1;
             if scheduled {
-                let lag = now.saturating_duration_since(intended).as_micros() as u64;
-                stats::record(&mut self.totals.borrow_mut().send_lag, lag);
+                let lag = |from: Instant| now.saturating_duration_since(from).as_micros() as u64;
+                let mut t = self.totals.borrow_mut();
+                stats::record(&mut t.send_lag, lag(intended));
+                stats::record(&mut t.own_lag, lag(ready.max(intended)));
             }
         }
         let mut t = self.totals.borrow_mut();
@@ -690,6 +713,7 @@ async fn worker_main<D: Driver>(
             writer_wake: Notify::default(),
             reader_stop: Signal::default(),
             finished: Cell::new(false),
+            reopened: Cell::new(None),
         });
         ccs.push(Rc::clone(&cc));
         let (d, ctx2) = (driver.clone(), Rc::clone(&ctx));
@@ -832,6 +856,7 @@ fn sweep_timeouts(ctx: &ThreadCtx, ccs: &[Rc<ConnCtx>], now: Instant) {
     };
     for c in ccs {
         let mut expired = Vec::new();
+        let was_full = c.window_full();
         c.outstanding.borrow_mut().retain(|seq, p| {
             let keep = p.start >= oldest_ok;
             if !keep {
@@ -849,6 +874,7 @@ fn sweep_timeouts(ctx: &ThreadCtx, ccs: &[Rc<ConnCtx>], now: Instant) {
             }
         }
         if !expired.is_empty() {
+            c.ended(was_full, now);
             for (_, p) in &expired {
                 ctx.on_end(p, now, Err((ErrorKind::Timeout, None)));
             }
@@ -995,7 +1021,8 @@ impl Pacer {
                 expect,
             },
         );
-        ctx.on_sent(intended, now, self.schedule.is_some());
+        let ready = cc.reopened.get().map_or(intended, |r| r.max(intended));
+        ctx.on_sent(intended, ready, now, self.schedule.is_some());
         self.seq += 1;
         seq
     }

@@ -418,6 +418,7 @@ fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now:
     } else {
         Ok(())
     };
+    cc.ended(was_full, now);
     ctx.on_end(&p, now, outcome);
     if was_full {
         cc.writer_wake.notify();

@@ -266,6 +266,7 @@ fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::S
             }
         }
     };
+    cc.ended(was_full, now);
     match res {
         Ok(()) => ctx.on_end(&p, now, Ok(())),
         Err(ref st) if let Some(cause) = st.source() => {

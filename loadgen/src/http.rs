@@ -871,9 +871,13 @@ async fn request_stop(
 }
 
 fn end(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, outcome: Outcome, at: Instant) {
+    let was_full = cc.window_full();
     let p = cc.outstanding.borrow_mut().remove(&seq);
     match p {
-        Some(p) => ctx.on_end(&p, at, outcome),
+        Some(p) => {
+            cc.ended(was_full, at);
+            ctx.on_end(&p, at, outcome);
+        }
         None => ctx.on_unmatched(cc, seq, at),
     }
 }

@@ -141,11 +141,21 @@ pub struct Report {
     pub latency_us: Latency,
     /// Open loop: how late requests were written after their intended time.
     pub send_lag_us: Option<SendLag>,
+    /// Open loop: the generator's own part of `send_lag_us`, counted from
+    /// when each request was both due and let go by its in-flight window.
+    /// A request due while its window was full (`--concurrency`, or
+    /// http://'s `--pipeline`) waited for the server's answers, which
+    /// `send_lag_us` counts and this does not.
+    pub generator_lag_us: Option<SendLag>,
     pub progress_frames: u64,
     /// Final answers that arrived after their request's `--timeout` (the
     /// request counts once, as `timeout` in `errors_by_kind`).
     pub late_responses: u64,
     pub kept_up: bool,
+    /// Whether the generator itself followed the schedule (`generator_lag_us`
+    /// p99 within 5 ms). `kept_up` false with this true: the server's
+    /// answers, not the generator, held the sends back.
+    pub generator_kept_up: bool,
     /// The generator's own CPU over the measured phase (`None`: not
     /// measured, e.g. the run failed before it).
     pub generator: Option<Generator>,
@@ -184,12 +194,13 @@ impl Report {
         let mode = cfg.map(RunConfig::mode);
         let scheduled = matches!(mode, Some(Mode::Open | Mode::RateLimited));
         let send_lag = (scheduled && !s.send_lag.is_empty()).then(|| SendLag::of(&s.send_lag));
+        let own_lag = (scheduled && !s.own_lag.is_empty()).then(|| SendLag::of(&s.own_lag));
+        let within = |l: &Option<SendLag>| l.as_ref().is_none_or(|l| l.p99 <= KEEP_UP_SEND_LAG_US);
         let kept_up = !scheduled
             || (achieved_rps >= KEEP_UP_RATIO * offered_rps
                 && c.sent >= c.intended
-                && send_lag
-                    .as_ref()
-                    .is_none_or(|l| l.p99 <= KEEP_UP_SEND_LAG_US));
+                && within(&send_lag));
+        let generator_kept_up = within(&own_lag);
         let per_request = |cores: f64| {
             (achieved_rps > 0.0 && cores.is_finite()).then(|| cores * 1e6 / achieved_rps)
         };
@@ -233,9 +244,11 @@ impl Report {
             achieved_rps,
             latency_us: Latency::of(&s.latency),
             send_lag_us: send_lag,
+            generator_lag_us: own_lag,
             progress_frames: c.progress_frames,
             late_responses: c.late,
             kept_up,
+            generator_kept_up,
             generator,
             failure: outcome.failure.clone(),
             started_unix_ms: outcome.started.and_then(|t| {
@@ -326,6 +339,15 @@ impl Report {
                 fmt_us(lag.max)
             );
         }
+        if let Some(lag) = &self.generator_lag_us {
+            let _ = writeln!(
+                o,
+                "    of which the generator's own (not waiting for answers): p50 {}  p99 {}  max {}",
+                fmt_us(lag.p50),
+                fmt_us(lag.p99),
+                fmt_us(lag.max)
+            );
+        }
         if !self.errors_by_kind.is_empty() {
             let _ = writeln!(o, "  errors by kind:");
             for (k, n) in &self.errors_by_kind {
@@ -349,11 +371,21 @@ impl Report {
             let lag = self.send_lag_us.as_ref().map_or(String::new(), |l| {
                 format!(", sends ran up to {} late", fmt_us(l.max))
             });
+            let who = if self.generator_kept_up {
+                "The server is saturated: this generator followed its schedule and the \
+                 answers did not (a full in-flight window, --concurrency or --pipeline, holds \
+                 sends back until they come)"
+                    .to_owned()
+            } else {
+                let own = self.generator_lag_us.as_ref().map_or(String::new(), |l| {
+                    format!(" (its own part of the lag: p99 {})", fmt_us(l.p99))
+                });
+                format!("This generator fell behind its schedule{own}: see --threads and --cpus")
+            };
             w.push(format!(
                 "WARNING: COULD NOT KEEP UP: offered {:.1} req/s, achieved {:.1} req/s, \
-                 {} of {} scheduled requests sent{lag}. The server (or this generator: \
-                 see --threads, --cpus, --concurrency) is saturated; the latencies include \
-                 that queueing.",
+                 {} of {} scheduled requests sent{lag}. {who}; the latencies include that \
+                 queueing.",
                 self.offered_rps, self.achieved_rps, self.sent, self.scheduled,
             ));
         }
@@ -387,6 +419,66 @@ mod tests {
         assert_eq!(fmt_us(12), "12µs");
         assert_eq!(fmt_us(2_345), "2.35ms");
         assert_eq!(fmt_us(1_500_000), "1.500s");
+    }
+
+    /// A 1 s open-loop run of 1,000 requests, all sent and answered, whose
+    /// sends lagged `total` µs after their intended times and `own` µs
+    /// after the window let them go.
+    fn lagging_run(total: u64, own: u64, answered: u64) -> Report {
+        use clap::Parser as _;
+        let cfg = crate::cli::Args::try_parse_from([
+            "mcp-loadgen",
+            "--target",
+            "frames://127.0.0.1:7400",
+            "--tool",
+            "echo",
+            "--rate",
+            "1000",
+            "--duration",
+            "1s",
+        ])
+        .unwrap()
+        .validate()
+        .unwrap();
+        let mut stats = crate::stats::ThreadStats::default();
+        stats.counts.sent = 1000;
+        stats.counts.intended = 1000;
+        stats.counts.ok = answered;
+        for _ in 0..1000 {
+            crate::stats::record(&mut stats.send_lag, total);
+            crate::stats::record(&mut stats.own_lag, own);
+            crate::stats::record(&mut stats.latency, total + 100);
+        }
+        stats.last_send = Duration::from_secs(1);
+        stats.last_response = Duration::from_secs(1);
+        let outcome = Outcome {
+            stats,
+            failure: None,
+            started: None,
+            io_uring: true,
+        };
+        Report::new(Some(&cfg), "frames://127.0.0.1:7400", &outcome)
+    }
+
+    #[test]
+    fn a_lag_the_window_imposed_is_the_servers_and_the_generators_own_is_its() {
+        // Sends 20 ms late, all of it waiting for answers: the server.
+        let r = lagging_run(20_000, 30, 1000);
+        assert!(!r.kept_up && r.generator_kept_up);
+        let w = r.warnings().join("\n");
+        assert!(w.contains("The server is saturated"), "{w}");
+        // The same lag, all of it the generator's own.
+        let r = lagging_run(20_000, 20_000, 1000);
+        assert!(!r.kept_up && !r.generator_kept_up);
+        let w = r.warnings().join("\n");
+        assert!(w.contains("This generator fell behind"), "{w}");
+        assert!(w.contains("p99 20."), "{w}");
+        // On time, but a tenth of the answers missing: the server.
+        let r = lagging_run(30, 30, 900);
+        assert!(!r.kept_up && r.generator_kept_up);
+        // On time and answered: nothing to say.
+        let r = lagging_run(30, 30, 1000);
+        assert!(r.kept_up && r.generator_kept_up && r.warnings().is_empty());
     }
 
     #[test]

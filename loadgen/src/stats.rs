@@ -259,6 +259,9 @@ pub struct ThreadStats {
     /// Open loop: how late each request was written after its intended
     /// time (generator or window lag), in µs.
     pub send_lag: Histogram<u64>,
+    /// Open loop: the part of `send_lag` that was the generator's own: from
+    /// when a request was both due and let go by its window, in µs.
+    pub own_lag: Histogram<u64>,
     /// Open loop, measured phase: the length of each turn of the worker's
     /// task loop while its alarm clock spun (`alarm.rs`), in µs: how long
     /// an answer could wait to be read.
@@ -301,6 +304,7 @@ impl Default for ThreadStats {
             counts: Counts::default(),
             latency: new_histogram(),
             send_lag: new_histogram(),
+            own_lag: new_histogram(),
             turns: new_histogram(),
             last_send: Default::default(),
             last_response: Default::default(),
@@ -315,6 +319,7 @@ impl ThreadStats {
         // Same bounds on both sides: cannot fail.
         let _ = self.latency.add(&o.latency);
         let _ = self.send_lag.add(&o.send_lag);
+        let _ = self.own_lag.add(&o.own_lag);
         let _ = self.turns.add(&o.turns);
         self.last_send = self.last_send.max(o.last_send);
         self.last_response = self.last_response.max(o.last_response);
