@@ -176,10 +176,10 @@ def capacity(run, start=1000, limit=2_000_000, bisect_steps=4, log=None, confirm
         if v == "holds":
             lo = mid
         else:
-            hi = mid
-            # The generator's failure anywhere makes the bound the generator's.
-            if v == "generator":
-                bound = "generator"
+            # The capacity lies below the lowest failing rate, so that
+            # probe's verdict is the bound's; a generator failure at a
+            # higher rate (which the sweep may have met) bounds nothing.
+            hi, bound = mid, v
     return {"capacity": int(lo), "bound": bound, "points": points}
 
 
