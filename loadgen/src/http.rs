@@ -1072,6 +1072,13 @@ impl HttpDriver {
         }
         .await;
         let unanswered = answered.get().is_none();
+        // The connection carries the next request only after this body's
+        // end, which an SSE stream may send well after the answer: a full
+        // window reopened by this answer reopens then (the wait is the
+        // server's, not the generator's).
+        if result.is_ok() && answered.get().is_some() && cc.reopened.get() == answered.get() {
+            cc.reopened.set(Some(c.read_at));
+        }
         match result {
             Ok(head) => {
                 if unanswered {

@@ -270,6 +270,9 @@ enum Bad {
     /// Answer calls, but a session's calls after this many get 404 (the
     /// session expired); `initialize` makes a new session each time.
     Expire(usize),
+    /// Answer each call over SSE at once, then end the stream this long
+    /// after: the connection is busy until the body's end.
+    LateEnd(Duration),
     /// Answer each call after this long: a server slower than the rate.
     Slow(Duration),
 }
@@ -447,6 +450,13 @@ fn serve_conn(s: TcpStream, bad: Bad, c: Arc<Counters>) {
                     respond(&mut w, "404 Not Found", "text/plain", "", "no such session")
                 } else {
                     respond(&mut w, "200 OK", "application/json", "", &ok_result)
+                }
+            }
+            Bad::LateEnd(d) => {
+                let answer = format!("event: message\ndata: {ok_result}\n\n");
+                chunked_with(&mut w, "", &[&answer], false) && {
+                    std::thread::sleep(d);
+                    w.write_all(b"0\r\n\r\n").is_ok()
                 }
             }
             Bad::Slow(d) => {
@@ -687,6 +697,26 @@ fn a_run_behind_its_schedule_stops_sending_at_the_end_of_its_duration() {
         took < Duration::from_secs(3),
         "1 s + 100 ms of catching up + 8 answers in flight + the DELETEs, took {took:?}"
     );
+}
+
+#[test]
+fn a_wait_for_the_end_of_an_answers_stream_is_the_servers_not_the_generators() {
+    let _g = serial();
+    // Each answer comes at once, but its SSE stream ends 20 ms later, and
+    // only then can the connection carry the next request: two
+    // connections carry at most 100 calls/s, a tenth of the rate asked.
+    let (r, _, _) = run_bad(
+        Bad::LateEnd(Duration::from_millis(20)),
+        "http-late-end",
+        &["--rate", "1000", "--duration", "1s", "--drain", "1s"],
+    );
+    assert_eq!(n(&r["errors"]), 0, "{r:#}");
+    assert_eq!(r["kept_up"], false, "{r:#}");
+    assert!(n(&r["send_lag_us"]["p99"]) > 100_000, "{r:#}");
+    // Counted from each answer, the generator's own lag would be the
+    // stream's 20 ms; counted from the stream's end, it is its own.
+    assert!(n(&r["generator_lag_us"]["p99"]) < 10_000, "{r:#}");
+    assert_eq!(r["generator_kept_up"], true, "{r:#}");
 }
 
 #[test]
