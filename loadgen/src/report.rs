@@ -143,9 +143,9 @@ pub struct Report {
     pub send_lag_us: Option<SendLag>,
     /// Open loop: the generator's own part of `send_lag_us`, counted from
     /// when each request was both due and let go by its in-flight window.
-    /// A request due while its window was full (`--concurrency`, or
-    /// http://'s `--pipeline`) waited for the server's answers, which
-    /// `send_lag_us` counts and this does not.
+    /// A request due while its window was full (`--concurrency`; http://:
+    /// one request per connection, or `--pipeline`) waited for the
+    /// server's answers, which `send_lag_us` counts and this does not.
     pub generator_lag_us: Option<SendLag>,
     pub progress_frames: u64,
     /// Final answers that arrived after their request's `--timeout` (the
