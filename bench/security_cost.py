@@ -27,6 +27,8 @@ keep-alive connections (8, one request in flight each):
   bench/security_cost.py [ROUNDS] [EDGES]     (default 2, frames,grpc,http)
   SEC_CONNECTIONS=64 SEC_BISECT_STEPS=0 bench/security_cost.py 3 frames,http
       (the server's core saturated; closed loop only)
+  SEC_RATE=30000 SEC_CONNECTIONS=16 bench/security_cost.py 10 http
+      (an open loop at 30,000 req/s instead of the closed loop; no capacity)
   SEC_TOGETHER=1 SEC_TOKEN_ONLY=1 SEC_CONNECTIONS=16 bench/security_cost.py 10 http
       (every server at once on the one core, sharing it: see run_together;
       tls+token is TLS with the token sent and ignored, see SERVERS)
@@ -79,6 +81,11 @@ if BEFORE:
 # carrying the token's bytes does.
 if os.environ.get("SEC_TOKEN_ONLY") == "1":
     SERVERS += ("tls+token",)
+# SEC_RATE=N: an open loop at N req/s instead of the closed loop, and no
+# capacity sweep: CPU per request at a fixed rate below the knee, where
+# requests arrive one or two per wake-up (as the SLO runs compare gRPC's
+# CPU at half of tonic's capacity).
+RATE = int(os.environ.get("SEC_RATE", "0")) or None
 TOGETHER = os.environ.get("SEC_TOGETHER") == "1"
 TOGETHER_S = 5
 WARMUP_S = 1
@@ -210,10 +217,10 @@ def capacity(server, edge, name, addr, lg_cpus, wd, tag, certs, token, peak):
 
 
 def record(r, edge, name, rep):
-    """Adds a closed-loop run's throughput and CPU to `r`; a failed run
-    ends the benchmark."""
+    """Adds a run's throughput and CPU to `r`; a failed run ends the
+    benchmark."""
     if rep.get("failure") or rep.get("errors"):
-        sys.exit(f"{edge} {name}: closed loop failed: {rep.get('failure')} "
+        sys.exit(f"{edge} {name}: the run failed: {rep.get('failure')} "
                  f"errors={rep.get('errors')} {rep.get('errors_by_kind')}")
     r["peak"].append(rep["achieved_rps"])
     r["cpu"].append(rep.get("cpu_us_per_request"))
@@ -256,11 +263,16 @@ def main():
                 for n in B.rotate(list(SERVERS), rnd):
                     s = servers[n]
                     rep = run(s, edge, n, s.addr, lg_cpus, wd, f"{edge}-{n}-closed-{rnd}",
-                              certs, token)
+                              certs, token, rate=RATE)
                     r = res[edge][n]
                     record(r, edge, n, rep)
-                    B.log(f"round {rnd} {edge} {n}: closed {rep['achieved_rps']:,.0f} req/s, "
-                          f"{rep.get('cpu_us_per_request', 0):.1f} µs CPU/request")
+                    B.log(f"round {rnd} {edge} {n}: {'closed' if RATE is None else 'open'} "
+                          f"{rep['achieved_rps']:,.0f} req/s, "
+                          f"{rep.get('cpu_us_per_request', 0):.2f} µs CPU/request, "
+                          f"p99 {rep['latency_us']['p99']} µs")
+                    if RATE is not None:
+                        r["cap"].append(None)
+                        continue
                     cap, gen = capacity(s, edge, n, s.addr, lg_cpus, wd,
                                         f"{edge}-{n}-open-{rnd}", certs, token,
                                         rep["achieved_rps"])
@@ -276,9 +288,11 @@ def main():
           f"commit {m['commit']}, {m['date']}; server on CPU {srv_cpus}, "
           f"mcp-loadgen on {lg_cpus}; {rounds} rounds; {CONNECTIONS} keep-alive connections, "
           f"one request in flight each"
+          + ("" if RATE is None else f"; open loop at {RATE:,} req/s instead of the closed loop")
           + (f"; SEC_TOGETHER=1: every server driven at once, {TOGETHER_S} s a round, "
              f"closed-loop req/s is each server's share" if TOGETHER else "") + ".\n")
-    print("| edge | server | closed-loop req/s | server CPU µs/request | capacity at SLO (p99 ≤ 1 ms) |")
+    load = "closed-loop" if RATE is None else "achieved"
+    print(f"| edge | server | {load} req/s | server CPU µs/request | capacity at SLO (p99 ≤ 1 ms) |")
     print("|---|---|---|---|---|")
     for edge in edges:
         for n in SERVERS:
@@ -292,7 +306,7 @@ def main():
     print()
     print("Paired by round (the servers ran " + ("at once" if TOGETHER else "back to back")
           + "; median [min-max]):\n")
-    print("| edge | ratio | closed-loop throughput | CPU per request | capacity at SLO |")
+    print(f"| edge | ratio | {load} throughput | CPU per request | capacity at SLO |")
     print("|---|---|---|---|---|")
     pairs = [(num, "plain") for num in SERVERS
              if num != "plain" and not num.endswith(" before") and "plain" in SERVERS]
