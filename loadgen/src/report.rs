@@ -330,23 +330,22 @@ impl Report {
             let _ = writeln!(o, "    {name:>7}  {}", fmt_us(v));
         }
         let _ = writeln!(o, "    {:>7}  {}", "mean", fmt_us(l.mean as u64));
-        if let Some(lag) = &self.send_lag_us {
-            let _ = writeln!(
-                o,
-                "  send lag behind schedule: p50 {}  p99 {}  max {}",
-                fmt_us(lag.p50),
-                fmt_us(lag.p99),
-                fmt_us(lag.max)
-            );
-        }
-        if let Some(lag) = &self.generator_lag_us {
-            let _ = writeln!(
-                o,
-                "    of which the generator's own (not waiting for answers): p50 {}  p99 {}  max {}",
-                fmt_us(lag.p50),
-                fmt_us(lag.p99),
-                fmt_us(lag.max)
-            );
+        for (label, lag) in [
+            ("  send lag behind schedule", &self.send_lag_us),
+            (
+                "    of which the generator's own (not waiting for answers)",
+                &self.generator_lag_us,
+            ),
+        ] {
+            if let Some(l) = lag {
+                let _ = writeln!(
+                    o,
+                    "{label}: p50 {}  p99 {}  max {}",
+                    fmt_us(l.p50),
+                    fmt_us(l.p99),
+                    fmt_us(l.max)
+                );
+            }
         }
         if !self.errors_by_kind.is_empty() {
             let _ = writeln!(o, "  errors by kind:");
