@@ -45,11 +45,25 @@ pub struct BrokerSection {
     /// it is on, the ring uses `COOP_TASKRUN` instead of `DEFER_TASKRUN`.
     #[serde(with = "humantime_serde")]
     pub idle_poll: Duration,
+    /// How often the WASM engine's epoch moves while guest code may run:
+    /// a running guest yields to its shard (or, `never_waits`, counts
+    /// towards its run limit) and has its deadline checked at each tick.
+    /// Within [`MIN_EPOCH_TICK`]..=[`MAX_EPOCH_TICK`].
+    #[serde(with = "humantime_serde")]
+    pub epoch_tick: Duration,
 }
 
 /// Upper bound of `broker.idle_poll`: past it the window is a busy loop
 /// that never sleeps, not a tuning.
 pub const MAX_IDLE_POLL: Duration = Duration::from_millis(100);
+
+/// Lower bound of `broker.epoch_tick`: each tick wakes the ticker thread,
+/// 10,000 times a second at this bound.
+pub const MIN_EPOCH_TICK: Duration = Duration::from_micros(100);
+/// Upper bound of `broker.epoch_tick`: a `never_waits` call's run limit
+/// ([`crate::wasm::NEVER_WAITS_MAX_RUN`]) is counted in ticks, and a
+/// coarser tick would stretch it.
+pub const MAX_EPOCH_TICK: Duration = crate::wasm::NEVER_WAITS_MAX_RUN;
 
 impl Default for BrokerSection {
     fn default() -> Self {
@@ -61,6 +75,7 @@ impl Default for BrokerSection {
             drain_grace: Duration::ZERO,
             io_uring_defer_taskrun: true,
             idle_poll: Duration::ZERO,
+            epoch_tick: Duration::from_millis(1),
         }
     }
 }
@@ -673,6 +688,12 @@ impl Config {
     }
 
     fn validate(&self, errors: &mut Vec<String>) {
+        let tick = self.broker.epoch_tick;
+        if !(MIN_EPOCH_TICK..=MAX_EPOCH_TICK).contains(&tick) {
+            errors.push(format!(
+                "broker.epoch_tick: {tick:?} is outside {MIN_EPOCH_TICK:?}..={MAX_EPOCH_TICK:?} (finer wakes the ticker too often; coarser would stretch a never_waits call's {MAX_EPOCH_TICK:?} run limit)"
+            ));
+        }
         if self.broker.idle_poll > MAX_IDLE_POLL {
             errors.push(format!(
                 "broker.idle_poll: {:?} is above {:?} (a shard would poll instead of sleeping; 0s turns it off)",
@@ -1179,6 +1200,27 @@ mod tests {
             "{:?}",
             err.0
         );
+    }
+
+    #[test]
+    fn epoch_tick_defaults_to_a_millisecond_and_is_bounded() {
+        assert_eq!(
+            Config::embedded_default().broker.epoch_tick,
+            Duration::from_millis(1)
+        );
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let c = Config::parse(&format!("[broker]\nepoch_tick = \"5ms\"\n{router}")).unwrap();
+        assert_eq!(c.broker.epoch_tick, Duration::from_millis(5));
+        for (tick, shown) in [("0s", "0ns"), ("50us", "50µs"), ("11ms", "11ms")] {
+            let err =
+                Config::parse(&format!("[broker]\nepoch_tick = \"{tick}\"\n{router}")).unwrap_err();
+            let want = format!("broker.epoch_tick: {shown} is outside 100µs..=10ms");
+            assert!(
+                err.0.iter().any(|e| e.starts_with(&want)),
+                "{tick}: {:?}",
+                err.0
+            );
+        }
     }
 
     #[test]

@@ -145,32 +145,7 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
             );
         }
     }
-    // Reserve the instance slots this configuration can use: every
-    // shard's pool of every router (shared instances plus, for a
-    // session-affine router, one per session), plus two per router for the
-    // transient instance that reads its metadata at load and an upstream
-    // router's metadata reader; then as many again, so that a reload can
-    // replace every router while the old pools drain. A fixed number either
-    // refuses start-up for a large deployment (many routers × many shards)
-    // or reserves terabytes of address space a small one never touches.
-    let per_shard: usize = config
-        .routers
-        .iter()
-        .map(|r| {
-            let sessions = r.session_limits().map_or(0, |l| l.max_per_shard as usize);
-            (r.instances_per_shard as usize).saturating_add(sessions)
-        })
-        .fold(0, usize::saturating_add);
-    let slots = config
-        .shard_count()
-        .saturating_mul(per_shard)
-        .saturating_add(config.routers.len().saturating_mul(2))
-        .saturating_mul(2)
-        .max(16);
-    let host_config = HostConfig {
-        max_instances: u32::try_from(slots).unwrap_or(u32::MAX),
-        ..HostConfig::default()
-    };
+    let host_config = host_config(&config);
     let host = Arc::new(WasmHost::new(&host_config).context("starting the WASM host")?);
     let mut loaded = Vec::new();
     for r in &config.routers {
@@ -306,4 +281,51 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         shards: handles,
         _host: host,
     })
+}
+
+/// The process's WASM host settings for `config`.
+fn host_config(config: &Config) -> HostConfig {
+    // Reserve the instance slots this configuration can use: every
+    // shard's pool of every router (shared instances plus, for a
+    // session-affine router, one per session), plus two per router for the
+    // transient instance that reads its metadata at load and an upstream
+    // router's metadata reader; then as many again, so that a reload can
+    // replace every router while the old pools drain. A fixed number either
+    // refuses start-up for a large deployment (many routers × many shards)
+    // or reserves terabytes of address space a small one never touches.
+    let per_shard: usize = config
+        .routers
+        .iter()
+        .map(|r| {
+            let sessions = r.session_limits().map_or(0, |l| l.max_per_shard as usize);
+            (r.instances_per_shard as usize).saturating_add(sessions)
+        })
+        .fold(0, usize::saturating_add);
+    let slots = config
+        .shard_count()
+        .saturating_mul(per_shard)
+        .saturating_add(config.routers.len().saturating_mul(2))
+        .saturating_mul(2)
+        .max(16);
+    HostConfig {
+        max_instances: u32::try_from(slots).unwrap_or(u32::MAX),
+        epoch_tick: config.broker.epoch_tick,
+        ..HostConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hosts_epoch_tick_is_the_configs() {
+        let mut config = Config::embedded_default();
+        assert_eq!(
+            host_config(&config).epoch_tick,
+            HostConfig::default().epoch_tick
+        );
+        config.broker.epoch_tick = Duration::from_millis(4);
+        assert_eq!(host_config(&config).epoch_tick, Duration::from_millis(4));
+    }
 }
