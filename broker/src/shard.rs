@@ -314,6 +314,9 @@ pub(crate) struct Shard {
     /// route table changes (`ListChangedNotification`).
     pub(crate) list_listeners: RefCell<Vec<std::rc::Weak<dyn crate::dispatch::LiveOut>>>,
     pub(crate) yields: YieldQueue,
+    /// What a yielding guest waits on to let the ring in ([`guest_yield`]):
+    /// `None` if the socket could not be made.
+    ring_poke: Option<monoio::net::unix::UnixDatagram>,
     /// Where a reload's new listeners go: the accept loops.
     rebind_frames: Rebind,
     rebind_http: Rebind,
@@ -380,11 +383,17 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         connections: Cell::new(0),
         list_listeners: RefCell::default(),
         yields: YieldQueue::default(),
+        ring_poke: monoio::net::unix::UnixDatagram::unbound()
+            .inspect_err(|e| {
+                tracing::warn!(shard = index, error = %e, "no socket for guests' yields: a computing guest holds its shard's connections until its call ends");
+            })
+            .ok(),
         rebind_frames,
         rebind_http,
         rebind_grpc,
     });
     HERE.with(|h| *h.borrow_mut() = Some(shard.clone()));
+    crate::wasm::set_thread_yield(Some(guest_yield));
     monoio::spawn(inbox_loop(shard.clone()));
     {
         let shard = shard.clone();
@@ -461,8 +470,44 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         })
         .await;
     }
+    crate::wasm::set_thread_yield(None);
     HERE.with(|h| h.borrow_mut().take());
     tracing::debug!(shard = index, "shard drained");
+}
+
+/// How a guest's task on this shard yields at an epoch tick: it waits for a
+/// completion of the shard's own ring, then for every task runnable by then.
+///
+/// Why a completion: the ring is `DEFER_TASKRUN` by default, which posts
+/// the completions of the shard's sockets only when the shard waits in the
+/// kernel for one, and monoio waits only when no task is runnable and no
+/// task was woken from another thread. A guest's task woken from another
+/// thread ([`crate::wasm::set_thread_yield`]'s default) left the sockets
+/// unread until its call ended. Waiting on the ring instead makes monoio
+/// enter with `GETEVENTS`: a poll for `POLLOUT` on a socket that is never
+/// written to is ready at once, so the wait costs no time, and every
+/// completion that arrived meanwhile is posted with it. Then the yield
+/// queue puts the guest behind the tasks those completions woke.
+fn guest_yield() -> crate::wasm::GuestYield {
+    let shard = HERE.with(|h| h.borrow().clone());
+    Box::pin(crate::edge::rt::ShardBound::new(async move {
+        if let Some(shard) = shard {
+            yield_through_ring(shard.ring_poke.as_ref(), &shard.yields).await;
+        }
+    }))
+}
+
+/// [`guest_yield`]'s steps, given the shard's socket and yield queue.
+async fn yield_through_ring(poke: Option<&monoio::net::unix::UnixDatagram>, yields: &YieldQueue) {
+    let Some(poke) = poke else {
+        return yields.yield_now().await;
+    };
+    // An error means the same as readiness here: the ring was entered.
+    let _ = poke.writable(true).await;
+    yields.yield_now().await;
+    // Once more, so that what those tasks wrote reaches the kernel now and
+    // not at the guest's next tick.
+    let _ = poke.writable(true).await;
 }
 
 /// Accepts on `listener`, and on each listener a reload hands over: the
@@ -841,5 +886,99 @@ pub(crate) fn drop_future<F>(fut: &mut Pin<Box<Option<F>>>) {
     let old = std::mem::replace(fut, Box::pin(None));
     if std::panic::catch_unwind(AssertUnwindSafe(move || drop(old))).is_err() {
         tracing::error!("a request's future panicked while being dropped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Yields of a computing task until a read pending on the shard's ring
+    /// (data sent after the read was armed) is answered; `None` if it is
+    /// not within 50.
+    fn yields_until_read(yield_once: impl AsyncFn(&YieldQueue) + 'static) -> Option<usize> {
+        let mut rt = match build_runtime(Ring::Defer) {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("skipped: no DEFER_TASKRUN ring here ({e})");
+                return Some(0);
+            }
+        };
+        rt.block_on(async move {
+            let yields = Rc::new(YieldQueue::default());
+            monoio::spawn({
+                let yields = yields.clone();
+                async move { yields.run().await }
+            });
+            let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+            let ours = monoio::net::UnixStream::from_std(ours).unwrap();
+            let read = Rc::new(Cell::new(false));
+            monoio::spawn({
+                let read = read.clone();
+                async move {
+                    use monoio::io::AsyncReadRent;
+                    let mut ours = ours;
+                    let (r, _) = ours.read(vec![0u8; 8]).await;
+                    assert_eq!(r.unwrap(), 1);
+                    read.set(true);
+                }
+            });
+            // The reader's receive goes to the kernel, finds nothing, waits.
+            yields.yield_now().await;
+            let _ = monoio::net::unix::UnixDatagram::unbound()
+                .unwrap()
+                .writable(true)
+                .await;
+            assert!(!read.get());
+            // The guest: computes, and yields between slices.
+            theirs.write_all(b"x").unwrap();
+            for n in 1..=50 {
+                std::thread::sleep(Duration::from_micros(200));
+                yield_once(&yields).await;
+                if read.get() {
+                    return Some(n);
+                }
+            }
+            None
+        })
+    }
+
+    #[test]
+    fn a_yield_through_the_ring_lets_a_pending_read_in() {
+        let poke = std::cell::OnceCell::new();
+        let n = yields_until_read(async move |yields: &YieldQueue| {
+            let poke = poke.get_or_init(|| monoio::net::unix::UnixDatagram::unbound().unwrap());
+            yield_through_ring(Some(poke), yields).await
+        });
+        assert!(matches!(n, Some(0..=2)), "read after {n:?} yields");
+    }
+
+    #[test]
+    fn a_yield_woken_from_another_thread_does_not() {
+        // What guests did before `guest_yield`, at its worst: the wake
+        // arrives before the shard looks for one, so monoio submits
+        // without waiting and the DEFER_TASKRUN ring posts nothing.
+        let n = yields_until_read(async |_: &YieldQueue| {
+            let mut woken = false;
+            std::future::poll_fn(|cx| {
+                if std::mem::replace(&mut woken, true) {
+                    return Poll::Ready(());
+                }
+                let waker = cx.waker().clone();
+                std::thread::spawn(move || waker.wake()).join().unwrap();
+                Poll::Pending
+            })
+            .await
+        });
+        assert_eq!(n, None, "the read came in after {n:?} yields");
+    }
+
+    #[test]
+    fn a_yield_to_the_shards_tasks_alone_does_not_either() {
+        // The other tasks run, but monoio only submits while one is
+        // runnable: the ring is never waited on.
+        let n = yields_until_read(async |yields: &YieldQueue| yields.yield_now().await);
+        assert_eq!(n, None, "the read came in after {n:?} yields");
     }
 }

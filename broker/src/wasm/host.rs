@@ -12,6 +12,7 @@
 //!   context entered: WASI sleeps and file reads register on the host's
 //!   tokio runtime and wake the shard's task across threads, never block it.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::num::NonZeroUsize;
 use std::pin::{Pin, pin};
@@ -591,10 +592,11 @@ impl Router {
                 // `UpdateDeadline::Yield`: that wakes the task from inside its
                 // own poll, and monoio runs a task woken that way again at
                 // once (front of its queue), starving every other task.
-                Ok(UpdateDeadline::YieldCustom(
-                    1,
-                    Box::pin(YieldElsewhere::new(tokio.clone())),
-                ))
+                let yielding = match THREAD_YIELD.with(Cell::get) {
+                    Some(thread_yield) => thread_yield(),
+                    None => Box::pin(YieldElsewhere::new(tokio.clone())),
+                };
+                Ok(UpdateDeadline::YieldCustom(1, yielding))
             }
         });
         Ok(store)
@@ -851,6 +853,29 @@ impl std::fmt::Display for WaitRefused {
 }
 
 impl std::error::Error for WaitRefused {}
+
+/// A future a guest's task awaits when it yields at an epoch tick.
+pub type GuestYield = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+thread_local! {
+    /// How a guest yields on this thread, when its runtime needs more than
+    /// [`YieldElsewhere`] (a shard's: `shard::guest_yield`).
+    static THREAD_YIELD: Cell<Option<fn() -> GuestYield>> = const { Cell::new(None) };
+}
+
+/// Sets how a guest's task yields at an epoch tick on the calling thread
+/// (`None`: through the WASI runtime's thread, [`YieldElsewhere`]).
+///
+/// A shard needs its own: with `DEFER_TASKRUN`, its ring posts the
+/// completions of its sockets only when the shard waits in the kernel for
+/// a completion. A task woken from another thread does not make the shard
+/// wait, so while a guest computed, yielding that way, the shard's other
+/// connections were read only when the guest's call ended (20 ms behind a
+/// 20 ms guest at every tick length; bench/NOTES.md, "a computing guest
+/// held its shard's sockets").
+pub fn set_thread_yield(f: Option<fn() -> GuestYield>) {
+    THREAD_YIELD.with(|y| y.set(f));
+}
 
 /// Pending once; the wake comes from the WASI runtime's thread after the
 /// poll has returned, so any executor queues the task behind the others.

@@ -37,8 +37,8 @@ pub use bindings::ROUTER_INTERFACE;
 pub use bindings::types;
 pub use error::{CallError, HostError, LoadError};
 pub use host::{
-    LiveEvent, LiveSink, MAX_LIVE_EVENTS_PER_CALL, MetaReader, Router, RouterMeta,
-    UNAVAILABLE_META_KEY, WasmHost,
+    GuestYield, LiveEvent, LiveSink, MAX_LIVE_EVENTS_PER_CALL, MetaReader, Router, RouterMeta,
+    UNAVAILABLE_META_KEY, WasmHost, set_thread_yield,
 };
 pub use outbound::HttpGrant;
 pub use pool::{Caller, PoolStats, RouterPool};
