@@ -42,13 +42,6 @@ def cpu_ns(pid):
     return total
 
 
-def fmt(xs):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "n/a"
-    return f"{B.med(xs):,.0f} [{min(xs):,.0f}–{max(xs):,.0f}]"
-
-
 def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
@@ -102,7 +95,7 @@ def main():
           "| open p50 µs | open p99 µs | open p99.9 µs | idle p50 µs |")
     print("|---|---|---|---|---|---|---|---|")
     for k, d in sorted(res.items()):
-        print(f"| {k} | " + " | ".join(fmt(d[m]) for m in keys) + " |")
+        print(f"| {k} | " + " | ".join(B.fmt_med_range(d[m]) for m in keys) + " |")
 
 
 if __name__ == "__main__":

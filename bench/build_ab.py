@@ -97,13 +97,6 @@ def run(target, lg_cpus, wd, tag, server, rate=None):
     return rps, per, (r.get("latency_us") or {}).get("p99")
 
 
-def fmt(xs, digits=0):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "n/a"
-    return f"{B.med(xs):,.{digits}f} [{min(xs):,.{digits}f}–{max(xs):,.{digits}f}]"
-
-
 def main():
     if len(sys.argv) != 6:
         sys.exit(__doc__)
@@ -147,8 +140,8 @@ def main():
     for w in which:
         for build in dirs:
             d = res[(w, build)]
-            print(f"| {w} | {build} | {fmt(d['closed'])} | {fmt(d['cpu_closed'])} "
-                  f"| {fmt(d['cpu_open'])} | {fmt(d['p99'])} |")
+            cells = (B.fmt_med_range(d[m]) for m in ("closed", "cpu_closed", "cpu_open", "p99"))
+            print(f"| {w} | {build} | " + " | ".join(cells) + " |")
         a, b = res[(w, "A")], res[(w, "B")]
 
         def q(k):

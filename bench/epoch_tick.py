@@ -48,13 +48,6 @@ def cpu_ns(pid, comm=None):
     return total
 
 
-def fmt(xs, digits=2):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "n/a"
-    return f"{B.med(xs):,.{digits}f} [{min(xs):,.{digits}f}–{max(xs):,.{digits}f}]"
-
-
 def main():
     args = sys.argv[1:]
     rounds = int(args[0]) if len(args) > 0 else 8
@@ -109,8 +102,9 @@ def main():
     print("| server | CPU µs/request | of which the ticker | p50 µs | p99 µs | p99.9 µs |")
     print("|---|---|---|---|---|---|")
     for k, d in res.items():
-        print(f"| {k} | {fmt(d['cpu'])} | {fmt(d['ticker'])} | {fmt(d['p50'], 0)} | "
-              f"{fmt(d['p99'], 0)} | {fmt(d['p999'], 0)} |")
+        cells = [B.fmt_med_range(d["cpu"], 2), B.fmt_med_range(d["ticker"], 2),
+                 *(B.fmt_med_range(d[q]) for q in ("p50", "p99", "p999"))]
+        print(f"| {k} | " + " | ".join(cells) + " |")
     base = next(iter(res))
     print(f"\nPaired CPU ratios (median of the per-round ratios to `{base}`):\n")
     for k, d in res.items():

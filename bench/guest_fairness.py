@@ -90,13 +90,6 @@ def one(binary, tick, tool, seconds, srv_cpus, lg_cpus, wd, tag):
     return {q: lat.get(q) for q in QUANTILES}
 
 
-def fmt(xs):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "n/a"
-    return f"{B.med(xs):,.0f} [{min(xs):,.0f}–{max(xs):,.0f}]"
-
-
 def main():
     args = sys.argv[1:]
     rounds = int(args[0]) if len(args) > 0 else 3
@@ -132,7 +125,8 @@ def main():
     for (name, tick), d in res.items():
         if not d["p50"]:
             continue
-        print(f"| {name} | {tick} | " + " | ".join(fmt(d[q]) for q in QUANTILES) + " |")
+        cells = (B.fmt_med_range(d[q]) for q in QUANTILES)
+        print(f"| {name} | {tick} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
