@@ -329,10 +329,10 @@ fn bad_frames_get_their_error_and_other_connections_carry_on() {
     );
 }
 
-#[test]
-fn a_guest_looping_forever_does_not_stall_its_shard() {
-    let b = Broker::start(&["--shards", "1"]);
-    let mut stuck = b.connect();
+/// A connection and, encoded for it, a call of chaos's `loop` (a guest that
+/// computes until chaos's 2 s deadline), not yet sent.
+fn loop_call(b: &Broker) -> (Client, Vec<u8>) {
+    let mut c = b.connect();
     let h = RequestHeader {
         message_id: [3; 16],
         correlation_id: Some("loop"),
@@ -340,7 +340,14 @@ fn a_guest_looping_forever_does_not_stall_its_shard() {
         timeout_ms: 0,
         unix_nanos: 0,
     };
-    let f = stuck.enc.tool_call(&h, [3; 16], "loop", &[]).to_vec();
+    let f = c.enc.tool_call(&h, [3; 16], "loop", &[]).to_vec();
+    (c, f)
+}
+
+#[test]
+fn a_guest_looping_forever_does_not_stall_its_shard() {
+    let b = Broker::start(&["--shards", "1"]);
+    let (mut stuck, f) = loop_call(&b);
     stuck.send_raw(&f);
     let mut other = b.connect();
     let t = Instant::now();
@@ -368,15 +375,7 @@ fn requests_behind_a_computing_guest_wait_about_one_epoch_tick_not_for_its_call(
     // shard's sockets"). Now every tick (1 ms) lets the shard read and
     // answer them.
     let b = Broker::start(&["--shards", "1"]);
-    let mut stuck = b.connect();
-    let h = RequestHeader {
-        message_id: [4; 16],
-        correlation_id: Some("loop"),
-        session_id: None,
-        timeout_ms: 0,
-        unix_nanos: 0,
-    };
-    let f = stuck.enc.tool_call(&h, [4; 16], "loop", &[]).to_vec();
+    let (mut stuck, f) = loop_call(&b);
     let mut others: Vec<Client> = (0..8).map(|_| b.connect()).collect();
     for c in &mut others {
         assert_eq!(tool_text(&c.call("echo", &[], None)), "{}");
