@@ -9,12 +9,13 @@ chaos's `spin` (20 ms of guest computation; TOOL=loop: an endless loop cut
 at a 20 ms call deadline) 20 times a second on one connection, which keeps
 the shard's guest busy 40% of the time; another drives `echo` open loop at
 2,000 req/s over 4 connections (1 s warmup, SECONDS measured), both from
-the lower CPU. An echo request that arrives while the guest computes waits
+the lower CPU and over the same edge. An echo request that arrives while the guest computes waits
 for the guest's next yield: about one tick, if yields let the shard's
 sockets in (bench/NOTES.md, "a computing guest held its shard's sockets").
 
-  bench/guest_fairness.py [ROUNDS] [SECONDS] [TICKS] [TOOL]
-  (defaults: 3 5 250us,1ms,4ms spin)
+  bench/guest_fairness.py [ROUNDS] [SECONDS] [TICKS] [TOOL] [EDGE]
+  (defaults: 3 5 250us,1ms,4ms spin frames; EDGE, which both loads use:
+  frames, grpc or http, the 2025-11-25 era with one session per connection)
 
 BROKERS=name=/path/to/mcp-broker,... compares builds (default: this
 build, as `broker`); a build that predates `epoch_tick` runs at its fixed
@@ -36,8 +37,8 @@ B = scriptload.bench_script()
 QUANTILES = ("p50", "p90", "p99", "p999", "max")
 
 
-def config(cpus, tick, tool):
-    toml = B.broker_toml(1, cpus, False)
+def config(cpus, tick, tool, edge):
+    toml = B.broker_toml(1, cpus, False, http=edge == "http")
     if tick != "1ms":
         toml = toml.replace("[broker]\n", f'[broker]\nepoch_tick = "{tick}"\n', 1)
     deadline = "20ms" if tool == "loop" else "5s"
@@ -50,21 +51,21 @@ call_deadline = "{deadline}"
 """
 
 
-def one(binary, tick, tool, seconds, srv_cpus, lg_cpus, wd, tag):
+def one(binary, tick, tool, edge, seconds, srv_cpus, lg_cpus, wd, tag):
     cfg = os.path.join(wd, f"{tag}.toml")
     with open(cfg, "w") as f:
-        f.write(config(srv_cpus, tick, tool))
+        f.write(config(srv_cpus, tick, tool, edge))
     try:
         # This tree's routers, also for a build made elsewhere (which would
         # look beside its own sources).
         routers = os.path.join(HERE, "..", "routers", "target", "wasm32-wasip2", "release")
-        s = B.Server(tag, [binary, "--config", cfg], wd,
+        s = B.Server(tag, [binary, "--config", cfg], wd, addr_key=edge,
                      env={"MCP_BROKER_ROUTERS_DIR": os.path.abspath(routers)})
     except RuntimeError as e:
         B.log(f"{tag}: did not start ({str(e).splitlines()[0]})")
         return None
     cpus = ",".join(map(str, lg_cpus))
-    target = f"frames://{s.addr}"
+    target = f"http://{s.addr}/mcp" if edge == "http" else f"{edge}://{s.addr}"
     args = ["--args", '{"ms":20}'] if tool == "spin" else []
     # The computing calls: timer-driven sends (no spin), so that this
     # generator leaves the lower CPU to the one that measures.
@@ -96,8 +97,11 @@ def main():
     seconds = float(args[1]) if len(args) > 1 else 5
     ticks = (args[2] if len(args) > 2 else "250us,1ms,4ms").split(",")
     tool = args[3] if len(args) > 3 else "spin"
+    edge = args[4] if len(args) > 4 else "frames"
     if tool not in ("spin", "loop"):
         sys.exit("TOOL: spin or loop")
+    if edge not in ("frames", "grpc", "http"):
+        sys.exit("EDGE: frames, grpc or http")
     builds = [("broker", B.BROKER)]
     if os.environ.get("BROKERS"):
         builds = [tuple(b.split("=", 1)) for b in os.environ["BROKERS"].split(",")]
@@ -108,7 +112,7 @@ def main():
     res = {(name, tick): {q: [] for q in QUANTILES} for name, _, tick in runs}
     for r in range(rounds):
         for name, binary, tick in B.rotate(runs, r):
-            got = one(binary, tick, tool, seconds, srv_cpus, lg_cpus, wd,
+            got = one(binary, tick, tool, edge, seconds, srv_cpus, lg_cpus, wd,
                       f"{name}-{tick}-{r}")
             if got is None:
                 continue
@@ -116,7 +120,7 @@ def main():
                 res[(name, tick)][q].append(got[q])
             B.log(f"{name} tick {tick} round {r}: echo p50 {got['p50']} µs, "
                   f"p99 {got['p99']} µs")
-    print(f"Echo open loop at 2,000 req/s (4 connections) beside `chaos` `{tool}` "
+    print(f"Echo open loop at 2,000 req/s (4 connections, {edge}) beside `chaos` `{tool}` "
           f"({'20 ms of computation' if tool == 'spin' else 'cut at a 20 ms deadline'}, "
           f"20 calls/s) on one shard; {rounds} rounds of 1 s warmup + {seconds:g} s; "
           "echo latency in µs, medians [min–max].\n")
