@@ -476,18 +476,21 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
 }
 
 /// How a guest's task on this shard yields at an epoch tick: it waits for a
-/// completion of the shard's own ring, then for every task runnable by then.
+/// completion of the shard's own ring, then lets the shard's other tasks
+/// run ([`GUEST_YIELD_ROUNDS`] rounds), then submits what they wrote.
 ///
 /// Why a completion: the ring is `DEFER_TASKRUN` by default, which posts
 /// the completions of the shard's sockets only when the shard waits in the
 /// kernel for one, and monoio waits only when no task is runnable and no
 /// task was woken from another thread. A guest's task woken from another
-/// thread ([`crate::wasm::set_thread_yield`]'s default) left the sockets
-/// unread until its call ended. Waiting on the ring instead makes monoio
+/// thread ([`crate::wasm::set_thread_yield`]'s default) was often woken
+/// before monoio looked, which left the sockets unread until its call
+/// ended. Waiting on the ring instead makes monoio
 /// enter with `GETEVENTS`: a poll for `POLLOUT` on a socket that is never
 /// written to is ready at once, so the wait costs no time, and every
 /// completion that arrived meanwhile is posted with it. Then the yield
-/// queue puts the guest behind the tasks those completions woke.
+/// queue puts the guest behind the tasks those completions woke, and
+/// behind the tasks those woke in turn.
 fn guest_yield() -> crate::wasm::GuestYield {
     let shard = HERE.with(|h| h.borrow().clone());
     Box::pin(crate::edge::rt::ShardBound::new(async move {
