@@ -552,7 +552,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             )
         })
         .collect();
-    let pool_families: [Family<crate::wasm::PoolStats>; 7] = [
+    let pool_families: [Family<crate::wasm::PoolStats>; 8] = [
         (
             "mcp_router_queued_calls",
             "gauge",
@@ -594,6 +594,12 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "counter",
             "Idle sessions whose instance was dropped to make room for a new session (max_sessions_per_shard reached), by router.",
             |p| p.sessions_evicted,
+        ),
+        (
+            "mcp_router_compute_ticks_total",
+            "counter",
+            "Epoch ticks (broker.epoch_tick) that found a call's guest code running, by router: each one a yield of its shard, or for a never_waits router a tick towards its run limit. Requests behind such a guest wait about one tick.",
+            |p| p.compute_ticks,
         ),
     ];
     family(

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Broker, error_code};
+use common::{Broker, error_code, tool_text};
 use mcp_schema::client::RequestHeader;
 
 /// `/metrics` as series → value (comments dropped).
@@ -101,6 +101,36 @@ fn outcomes_hand_offs_and_rejections_are_counted_once_with_their_labels() {
             &m,
             "mcp_request_duration_hdr_seconds{router=\"echo\",quantile=\"0.5\"}"
         ) > 0.0
+    );
+}
+
+#[test]
+fn epoch_ticks_that_find_a_guest_computing_are_counted_by_router() {
+    // chaos's `spin` computes for 20 ms: at the default 1 ms tick its guest
+    // yields its shard about twenty times. echo's calls take microseconds.
+    let b = Broker::start(&["--shards", "1"]);
+    let mut c = b.connect();
+    let ticks = |m: &HashMap<String, f64>, router: &str| {
+        get(
+            m,
+            &format!("mcp_router_compute_ticks_total{{router=\"{router}\"}}"),
+        )
+    };
+    assert_eq!(ticks(&scrape(&b), "chaos"), 0.0);
+    let r = c.call("spin", &[("ms", "20")], None);
+    assert!(tool_text(&r).starts_with("spun"), "{}", tool_text(&r));
+    for _ in 0..10 {
+        assert_eq!(tool_text(&c.call("echo", &[], None)), "{}");
+    }
+    let m = scrape(&b);
+    let chaos = ticks(&m, "chaos");
+    // At most one tick a millisecond; at least a few, unless the ticker
+    // was kept off the CPU for most of the 20 ms.
+    assert!((2.0..=25.0).contains(&chaos), "chaos: {chaos} ticks");
+    assert!(
+        ticks(&m, "echo") <= 1.0,
+        "echo: {} ticks",
+        ticks(&m, "echo")
     );
 }
 

@@ -588,6 +588,9 @@ impl Router {
                     Ok(UpdateDeadline::Continue(1))
                 }
             } else {
+                // Counted for `mcp_router_compute_ticks_total`; no limit.
+                let data = ctx.data_mut();
+                data.ticks = data.ticks.saturating_add(1);
                 // Let the shard run its other tasks, then continue. Not
                 // `UpdateDeadline::Yield`: that wakes the task from inside its
                 // own poll, and monoio runs a task woken that way again at
@@ -789,6 +792,12 @@ impl Instance {
         let data = self.store.data_mut();
         data.live = live;
         data.live_sent = 0;
+    }
+
+    /// Epoch ticks the call since [`Self::begin`] has seen while its guest
+    /// code ran (the pool sums them into [`super::PoolStats::compute_ticks`]).
+    pub(crate) fn ticks(&self) -> u32 {
+        self.store.data().ticks
     }
 
     /// Arms the store for one call.
@@ -1056,8 +1065,9 @@ pub(crate) struct StoreState {
     table: ResourceTable,
     limits: Limits,
     deadline: Instant,
-    /// Epoch ticks the running call has seen while its guest code ran
-    /// (`never_waits` routers: bounded by [`Shared::run_ticks`]).
+    /// Epoch ticks the running call has seen while its guest code ran: the
+    /// times it yielded its shard, or (`never_waits` routers, bounded by
+    /// [`Shared::run_ticks`]) counted towards its run limit.
     ticks: u32,
 }
 

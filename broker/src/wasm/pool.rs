@@ -77,6 +77,9 @@ pub struct PoolStats {
     /// Idle sessions whose instance was dropped to make room for a new
     /// session (the cap `max_sessions_per_shard` was reached).
     pub sessions_evicted: u64,
+    /// Epoch ticks that found a call's guest code running: each one a
+    /// yield of the shard (or, `never_waits`, a tick of its run limit).
+    pub compute_ticks: u64,
 }
 
 impl PoolStats {
@@ -92,6 +95,7 @@ impl PoolStats {
         self.overloaded += o.overloaded;
         self.sessions += o.sessions;
         self.sessions_evicted += o.sessions_evicted;
+        self.compute_ticks += o.compute_ticks;
     }
 
     /// The counters alone (what a dropped pool leaves behind).
@@ -102,6 +106,7 @@ impl PoolStats {
             replaced: self.replaced,
             overloaded: self.overloaded,
             sessions_evicted: self.sessions_evicted,
+            compute_ticks: self.compute_ticks,
             ..PoolStats::default()
         }
     }
@@ -240,6 +245,7 @@ struct Inner {
     faults: Cell<u64>,
     replaced: Cell<u64>,
     overloaded: Cell<u64>,
+    compute_ticks: Cell<u64>,
     /// `Some` for a session-affine router.
     sessions: Option<Sessions>,
 }
@@ -310,6 +316,7 @@ impl RouterPool {
                 faults: Cell::new(0),
                 replaced: Cell::new(0),
                 overloaded: Cell::new(0),
+                compute_ticks: Cell::new(0),
                 sessions,
             }),
         }
@@ -378,6 +385,7 @@ impl RouterPool {
             overloaded: i.overloaded.get(),
             sessions,
             sessions_evicted,
+            compute_ticks: i.compute_ticks.get(),
         }
     }
 
@@ -487,6 +495,8 @@ impl RouterPool {
         }
         Inner::count(&inner.calls);
         let r = drive(&inner.router.shared.tokio, at, f(&mut *inst)).await;
+        let ticks = &inner.compute_ticks;
+        ticks.set(ticks.get() + u64::from(inst.ticks()));
         let r = settle(deadline, &inst.store, r);
         if listening {
             inst.set_live(None);
