@@ -19,7 +19,6 @@ than throughput on a shared machine.
 Stdlib only; reuses scripts/bench's helpers. Prints a Markdown table of
 medians [min-max].
 """
-import glob
 import os
 import sys
 import tempfile
@@ -29,17 +28,6 @@ sys.path.insert(0, HERE)
 import scriptload  # noqa: E402
 
 B = scriptload.bench_script()
-
-
-def cpu_ns(pid):
-    total = 0
-    for f in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(f) as fh:
-                total += int(fh.read().split()[0])
-        except OSError:
-            pass  # a thread ended between the listing and the read
-    return total
 
 
 def main():
@@ -68,11 +56,11 @@ def main():
         for r in range(rounds):
             for name in B.rotate(sorted(servers), r):
                 s, d = servers[name], res[name]
-                c0 = cpu_ns(s.proc.pid)
+                c0 = B.cpu_ns(s.proc.pid)
                 c = B.loadgen(s.addr, [0], "closed", wd, f"{name}-c{r}", 1, duration)
-                c1 = cpu_ns(s.proc.pid)
+                c1 = B.cpu_ns(s.proc.pid)
                 o = B.loadgen(s.addr, [0], "open", wd, f"{name}-o{r}", 1, duration, rate=rate)
-                c2 = cpu_ns(s.proc.pid)
+                c2 = B.cpu_ns(s.proc.pid)
                 i = B.loadgen(s.addr, [0], "idle", wd, f"{name}-i{r}", 0.5, 2)
                 # Requests over the whole run, warmup included, as the CPU is.
                 nc = (c.get("achieved_rps") or 0) * (duration + 1)

@@ -19,7 +19,6 @@ Stdlib only; reuses scripts/bench's helpers. Prints a Markdown table of
 medians [min-max], and each tick's paired ratio to the first tick's (the
 median of the per-round ratios, which cancels most of the host's drift).
 """
-import glob
 import os
 import sys
 import tempfile
@@ -30,22 +29,6 @@ import scriptload  # noqa: E402
 
 B = scriptload.bench_script()
 CONNECTIONS = 16
-
-
-def cpu_ns(pid, comm=None):
-    """On-CPU nanoseconds of the process's threads (only those named `comm`)."""
-    total = 0
-    for task in glob.glob(f"/proc/{pid}/task/*"):
-        try:
-            if comm is not None:
-                with open(os.path.join(task, "comm")) as fh:
-                    if fh.read().strip() != comm:
-                        continue
-            with open(os.path.join(task, "schedstat")) as fh:
-                total += int(fh.read().split()[0])
-        except OSError:
-            pass  # a thread ended between the listing and the read
-    return total
 
 
 def main():
@@ -78,10 +61,10 @@ def main():
         for r in range(rounds):
             for name in B.rotate(list(servers), r):
                 s, d = servers[name], res[name]
-                c0, t0 = cpu_ns(s.proc.pid), cpu_ns(s.proc.pid, "wasm-epoch")
+                c0, t0 = B.cpu_ns(s.proc.pid), B.cpu_ns(s.proc.pid, "wasm-epoch")
                 o = B.loadgen(s.addr, lg_cpus, "open", wd, f"{s.name}-{r}", 1, seconds,
                               rate=rate, connections=CONNECTIONS, scheme=edge)
-                c1, t1 = cpu_ns(s.proc.pid), cpu_ns(s.proc.pid, "wasm-epoch")
+                c1, t1 = B.cpu_ns(s.proc.pid), B.cpu_ns(s.proc.pid, "wasm-epoch")
                 # Requests over the whole run, warmup included, as the CPU is.
                 n = (o.get("achieved_rps") or 0) * (seconds + 1)
                 ok = n and not o.get("failure") and not o.get("errors")

@@ -55,7 +55,6 @@ from scriptload import load as _load  # noqa: E402
 
 B = _load("mcp_bench_script", os.path.join(ROOT, "scripts", "bench"))
 A = _load("mcp_auth_cost", os.path.join(HERE, "auth_cost.py"))
-AB = _load("mcp_broker_ab", os.path.join(HERE, "broker_ab.py"))
 S = _load("mcp_bench_slo", os.path.join(HERE, "slo.py"))
 
 BISECT_STEPS = int(os.environ.get("SEC_BISECT_STEPS", "4"))
@@ -181,9 +180,9 @@ def run_together(servers, edge, lg_cpus, wd, tag, certs, token):
         procs[name] = (out, subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE))
     time.sleep(WARMUP_S)
-    cpu0 = {n: AB.cpu_ns(s.proc.pid) for n, s in servers.items()}
+    cpu0 = {n: B.cpu_ns(s.proc.pid) for n, s in servers.items()}
     time.sleep(TOGETHER_S)
-    cpu1 = {n: AB.cpu_ns(s.proc.pid) for n, s in servers.items()}
+    cpu1 = {n: B.cpu_ns(s.proc.pid) for n, s in servers.items()}
     reps = {}
     for name, (out, p) in procs.items():
         _, stderr = p.communicate()
