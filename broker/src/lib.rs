@@ -13,6 +13,7 @@
 
 pub mod adapt;
 pub mod auth;
+pub mod coarse;
 pub mod config;
 pub mod control;
 pub mod dispatch;

@@ -36,6 +36,16 @@ impl hyper::rt::Timer for ShardTimer {
             deadline.into(),
         ))))
     }
+
+    /// hyper reads this to arm its HTTP/2 keep-alive ping (and its
+    /// timeout) and the HTTP/1 header-read timeout, all of seconds, and
+    /// the keep-alive part on every read of a connection: five clock reads
+    /// a gRPC call. The coarse clock serves them ([`crate::coarse`]).
+    /// hyper's adaptive window would measure round trips with it too; no
+    /// edge enables it (a coarse round trip would be 0 or a tick).
+    fn now(&self) -> Instant {
+        crate::coarse::now()
+    }
 }
 
 /// A future that stays on the thread that made it, and so may be held
@@ -393,7 +403,8 @@ where
         let next = self.wr_spare.take().unwrap_or_default();
         let buf = std::mem::replace(&mut self.wr_pending, next);
         self.wr_op.set(Some((self.make_send)(half, buf)));
-        self.send_started.set(Some(Instant::now()));
+        // The watchdog's write timeout is seconds: the coarse clock will do.
+        self.send_started.set(Some(crate::coarse::now()));
         Ok(())
     }
 

@@ -61,8 +61,10 @@ fn unix_now() -> Duration {
         .unwrap_or_default()
 }
 
-fn next_id() -> [u8; 16] {
-    let millis = unix_now().as_millis() as u64;
+/// A UUIDv7 stamped with the time the request's header carries, so that a
+/// request reads the wall clock once for all of its ids.
+fn id_at(header: &RequestHeader<'_>) -> [u8; 16] {
+    let millis = (header.unix_nanos / 1_000_000) as u64;
     IDS.with(|g| g.borrow_mut().next(millis).0)
 }
 
@@ -513,13 +515,14 @@ impl EdgeState {
     ) -> Result<Reply, Status> {
         let _guard = self.admit()?;
         let session = session_override.or(meta.session.as_deref());
-        let header = RequestHeader {
-            message_id: next_id(),
+        let mut header = RequestHeader {
+            message_id: [0; 16],
             correlation_id: None,
             session_id: session,
             timeout_ms: meta.timeout_ms(),
             unix_nanos: unix_now().as_nanos() as i64,
         };
+        header.message_id = id_at(&header);
         let frame = ENCODER.with(|e| build(&mut e.borrow_mut(), &header));
         // SAFETY: every `build` passed here returns a copy of what one of
         // the encoder's methods returned (`Bytes::copy_from_slice(e.…)`),
@@ -747,7 +750,7 @@ impl McpService for Edge {
         let r = req.get_ref();
         self.0.authorize_tool(&meta, &r.name)?;
         let members = request::arguments(r.arguments.as_deref()).map_err(refused)?;
-        let tool_call_id = next_id();
+        let mut tool_call_id = [0; 16];
         let op = Op {
             method: "tools/call",
             target: &r.name,
@@ -755,6 +758,7 @@ impl McpService for Edge {
         let reply = self
             .0
             .roundtrip(&meta, op, None, |e, h| {
+                tool_call_id = id_at(h);
                 Bytes::copy_from_slice(request::tool_call(e, h, tool_call_id, &r.name, &members))
             })
             .await?;

@@ -143,7 +143,8 @@ impl Sessions {
     /// marks it used; `None` means unknown to this caller.
     fn with<T>(&self, id: &str, caller: &Identity, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
         let key = parse(id)?;
-        let now = Instant::now();
+        // Every call of a session comes here; its idle limit is minutes.
+        let now = crate::coarse::now();
         let mut map = lock(&self.map);
         let e = map.get_mut(&key)?;
         if e.identity != *caller {

@@ -149,9 +149,11 @@ pub use super::jsonrpc::LOG_LEVELS as LEVELS;
 pub struct StreamId(pub u64);
 
 impl Session {
+    /// Twice a request: the coarse clock serves an idle expiry of minutes.
     pub fn touch(&self) {
+        let now = crate::coarse::now().saturating_duration_since(self.epoch);
         self.last_used_ms
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+            .store(now.as_millis() as u64, Ordering::Relaxed);
     }
 
     pub fn is_ended(&self) -> bool {
