@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use mcp_bench::alloc_counter::{CountingAlloc, count};
+use mcp_bench::tls_fixture::{self, pump};
 use mcp_broker::tls::record::{self, Keys, Version};
 use rustls::ConnectionTrafficSecrets;
 use rustls::crypto::cipher::{AeadKey, Iv};
@@ -105,29 +106,8 @@ struct Rustls {
 
 impl Rustls {
     fn new() -> Rustls {
-        use rustls_pki_types::pem::PemObject;
-        use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-        let dir = std::env::temp_dir().join(format!("mcp-bench-tls-record-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/dev-certs");
-        let ok = std::process::Command::new("bash")
-            .arg(script)
-            .arg(&dir)
-            .status();
-        assert!(
-            ok.is_ok_and(|s| s.success()),
-            "scripts/dev-certs (needs openssl)"
-        );
-        let certs: Vec<_> = CertificateDer::pem_file_iter(dir.join("server.pem"))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let _ = std::fs::remove_dir_all(&dir);
+        use rustls_pki_types::ServerName;
+        let (certs, key, roots) = tls_fixture::dev_certs("tls-record");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -180,22 +160,6 @@ impl Rustls {
 }
 
 /// Everything `from` has to send, read and processed by `to`.
-fn pump<A, B>(
-    from: &mut rustls::ConnectionCommon<A>,
-    to: &mut rustls::ConnectionCommon<B>,
-    wire: &mut Vec<u8>,
-) {
-    wire.clear();
-    while from.wants_write() {
-        from.write_tls(wire).unwrap();
-    }
-    let mut src = &wire[..];
-    while !src.is_empty() {
-        to.read_tls(&mut src).unwrap();
-        to.process_new_packets().unwrap();
-    }
-}
-
 fn bench(c: &mut Criterion) {
     let request = vec![b'q'; REQUEST];
     let answer = vec![b'a'; ANSWER];

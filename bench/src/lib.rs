@@ -2,3 +2,4 @@
 
 pub mod alloc_counter;
 pub mod echo;
+pub mod tls_fixture;

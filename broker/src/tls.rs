@@ -115,8 +115,22 @@ impl ServerConfigs {
     }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+/// The crypto of every TLS connection the broker makes or takes: ring's
+/// (the record layer, `tls/record.rs`, seals with ring's AEADs under the
+/// keys rustls derives, and JWTs are checked with ring), with one key
+/// exchange group before ring's X25519, P-256 and P-384: the post-quantum
+/// hybrid X25519MLKEM768, from aws-lc-rs (ring has no ML-KEM), so that
+/// traffic recorded today stays safe against a future quantum computer.
+/// A rustls server follows the client's order of preference: a client that
+/// prefers the hybrid (browsers, Go, OpenSSL 3.5+) gets it, one that does
+/// not know it gets X25519 as before; both sent a key share for that group,
+/// so neither pays a round trip. As a client (upstreams, JWKS) the broker
+/// offers the hybrid first. TLS 1.2 never uses it.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    let mut p = rustls::crypto::ring::default_provider();
+    p.kx_groups
+        .insert(0, rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768);
+    Arc::new(p)
 }
 
 fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -349,7 +363,7 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, Str
             roots.add(c).map_err(|e| format!("{shown}: {e}"))?;
         }
     }
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS settings: {e}"))
         .map(|b| b.with_root_certificates(roots).with_no_client_auth())

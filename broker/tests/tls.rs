@@ -443,6 +443,97 @@ fn openssl_round_trips_records_in_every_suite_and_through_key_updates() {
 
 /// Plaintext sent to a TLS port is refused and counted, and the edge goes
 /// on serving TLS clients.
+type Groups<'a> = &'a [&'static dyn rustls::crypto::SupportedKxGroup];
+
+/// A client trusting `ca` that offers only `groups` for key exchange, in
+/// that order, over `version`.
+fn client_with_groups(
+    ca: &Path,
+    provider: rustls::crypto::CryptoProvider,
+    groups: Groups<'_>,
+    version: &'static rustls::SupportedProtocolVersion,
+    alpn: Option<&[u8]>,
+) -> Arc<ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = rustls::crypto::CryptoProvider {
+        kx_groups: groups.to_vec(),
+        ..provider
+    };
+    let mut c = ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    c.alpn_protocols = alpn.into_iter().map(<[u8]>::to_vec).collect();
+    Arc::new(c)
+}
+
+#[test]
+fn a_client_that_prefers_post_quantum_key_exchange_gets_it_and_others_keep_x25519() {
+    use rustls::NamedGroup;
+    use rustls::crypto::aws_lc_rs::{default_provider as aws, kx_group as pq};
+    use rustls::crypto::ring::{default_provider as ring, kx_group as classic};
+    use rustls::version::{TLS12, TLS13};
+    let dir = Dir::new("pq");
+    dev_certs(&dir.0);
+    let b = Broker::start_with_config(&tls_toml(&dir.0, ""), &[]);
+    let ca = dir.path("ca.pem");
+    // What each client offers, in its order of preference, and the group
+    // the broker must take. A client offering the hybrid alone connects
+    // only if the broker supports it.
+    let hybrid_only: Groups = &[pq::X25519MLKEM768];
+    let hybrid_first: Groups = &[pq::X25519MLKEM768, pq::X25519];
+    let classic_only: Groups = &[classic::X25519, classic::SECP256R1];
+    for (edge, addr, alpn) in [
+        ("frames", b.frames, None),
+        ("grpc", b.grpc, Some(&b"h2"[..])),
+        ("http", b.http, Some(&b"http/1.1"[..])),
+    ] {
+        for (case, provider, groups, want) in [
+            (
+                "hybrid only",
+                aws(),
+                hybrid_only,
+                NamedGroup::X25519MLKEM768,
+            ),
+            (
+                "hybrid first",
+                aws(),
+                hybrid_first,
+                NamedGroup::X25519MLKEM768,
+            ),
+            ("classic only", ring(), classic_only, NamedGroup::X25519),
+        ] {
+            let cfg = client_with_groups(&ca, provider, groups, &TLS13, alpn);
+            let tls = tls_connect(addr, &cfg)
+                .unwrap_or_else(|e| panic!("{edge}, {case}: handshake failed: {e}"));
+            let got = tls.conn.negotiated_key_exchange_group().map(|g| g.name());
+            assert_eq!(got, Some(want), "{edge}, {case}");
+            assert_eq!(
+                tls.conn.handshake_kind(),
+                Some(rustls::HandshakeKind::Full),
+                "{edge}, {case}: a HelloRetryRequest round trip"
+            );
+            if edge == "frames" {
+                // The records after the handshake are the broker's own
+                // record layer's, under the keys this exchange derived.
+                let mut c = common::Client::over(tls);
+                assert_eq!(frames_echo(&mut c, "pq").as_deref(), Ok("pq"), "{case}");
+            }
+        }
+    }
+    // TLS 1.2 has no hybrid: a client offering it first gets X25519.
+    let cfg = client_with_groups(&ca, aws(), hybrid_first, &TLS12, None);
+    let tls = tls_connect(b.frames, &cfg).expect("TLS 1.2 handshake");
+    assert_eq!(
+        tls.conn.negotiated_key_exchange_group().map(|g| g.name()),
+        Some(NamedGroup::X25519)
+    );
+}
+
 #[test]
 fn plaintext_to_a_tls_port_is_closed_and_counted() {
     let dir = Dir::new("plaintext");
