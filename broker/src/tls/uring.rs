@@ -1356,4 +1356,88 @@ mod tests {
             assert_eq!(got.len(), 7, "{got:?}");
         });
     }
+
+    /// Moves what `from` has to send into `to` and processes it there.
+    fn pump<A, B>(
+        from: &mut rustls::ConnectionCommon<A>,
+        to: &mut rustls::ConnectionCommon<B>,
+        wire: &mut Vec<u8>,
+    ) -> Result<(), rustls::Error> {
+        wire.clear();
+        while from.wants_write() {
+            from.write_tls(wire).unwrap();
+        }
+        let mut src = &wire[..];
+        while !src.is_empty() {
+            to.read_tls(&mut src).unwrap();
+            to.process_new_packets()?;
+        }
+        Ok(())
+    }
+
+    /// The broker's own client settings (upstream routers, JWKS) against a
+    /// server that takes only the post-quantum hybrid, and one that knows
+    /// only X25519: both connect, and neither with a retry round trip,
+    /// since the client sends an X25519 share beside the hybrid one.
+    #[test]
+    fn the_brokers_client_offers_the_hybrid_and_still_meets_classic_servers_at_once() {
+        use rustls::NamedGroup;
+        use rustls::crypto::aws_lc_rs::{default_provider as aws, kx_group as pq};
+        use rustls::crypto::ring::{default_provider as ring, kx_group as classic};
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let certs = Certs::new("client-pq");
+        let chain: Vec<_> = CertificateDer::pem_file_iter(certs.dir.join("server.pem"))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(certs.dir.join("server.key")).unwrap();
+        let client = Arc::new(crate::tls::client_config(Some(&certs.dir.join("ca.pem"))).unwrap());
+        let hybrid_only: &[&'static dyn rustls::crypto::SupportedKxGroup] = &[pq::X25519MLKEM768];
+        let classic_only: &[&'static dyn rustls::crypto::SupportedKxGroup] = &[classic::X25519];
+        for (server_kind, provider, groups, want) in [
+            (
+                "hybrid-only",
+                aws(),
+                hybrid_only,
+                NamedGroup::X25519MLKEM768,
+            ),
+            ("classic-only", ring(), classic_only, NamedGroup::X25519),
+        ] {
+            let provider = rustls::crypto::CryptoProvider {
+                kx_groups: groups.to_vec(),
+                ..provider
+            };
+            let server = ServerConfig::builder_with_provider(Arc::new(provider))
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(chain.clone(), key.clone_key())
+                .unwrap();
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut c = rustls::ClientConnection::new(client.clone(), name).unwrap();
+            let mut s = rustls::ServerConnection::new(Arc::new(server)).unwrap();
+            let mut wire = Vec::new();
+            for _ in 0..10 {
+                if !c.is_handshaking() && !s.is_handshaking() {
+                    break;
+                }
+                pump(&mut c, &mut s, &mut wire)
+                    .unwrap_or_else(|e| panic!("{server_kind}: server: {e}"));
+                pump(&mut s, &mut c, &mut wire)
+                    .unwrap_or_else(|e| panic!("{server_kind}: client: {e}"));
+            }
+            assert!(
+                !c.is_handshaking(),
+                "{server_kind}: the handshake did not finish"
+            );
+            let got = c.negotiated_key_exchange_group().map(|g| g.name());
+            assert_eq!(got, Some(want), "{server_kind}");
+            assert_eq!(
+                c.handshake_kind(),
+                Some(rustls::HandshakeKind::Full),
+                "{server_kind}: a HelloRetryRequest round trip"
+            );
+        }
+    }
 }
