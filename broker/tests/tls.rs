@@ -441,8 +441,7 @@ fn openssl_round_trips_records_in_every_suite_and_through_key_updates() {
     }
 }
 
-/// Plaintext sent to a TLS port is refused and counted, and the edge goes
-/// on serving TLS clients.
+/// Key exchange groups a test client offers, most preferred first.
 type Groups<'a> = &'a [&'static dyn rustls::crypto::SupportedKxGroup];
 
 /// A client trusting `ca` that offers only `groups` for key exchange, in
@@ -534,6 +533,8 @@ fn a_client_that_prefers_post_quantum_key_exchange_gets_it_and_others_keep_x2551
     );
 }
 
+/// Plaintext sent to a TLS port is refused and counted, and the edge goes
+/// on serving TLS clients.
 #[test]
 fn plaintext_to_a_tls_port_is_closed_and_counted() {
     let dir = Dir::new("plaintext");
