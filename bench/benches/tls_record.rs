@@ -159,7 +159,6 @@ impl Rustls {
     }
 }
 
-/// Everything `from` has to send, read and processed by `to`.
 fn bench(c: &mut Criterion) {
     let request = vec![b'q'; REQUEST];
     let answer = vec![b'a'; ANSWER];
