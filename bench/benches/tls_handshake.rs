@@ -9,9 +9,12 @@
 //! - `tls_handshake/server/x25519mlkem768`: a client that prefers the
 //!   hybrid (aws-lc-rs's groups, hybrid first), as browsers and Go are.
 //!
-//! Each iteration is a whole handshake; only the server's part is timed
-//! (reading and processing the client's flights, writing its own). The
-//! client's part is timed separately as `client/...`.
+//! Each iteration is a whole handshake. `server/...` times the moves of the
+//! client's flights into the server: the server's processing of them,
+//! where it does its cryptography and queues its answers, plus the
+//! client's copy of each flight out. `client/...` times the rest: the
+//! client's processing, the server's copies out, and making both
+//! connections (a few allocations).
 //!
 //! cargo bench -p mcp-bench --bench tls_handshake
 
@@ -56,8 +59,8 @@ impl Pair {
         }
     }
 
-    /// One full handshake: the time spent in the server's steps and in the
-    /// client's, and the group it agreed on.
+    /// One full handshake: the time of the moves into the server and of
+    /// the rest (the module's comment), and the group it agreed on.
     fn handshake(&self, wire: &mut Vec<u8>) -> (Duration, Duration, Option<NamedGroup>) {
         let name = ServerName::try_from("localhost").unwrap();
         let (mut on_server, mut on_client) = (Duration::ZERO, Duration::ZERO);

@@ -61,10 +61,10 @@ fn unix_now() -> Duration {
         .unwrap_or_default()
 }
 
-/// A UUIDv7 stamped with the time the request's header carries, so that a
-/// request reads the wall clock once for all of its ids.
-fn id_at(header: &RequestHeader<'_>) -> [u8; 16] {
-    let millis = (header.unix_nanos / 1_000_000) as u64;
+/// A UUIDv7 stamped with `unix_nanos`, the time in the request's header,
+/// so that a request reads the wall clock once for all of its ids.
+fn id_at(unix_nanos: i64) -> [u8; 16] {
+    let millis = (unix_nanos / 1_000_000) as u64;
     IDS.with(|g| g.borrow_mut().next(millis).0)
 }
 
@@ -515,14 +515,14 @@ impl EdgeState {
     ) -> Result<Reply, Status> {
         let _guard = self.admit()?;
         let session = session_override.or(meta.session.as_deref());
-        let mut header = RequestHeader {
-            message_id: [0; 16],
+        let unix_nanos = unix_now().as_nanos() as i64;
+        let header = RequestHeader {
+            message_id: id_at(unix_nanos),
             correlation_id: None,
             session_id: session,
             timeout_ms: meta.timeout_ms(),
-            unix_nanos: unix_now().as_nanos() as i64,
+            unix_nanos,
         };
-        header.message_id = id_at(&header);
         let frame = ENCODER.with(|e| build(&mut e.borrow_mut(), &header));
         // SAFETY: every `build` passed here returns a copy of what one of
         // the encoder's methods returned (`Bytes::copy_from_slice(e.…)`),
@@ -758,7 +758,7 @@ impl McpService for Edge {
         let reply = self
             .0
             .roundtrip(&meta, op, None, |e, h| {
-                tool_call_id = id_at(h);
+                tool_call_id = id_at(h.unix_nanos);
                 Bytes::copy_from_slice(request::tool_call(e, h, tool_call_id, &r.name, &members))
             })
             .await?;
