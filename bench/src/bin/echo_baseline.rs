@@ -16,7 +16,7 @@
 //!
 //! ```text
 //! echo-baseline [--listen 127.0.0.1:0] [--shards 1] [--cpus 1,2] [--defer-taskrun]
-//!               [--idle-poll-us=N]
+//!               [--idle-poll-us=N] [--work-ns=N]
 //! ```
 //! Prints `echo-baseline ready frames=HOST:PORT shards=N` on stdout.
 //!
@@ -30,9 +30,15 @@
 //! every shard, with the ring the broker then uses (`COOP_TASKRUN`), so
 //! that a broker with a window is compared with a baseline that has the
 //! same one.
+//!
+//! `--work-ns=N` spins N ns of user-space CPU after answering each frame:
+//! a server that does the same I/O as this one plus a fixed amount of work
+//! per request, as a router does. `bench/slo_budget.py` uses it to find how
+//! much work per request a server can add and still hold a given share of
+//! this baseline's capacity at SLO.
 
 use bytes::BytesMut;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mcp_bench::echo::{answer, parse_args};
 use mcp_broker::config::BrokerSection;
@@ -51,7 +57,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const READ_CHUNK: usize = 16 * 1024;
 
 fn main() {
-    let args = match parse_args("echo-baseline", &["--defer-taskrun", "--idle-poll-us="]) {
+    let args = match parse_args(
+        "echo-baseline",
+        &["--defer-taskrun", "--idle-poll-us=", "--work-ns="],
+    ) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("echo-baseline: {e}");
@@ -72,12 +81,25 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let work = match args
+        .extra
+        .iter()
+        .find_map(|f| f.strip_prefix("--work-ns="))
+        .map(str::parse::<u64>)
+    {
+        None => Duration::ZERO,
+        Some(Ok(ns)) => Duration::from_nanos(ns),
+        Some(Err(e)) => {
+            eprintln!("echo-baseline: --work-ns: {e}");
+            std::process::exit(2);
+        }
+    };
     let (addr, listeners) = args.listeners().expect("bind");
     let mut handles = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
         let cpu = args.shard_cpu(index);
         handles.push(std::thread::spawn(move || {
-            shard(index, listener, cpu, defer_taskrun, idle_poll)
+            shard(index, listener, cpu, defer_taskrun, idle_poll, work)
         }));
     }
     println!("echo-baseline ready frames={addr} shards={}", args.shards);
@@ -92,6 +114,7 @@ fn shard(
     cpu: Option<usize>,
     defer_taskrun: bool,
     idle_poll: Duration,
+    work: Duration,
 ) {
     if let Some(cpu) = cpu {
         monoio::utils::bind_to_cpu_set([cpu]).expect("pin shard");
@@ -122,12 +145,12 @@ fn shard(
                 continue;
             };
             let _ = s.set_nodelay(true);
-            monoio::spawn(serve(s, index as u64));
+            monoio::spawn(serve(s, index as u64, work));
         }
     });
 }
 
-async fn serve(mut s: TcpStream, seed: u64) {
+async fn serve(mut s: TcpStream, seed: u64, work: Duration) {
     let splitter = FrameSplitter::default();
     let mut enc = ResponseEncoder::new(seed);
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
@@ -149,7 +172,12 @@ async fn serve(mut s: TcpStream, seed: u64) {
         }
         loop {
             match splitter.next_frame(&mut rbuf) {
-                Ok(Some(frame)) => answer(frame, &mut enc, &mut json, &mut wbuf),
+                Ok(Some(frame)) => {
+                    answer(frame, &mut enc, &mut json, &mut wbuf);
+                    if !work.is_zero() {
+                        spin_for(work);
+                    }
+                }
                 Ok(None) => break,
                 Err(_) => return,
             }
@@ -162,5 +190,14 @@ async fn serve(mut s: TcpStream, seed: u64) {
                 return;
             }
         }
+    }
+}
+
+/// Busy for `work` of wall time on this thread: CPU spent in user space,
+/// as a router's work is (the clock is the vDSO's, no system call).
+fn spin_for(work: Duration) {
+    let until = Instant::now() + work;
+    while Instant::now() < until {
+        std::hint::spin_loop();
     }
 }
