@@ -645,6 +645,44 @@ async fn limits_refuse_with_resource_exhausted_and_subscriptions_end_with_the_cl
     assert!(again.is_some(), "the cancelled subscription was removed");
 }
 
+/// The MCP service's calls skip tonic's router (`edge/grpc/conn.rs`):
+/// what neither it nor the router serves is still UNIMPLEMENTED, whichever
+/// way it went, and the connection serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_and_services_not_served_are_unimplemented_on_either_path() {
+    use tonic::codegen::http::uri::PathAndQuery;
+    let b = Broker::start();
+    let ch = Channel::from_shared(b.uri())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for path in [
+        // Past the router: the MCP service's own answer.
+        "/turbomcp.mcp.v1.McpService/NoSuchMethod",
+        "/turbomcp.mcp.v1.McpService/",
+        // Through the router: its fallback, or the health service's answer.
+        "/turbomcp.mcp.v1.NoSuchService/CallTool",
+        "/grpc.health.v1.Health/NoSuchMethod",
+        "/no.such.Service/Call",
+    ] {
+        let mut grpc = tonic::client::Grpc::new(ch.clone());
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<(), ()>::default();
+        let e = grpc
+            .unary(Request::new(()), PathAndQuery::from_static(path), codec)
+            .await
+            .expect_err(path);
+        assert_eq!(e.code(), Code::Unimplemented, "{path}: {e:?}");
+    }
+    let mut c = McpServiceClient::new(ch);
+    let r = c
+        .call_tool(call("echo", r#"{"text":"still"}"#))
+        .await
+        .unwrap();
+    assert_eq!(texts(r.get_ref()), [r#"{"text":"still"}"#]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_reflection_and_gzip_then_drain_flips_health_and_closes_streams() {
     use tonic_health::pb::health_check_response::ServingStatus;

@@ -172,9 +172,12 @@ struct Unsent {
 /// A Subscribe stream's body stays open for its session's life, and the
 /// health and reflection services are not the broker's calls.
 fn is_unary_call(path: &str) -> bool {
-    path.strip_prefix("/turbomcp.mcp.v1.McpService/")
+    path.strip_prefix(MCP_PATH)
         .is_some_and(|m| m != "Subscribe")
 }
+
+/// The path prefix of `McpService`'s methods (`/{package}.{service}/`).
+const MCP_PATH: &str = "/turbomcp.mcp.v1.McpService/";
 
 /// A unary answer's body, counted in [`Unsent`] until hyper has polled it
 /// to its end (all of it with HTTP/2) or dropped it (stream reset,
@@ -245,6 +248,25 @@ async fn stalled_answers(unsent: &Unsent, timeout: Duration) {
     }
 }
 
+/// Which service a request goes to.
+enum Callee {
+    Mcp(mcp_proto::v1::mcp_service_server::McpServiceServer<super::Edge>),
+    Routes(tonic::service::Routes),
+}
+
+/// Calls `service` once it is ready (tonic's services always are; asking
+/// keeps tower's contract).
+async fn ready_call<S>(
+    mut service: S,
+    req: hyper::Request<Incoming>,
+) -> Result<S::Response, S::Error>
+where
+    S: Service<hyper::Request<Incoming>>,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+    service.call(req).await
+}
+
 /// Marks the connection closed (for its sessions) however it ends.
 struct Closed(ConnInfo);
 
@@ -262,6 +284,7 @@ pub struct ShardGrpc {
     cfg: GrpcSection,
     edge: Arc<super::GrpcEdge>,
     routes: tonic::service::Routes,
+    mcp: mcp_proto::v1::mcp_service_server::McpServiceServer<super::Edge>,
     tls: Option<Arc<crate::tls::ServerTls>>,
     draining: Rc<Latch>,
     drain_expired: Rc<Latch>,
@@ -288,6 +311,7 @@ impl ShardGrpc {
             index,
             shared: shared.clone(),
             routes: edge.routes(),
+            mcp: edge.mcp(),
             edge,
             tls: shared.tls.clone(),
             cfg,
@@ -373,20 +397,27 @@ where
     let info = ConnInfo::new();
     let _closed = Closed(info.clone());
     let routes = edge.routes.clone();
+    let mcp = edge.mcp.clone();
     let tokio = edge.edge.tokio();
     let unsent = Arc::new(Unsent::default());
     let answers = unsent.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(info.clone());
-        let mut routes = routes.clone();
-        let track = is_unary_call(req.uri().path()).then(|| answers.clone());
+        let path = req.uri().path();
+        let track = is_unary_call(path).then(|| answers.clone());
+        // The MCP service's calls go to it straight: tonic's router (axum)
+        // would match the path and allocate its parameters on every call,
+        // to reach the same service. Health and reflection go through it.
+        let callee = if path.starts_with(MCP_PATH) {
+            Callee::Mcp(mcp.clone())
+        } else {
+            Callee::Routes(routes.clone())
+        };
         let call = async move {
-            // tonic's router is always ready; asking keeps the contract.
-            std::future::poll_fn(|cx| {
-                Service::<hyper::Request<Incoming>>::poll_ready(&mut routes, cx)
-            })
-            .await?;
-            let answer = routes.call(req).await?;
+            let answer = match callee {
+                Callee::Mcp(s) => ready_call(s, req).await?,
+                Callee::Routes(s) => ready_call(s, req).await?,
+            };
             Ok(match track {
                 Some(unsent) => answer.map(|body| Tracked::wrap(body, &unsent)),
                 None => answer,

@@ -21,7 +21,10 @@
 //! then crossed threads twice, which cost more CPU than the call itself at
 //! open-loop rates; `bench/NOTES.md` has the measurement.) Health
 //! (`grpc.health.v1`) and reflection (v1 and v1alpha) are served beside the
-//! MCP service; gzip is accepted on every service.
+//! MCP service, through tonic's router; the MCP service's own calls are
+//! handed to it by their path prefix, past the router (whose matching cost
+//! 5–7% of a call: `bench/NOTES.md`, "the gRPC edge's calls past tonic's
+//! router"). gzip is accepted on every service.
 //!
 //! # Invariants
 //! - Every router-bound RPC (and Initialize, Ping, listings, SetLoggingLevel,
@@ -80,6 +83,9 @@ pub struct GrpcEdge {
     health: tonic_health::server::HealthReporter,
     /// Each shard clones its own at start-up.
     routes: tonic::service::Routes,
+    /// The MCP service alone (also inside `routes`): its calls skip the
+    /// router ([`conn`]'s `serve`).
+    mcp: McpServiceServer<Edge>,
     /// Connections open across the shards (`grpc.max_connections`).
     open: Arc<AtomicUsize>,
     /// One idle thread: the context tonic's reflection service spawns its
@@ -114,7 +120,7 @@ impl GrpcEdge {
         )
         .add_service(reflection_v1.accept_compressed(CompressionEncoding::Gzip))
         .add_service(reflection_v1alpha.accept_compressed(CompressionEncoding::Gzip))
-        .add_service(mcp)
+        .add_service(mcp.clone())
         .prepare();
         let aux = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -125,6 +131,7 @@ impl GrpcEdge {
             state,
             health,
             routes,
+            mcp,
             open: Arc::default(),
             aux,
         });
@@ -135,6 +142,11 @@ impl GrpcEdge {
     /// The services, for a shard to serve.
     fn routes(&self) -> tonic::service::Routes {
         self.routes.clone()
+    }
+
+    /// The MCP service, for a shard to call without the router.
+    fn mcp(&self) -> McpServiceServer<Edge> {
+        self.mcp.clone()
     }
 
     /// The context calls are polled in (`guard.rs`).
