@@ -15,13 +15,16 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
-async fn client(b: &Broker) -> McpServiceClient<Channel> {
-    let ch = Channel::from_shared(b.uri())
+async fn channel(b: &Broker) -> Channel {
+    Channel::from_shared(b.uri())
         .unwrap()
         .connect()
         .await
-        .expect("connecting to the gRPC edge");
-    McpServiceClient::new(ch)
+        .expect("connecting to the gRPC edge")
+}
+
+async fn client(b: &Broker) -> McpServiceClient<Channel> {
+    McpServiceClient::new(channel(b).await)
 }
 
 fn with_session<T>(msg: T, session: &str) -> Request<T> {
@@ -652,11 +655,7 @@ async fn limits_refuse_with_resource_exhausted_and_subscriptions_end_with_the_cl
 async fn methods_and_services_not_served_are_unimplemented_on_either_path() {
     use tonic::codegen::http::uri::PathAndQuery;
     let b = Broker::start();
-    let ch = Channel::from_shared(b.uri())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let ch = channel(&b).await;
     for path in [
         // Past the router: the MCP service's own answer.
         "/turbomcp.mcp.v1.McpService/NoSuchMethod",
@@ -693,11 +692,7 @@ async fn health_reflection_and_gzip_then_drain_flips_health_and_closes_streams()
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let b = Broker::start();
-    let ch = Channel::from_shared(b.uri())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let ch = channel(&b).await;
     let mut health = HealthClient::new(ch.clone());
     for service in ["", mcp_proto::SERVICE_NAME] {
         let r = health

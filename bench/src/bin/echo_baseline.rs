@@ -68,32 +68,8 @@ fn main() {
         }
     };
     let defer_taskrun = args.extra.iter().any(|f| f == "--defer-taskrun");
-    let idle_poll = match args
-        .extra
-        .iter()
-        .find_map(|f| f.strip_prefix("--idle-poll-us="))
-        .map(str::parse::<u64>)
-    {
-        None => Duration::ZERO,
-        Some(Ok(us)) => Duration::from_micros(us),
-        Some(Err(e)) => {
-            eprintln!("echo-baseline: --idle-poll-us: {e}");
-            std::process::exit(2);
-        }
-    };
-    let work = match args
-        .extra
-        .iter()
-        .find_map(|f| f.strip_prefix("--work-ns="))
-        .map(str::parse::<u64>)
-    {
-        None => Duration::ZERO,
-        Some(Ok(ns)) => Duration::from_nanos(ns),
-        Some(Err(e)) => {
-            eprintln!("echo-baseline: --work-ns: {e}");
-            std::process::exit(2);
-        }
-    };
+    let idle_poll = duration_flag(&args.extra, "--idle-poll-us=", Duration::from_micros);
+    let work = duration_flag(&args.extra, "--work-ns=", Duration::from_nanos);
     let (addr, listeners) = args.listeners().expect("bind");
     let mut handles = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
@@ -105,6 +81,23 @@ fn main() {
     println!("echo-baseline ready frames={addr} shards={}", args.shards);
     for h in handles {
         let _ = h.join();
+    }
+}
+
+/// The value of `--NAME=N` among `extra` as a duration (`unit` makes it),
+/// zero when absent; exits with status 2 on a value that is not a number.
+fn duration_flag(extra: &[String], flag: &str, unit: fn(u64) -> Duration) -> Duration {
+    match extra
+        .iter()
+        .find_map(|f| f.strip_prefix(flag))
+        .map(str::parse::<u64>)
+    {
+        None => Duration::ZERO,
+        Some(Ok(n)) => unit(n),
+        Some(Err(e)) => {
+            eprintln!("echo-baseline: {}: {e}", flag.trim_end_matches('='));
+            std::process::exit(2);
+        }
     }
 }
 

@@ -22,9 +22,9 @@
 //! open-loop rates; `bench/NOTES.md` has the measurement.) Health
 //! (`grpc.health.v1`) and reflection (v1 and v1alpha) are served beside the
 //! MCP service, through tonic's router; the MCP service's own calls are
-//! handed to it by their path prefix, past the router (whose matching cost
-//! 5–7% of a call: `bench/NOTES.md`, "the gRPC edge's calls past tonic's
-//! router"). gzip is accepted on every service.
+//! handed to it by their path prefix, past the router (going through it
+//! cost 5–7% of a call's CPU: `bench/NOTES.md`, "the gRPC edge's calls past
+//! tonic's router"). gzip is accepted on every service.
 //!
 //! # Invariants
 //! - Every router-bound RPC (and Initialize, Ping, listings, SetLoggingLevel,
