@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/vcpu_gaps.py: how often, and for how long, this VM's CPUs stop
-running its code (bench/NOTES.md, "the host takes a vCPU away for
-milliseconds").
+running its code (bench/NOTES.md, "what the frame goal allows per
+request", its paragraph "The host, measured directly").
 
   bench/vcpu_gaps.py [SECONDS] [THRESHOLD_US]      (default 10 300)
 
