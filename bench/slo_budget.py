@@ -17,7 +17,8 @@ rotated, so that a slow spell of the host is spread over every server;
 then each server at one fixed rate (half of the slowest capacity) for its
 user and kernel CPU per request. Prints every capacity as a share of plain
 echo's in the same round, and writes
-bench/results/<date>-<host>-slo-budget.{md,json}.
+bench/results/<date>-<host>-slo-budget.{md,json} (-2, -3, ... for a later
+run the same day).
 
 Reading it: the echo rows give capacity against added work on this
 machine; where the brokers' rows fall on that curve says whether their
@@ -145,8 +146,12 @@ def main():
             f"{rate:,} req/s (half the slowest capacity), medians over the rounds. "
             "Discussion: bench/NOTES.md, \"what the frame goal allows per request\".\n"]
     text = "\n".join(head + lines) + "\n"
-    out = os.path.join(B.ROOT, "bench", "results",
-                       f"{now:%Y-%m-%d}-{m['host']}-slo-budget.md")
+    # A second run the same day gets -2, -3, ...: results are not overwritten.
+    stem = os.path.join(B.ROOT, "bench", "results", f"{now:%Y-%m-%d}-{m['host']}-slo-budget")
+    out, n = f"{stem}.md", 1
+    while os.path.exists(out):
+        n += 1
+        out = f"{stem}-{n}.md"
     with open(out, "w") as f:
         f.write(text)
     with open(out[:-3] + ".json", "w") as f:
