@@ -168,16 +168,15 @@ struct Unsent {
     count: [AtomicUsize; 2],
 }
 
-/// The methods whose answers [`Unsent`] counts: `McpService`'s unary ones.
-/// A Subscribe stream's body stays open for its session's life, and the
-/// health and reflection services are not the broker's calls.
-fn is_unary_call(path: &str) -> bool {
-    path.strip_prefix(MCP_PATH)
-        .is_some_and(|m| m != "Subscribe")
-}
-
 /// The path prefix of `McpService`'s methods (`/{package}.{service}/`).
 const MCP_PATH: &str = "/turbomcp.mcp.v1.McpService/";
+
+/// Whether [`Unsent`] counts the answers of `McpService`'s `method`: its
+/// unary ones. A Subscribe stream's body stays open for its session's
+/// life, and the health and reflection services are not the broker's calls.
+fn is_unary(method: &str) -> bool {
+    method != "Subscribe"
+}
 
 /// A unary answer's body, counted in [`Unsent`] until hyper has polled it
 /// to its end (all of it with HTTP/2) or dropped it (stream reset,
@@ -403,15 +402,14 @@ where
     let answers = unsent.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(info.clone());
-        let path = req.uri().path();
-        let track = is_unary_call(path).then(|| answers.clone());
+        let method = req.uri().path().strip_prefix(MCP_PATH);
+        let track = method.is_some_and(is_unary).then(|| answers.clone());
         // The MCP service's calls go to it straight: tonic's router (axum)
         // would match the path and allocate its parameters on every call,
         // to reach the same service. Health and reflection go through it.
-        let callee = if path.starts_with(MCP_PATH) {
-            Callee::Mcp(mcp.clone())
-        } else {
-            Callee::Routes(routes.clone())
+        let callee = match method {
+            Some(_) => Callee::Mcp(mcp.clone()),
+            None => Callee::Routes(routes.clone()),
         };
         let call = async move {
             let answer = match callee {
