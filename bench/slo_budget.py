@@ -138,7 +138,9 @@ def main():
             f"{m['host']}\n",
             f"Written by `bench/slo_budget.py {','.join(map(str, work))} {rounds} {bisect}`. "
             f"Machine: {m['cpu_model']}, {m['nproc']} CPUs, kernel {m['kernel']}, commit "
-            f"{m['commit']}; each server alone on CPU {srv_cpus}, mcp-loadgen on {lg_cpus}; "
+            f"{m['commit']}"
+            + (f" (the broker: `{m['broker']}`)" if m.get("broker") else "")
+            + f"; each server alone on CPU {srv_cpus}, mcp-loadgen on {lg_cpus}; "
             f"{conns} keep-alive connections, open loop, probes {warmup:g} s warmup + {dur:g} s; "
             "SLO p99 ≤ 1 ms, no errors, generator on schedule. `echo +N ns`: echo-baseline "
             "spinning N ns of user CPU after each answered frame. Shares are of plain "
