@@ -368,7 +368,30 @@ fn content(block: ContentBlock) -> pb::Content {
     }
 }
 
+/// SIGTERM ends the process with `exit(0)`, not the signal's default
+/// death: exit handlers run, so a build instrumented for PGO
+/// (`-Cprofile-generate`) writes its profile when `scripts/bench` or
+/// `bench/build_ab.py` stops it. Called before any other thread exists, so
+/// that every thread inherits the blocked signal and only the waiting one
+/// takes it.
+fn exit_on_sigterm() {
+    // SAFETY: plain libc calls on a local signal set; no handler runs in
+    // signal context.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        std::thread::spawn(move || {
+            let mut signal = 0;
+            libc::sigwait(&set, &mut signal);
+            std::process::exit(0);
+        });
+    }
+}
+
 fn main() {
+    exit_on_sigterm();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
