@@ -18,10 +18,11 @@ benchmarks measure:
 
   bench/pgo_train.py BROKER [SECONDS]     (SECONDS per load, default 3)
 
-Each load is bounded in time; the whole run takes about a minute. Stdlib
+Each load is bounded in time; the whole run takes about two minutes. Stdlib
 only; reuses scripts/bench's and bench/security_cost.py's helpers.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,6 +142,8 @@ def main():
     finally:
         b.stop()
     B.log("pgo_train: TLS + auth broker: done")
+    # Kept only when a step failed (sys.exit above), for its logs.
+    shutil.rmtree(wd, ignore_errors=True)
 
 
 if __name__ == "__main__":
