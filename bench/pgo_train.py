@@ -23,11 +23,9 @@ only; reuses scripts/bench's and bench/security_cost.py's helpers.
 """
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,43 +39,26 @@ A = SEC.A
 OPEN_RATE = 10_000
 
 
-class Broker:
-    """One broker process and every listener its ready line names."""
+def start(binary, config_text, wd, name):
+    """A broker on `config_text`; its listeners are in `.ready` by edge."""
+    cfg = os.path.join(wd, f"{name}.toml")
+    with open(cfg, "w") as f:
+        f.write(config_text)
+    return B.Server(name, [binary, "--config", cfg], wd)
 
-    def __init__(self, binary, config_text, wd, name):
-        cfg = os.path.join(wd, f"{name}.toml")
-        with open(cfg, "w") as f:
-            f.write(config_text)
-        self.log = open(os.path.join(wd, f"{name}.log"), "w")
-        env = dict(os.environ, RUST_LOG="warn")
-        self.proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, env=env, cwd=B.ROOT)
-        self.addrs = {}
-        deadline = time.time() + 60
-        while time.time() < deadline and not self.addrs:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if " ready " in line:
-                self.addrs = dict(w.split("=", 1) for w in line.split() if "=" in w)
-        if not self.addrs:
-            self.stop()
-            sys.exit(f"pgo_train: {name} did not start; see {self.log.name}")
 
-    def scrape(self):
-        with urllib.request.urlopen(f"http://{self.addrs['metrics']}/metrics", timeout=5) as r:
-            r.read()
+def stop(server):
+    """SIGTERM: the broker drains and exits, and the instrumented build
+    writes its profile on the way out (SIGKILL would lose it)."""
+    server.stop()
+    if server.proc.returncode != 0:
+        sys.exit(f"pgo_train: {server.name} exited with {server.proc.returncode}; "
+                 f"its profile may be incomplete (log: {server.log_path})")
 
-    def stop(self):
-        """SIGTERM: the broker drains and exits, and the instrumented
-        build writes its profile on the way out (SIGKILL would lose it)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        self.log.close()
-        if self.proc.returncode != 0:
-            sys.exit(f"pgo_train: the broker exited with {self.proc.returncode}; "
-                     "its profile may be incomplete")
+
+def scrape(server):
+    with urllib.request.urlopen(f"http://{server.ready['metrics']}/metrics", timeout=5) as r:
+        r.read()
 
 
 def drive(target, lg_cpus, seconds, tool="echo", rate=None, extra=()):
@@ -109,11 +90,11 @@ def main():
     wd = tempfile.mkdtemp(prefix="pgo-train-")
 
     for never_waits in (True, False):
-        b = Broker(binary, plain_config(srv_cpus, never_waits), wd,
-                   f"plain-{'sync' if never_waits else 'fiber'}")
+        b = start(binary, plain_config(srv_cpus, never_waits), wd,
+                  f"plain-{'sync' if never_waits else 'fiber'}")
         try:
-            targets = [f"frames://{b.addrs['frames']}", f"grpc://{b.addrs['grpc']}",
-                       f"http://{b.addrs['http']}/mcp"]
+            targets = [f"frames://{b.ready['frames']}", f"grpc://{b.ready['grpc']}",
+                       f"http://{b.ready['http']}/mcp"]
             for t in targets:
                 for tool in ("echo", "echo_text"):
                     drive(t, lg_cpus, seconds, tool)
@@ -121,26 +102,26 @@ def main():
             modern = ("--mcp-version", "2026-07-28")
             drive(targets[2], lg_cpus, seconds, extra=modern)
             drive(targets[2], lg_cpus, seconds, rate=OPEN_RATE, extra=modern)
-            b.scrape()
+            scrape(b)
         finally:
-            b.stop()
+            stop(b)
         B.log(f"pgo_train: plain broker, never_waits = {never_waits}: done")
 
     certs = os.path.join(wd, "certs")
     subprocess.run(["bash", os.path.join(B.ROOT, "scripts", "dev-certs"), certs], check=True,
                    capture_output=True)
     jwks, token = A.keys_and_token(wd)
-    b = Broker(binary, SEC.config(srv_cpus, certs, jwks), wd, "tls-auth")
+    b = start(binary, SEC.config(srv_cpus, certs, jwks), wd, "tls-auth")
     try:
         tls = ("--tls-ca", os.path.join(certs, "ca.pem"), "--tls-server-name", "localhost",
                "--bearer-file", token)
-        for t in (f"frames+tls://{b.addrs['frames']}", f"grpcs://{b.addrs['grpc']}",
-                  f"https://{b.addrs['http']}/mcp"):
+        for t in (f"frames+tls://{b.ready['frames']}", f"grpcs://{b.ready['grpc']}",
+                  f"https://{b.ready['http']}/mcp"):
             drive(t, lg_cpus, seconds, "echo_text", extra=tls)
             drive(t, lg_cpus, seconds, "echo_text", rate=OPEN_RATE, extra=tls)
-        b.scrape()
+        scrape(b)
     finally:
-        b.stop()
+        stop(b)
     B.log("pgo_train: TLS + auth broker: done")
     # Kept only when a step failed (sys.exit above), for its logs.
     shutil.rmtree(wd, ignore_errors=True)
