@@ -91,7 +91,7 @@ fn bench(c: &mut Criterion) {
             "x25519",
             Pair::new(
                 &[classic::X25519, classic::SECP256R1],
-                rustls::crypto::ring::default_provider(),
+                mcp_broker::tls::ring_provider(),
             ),
             NamedGroup::X25519,
         ),

@@ -108,7 +108,7 @@ impl Rustls {
     fn new() -> Rustls {
         use rustls_pki_types::ServerName;
         let (certs, key, roots) = tls_fixture::dev_certs("tls-record");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(mcp_broker::tls::ring_provider());
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()

@@ -115,22 +115,55 @@ impl ServerConfigs {
     }
 }
 
+/// The key exchange groups of every TLS connection, in the broker's order
+/// of preference as a client: the post-quantum hybrid X25519MLKEM768, from
+/// aws-lc-rs (ring has no ML-KEM), so that traffic recorded today stays safe
+/// against a future quantum computer; then ring's X25519, P-256 and P-384.
+///
+/// Listed here rather than taken from ring's defaults, whose order rustls
+/// 0.23.48 changed to P-384 first. A rustls client sends key shares for its
+/// first group and, beside a hybrid, for the hybrid's X25519 half. With
+/// P-384 second, a classic server that also speaks P-384 (a rustls server
+/// follows the client's order) would choose it, find no share for it and
+/// ask again: a HelloRetryRequest, one round trip more, on every connection
+/// to an upstream or a JWKS server.
+pub const KX_GROUPS: &[&dyn rustls::crypto::SupportedKxGroup] = &[
+    rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768,
+    rustls::crypto::ring::kx_group::X25519,
+    rustls::crypto::ring::kx_group::SECP256R1,
+    rustls::crypto::ring::kx_group::SECP384R1,
+];
+
 /// The crypto of every TLS connection the broker makes or takes: ring's
 /// (the record layer, `tls/record.rs`, seals with ring's AEADs under the
-/// keys rustls derives, and JWTs are checked with ring), with one key
-/// exchange group before ring's X25519, P-256 and P-384: the post-quantum
-/// hybrid X25519MLKEM768, from aws-lc-rs (ring has no ML-KEM), so that
-/// traffic recorded today stays safe against a future quantum computer.
+/// keys rustls derives, and JWTs are checked with ring), with the key
+/// exchange groups of [`KX_GROUPS`].
 /// A rustls server follows the client's order of preference: a client that
 /// prefers the hybrid (browsers, Go, OpenSSL 3.5+) gets it, one that does
-/// not know it gets X25519 as before; both sent a key share for that group,
-/// so neither pays a round trip. As a client (upstreams, JWKS) the broker
-/// offers the hybrid first. TLS 1.2 never uses it.
+/// not know it gets its own first choice (X25519 for most) as before; both
+/// sent a key share for that group, so neither pays a round trip. As a
+/// client (upstreams, JWKS) the broker offers the hybrid first. TLS 1.2
+/// never uses it.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut p = rustls::crypto::ring::default_provider();
-    p.kx_groups
-        .insert(0, rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768);
-    Arc::new(p)
+    Arc::new(rustls::crypto::CryptoProvider {
+        kx_groups: KX_GROUPS.to_vec(),
+        ..ring_provider()
+    })
+}
+
+/// ring's provider as rustls ships it: its cipher suites, signature
+/// algorithms, key loading and random numbers, and its classic key exchange
+/// groups in rustls's order.
+///
+/// rustls 0.23.48 deprecates it for having no post-quantum key exchange;
+/// [`provider`] adds the hybrid, and this is the only way to ring's random
+/// numbers and key loading.
+#[expect(
+    deprecated,
+    reason = "the post-quantum group it lacks is added by `provider`"
+)]
+pub fn ring_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
 }
 
 fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {

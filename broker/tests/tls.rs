@@ -78,11 +78,10 @@ fn client_config(ca: &Path, client: Option<&Path>, alpn: &[&[u8]]) -> Arc<Client
     for c in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
     }
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
+    let builder = ClientConfig::builder_with_provider(Arc::new(mcp_broker::tls::ring_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
     let mut cfg = match client {
         None => builder.with_no_client_auth(),
         Some(dir) => {
@@ -472,9 +471,10 @@ fn client_with_groups(
 
 #[test]
 fn a_client_that_prefers_post_quantum_key_exchange_gets_it_and_others_keep_x25519() {
+    use mcp_broker::tls::ring_provider as ring;
     use rustls::NamedGroup;
     use rustls::crypto::aws_lc_rs::{default_provider as aws, kx_group as pq};
-    use rustls::crypto::ring::{default_provider as ring, kx_group as classic};
+    use rustls::crypto::ring::kx_group as classic;
     use rustls::version::{TLS12, TLS13};
     let dir = Dir::new("pq");
     dev_certs(&dir.0);
@@ -486,6 +486,11 @@ fn a_client_that_prefers_post_quantum_key_exchange_gets_it_and_others_keep_x2551
     let hybrid_only: Groups = &[pq::X25519MLKEM768];
     let hybrid_first: Groups = &[pq::X25519MLKEM768, pq::X25519];
     let classic_only: Groups = &[classic::X25519, classic::SECP256R1];
+    // A stock rustls client on ring (P-384 first since rustls 0.23.48, and
+    // its one key share P-384's) gets its first choice: the broker follows
+    // the client's order.
+    let ring_groups = ring().kx_groups;
+    let ring_first = ring_groups[0].name();
     for (edge, addr, alpn) in [
         ("frames", b.frames, None),
         ("grpc", b.grpc, Some(&b"h2"[..])),
@@ -505,6 +510,7 @@ fn a_client_that_prefers_post_quantum_key_exchange_gets_it_and_others_keep_x2551
                 NamedGroup::X25519MLKEM768,
             ),
             ("classic only", ring(), classic_only, NamedGroup::X25519),
+            ("stock ring client", ring(), &ring_groups[..], ring_first),
         ] {
             let cfg = client_with_groups(&ca, provider, groups, &TLS13, alpn);
             let tls = tls_connect(addr, &cfg)

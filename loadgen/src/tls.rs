@@ -94,6 +94,24 @@ fn read(what: &str, p: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(p).map_err(|e| format!("{what} {}: {e}", p.display()))
 }
 
+/// The generator's crypto: ring's provider with its classic key exchange
+/// groups in the order rustls shipped them before 0.23.48: X25519, P-256,
+/// P-384. rustls 0.23.48 put P-384 first, and a rustls server follows the
+/// client's order, so every handshake would have become a P-384 one, dearer
+/// than X25519 and unlike what most clients offer. No post-quantum hybrid:
+/// the generator's handshakes stay those of a classic client.
+#[expect(
+    deprecated,
+    reason = "ring's provider, with its groups ordered here; no hybrid wanted"
+)]
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    use rustls::crypto::ring::kx_group;
+    Arc::new(rustls::crypto::CryptoProvider {
+        kx_groups: vec![kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1],
+        ..rustls::crypto::ring::default_provider()
+    })
+}
+
 impl TlsClient {
     /// Reads and checks the files of `flags` for `target` (a TLS target).
     /// Every problem is reported as one message.
@@ -113,7 +131,12 @@ impl TlsClient {
                 }
             )
         })?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = provider();
+        // tonic's `grpcs://` client takes the process's default provider
+        // when one is installed (else ring's defaults): the same groups, in
+        // the same order, on every edge. Err: one is installed already,
+        // by an earlier `Connector` of this process (tests), and it is this.
+        let _ = rustls::crypto::CryptoProvider::install_default((*provider).clone());
         let builder = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| format!("TLS setup: {e}"))?;

@@ -145,6 +145,8 @@ fn tls_proxy(backend: SocketAddr, opts: ProxyOpts) -> SocketAddr {
         .collect::<Result<_, _>>()
         .unwrap();
     let key = PrivateKeyDer::from_pem_file(c.path("server.key")).unwrap();
+    // A stock rustls server on ring, as its users build it.
+    #[expect(deprecated, reason = "ring's provider as rustls ships it")]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let versions: &[&rustls::SupportedProtocolVersion] = if opts.tls12_only {
         &[&rustls::version::TLS12]
@@ -188,6 +190,9 @@ fn tls_proxy(backend: SocketAddr, opts: ProxyOpts) -> SocketAddr {
                     let Ok(mut tls) = acceptor.accept(s).await else {
                         return;
                     };
+                    if let Some(g) = tls.get_ref().1.negotiated_key_exchange_group() {
+                        groups().lock().unwrap().push((addr.port(), g.name()));
+                    }
                     let Ok(mut b) = tokio::net::TcpStream::connect(backend).await else {
                         return;
                     };
@@ -198,6 +203,13 @@ fn tls_proxy(backend: SocketAddr, opts: ProxyOpts) -> SocketAddr {
         });
     });
     addr
+}
+
+/// The key exchange group of every handshake the proxies finished, with
+/// the proxy's port.
+fn groups() -> &'static std::sync::Mutex<Vec<(u16, rustls::NamedGroup)>> {
+    static GROUPS: OnceLock<std::sync::Mutex<Vec<(u16, rustls::NamedGroup)>>> = OnceLock::new();
+    GROUPS.get_or_init(Default::default)
 }
 
 /// A minimal MCP Streamable HTTP server: `initialize`, the initialized
@@ -453,6 +465,52 @@ fn https_runs_clean_with_a_bearer_token_and_a_server_name() {
     assert_eq!(r["target"], target.as_str());
     assert_eq!(stats.calls.load(Ordering::SeqCst), 2000);
     assert_eq!(stats.authorized.load(Ordering::SeqCst), 2000);
+}
+
+/// The generator offers X25519 first. rustls 0.23.48 put P-384 first in
+/// ring's defaults, and this proxy, like the broker, is a stock rustls
+/// server on ring that follows the client's order: without the generator's
+/// own order every handshake here would be a P-384 one.
+#[test]
+fn the_generator_prefers_x25519_over_rings_default_order() {
+    let _g = serial();
+    let ca = certs().path("ca.pem");
+    let (backend, _) = mcp_server();
+    for target in [
+        format!("frames+tls://{}", tls_proxy(frames_backend(), PLAIN)),
+        format!("https://{}", tls_proxy(backend, PLAIN)),
+    ] {
+        let (ok, r, e) = run(
+            "tls-groups",
+            &[
+                "--target",
+                &target,
+                "--tool",
+                "echo",
+                "--tls-ca",
+                &ca,
+                "--connections",
+                "2",
+                "--requests",
+                "20",
+            ],
+        );
+        assert!(ok, "{e}");
+        assert_clean(&r, 20);
+        let port: u16 = target.rsplit(':').next().unwrap().parse().unwrap();
+        let seen: Vec<_> = groups()
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| *p == port)
+            .map(|(_, g)| *g)
+            .collect();
+        assert!(!seen.is_empty(), "{target}: no handshake recorded");
+        assert!(
+            seen.iter().all(|g| *g == rustls::NamedGroup::X25519),
+            "{target}: {seen:?}"
+        );
+    }
 }
 
 #[test]

@@ -757,7 +757,7 @@ mod tests {
             for c in rustls_pki_types::CertificateDer::pem_slice_iter(&self.ca) {
                 roots.add(c.unwrap()).unwrap();
             }
-            let mut provider = rustls::crypto::ring::default_provider();
+            let mut provider = crate::tls::ring_provider();
             if let Some(suite) = suite {
                 provider.cipher_suites = vec![suite];
             }
@@ -1376,16 +1376,19 @@ mod tests {
     }
 
     /// The broker's own client settings (upstream routers, JWKS) against a
-    /// server that takes only the post-quantum hybrid, and one that knows
-    /// only X25519: both connect, and neither with a retry round trip,
-    /// since the client sends an X25519 share beside the hybrid one.
+    /// server that takes only the post-quantum hybrid, one that knows only
+    /// X25519, and one with every classic group (P-384 first, as ring's
+    /// defaults have it): all connect, and none with a retry round trip,
+    /// since the client sends an X25519 share beside the hybrid one and
+    /// ranks X25519 above the other classic groups.
     #[test]
     fn the_brokers_client_offers_the_hybrid_and_still_meets_classic_servers_at_once() {
         use rustls::NamedGroup;
         use rustls::crypto::aws_lc_rs::{default_provider as aws, kx_group as pq};
-        use rustls::crypto::ring::{default_provider as ring, kx_group as classic};
+        use rustls::crypto::ring::kx_group as classic;
         use rustls_pki_types::pem::PemObject;
         use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let ring = crate::tls::ring_provider;
         let certs = Certs::new("client-pq");
         let chain: Vec<_> = CertificateDer::pem_file_iter(certs.dir.join("server.pem"))
             .unwrap()
@@ -1395,6 +1398,10 @@ mod tests {
         let client = Arc::new(crate::tls::client_config(Some(&certs.dir.join("ca.pem"))).unwrap());
         let hybrid_only: &[&'static dyn rustls::crypto::SupportedKxGroup] = &[pq::X25519MLKEM768];
         let classic_only: &[&'static dyn rustls::crypto::SupportedKxGroup] = &[classic::X25519];
+        // A stock ring server: every classic group, P-384 first since rustls
+        // 0.23.48. It follows the client's order, so it takes X25519 only
+        // if the client ranks X25519 above P-384 (`tls::KX_GROUPS`).
+        let ring_groups = ring().kx_groups;
         for (server_kind, provider, groups, want) in [
             (
                 "hybrid-only",
@@ -1403,6 +1410,12 @@ mod tests {
                 NamedGroup::X25519MLKEM768,
             ),
             ("classic-only", ring(), classic_only, NamedGroup::X25519),
+            (
+                "every classic group",
+                ring(),
+                &ring_groups[..],
+                NamedGroup::X25519,
+            ),
         ] {
             let provider = rustls::crypto::CryptoProvider {
                 kx_groups: groups.to_vec(),
