@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 pub mod grpc;
 pub mod http;
 pub mod jwt;
+pub mod prometheus;
 
 use mcp_schema::client::{RequestEncoder, RequestHeader, ResponseView};
 
