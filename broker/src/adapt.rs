@@ -1162,4 +1162,482 @@ mod tests {
         let (p, next) = page(&items, usize::MAX);
         assert!(p.is_empty() && next.is_none());
     }
+
+    /// What a guest returns is untrusted, and the gRPC and HTTP edges read
+    /// the frames built from it without the verifier
+    /// (`mcp_schema::verify::built_response`, `content_vec::content_unchecked`):
+    /// that is sound only if every frame built here verifies. These build
+    /// the answers of any tool result or elicitation a guest can return
+    /// (every content kind, annotations, non-finite floats, meta with the
+    /// broker's own keys, progress, any Unicode) and verify each frame.
+    mod props {
+        use super::*;
+        use mcp_schema::content_vec::{ContentRef, content};
+        use mcp_schema::encode::Correlation;
+        use mcp_schema::verify::verify_response;
+        use proptest::prelude::*;
+        use proptest::string::string_regex;
+
+        fn text() -> impl Strategy<Value = String> {
+            string_regex("(?s).{0,24}").unwrap()
+        }
+
+        fn opt_text() -> impl Strategy<Value = Option<String>> {
+            proptest::option::of(text())
+        }
+
+        fn annotations() -> impl Strategy<Value = Option<w::Annotations>> {
+            let role = prop_oneof![Just(w::Role::User), Just(w::Role::Assistant)];
+            proptest::option::of(
+                (
+                    proptest::option::of(proptest::collection::vec(role, 0..3)),
+                    proptest::option::of(proptest::num::f32::ANY),
+                    opt_text(),
+                )
+                    .prop_map(|(audience, priority, timestamp)| w::Annotations {
+                        audience,
+                        priority,
+                        timestamp,
+                    }),
+            )
+        }
+
+        fn block() -> impl Strategy<Value = w::ContentBlock> {
+            prop_oneof![
+                (text(), annotations()).prop_map(|(text, annotations)| {
+                    w::ContentBlock::Text(w::TextContent { text, annotations })
+                }),
+                (text(), text(), annotations()).prop_map(|(data, mime_type, annotations)| {
+                    w::ContentBlock::Image(w::ImageContent {
+                        data,
+                        mime_type,
+                        annotations,
+                    })
+                }),
+                (text(), text(), annotations()).prop_map(|(data, mime_type, annotations)| {
+                    w::ContentBlock::Audio(w::AudioContent {
+                        data,
+                        mime_type,
+                        annotations,
+                    })
+                }),
+                (text(), opt_text(), opt_text(), opt_text(), annotations()).prop_map(
+                    |(uri, title, description, mime_type, annotations)| {
+                        w::ContentBlock::ResourceLink(w::ResourceLinkContent {
+                            uri,
+                            title,
+                            description,
+                            mime_type,
+                            annotations,
+                        })
+                    }
+                ),
+                (
+                    text(),
+                    opt_text(),
+                    opt_text(),
+                    prop_oneof![
+                        opt_text(),
+                        Just(Some("application/octet-stream".to_string()))
+                    ],
+                    text(),
+                    annotations()
+                )
+                    .prop_map(
+                        |(uri, title, description, mime_type, data, annotations)| {
+                            w::ContentBlock::EmbeddedResource(w::EmbeddedResource {
+                                uri,
+                                title,
+                                description,
+                                mime_type,
+                                data,
+                                annotations,
+                            })
+                        }
+                    ),
+            ]
+        }
+
+        /// Meta entries, the broker's own keys among them: a log entry
+        /// whose value is sometimes a valid list of log messages.
+        fn meta() -> impl Strategy<Value = Option<Vec<w::MetaEntry>>> {
+            let key = prop_oneof![
+                text(),
+                Just(LOG_META_KEY.to_string()),
+                Just(crate::upstream::LIST_CHANGED_META_KEY.to_string()),
+            ];
+            let value = prop_oneof![
+                text(),
+                Just(r#"[{"level":"info","logger":"l","data":"x"},{"level":"error","data":{"a":1}}]"#.to_string()),
+            ];
+            proptest::option::of(proptest::collection::vec(
+                (key, value).prop_map(|(key, value)| w::MetaEntry { key, value }),
+                0..4,
+            ))
+        }
+
+        fn response() -> impl Strategy<Value = w::Response> {
+            let progress = proptest::option::of(proptest::collection::vec(
+                (proptest::option::of(proptest::num::f32::ANY), opt_text()).prop_map(
+                    |(progress, message)| w::ProgressNotification {
+                        progress,
+                        message,
+                        annotations: None,
+                    },
+                ),
+                0..3,
+            ));
+            prop_oneof![
+                (
+                    proptest::collection::vec(block(), 0..6),
+                    opt_text(),
+                    progress,
+                    meta(),
+                    proptest::option::of(any::<bool>()),
+                )
+                    .prop_map(
+                        |(content, structured_content, progress, meta, is_error)| {
+                            w::Response::Completed(w::ToolResult {
+                                content,
+                                structured_content,
+                                progress,
+                                meta,
+                                is_error,
+                            })
+                        }
+                    ),
+                (opt_text(), text(), text(), annotations(), meta()).prop_map(
+                    |(title, message, schema, annotations, meta)| {
+                        w::Response::Elicit(w::ElicitationRequest {
+                            title,
+                            message,
+                            schema,
+                            annotations,
+                            meta,
+                        })
+                    }
+                ),
+            ]
+        }
+
+        fn resource_result()
+        -> impl Strategy<Value = (w::ReadResourceResult, Option<w::McpResource>)> {
+            let contents = prop_oneof![
+                (text(), opt_text(), text()).prop_map(|(uri, mime_type, text)| {
+                    w::ResourceContents::Text(w::TextResourceContents {
+                        uri,
+                        mime_type,
+                        text,
+                    })
+                }),
+                (text(), opt_text(), text()).prop_map(|(uri, mime_type, blob)| {
+                    w::ResourceContents::Blob(w::BlobResourceContents {
+                        uri,
+                        mime_type,
+                        blob,
+                    })
+                }),
+            ];
+            let listed = proptest::option::of(
+                (
+                    text(),
+                    text(),
+                    opt_text(),
+                    opt_text(),
+                    text(),
+                    annotations(),
+                )
+                    .prop_map(
+                        |(uri, name, title, description, mime_type, annotations)| w::McpResource {
+                            uri,
+                            name,
+                            title,
+                            description,
+                            mime_type,
+                            annotations,
+                        },
+                    ),
+            );
+            (proptest::collection::vec(contents, 0..4), listed)
+                .prop_map(|(contents, listed)| (w::ReadResourceResult { contents }, listed))
+        }
+
+        fn prompt_result() -> impl Strategy<Value = w::GetPromptResult> {
+            let role = prop_oneof![
+                Just(w::PromptMessageRole::User),
+                Just(w::PromptMessageRole::Assistant)
+            ];
+            let content = prop_oneof![
+                (text(), annotations()).prop_map(|(text, annotations)| {
+                    w::PromptMessageContent::Text(w::TextContent { text, annotations })
+                }),
+                (text(), text(), annotations()).prop_map(|(data, mime_type, annotations)| {
+                    w::PromptMessageContent::Image(w::ImageContent {
+                        data,
+                        mime_type,
+                        annotations,
+                    })
+                }),
+                (
+                    text(),
+                    opt_text(),
+                    opt_text(),
+                    opt_text(),
+                    text(),
+                    annotations()
+                )
+                    .prop_map(
+                        |(uri, title, description, mime_type, data, annotations)| {
+                            w::PromptMessageContent::McpResource(w::EmbeddedResource {
+                                uri,
+                                title,
+                                description,
+                                mime_type,
+                                data,
+                                annotations,
+                            })
+                        }
+                    ),
+            ];
+            (
+                opt_text(),
+                proptest::collection::vec(
+                    (role, content).prop_map(|(role, content)| w::PromptMessage { role, content }),
+                    0..4,
+                ),
+            )
+                .prop_map(|(description, messages)| w::GetPromptResult {
+                    description,
+                    messages,
+                })
+        }
+
+        fn completion() -> impl Strategy<Value = w::CompletionResponse> {
+            (
+                proptest::collection::vec(block(), 0..6),
+                meta(),
+                proptest::option::of(any::<bool>()),
+            )
+                .prop_map(|(content, meta, is_error)| w::CompletionResponse {
+                    content,
+                    meta,
+                    is_error,
+                })
+        }
+
+        fn tool() -> impl Strategy<Value = w::Tool> {
+            let tool_annotations = proptest::option::of(
+                (
+                    proptest::option::of(any::<bool>()),
+                    proptest::option::of(any::<bool>()),
+                    proptest::option::of(any::<bool>()),
+                    proptest::option::of(any::<bool>()),
+                )
+                    .prop_map(
+                        |(read_only, destructive, streaming, experimental)| w::ToolAnnotations {
+                            read_only,
+                            destructive,
+                            streaming,
+                            experimental,
+                        },
+                    ),
+            );
+            (
+                (text(), opt_text(), text()),
+                (text(), opt_text(), tool_annotations, meta()),
+            )
+                .prop_map(
+                    |(
+                        (name, title, description),
+                        (input_schema, output_schema, annotations, meta),
+                    )| {
+                        w::Tool {
+                            name,
+                            title,
+                            description,
+                            input_schema,
+                            output_schema,
+                            annotations,
+                            meta,
+                        }
+                    },
+                )
+        }
+
+        fn prompt() -> impl Strategy<Value = w::Prompt> {
+            let argument = (text(), opt_text(), proptest::option::of(any::<bool>())).prop_map(
+                |(name, description, required)| w::PromptArgument {
+                    name,
+                    description,
+                    required,
+                },
+            );
+            (
+                text(),
+                opt_text(),
+                proptest::option::of(proptest::collection::vec(argument, 0..3)),
+            )
+                .prop_map(|(name, description, arguments)| w::Prompt {
+                    name,
+                    description,
+                    arguments,
+                })
+        }
+
+        /// `items` as listed by router 0 under names of their own.
+        fn listed<T>(items: Vec<(String, T)>) -> Vec<Listed<T>> {
+            items
+                .into_iter()
+                .map(|(exposed, item)| Listed {
+                    router: 0,
+                    exposed: exposed.into(),
+                    item,
+                })
+                .collect()
+        }
+
+        /// Every frame in `out` verifies and answers `to`.
+        fn all_verify(out: &[u8]) -> Result<(), TestCaseError> {
+            let frames = frames(out);
+            prop_assert!(!frames.is_empty());
+            for f in &frames {
+                let resp = verify_response(f);
+                prop_assert!(resp.is_ok(), "{:?}", resp.err());
+                let header = resp.unwrap().header();
+                prop_assert_eq!(header.correlation_id(), Some("corr"));
+                prop_assert_eq!(header.session_id(), Some("sess"));
+            }
+            Ok(())
+        }
+
+        const TO: ReplyTo<'static> = ReplyTo {
+            correlation: Correlation::Text("corr"),
+            session_id: Some("sess"),
+        };
+
+        /// The size-prefixed frames appended to `out`, in order.
+        fn frames(out: &[u8]) -> Vec<&[u8]> {
+            let mut frames = Vec::new();
+            let mut at = 0;
+            while at < out.len() {
+                let len = u32::from_le_bytes(out[at..at + 4].try_into().unwrap()) as usize;
+                frames.push(&out[at..at + 4 + len]);
+                at += 4 + len;
+            }
+            frames
+        }
+
+        /// The main text of a block as built, and as read back.
+        fn built(b: &w::ContentBlock) -> &str {
+            match b {
+                w::ContentBlock::Text(t) => &t.text,
+                w::ContentBlock::Image(i) => &i.data,
+                w::ContentBlock::Audio(a) => &a.data,
+                w::ContentBlock::ResourceLink(l) => &l.uri,
+                w::ContentBlock::EmbeddedResource(e) => &e.uri,
+            }
+        }
+
+        fn read<'a>(c: &ContentRef<'a>) -> Option<&'a str> {
+            match c {
+                ContentRef::Text(t) => Some(t.text()),
+                ContentRef::Image(i) => Some(i.data()),
+                ContentRef::Audio(a) => Some(a.data()),
+                ContentRef::ResourceLink(l) => Some(l.uri()),
+                ContentRef::Resource(r) => Some(r.uri()),
+                ContentRef::Unknown(_) => None,
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn every_answer_a_guest_can_return_builds_frames_that_verify(r in response()) {
+                let mut enc = ResponseEncoder::new(7);
+                let mut out = Vec::new();
+                tool_response(&mut enc, &mut out, &TO, &UUID::new(&[9; 16]), &r);
+                all_verify(&out)?;
+                let frames = frames(&out);
+                let last = verify_response(frames.last().unwrap()).unwrap();
+                match &r {
+                    w::Response::Completed(tr) => {
+                        let steps = tr.progress.as_ref().map_or(0, Vec::len);
+                        // Progress frames first, then any log frames, then the result.
+                        prop_assert!(frames.len() > steps);
+                        let res = last.payload_as_tool_result().unwrap();
+                        let blocks = content(&res).unwrap();
+                        prop_assert_eq!(blocks.len(), tr.content.len());
+                        for (got, want) in blocks.iter().zip(&tr.content) {
+                            prop_assert_eq!(read(&got), Some(built(want)));
+                        }
+                        prop_assert_eq!(res.structured_content(), tr.structured_content.as_deref());
+                        prop_assert_eq!(res.is_error(), tr.is_error.unwrap_or(false));
+                    }
+                    w::Response::Elicit(e) => {
+                        let el = last.payload_as_elicitation_request().unwrap();
+                        prop_assert_eq!(el.message(), e.message.as_str());
+                        prop_assert_eq!(el.schema(), e.schema.as_str());
+                        prop_assert_eq!(el.title(), e.title.as_deref());
+                    }
+                }
+            }
+
+            #[test]
+            fn every_resource_a_guest_can_return_builds_a_frame_that_verifies(
+                (r, listed) in resource_result(),
+                uri in text(),
+            ) {
+                let mut enc = ResponseEncoder::new(7);
+                let mut out = Vec::new();
+                resource_response(&mut enc, &mut out, &TO, &uri, &r, listed.as_ref());
+                all_verify(&out)?;
+            }
+
+            #[test]
+            fn every_prompt_a_guest_can_return_builds_a_frame_that_verifies(
+                r in prompt_result(),
+                name in text(),
+                budget in prop_oneof![Just(1usize << 20), 0usize..64],
+            ) {
+                let mut enc = ResponseEncoder::new(7);
+                let mut out = Vec::new();
+                prompt_response(&mut enc, &mut out, &TO, &name, &r, &[("a", "\"x\"")], budget);
+                all_verify(&out)?;
+            }
+
+            #[test]
+            fn every_listing_of_what_guests_describe_builds_frames_that_verify(
+                tools in proptest::collection::vec((text(), tool()), 0..5),
+                prompts in proptest::collection::vec((text(), prompt()), 0..5),
+                resources in proptest::collection::vec((text(), resource_result()), 0..5),
+                start in 0usize..6,
+            ) {
+                let mut enc = ResponseEncoder::new(7);
+                let mut out = Vec::new();
+                list_tools(&mut enc, &mut out, &TO, &listed(tools), start);
+                all_verify(&out)?;
+                out.clear();
+                list_prompts(&mut enc, &mut out, &TO, &listed(prompts), start);
+                all_verify(&out)?;
+                out.clear();
+                let resources = resources
+                    .into_iter()
+                    .filter_map(|(name, (_, r))| Some((name, r?)))
+                    .collect();
+                list_resources(&mut enc, &mut out, &TO, &listed(resources), start);
+                all_verify(&out)?;
+            }
+
+            #[test]
+            fn every_completion_a_guest_can_return_builds_a_frame_that_verifies(
+                r in completion(),
+            ) {
+                let mut enc = ResponseEncoder::new(7);
+                let mut out = Vec::new();
+                complete_response(&mut enc, &mut out, &TO, &r);
+                all_verify(&out)?;
+            }
+        }
+    }
 }
