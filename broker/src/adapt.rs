@@ -1625,7 +1625,11 @@ mod tests {
                     .into_iter()
                     .filter_map(|(name, (_, r))| Some((name, r?)))
                     .collect();
-                list_resources(&mut enc, &mut out, &TO, &listed(resources), start);
+                let resources = listed(resources);
+                list_resources(&mut enc, &mut out, &TO, &resources, start);
+                all_verify(&out)?;
+                out.clear();
+                list_templates(&mut enc, &mut out, &TO, &resources, start);
                 all_verify(&out)?;
             }
 
