@@ -161,13 +161,15 @@ fn a_real_prometheus_evaluates_every_rule_against_a_real_broker() {
         "count(instance_router:mcp_router_instances_busy:ratio)",
         |v| v > 0.0,
     );
+    let upstream_alert =
+        |a: &serde_json::Value| a["labels"]["alertname"] == "McpUpstreamUnavailable";
     let deadline = Instant::now() + Duration::from_secs(30);
     let alerts = loop {
         let alerts = prom.api("/api/v1/alerts")["data"]["alerts"]
             .as_array()
             .unwrap()
             .clone();
-        if !alerts.is_empty() || Instant::now() > deadline {
+        if alerts.iter().any(upstream_alert) || Instant::now() > deadline {
             break alerts;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -193,10 +195,16 @@ fn a_real_prometheus_evaluates_every_rule_against_a_real_broker() {
     );
 
     // The upstream is down: its gauge is 0 and the alert is pending (its
-    // `for` is 5 minutes). Nothing else alerts on a healthy broker.
-    assert_eq!(alerts.len(), 1, "{alerts:#?}");
-    let a = &alerts[0];
-    assert_eq!(a["labels"]["alertname"], "McpUpstreamUnavailable", "{a:#}");
+    // `for` is 5 minutes). Nothing else alerts on a healthy broker, but for
+    // a stalled shard, which a loaded test machine can truly cause.
+    let (upstream, others): (Vec<_>, Vec<_>) = alerts.iter().partition(|a| upstream_alert(a));
+    let others: Vec<_> = others
+        .into_iter()
+        .filter(|a| a["labels"]["alertname"] != "McpShardStalled")
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
+    assert_eq!(upstream.len(), 1, "{alerts:#?}");
+    let a = upstream[0];
     assert_eq!(a["labels"]["router"], "weather", "{a:#}");
     assert_eq!(a["labels"]["job"], "mcp-broker", "{a:#}");
     assert_eq!(a["state"], "pending", "{a:#}");
