@@ -2,96 +2,16 @@
 //! and open loop with zero errors, gRPC statuses counted by kind, and
 //! Ctrl-C writing partial results with exit status 130.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// Load runs one at a time: on a small machine two would measure each
-/// other.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// `mcp-broker` is built beside `mcp-loadgen` by `cargo test --workspace`.
-fn broker_bin() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_BIN_EXE_mcp-loadgen")).with_file_name("mcp-broker");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (`cargo build -p mcp-broker`, or run the tests with \
-         `cargo test --workspace` / scripts/test)",
-        p.display()
-    );
-    let echo = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../routers/target/wasm32-wasip2/release/echo.wasm"
-    ));
-    assert!(
-        echo.exists(),
-        "{} is missing: run scripts/build-routers first",
-        echo.display()
-    );
-    p
-}
-
-/// The real broker on port 0 everywhere, killed on drop.
-struct Broker {
-    child: Child,
-    grpc: SocketAddr,
-}
-
-impl Broker {
-    fn start() -> Broker {
-        let mut child = Command::new(broker_bin())
-            .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
-            .args(["--metrics-listen", "127.0.0.1:0", "--shards", "2"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn mcp-broker");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            // Keep draining so the broker never blocks on a full pipe.
-            for _ in lines {}
-        });
-        let mut b = Broker {
-            child,
-            grpc: "0.0.0.0:0".parse().unwrap(),
-        };
-        let line = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("mcp-broker printed no ready line within 120 s");
-        assert!(line.starts_with("mcp-broker ready "), "{line}");
-        b.grpc = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no grpc= in ready line {line:?}"))
-            .parse()
-            .expect("grpc=HOST:PORT");
-        b
-    }
-
-    fn target(&self) -> String {
-        format!("grpc://{}", self.grpc)
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::broker::Broker;
+use common::serial;
 
 fn json_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("grpc-{name}-{}.json", std::process::id()))

@@ -467,18 +467,23 @@ fn https_runs_clean_with_a_bearer_token_and_a_server_name() {
     assert_eq!(stats.authorized.load(Ordering::SeqCst), 2000);
 }
 
-/// The generator offers X25519 first. rustls 0.23.48 put P-384 first in
-/// ring's defaults, and this proxy, like the broker, is a stock rustls
-/// server on ring that follows the client's order: without the generator's
-/// own order every handshake here would be a P-384 one.
+/// The generator offers X25519 first, on every edge. rustls 0.23.48 put
+/// P-384 first in ring's defaults, and this proxy, like the broker, is a
+/// stock rustls server on ring that follows the client's order: without
+/// the generator's own order every handshake here would be a P-384 one.
+/// `grpcs://` goes through tonic's own rustls client, which takes the
+/// generator's provider only because the generator installs it as the
+/// process's default.
 #[test]
 fn the_generator_prefers_x25519_over_rings_default_order() {
     let _g = serial();
     let ca = certs().path("ca.pem");
     let (backend, _) = mcp_server();
+    let broker = common::broker::Broker::start();
     for target in [
         format!("frames+tls://{}", tls_proxy(frames_backend(), PLAIN)),
         format!("https://{}", tls_proxy(backend, PLAIN)),
+        format!("grpcs://{}", tls_proxy(broker.grpc, PLAIN)),
     ] {
         let (ok, r, e) = run(
             "tls-groups",

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod bearer;
+pub mod broker;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
