@@ -1202,18 +1202,50 @@ mod tests {
             )
         }
 
+        fn text_content() -> impl Strategy<Value = w::TextContent> {
+            (text(), annotations())
+                .prop_map(|(text, annotations)| w::TextContent { text, annotations })
+        }
+
+        fn image_content() -> impl Strategy<Value = w::ImageContent> {
+            (text(), text(), annotations()).prop_map(|(data, mime_type, annotations)| {
+                w::ImageContent {
+                    data,
+                    mime_type,
+                    annotations,
+                }
+            })
+        }
+
+        /// Its MIME type sometimes binary, which makes its data a blob.
+        fn embedded_resource() -> impl Strategy<Value = w::EmbeddedResource> {
+            (
+                text(),
+                opt_text(),
+                opt_text(),
+                prop_oneof![
+                    opt_text(),
+                    Just(Some("application/octet-stream".to_string()))
+                ],
+                text(),
+                annotations(),
+            )
+                .prop_map(|(uri, title, description, mime_type, data, annotations)| {
+                    w::EmbeddedResource {
+                        uri,
+                        title,
+                        description,
+                        mime_type,
+                        data,
+                        annotations,
+                    }
+                })
+        }
+
         fn block() -> impl Strategy<Value = w::ContentBlock> {
             prop_oneof![
-                (text(), annotations()).prop_map(|(text, annotations)| {
-                    w::ContentBlock::Text(w::TextContent { text, annotations })
-                }),
-                (text(), text(), annotations()).prop_map(|(data, mime_type, annotations)| {
-                    w::ContentBlock::Image(w::ImageContent {
-                        data,
-                        mime_type,
-                        annotations,
-                    })
-                }),
+                text_content().prop_map(w::ContentBlock::Text),
+                image_content().prop_map(w::ContentBlock::Image),
                 (text(), text(), annotations()).prop_map(|(data, mime_type, annotations)| {
                     w::ContentBlock::Audio(w::AudioContent {
                         data,
@@ -1232,29 +1264,7 @@ mod tests {
                         })
                     }
                 ),
-                (
-                    text(),
-                    opt_text(),
-                    opt_text(),
-                    prop_oneof![
-                        opt_text(),
-                        Just(Some("application/octet-stream".to_string()))
-                    ],
-                    text(),
-                    annotations()
-                )
-                    .prop_map(
-                        |(uri, title, description, mime_type, data, annotations)| {
-                            w::ContentBlock::EmbeddedResource(w::EmbeddedResource {
-                                uri,
-                                title,
-                                description,
-                                mime_type,
-                                data,
-                                annotations,
-                            })
-                        }
-                    ),
+                embedded_resource().prop_map(w::ContentBlock::EmbeddedResource),
             ]
         }
 
@@ -1368,36 +1378,9 @@ mod tests {
                 Just(w::PromptMessageRole::Assistant)
             ];
             let content = prop_oneof![
-                (text(), annotations()).prop_map(|(text, annotations)| {
-                    w::PromptMessageContent::Text(w::TextContent { text, annotations })
-                }),
-                (text(), text(), annotations()).prop_map(|(data, mime_type, annotations)| {
-                    w::PromptMessageContent::Image(w::ImageContent {
-                        data,
-                        mime_type,
-                        annotations,
-                    })
-                }),
-                (
-                    text(),
-                    opt_text(),
-                    opt_text(),
-                    opt_text(),
-                    text(),
-                    annotations()
-                )
-                    .prop_map(
-                        |(uri, title, description, mime_type, data, annotations)| {
-                            w::PromptMessageContent::McpResource(w::EmbeddedResource {
-                                uri,
-                                title,
-                                description,
-                                mime_type,
-                                data,
-                                annotations,
-                            })
-                        }
-                    ),
+                text_content().prop_map(w::PromptMessageContent::Text),
+                image_content().prop_map(w::PromptMessageContent::Image),
+                embedded_resource().prop_map(w::PromptMessageContent::McpResource),
             ];
             (
                 opt_text(),

@@ -42,7 +42,7 @@ fn closed_loop_echo_calls_over_grpc_have_zero_errors() {
     let (out, r) = loadgen(
         &[
             "--target",
-            &b.target(),
+            &b.grpc_target(),
             "--tool",
             "echo",
             "--args",
@@ -77,7 +77,7 @@ fn open_loop_over_grpc_offers_the_asked_rate() {
     let (out, r) = loadgen(
         &[
             "--target",
-            &b.target(),
+            &b.grpc_target(),
             "--tool",
             "echo",
             "--args",
@@ -108,7 +108,7 @@ fn a_missing_tool_is_counted_as_a_grpc_status_kind() {
     let (out, r) = loadgen(
         &[
             "--target",
-            &b.target(),
+            &b.grpc_target(),
             "--tool",
             "no_such_tool",
             "--concurrency",
@@ -139,7 +139,7 @@ fn ctrl_c_stops_the_run_writes_partial_results_and_exits_130() {
     let json = json_path("sigint");
     let hlog = json.with_extension("hlog");
     let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-loadgen"))
-        .args(["--target", &b.target(), "--tool", "echo"])
+        .args(["--target", &b.grpc_target(), "--tool", "echo"])
         .args(["--rate", "300", "--duration", "120s", "--json"])
         .arg(&json)
         .arg("--hlog")
@@ -215,7 +215,7 @@ fn broker_killed_mid_run_stops_the_grpc_run_with_partial_results() {
     let mut b = Broker::start();
     let json = json_path("killed");
     let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-loadgen"))
-        .args(["--target", &b.target(), "--tool", "echo"])
+        .args(["--target", &b.grpc_target(), "--tool", "echo"])
         .args(["--rate", "300", "--duration", "120s", "--json"])
         .arg(&json)
         .stdout(Stdio::null())

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use common::broker::Broker;
 use common::{json_path, loadgen, report, serial};
 
 /// The Python with `mcp` installed, or a panic that says how to get one.
@@ -739,74 +740,6 @@ fn sse_streams_left_open_after_the_answer_are_ok_and_their_connections_replaced(
 
 // ---- the real broker's HTTP edge ----------------------------------------------
 
-/// `mcp-broker` on port 0 everywhere, killed on drop.
-struct Broker {
-    child: Child,
-    http: String,
-}
-
-impl Broker {
-    fn start() -> Self {
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_mcp-loadgen")).with_file_name("mcp-broker");
-        assert!(
-            bin.exists(),
-            "{} is missing: build it first (`cargo build -p mcp-broker`, or run the tests with \
-             `cargo test --workspace` / scripts/test)",
-            bin.display()
-        );
-        let echo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../routers/target/wasm32-wasip2/release/echo.wasm");
-        assert!(
-            echo.exists(),
-            "{} is missing: run scripts/build-routers first",
-            echo.display()
-        );
-        let mut child = Command::new(bin)
-            .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
-            .args(["--http-listen", "127.0.0.1:0"])
-            .args(["--metrics-listen", "127.0.0.1:0", "--shards", "2"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn mcp-broker");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            // Keep draining so the broker never blocks on a full pipe.
-            for _ in lines {}
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(l) => l,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("mcp-broker printed no ready line within 120 s");
-            }
-        };
-        assert!(line.starts_with("mcp-broker ready "), "{line}");
-        let http = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("http="))
-            .unwrap_or_else(|| panic!("no http= in the ready line {line:?}"))
-            .to_owned();
-        Self { child, http }
-    }
-
-    fn target(&self) -> String {
-        format!("http://{}/mcp", self.http)
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn broker_http_edge_closed_loop_echo_calls_have_zero_errors() {
     let _g = serial();
@@ -815,7 +748,7 @@ fn broker_http_edge_closed_loop_echo_calls_have_zero_errors() {
     let out = loadgen(
         &[
             "--target",
-            &b.target(),
+            &b.http_target(),
             "--tool",
             "echo",
             "--args",
@@ -843,7 +776,7 @@ fn broker_http_edge_open_loop_offers_the_asked_rate_pipelined() {
     let out = loadgen(
         &[
             "--target",
-            &b.target(),
+            &b.http_target(),
             "--tool",
             "echo",
             "--args",
@@ -897,7 +830,7 @@ fn broker_http_edge_mixed_workload_is_checked_per_method_and_errors_counted_by_c
     let out = loadgen(
         &[
             "--target",
-            &b.target(),
+            &b.http_target(),
             "--workload",
             wl.to_str().unwrap(),
             "--connections",

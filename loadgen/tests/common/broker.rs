@@ -1,5 +1,6 @@
 //! The real `mcp-broker` binary on loopback port 0, for the tests that
-//! drive its gRPC edge (`grpc.rs`, and `tls.rs` through a TLS proxy).
+//! drive its gRPC and HTTP edges (`grpc.rs`, `http.rs`, and `tls.rs`
+//! through a TLS proxy).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -33,19 +34,15 @@ pub fn broker_bin() -> PathBuf {
 pub struct Broker {
     pub child: Child,
     pub grpc: SocketAddr,
+    pub http: SocketAddr,
 }
 
 impl Broker {
     pub fn start() -> Broker {
         let mut child = Command::new(broker_bin())
             .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
-            .args([
-                "--http-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
-            .args(["--shards", "2"])
+            .args(["--http-listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "127.0.0.1:0", "--shards", "2"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -60,25 +57,34 @@ impl Broker {
             // Keep draining so the broker never blocks on a full pipe.
             for _ in lines {}
         });
-        let mut b = Broker {
-            child,
-            grpc: "0.0.0.0:0".parse().unwrap(),
+        let line = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("mcp-broker printed no ready line within 120 s");
+            }
         };
-        let line = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("mcp-broker printed no ready line within 120 s");
         assert!(line.starts_with("mcp-broker ready "), "{line}");
-        b.grpc = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no grpc= in ready line {line:?}"))
-            .parse()
-            .expect("grpc=HOST:PORT");
-        b
+        let addr = |key: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or_else(|| panic!("no {key} in the ready line {line:?}"))
+                .parse()
+                .unwrap_or_else(|e| panic!("{key}: {e} in {line:?}"))
+        };
+        Broker {
+            grpc: addr("grpc="),
+            http: addr("http="),
+            child,
+        }
     }
 
-    pub fn target(&self) -> String {
+    pub fn grpc_target(&self) -> String {
         format!("grpc://{}", self.grpc)
+    }
+
+    pub fn http_target(&self) -> String {
+        format!("http://{}/mcp", self.http)
     }
 }
 
