@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 pub const INSTALL_HINT: &str = "install Debian's `prometheus` package (it provides `prometheus` and `promtool`): run scripts/setup, or `apt-get install prometheus`";
 
+/// Where `name` is on the PATH; panics with the install hint when it is not.
 pub fn tool(name: &str) -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
@@ -32,7 +33,7 @@ pub fn scratch(tag: &str) -> tempfile::TempDir {
 /// drop.
 pub struct Prometheus {
     child: Child,
-    pub addr: SocketAddr,
+    addr: SocketAddr,
     _dir: tempfile::TempDir,
 }
 
