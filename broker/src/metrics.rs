@@ -864,7 +864,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         for (name, help, n) in [
             (
                 "mcp_auth_key_refreshes_total",
-                "Reads of the issuer's JWK Set after start-up (periodic, or asked for by a token naming an unknown kid).",
+                "Reads of the issuer's JWK Set after start-up that stored a fresh set (periodic, or asked for by a token naming an unknown kid); failed ones are mcp_auth_key_refresh_failures_total.",
                 auth.key_refreshes(),
             ),
             (
