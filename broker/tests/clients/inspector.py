@@ -97,8 +97,9 @@ def scenario(cli: Inspector) -> None:
     expect("tools/list has the bundled tools", BUNDLED_TOOLS <= names, sorted(BUNDLED_TOOLS), sorted(names))
 
     # `--protocol-era auto` makes the CLI's TypeScript SDK probe
-    # `server/discover` first, as 2.x Python does; the broker refuses it and
-    # the CLI falls back to `initialize`.
+    # `server/discover` first, as 2.x Python does; the broker answers it
+    # (it serves 2026-07-28), and the listing works in whichever revision
+    # the CLI then speaks.
     tools = cli.result("--method", "tools/list", "--protocol-era", "auto")
     names = {t["name"] for t in tools.get("tools", [])}
     expect("tools/list after the server/discover probe", BUNDLED_TOOLS <= names, sorted(BUNDLED_TOOLS), sorted(names))

@@ -12,9 +12,9 @@
 //!   Subscribe stream) for `grpc.session_idle_timeout`; a new one is
 //!   refused (RESOURCE_EXHAUSTED) only when the registry is full of live
 //!   sessions.
-//! - The lock guards a hash map lookup per call that carries a session; it
-//!   is the edge's control plane on the edge's own threads, never a shard's
-//!   and never held across an await.
+//! - The lock guards a hash map lookup per call that carries a session,
+//!   taken on whichever shard thread read the call (the edge runs on the
+//!   shards) and never held across an await.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
