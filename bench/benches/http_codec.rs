@@ -86,7 +86,7 @@ fn parse_request_frame(body: &[u8], enc: &mut RequestEncoder) -> usize {
         panic!("expected one request");
     };
     let method = Method::from_name(&method).expect("a routed method");
-    let (frame, info) = request_frame(enc, &HEADER, method, params, None).expect("valid params");
+    let (frame, info) = request_frame(enc, &HEADER, method, params, &[]).expect("valid params");
     frame.len() + info.progress_token.map_or(0, |t| t.get().len())
 }
 
@@ -95,7 +95,7 @@ fn round_trip(body: &[u8], enc: &mut RequestEncoder, answer: &[u8], out: &mut Ve
         panic!("expected one request");
     };
     let method = Method::from_name(&method).expect("a routed method");
-    let (frame, _) = request_frame(enc, &HEADER, method, params, None).expect("valid params");
+    let (frame, _) = request_frame(enc, &HEADER, method, params, &[]).expect("valid params");
     // The shard verifies what it is handed (this copy stands in for the
     // `Bytes` the edge submits).
     let req = VerifiedRequest::verify(Bytes::copy_from_slice(frame)).expect("verifies");

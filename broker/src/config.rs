@@ -246,7 +246,20 @@ pub struct HttpSection {
     /// (elicitation) before the call fails with a deadline error.
     #[serde(with = "humantime_serde")]
     pub client_answer_timeout: Duration,
+    /// The key that seals a router's state into 2026-07-28's
+    /// `requestState` (`edge/http/request_state.rs`): 32 bytes, or 64
+    /// hexadecimal digits. Empty: a random key drawn at start-up.
+    pub request_state_key_file: PathBuf,
+    /// How long a `requestState` stays good, within
+    /// [`MIN_REQUEST_STATE_TTL`]..=[`MAX_REQUEST_STATE_TTL`].
+    #[serde(with = "humantime_serde")]
+    pub request_state_ttl: Duration,
 }
+
+/// Bounds of `http.request_state_ttl`: below a second no person could
+/// answer; past a day a leaked token stays good too long.
+pub const MIN_REQUEST_STATE_TTL: Duration = Duration::from_secs(1);
+pub const MAX_REQUEST_STATE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 impl Default for HttpSection {
     fn default() -> Self {
@@ -265,6 +278,8 @@ impl Default for HttpSection {
             sse_keepalive: Duration::from_secs(15),
             sse_replay_events: 64,
             client_answer_timeout: Duration::from_secs(300),
+            request_state_key_file: PathBuf::new(),
+            request_state_ttl: Duration::from_secs(600),
         }
     }
 }
@@ -884,6 +899,12 @@ impl Config {
                 errors.push(format!("{name}: must be greater than zero"));
             }
         }
+        if !(MIN_REQUEST_STATE_TTL..=MAX_REQUEST_STATE_TTL).contains(&h.request_state_ttl) {
+            errors.push(format!(
+                "http.request_state_ttl: {:?} is outside {MIN_REQUEST_STATE_TTL:?}..={MAX_REQUEST_STATE_TTL:?}",
+                h.request_state_ttl
+            ));
+        }
         for (i, o) in h.allowed_origins.iter().enumerate() {
             if o.is_empty() || o.ends_with('/') {
                 errors.push(format!(
@@ -1200,6 +1221,32 @@ mod tests {
             "{:?}",
             err.0
         );
+    }
+
+    #[test]
+    fn request_state_defaults_to_a_random_key_and_ten_minutes_and_is_bounded() {
+        let d = Config::embedded_default().http;
+        assert_eq!(d.request_state_key_file, PathBuf::new());
+        assert_eq!(d.request_state_ttl, Duration::from_secs(600));
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let c = Config::parse(&format!(
+            "[http]\nrequest_state_key_file = \"/k\"\nrequest_state_ttl = \"1h\"\n{router}"
+        ))
+        .unwrap();
+        assert_eq!(c.http.request_state_key_file, PathBuf::from("/k"));
+        assert_eq!(c.http.request_state_ttl, Duration::from_secs(3600));
+        for ttl in ["0s", "999ms", "25h"] {
+            let err = Config::parse(&format!("[http]\nrequest_state_ttl = \"{ttl}\"\n{router}"))
+                .unwrap_err();
+            assert!(
+                err.0
+                    .iter()
+                    .any(|e| e.starts_with("http.request_state_ttl: ")
+                        && e.ends_with("is outside 1s..=86400s")),
+                "{ttl}: {:?}",
+                err.0
+            );
+        }
     }
 
     #[test]

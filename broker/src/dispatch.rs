@@ -814,14 +814,13 @@ mod tests {
 
         let layout = Arc::new(crate::metrics::Layout::new(0, 0));
         let routing = Routing::build(1, Vec::new(), &[], "__", &layout).unwrap();
-        let shared = Shared::new(
-            crate::config::Config::embedded_default(),
-            routing,
-            layout,
-            2,
-            None,
-            None,
-        );
+        let config = crate::config::Config::embedded_default();
+        let states = crate::edge::http::request_state::RequestStates::new(
+            &config.http.request_state_key_file,
+            config.http.request_state_ttl,
+        )
+        .unwrap();
+        let shared = Shared::new(config, routing, layout, 2, None, None, states);
         // Fill shard 1's inbox: nothing empties it in this test.
         let mut sent = 0;
         while sent <= INBOX_CAPACITY && shared.send(1, ShardMsg::Drain).is_ok() {

@@ -203,6 +203,11 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         })?)),
         None => None,
     };
+    let request_states = crate::edge::http::request_state::RequestStates::new(
+        &config.http.request_state_key_file,
+        config.http.request_state_ttl,
+    )
+    .map_err(anyhow::Error::msg)?;
     let shared = Arc::new(Shared::new(
         config.clone(),
         routing,
@@ -210,6 +215,7 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         shards,
         auth,
         tls,
+        request_states,
     ));
     *shared.addrs.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::shared::Addrs {
         frames,

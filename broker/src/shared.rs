@@ -252,6 +252,9 @@ pub struct Shared {
     pub auth: Option<Arc<crate::auth::Auth>>,
     /// `[tls]`: the edges serve TLS; what new handshakes use.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Seals routers' state into 2026-07-28's `requestState`, with one key
+    /// for every shard (a retry may reach any of them).
+    pub request_states: crate::edge::http::request_state::RequestStates,
     /// Upstream routers whose calls' answers said their listings changed
     /// (by uid), for the `routing` thread.
     kicks: (Sender<usize>, Receiver<usize>),
@@ -326,6 +329,7 @@ impl Shared {
         shards: usize,
         auth: Option<Arc<crate::auth::Auth>>,
         tls: Option<Arc<crate::tls::ServerTls>>,
+        request_states: crate::edge::http::request_state::RequestStates,
     ) -> Self {
         let inboxes = (0..shards)
             .map(|_| {
@@ -350,6 +354,7 @@ impl Shared {
             routing: arc_swap::ArcSwap::from_pointee(routing),
             auth,
             tls,
+            request_states,
             kicks: crossbeam_channel::bounded(1024),
             reloads: crossbeam_channel::bounded(64),
             reloads_applied: AtomicU64::new(0),

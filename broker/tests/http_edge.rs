@@ -851,6 +851,49 @@ fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
     assert!(fin["result"].to_string().contains("accept"), "{fin}");
 }
 
+/// A router's state (`mcp-broker/state` on its question) comes back with
+/// each answer as `_request_state` in the session era too, where the
+/// stream holds it: two questions in turn, the first answer kept in it,
+/// never shown to the client.
+#[test]
+fn a_routers_state_comes_back_with_each_answer_on_the_stream() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"test_input_required_result_multi_round","arguments":{}}}"#,
+    );
+    for (question, answer) in [
+        ("What is your name?", json!({"name": "Ada"})),
+        ("What is your favourite colour?", json!({"color": "blue"})),
+    ] {
+        let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("elicitation/create")));
+        assert!(!ended);
+        let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+        let ask = msgs.last().unwrap();
+        assert_eq!(ask["params"]["message"], question, "{ask}");
+        assert!(
+            ask["params"].get("_meta").is_none(),
+            "the state is not shown: {ask}"
+        );
+        let reply =
+            json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":answer}});
+        let r = c.post(Some(&s), &reply.to_string());
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended, "the stream ends with the answer");
+    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], 9, "{fin}");
+    assert_eq!(
+        fin["result"]["content"][0]["text"], "Hello, Ada! Your colour: blue",
+        "{fin}"
+    );
+}
+
 #[test]
 fn an_elicitation_the_client_never_answers_fails_at_the_timeout() {
     let b = conformance("client_answer_timeout = \"300ms\"");

@@ -911,3 +911,260 @@ fn closing_the_connection_of_a_call_cancels_it_in_the_guest() {
         t0.elapsed()
     );
 }
+
+/// A tools/call of the `conformance` router's `tool` (no arguments), plus
+/// `extra` params (a retry's `inputResponses` and `requestState`).
+fn call_of(id: u32, tool: &str, extra: &str) -> String {
+    let rest = format!(r#""name":"{tool}","arguments":{{}}{extra}"#);
+    req(&id.to_string(), "tools/call", &rest)
+}
+
+/// The retry's params: the answer `content` under `key`, and `token`.
+fn answered(key: &str, content: &str, token: Option<&str>) -> String {
+    let state = token.map_or(String::new(), |t| format!(r#","requestState":"{t}""#));
+    format!(r#","inputResponses":{{"{key}":{{"action":"accept","content":{content}}}}}{state}"#)
+}
+
+/// An `InputRequiredResult`'s question under `key`, and its requestState.
+fn input_required(r: &Reply, key: &str) -> (Value, Option<String>) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["result"]["resultType"], "input_required", "{v}");
+    let ask = v["result"]["inputRequests"][key].clone();
+    assert_eq!(ask["method"], "elicitation/create", "{v}");
+    let token = v["result"]["requestState"].as_str().map(str::to_owned);
+    (ask, token)
+}
+
+fn complete_text(r: &Reply) -> String {
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    v["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A router's state rides its question (`mcp-broker/state`) and comes back
+/// with the answer (`_request_state`) through the client, sealed as
+/// `requestState`: never shown, never changed, bound to its tool, and made
+/// by this broker's key only.
+#[test]
+fn a_routers_state_travels_sealed_in_request_state_and_comes_back_with_the_answer() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    const TOOL: &str = "test_input_required_result_multi_round";
+    let call = |id: u32, extra: &str| {
+        let mut c = Conn::connect(b.http);
+        modern(&mut c, "tools/call", Some(TOOL), &call_of(id, TOOL, extra))
+    };
+    let (ask, t1) = input_required(&call(1, ""), "elicitation");
+    assert_eq!(ask["params"]["message"], "What is your name?", "{ask}");
+    assert!(
+        ask["params"].get("_meta").is_none(),
+        "the state is not shown: {ask}"
+    );
+    let t1 = t1.expect("a requestState for a question with a state");
+    // Round two: the first answer goes into the router's next state.
+    let (ask, t2) = input_required(
+        &call(2, &answered("elicitation", r#"{"name":"Ada"}"#, Some(&t1))),
+        "elicitation",
+    );
+    assert_eq!(
+        ask["params"]["message"], "What is your favourite colour?",
+        "{ask}"
+    );
+    let t2 = t2.unwrap();
+    assert_ne!(t1, t2);
+    for t in [&t1, &t2] {
+        assert!(
+            !t.contains("step") && !t.contains("Ada"),
+            "sealed, not readable: {t}"
+        );
+    }
+    let text = complete_text(&call(
+        3,
+        &answered("elicitation", r#"{"color":"blue"}"#, Some(&t2)),
+    ));
+    assert_eq!(text, "Hello, Ada! Your colour: blue");
+    // Without the token the tool has no state: it starts over.
+    let (ask, _) = input_required(
+        &call(4, &answered("elicitation", r#"{"color":"blue"}"#, None)),
+        "elicitation",
+    );
+    assert_eq!(ask["params"]["message"], "What is your name?", "{ask}");
+
+    // A changed token (one character in the sealed part), a token of
+    // another tool, one sealed by another broker (its own random key), and
+    // a state a client writes itself are all refused before the tool runs.
+    let mut bytes = t2.clone().into_bytes();
+    let i = bytes.len() / 2;
+    bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
+    let changed = String::from_utf8(bytes).unwrap();
+    let r = call(
+        5,
+        &answered("elicitation", r#"{"color":"red"}"#, Some(&changed)),
+    );
+    let v = refused(&r, 400, -32602, json!(5));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("integrity check"),
+        "{v}"
+    );
+    let other = "test_input_required_result_request_state";
+    let r = modern(
+        &mut c,
+        "tools/call",
+        Some(other),
+        &call_of(
+            6,
+            other,
+            &answered("elicitation", r#"{"ok":true}"#, Some(&t2)),
+        ),
+    );
+    refused(&r, 400, -32602, json!(6));
+    let b2 = broker();
+    let mut c2 = Conn::connect(b2.http);
+    let r = modern(
+        &mut c2,
+        "tools/call",
+        Some(TOOL),
+        &call_of(7, TOOL, &answered("elicitation", "{}", Some(&t2))),
+    );
+    let v = refused(&r, 400, -32602, json!(7));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request_state_key_file"),
+        "the refusal says how brokers share a key: {v}"
+    );
+    let forged = req(
+        "8",
+        "tools/call",
+        &format!(r#""name":"{TOOL}","arguments":{{"_request_state":{{"step":2,"name":"Eve"}}}}"#),
+    );
+    let r = modern(&mut c, "tools/call", Some(TOOL), &forged);
+    let v = refused(&r, 400, -32602, json!(8));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("_request_state"),
+        "{v}"
+    );
+    let r = modern(
+        &mut c,
+        "tools/call",
+        Some(TOOL),
+        &call_of(9, TOOL, r#","requestState":7"#),
+    );
+    refused(&r, 400, -32602, json!(9));
+}
+
+/// A router may name its question's key (`mcp-broker/input-key`): the
+/// requestState then names it too, and the retry's answer is read there.
+#[test]
+fn a_named_input_key_is_asked_under_and_read_back_through_the_request_state() {
+    let b = broker();
+    const TOOL: &str = "test_input_required_result_elicitation";
+    let call = |id: u32, extra: &str| {
+        let mut c = Conn::connect(b.http);
+        modern(&mut c, "tools/call", Some(TOOL), &call_of(id, TOOL, extra))
+    };
+    let (ask, token) = input_required(&call(1, ""), "user_name");
+    assert!(ask["params"].get("_meta").is_none(), "{ask}");
+    let token = token.expect("a named key needs a requestState to come back");
+    let text = complete_text(&call(
+        2,
+        &answered("user_name", r#"{"name":"Alice"}"#, Some(&token)),
+    ));
+    assert_eq!(text, "Hello, Alice!");
+    // Without the token only the default keys are read: asked again.
+    input_required(
+        &call(3, &answered("user_name", r#"{"name":"Alice"}"#, None)),
+        "user_name",
+    );
+    // The token names `user_name`: an answer under the default key is not it.
+    input_required(
+        &call(
+            4,
+            &answered("elicitation", r#"{"name":"Alice"}"#, Some(&token)),
+        ),
+        "user_name",
+    );
+}
+
+/// Brokers behind one balancer share `http.request_state_key_file`: a
+/// question asked by one is answered at the other. A token outlives its
+/// `http.request_state_ttl` at no broker. A key file that is not a key
+/// fails start-up.
+#[test]
+fn brokers_sharing_a_key_file_accept_each_others_tokens_until_they_expire() {
+    let dir = std::env::temp_dir().join(format!("mcp-rs-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("state.key");
+    std::fs::write(&key, format!("{}\n", "5a".repeat(32))).unwrap();
+    let with = |keys: &str| {
+        let toml = format!(
+            "{}\n[[routers]]\nname = \"conformance\"\nwasm = \"conformance.wasm\"\n",
+            common::default_with_chaos()
+        );
+        common::with_http_keys(&toml, keys)
+    };
+    let shared = format!("request_state_key_file = \"{}\"", key.display());
+    let (a, b) = (
+        Broker::start_with_config(&with(&shared), &[]),
+        Broker::start_with_config(&with(&shared), &[]),
+    );
+    const TOOL: &str = "test_input_required_result_multi_round";
+    let at = |broker: &Broker, id: u32, extra: &str| {
+        let mut c = Conn::connect(broker.http);
+        modern(&mut c, "tools/call", Some(TOOL), &call_of(id, TOOL, extra))
+    };
+    let (_, t) = input_required(&at(&a, 1, ""), "elicitation");
+    let (_, t) = input_required(
+        &at(
+            &b,
+            2,
+            &answered("elicitation", r#"{"name":"Bo"}"#, t.as_deref()),
+        ),
+        "elicitation",
+    );
+    let text = complete_text(&at(
+        &a,
+        3,
+        &answered("elicitation", r#"{"color":"red"}"#, t.as_deref()),
+    ));
+    assert_eq!(text, "Hello, Bo! Your colour: red");
+
+    let short =
+        Broker::start_with_config(&with(&format!("{shared}\nrequest_state_ttl = \"1s\"")), &[]);
+    let (_, t) = input_required(&at(&short, 4, ""), "elicitation");
+    // Expiry is in whole seconds of the wall clock: past two, it has passed.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let r = at(
+        &a,
+        5,
+        &answered("elicitation", r#"{"name":"Cy"}"#, t.as_deref()),
+    );
+    let v = refused(&r, 400, -32602, json!(5));
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("expired"),
+        "{v}"
+    );
+
+    std::fs::write(&key, "not a key\n").unwrap();
+    let err = common::fails_to_start(&with(&shared));
+    assert!(
+        err.contains("http.request_state_key_file") && err.contains("64 hexadecimal digits"),
+        "{err}"
+    );
+    let err = common::fails_to_start(&with("request_state_ttl = \"0s\""));
+    assert!(err.contains("http.request_state_ttl"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -65,7 +65,7 @@ fn request(
         timeout_ms: 0,
         unix_nanos: 0,
     };
-    match jsonrpc::request_frame(enc, &h, m, params, None) {
+    match jsonrpc::request_frame(enc, &h, m, params, &[]) {
         Ok((frame, _)) => match VerifiedRequest::verify(Bytes::copy_from_slice(frame)) {
             Ok(req) => {
                 let kind = req.view().kind();

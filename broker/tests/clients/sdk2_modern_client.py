@@ -9,7 +9,9 @@ headers the broker validates), reads, gets a prompt, and answers an
 elicitation by multi round-trip (MRTR): the
 first `tools/call` comes back as an `InputRequiredResult`, the SDK calls the
 elicitation callback and retries with `inputResponses`, and the tool's
-answer carries what the callback said.
+answer carries what the callback said. A tool that asks two questions in
+turn gets its own state back each round through `requestState`, which the
+broker seals and the SDK echoes.
 
 The broker must serve the embedded default routers plus `conformance`
 (whose `test_elicitation` elicits): broker/tests/http_clients.rs starts it so.
@@ -74,6 +76,11 @@ async def run(url: str, reload_url: str | None) -> None:
 
     async def on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         asked.append(params)
+        # test_input_required_result_multi_round asks these two in turn.
+        if params.message == "What is your name?":
+            return types.ElicitResult(action="accept", content={"name": "Ada"})
+        if params.message == "What is your favourite colour?":
+            return types.ElicitResult(action="accept", content={"color": "blue"})
         return types.ElicitResult(action="accept", content={"username": "ada", "email": "ada@example.com"})
 
     http = create_mcp_http_client()
@@ -164,6 +171,30 @@ async def run(url: str, reload_url: str | None) -> None:
                 and "elicitation" in calls[1][2].get("inputResponses", {}),
                 ["tools/call", "tools/call + inputResponses.elicitation"],
                 calls,
+            )
+
+            # Two questions in turn, the first answer kept in the router's
+            # state: the broker seals it into requestState, which the SDK
+            # echoes byte-exact on each retry.
+            before = len(posts)
+            result = wire(await c.call_tool("test_input_required_result_multi_round", {}))
+            text = single_text("tools/call test_input_required_result_multi_round", result)
+            expect(
+                "the tool's state carried the first answer to the last round",
+                text == "Hello, Ada! Your colour: blue",
+                "Hello, Ada! Your colour: blue",
+                text,
+            )
+            calls = [body.get("params", {}) for m, _, _, _, body in posts[before:] if m == "tools/call"]
+            states = [p.get("requestState") for p in calls]
+            expect(
+                "three POSTs, each retry echoing the requestState of the round before",
+                len(calls) == 3
+                and states[0] is None
+                and all(isinstance(s, str) and s for s in states[1:])
+                and states[1] != states[2],
+                [None, "<token 1>", "<token 2>"],
+                states,
             )
 
             if reload_url is not None:

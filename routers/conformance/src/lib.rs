@@ -34,11 +34,14 @@
 //! Elicitation follows the broker's convention: the first call (no
 //! `_elicitation` argument) answers `elicit`; the broker relays it to the
 //! client as `elicitation/create` and calls the tool again with the client's
-//! answer under `"_elicitation": {"action": …, "content": {…}}`.
+//! answer under `"_elicitation": {"action": …, "content": {…}}`. A question
+//! may carry the tool's own state (`mcp-broker/state`), which comes back as
+//! `_request_state`: the multi-round tools keep their earlier answers there.
 //!
 //! # Invariants
-//! - Stateless: every answer depends on the call's arguments alone, so any
-//!   instance on any shard answers alike.
+//! - Stateless: every answer depends on the call's arguments alone (the
+//!   state handed back among them), so any instance on any shard answers
+//!   alike.
 
 wit_bindgen::generate!({ path: "../../wit", world: "mcp-router" });
 
@@ -73,6 +76,13 @@ const TEMPLATE_SUFFIX: &str = "/data";
 const ELICITATION_ARG: &str = "_elicitation";
 /// Where the broker puts the client's sampling result on the second call.
 const SAMPLING_ARG: &str = "_sampling";
+/// The `meta` key under which a question carries the router's own state,
+/// and the argument under which the broker hands it back with the answer
+/// (in protocol 2026-07-28 through the client, sealed, as `requestState`).
+const STATE_META_KEY: &str = "mcp-broker/state";
+const STATE_ARG: &str = "_request_state";
+/// The `meta` key that names a question's `inputRequests` key (2026-07-28).
+const INPUT_KEY_META_KEY: &str = "mcp-broker/input-key";
 
 /// Values offered by `complete` for the arguments of
 /// `test_prompt_with_arguments` (the spec's own example).
@@ -232,6 +242,35 @@ fn elicit_then(
         })),
         Some((action, content)) => Ok(completed(vec![text(done(&action, &content))])),
     }
+}
+
+/// A question that carries `state` for the next round (`STATE_META_KEY`).
+fn elicit_with_state(message: &str, schema: Value, state: Value) -> Response {
+    Response::Elicit(ElicitationRequest {
+        title: None,
+        message: message.into(),
+        schema: schema.to_string(),
+        annotations: None,
+        meta: Some(vec![MetaEntry {
+            key: STATE_META_KEY.into(),
+            value: state.to_string(),
+        }]),
+    })
+}
+
+/// The state the previous round attached, with the client's answer to that
+/// round's question: both or neither (a first call).
+fn answered_state(
+    args: &serde_json::Map<String, Value>,
+) -> Result<Option<(Value, String, Value)>, ToolError> {
+    match (args.get(STATE_ARG), elicitation_answer(args)?) {
+        (Some(state), Some((action, content))) => Ok(Some((state.clone(), action, content))),
+        _ => Ok(None),
+    }
+}
+
+fn one_string_schema(name: &str) -> Value {
+    json!({"type": "object", "properties": {name: {"type": "string"}}, "required": [name]})
 }
 
 fn sep1034_schema() -> Value {
@@ -495,6 +534,21 @@ impl Guest for Conformance {
                 "Tests that input requests respect the declared client capabilities (SEP-2322)",
                 NO_ARGS,
             ),
+            tool(
+                "test_input_required_result_request_state",
+                "Tests that the question's state comes back with the answer (requestState, SEP-2322)",
+                NO_ARGS,
+            ),
+            tool(
+                "test_input_required_result_multi_round",
+                "Asks two questions in turn, keeping the first answer in its state (SEP-2322)",
+                NO_ARGS,
+            ),
+            tool(
+                "test_input_required_result_tampered_state",
+                "Tests that a changed requestState is refused (SEP-2322)",
+                NO_ARGS,
+            ),
             // SEP-2243 (protocol 2026-07-28): a tool whose arguments a
             // client also sends as `Mcp-Param-*` headers, which the broker
             // validates against the body.
@@ -637,17 +691,68 @@ impl Guest for Conformance {
             // `_meta` log level are never sent.
             "test_logging_tool" => Ok(logged("Tool with logging executed successfully")),
             // The `input-required-result-*` scenarios (SEP-2322, MRTR). The
-            // broker names the input request `elicitation` (or `sampling`),
-            // not the scenarios' `user_name`: docs/conformance.md.
-            "test_input_required_result_elicitation" => elicit_then(
-                &args,
-                "What is your name?",
-                json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
-                |action, content| match content.get("name").and_then(Value::as_str) {
-                    Some(name) if action == "accept" => format!("Hello, {name}!"),
-                    _ => format!("No name given: action={action}"),
-                },
-            ),
+            // question is named `user_name`, as the scenarios ask
+            // (`mcp-broker/input-key`); the broker then issues a
+            // requestState, which names the key the retry's answer is read
+            // under.
+            "test_input_required_result_elicitation" => match elicitation_answer(&args)? {
+                None => Ok(Response::Elicit(ElicitationRequest {
+                    title: None,
+                    message: "What is your name?".into(),
+                    schema: one_string_schema("name").to_string(),
+                    annotations: None,
+                    meta: Some(vec![MetaEntry {
+                        key: INPUT_KEY_META_KEY.into(),
+                        value: json!("user_name").to_string(),
+                    }]),
+                })),
+                Some((action, content)) => Ok(completed(vec![text(
+                    match content.get("name").and_then(Value::as_str) {
+                        Some(name) if action == "accept" => format!("Hello, {name}!"),
+                        _ => format!("No name given: action={action}"),
+                    },
+                )])),
+            },
+            // The router's state rides the question (`mcp-broker/state`)
+            // and comes back with the answer as `_request_state`: in
+            // 2026-07-28 the broker seals it into `requestState`, and
+            // refuses a changed one before the tool runs.
+            "test_input_required_result_request_state"
+            | "test_input_required_result_tampered_state" => {
+                let state = json!({"asked": tool_name});
+                match answered_state(&args)? {
+                    Some((got, action, _)) if got == state => {
+                        Ok(completed(vec![text(format!("state-ok: action={action}"))]))
+                    }
+                    _ => Ok(elicit_with_state(
+                        "Please confirm to continue",
+                        json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}),
+                        state,
+                    )),
+                }
+            }
+            // Nothing is stored between the rounds: the first answer
+            // travels in the second question's state.
+            "test_input_required_result_multi_round" => match answered_state(&args)? {
+                Some((state, _, content)) if state["step"] == 1 => {
+                    let name = content.get("name").cloned().unwrap_or(Value::Null);
+                    Ok(elicit_with_state(
+                        "What is your favourite colour?",
+                        one_string_schema("color"),
+                        json!({"step": 2, "name": name}),
+                    ))
+                }
+                Some((state, _, content)) if state["step"] == 2 => {
+                    let name = state["name"].as_str().unwrap_or("stranger");
+                    let color = content.get("color").and_then(Value::as_str).unwrap_or("none");
+                    Ok(completed(vec![text(format!("Hello, {name}! Your colour: {color}"))]))
+                }
+                _ => Ok(elicit_with_state(
+                    "What is your name?",
+                    one_string_schema("name"),
+                    json!({"step": 1}),
+                )),
+            },
             "test_input_required_result_sampling" => Ok(sample_then(
                 &args,
                 json!({

@@ -706,6 +706,25 @@ pub const ELICITATION_ARG: &str = "_elicitation";
 /// (`sampling/createMessage`) into the re-called tool; reserved likewise.
 pub const SAMPLING_ARG: &str = "_sampling";
 
+/// The `meta` key by which a router attaches its own state to a question
+/// (an elicitation, or a result asking for sampling); the re-called tool
+/// gets it back under [`STATE_ARG`] (`request_state.rs`, docs/http.md).
+pub const STATE_META_KEY: &str = "mcp-broker/state";
+
+/// The tool argument that hands a router's state back; reserved likewise.
+pub const STATE_ARG: &str = "_request_state";
+
+/// The `meta` key by which a router names its question's `inputRequests`
+/// key in protocol 2026-07-28 (a string; default `elicitation` or
+/// `sampling`); the retry's answer is read under it.
+pub const INPUT_KEY_META_KEY: &str = "mcp-broker/input-key";
+
+/// `meta` entries that instruct the broker: carried or acted on, never
+/// shown to the client.
+fn is_broker_meta(key: &str) -> bool {
+    key == STATE_META_KEY || key == INPUT_KEY_META_KEY
+}
+
 /// The tool-result `meta` key by which a router asks the client for an LLM
 /// completion: its value is the `sampling/createMessage` params (a JSON
 /// object); the broker sends the request and calls the tool again with the
@@ -731,6 +750,46 @@ pub fn sampling_request(frame: &[u8]) -> Option<&str> {
     json_object(v)
 }
 
+/// The state a router attached to its question (`meta` entry
+/// [`STATE_META_KEY`] of an elicitation, or of a result asking for
+/// sampling), as the JSON text handed back in [`STATE_ARG`]: the value when
+/// it is one JSON value, else the entry's text as a JSON string.
+pub fn router_state(frame: &[u8]) -> Option<Cow<'_, str>> {
+    let v = question_meta(frame, STATE_META_KEY)?;
+    Some(match json_value(v) {
+        Some(j) => Cow::Borrowed(j),
+        None => {
+            let mut b = Vec::with_capacity(v.len() + 2);
+            write_json_string(v, &mut b);
+            Cow::Owned(String::from_utf8(b).unwrap_or_default())
+        }
+    })
+}
+
+/// The `inputRequests` key a router named for its question
+/// ([`INPUT_KEY_META_KEY`]): the entry's JSON string, or its text when it
+/// is not JSON.
+pub fn router_input_key(frame: &[u8]) -> Option<Cow<'_, str>> {
+    let v = question_meta(frame, INPUT_KEY_META_KEY)?;
+    match json_value(v) {
+        Some(j) => serde_json::from_str::<String>(j).ok().map(Cow::Owned),
+        None => Some(Cow::Borrowed(v)),
+    }
+}
+
+/// The value of the `meta` entry `key` of a question: an elicitation's, or
+/// a tool result's (one asking for sampling).
+fn question_meta<'f>(frame: &'f [u8], key: &str) -> Option<&'f str> {
+    // Most questions carry none: a byte search spares them a verification.
+    memchr::memmem::find(frame, key.as_bytes())?;
+    let resp = ResponseView::parse(frame).ok()?.response;
+    let kvs = match resp.payload_as_elicitation_request() {
+        Some(e) => e.meta(),
+        None => resp.payload_as_tool_result()?.metadata(),
+    }?;
+    kvs.iter().find(|kv| kv.key() == key)?.value()
+}
+
 /// `sampling/createMessage` with our own `id` and the router's `params`
 /// (checked to be one JSON object by [`sampling_request`]).
 pub fn write_sampling_create(out: &mut Vec<u8>, id: &str, params: &str) {
@@ -749,8 +808,10 @@ pub fn write_sampling_create(out: &mut Vec<u8>, id: &str, params: &str) {
 /// Tool and prompt arguments become the frame's `KeyValue`s as the raw JSON
 /// text the client sent. A prompt argument's JSON string arrives quoted,
 /// as from the gRPC edge: `adapt::PromptArgs` unquotes it when filling.
-/// `extra` is appended to a tool call's arguments (the elicitation answer,
-/// [`ELICITATION_ARG`]); a client argument of that name is always refused.
+/// `extra` is appended to a tool call's arguments (the answer under
+/// [`ELICITATION_ARG`] or [`SAMPLING_ARG`], the router's state under
+/// [`STATE_ARG`]); a client argument of any of these names is always
+/// refused.
 /// `completion/complete`'s `context` is not carried (the frame encoder
 /// has no slot for it yet).
 pub fn request_frame<'e, 'a>(
@@ -758,7 +819,7 @@ pub fn request_frame<'e, 'a>(
     h: &RequestHeader<'_>,
     method: Method,
     params: Option<&'a RawValue>,
-    extra: Option<(&str, &str)>,
+    extra: &[(&str, &str)],
 ) -> Result<(&'e [u8], RequestInfo<'a>), RpcError<'a>> {
     let ps: Params<'a> = match params {
         None => Params::default(),
@@ -806,13 +867,14 @@ pub fn request_frame<'e, 'a>(
         Method::CallTool => {
             let name = required_string(ps.name, "name")?;
             let args = members(ps.arguments)?;
-            let mut kvs: Vec<(&str, &str)> = Vec::with_capacity(args.len() + 1);
+            let mut kvs: Vec<(&str, &str)> = Vec::with_capacity(args.len() + extra.len());
             kvs.extend(args.iter().map(|(k, v)| (&**k, v.get())));
             // Reserved whether or not this call carries an answer: a client
-            // must not be able to forge the answer to an elicitation.
-            for key in [ELICITATION_ARG, SAMPLING_ARG]
+            // must not be able to forge the answer to an elicitation, nor a
+            // router's state.
+            for key in [ELICITATION_ARG, SAMPLING_ARG, STATE_ARG]
                 .into_iter()
-                .chain(extra.map(|e| e.0))
+                .chain(extra.iter().map(|e| e.0))
             {
                 if kvs.iter().any(|(k, _)| *k == key) {
                     return Err(RpcError::invalid_params(format!(
@@ -820,9 +882,7 @@ pub fn request_frame<'e, 'a>(
                     )));
                 }
             }
-            if let Some((key, value)) = extra {
-                kvs.push((key, value));
-            }
+            kvs.extend_from_slice(extra);
             let frame = enc.tool_call(h, h.message_id, &name, &kvs);
             info.tool_name = Some(name);
             frame
@@ -1136,12 +1196,14 @@ pub fn write_error(
 
 /// `[KeyValue]` (values JSON text) as a `_meta` object; a value that is not
 /// one JSON value goes out as a JSON string rather than breaking the JSON.
+/// Entries addressed to the broker ([`is_broker_meta`]: a router's state,
+/// its input key) are never shown to the client.
 fn write_meta<'f>(o: &mut Obj<'_>, kvs: Option<Vector<'f, ForwardsUOffset<KeyValue<'f>>>>) {
-    let Some(kvs) = kvs.filter(|k| !k.is_empty()) else {
+    let Some(kvs) = kvs.filter(|k| k.iter().any(|kv| !is_broker_meta(kv.key()))) else {
         return;
     };
     let mut m = Obj::new(o.key("_meta"));
-    for kv in kvs.iter() {
+    for kv in kvs.iter().filter(|kv| !is_broker_meta(kv.key())) {
         let v = kv.value().unwrap_or("null");
         match json_value(v) {
             Some(v) => {
@@ -2053,13 +2115,15 @@ pub fn write_discover(
 /// Multi round-trip (2026-07-28): an ElicitationRequest frame →
 /// `{"resultType":"input_required","inputRequests":{<key>:{"method":
 /// "elicitation/create","params":{"mode":"form",message,requestedSchema}}}}`
-/// (the schema as [`write_elicitation_create`] sends it). Returns `false`
-/// (nothing written) for any other frame.
+/// (the schema as [`write_elicitation_create`] sends it), with
+/// `"requestState"` when one is given. Returns `false` (nothing written)
+/// for any other frame.
 pub fn write_input_required_elicitation(
     out: &mut Vec<u8>,
     id: &Id<'_>,
     key: &str,
     frame: &[u8],
+    request_state: Option<&str>,
 ) -> bool {
     let Some(e) = ResponseView::parse(frame)
         .ok()
@@ -2087,6 +2151,9 @@ pub fn write_input_required_elicitation(
     ps.end();
     r.end();
     reqs.end();
+    if let Some(t) = request_state {
+        res.str("requestState", t);
+    }
     res.end();
     o.end();
     true
@@ -2094,8 +2161,15 @@ pub fn write_input_required_elicitation(
 
 /// Multi round-trip: a tool result that asks for sampling
 /// ([`sampling_request`]'s `params`, one JSON object) → an
-/// `InputRequiredResult` with one `sampling/createMessage` input request.
-pub fn write_input_required_sampling(out: &mut Vec<u8>, id: &Id<'_>, key: &str, params: &str) {
+/// `InputRequiredResult` with one `sampling/createMessage` input request,
+/// and `"requestState"` when one is given.
+pub fn write_input_required_sampling(
+    out: &mut Vec<u8>,
+    id: &Id<'_>,
+    key: &str,
+    params: &str,
+    request_state: Option<&str>,
+) {
     let mut o = envelope_start(out, Some(id));
     let mut res = Obj::new(o.key("result"));
     res.raw("resultType", "\"input_required\"");
@@ -2105,6 +2179,9 @@ pub fn write_input_required_sampling(out: &mut Vec<u8>, id: &Id<'_>, key: &str, 
     r.raw("params", params.trim());
     r.end();
     reqs.end();
+    if let Some(t) = request_state {
+        res.str("requestState", t);
+    }
     res.end();
     o.end();
 }
@@ -2214,7 +2291,7 @@ mod tests {
     fn build<'a>(
         method: Method,
         params: Option<&'a str>,
-        extra: Option<(&str, &str)>,
+        extra: &[(&str, &str)],
     ) -> Result<(VerifiedRequest, RequestInfo<'a>), RpcError<'a>> {
         let mut enc = RequestEncoder::new();
         let params = params.map(raw);
@@ -2224,7 +2301,7 @@ mod tests {
     }
 
     fn refused(method: Method, params: &str) -> RpcError<'_> {
-        match build(method, Some(params), None) {
+        match build(method, Some(params), &[]) {
             Ok(_) => panic!("{params} was accepted"),
             Err(e) => e,
         }
@@ -2498,7 +2575,7 @@ mod tests {
     #[test]
     fn tool_call_arguments_arrive_as_the_raw_text_sent() {
         let params = r#"{"name":"echo","arguments":{"a": 1.50, "k\"ey\u00e9": "v\n", "big": 123456789012345678901234567890, "n": {"x": [1, "y"]}, "nul": null},"_meta":{"progressToken":"tok-1"}}"#;
-        let (v, info) = build(Method::CallTool, Some(params), None).unwrap();
+        let (v, info) = build(Method::CallTool, Some(params), &[]).unwrap();
         let view = v.view();
         assert_eq!(view.kind(), RequestKind::CallTool);
         assert_eq!(view.route_key(), RouteKey::Tool("echo"));
@@ -2534,7 +2611,7 @@ mod tests {
 
     #[test]
     fn an_escaped_tool_name_is_the_name_it_spells() {
-        let (v, info) = build(Method::CallTool, Some(r#"{"name":"p\u0075t"}"#), None).unwrap();
+        let (v, info) = build(Method::CallTool, Some(r#"{"name":"p\u0075t"}"#), &[]).unwrap();
         assert_eq!(v.view().route_key(), RouteKey::Tool("put"));
         assert_eq!(info.tool_name.as_deref(), Some("put"));
         assert_eq!(v.view().tool_call().unwrap().arguments().len(), 0);
@@ -2542,7 +2619,7 @@ mod tests {
         let (_, info) = build(
             Method::CallTool,
             Some(r#"{"name":"x","_meta":{"progressToken":12345678901234567890123}}"#),
-            None,
+            &[],
         )
         .unwrap();
         assert_eq!(
@@ -2577,7 +2654,7 @@ mod tests {
             assert!(e.message.contains(what), "{params}: {}", e.message);
             assert!(e.id.is_none());
         }
-        let e = build(Method::CallTool, None, None).unwrap_err();
+        let e = build(Method::CallTool, None, &[]).unwrap_err();
         assert!(e.message.contains("`name` is required"));
     }
 
@@ -2587,7 +2664,7 @@ mod tests {
         let (v, _) = build(
             Method::CallTool,
             Some(r#"{"name":"t","arguments":{"a":1}}"#),
-            Some(("_elicitation", answer)),
+            &[("_elicitation", answer)],
         )
         .unwrap();
         let tc = v.view().tool_call().unwrap();
@@ -2604,20 +2681,28 @@ mod tests {
             &header(),
             Method::CallTool,
             Some(p),
-            Some(("_elicitation", answer)),
+            &[("_elicitation", answer)],
         )
         .unwrap_err();
         assert_eq!(e.code, -32602);
         assert!(e.message.contains("_elicitation"));
         // Refused on a first call too: the answer cannot be forged.
-        let e = request_frame(&mut enc, &header(), Method::CallTool, Some(p), None).unwrap_err();
+        let e = request_frame(&mut enc, &header(), Method::CallTool, Some(p), &[]).unwrap_err();
         assert_eq!(e.code, -32602);
+        // The router's state likewise.
+        let p = raw(r#"{"name":"t","arguments":{"_request_state":{"step":9}}}"#);
+        let e = request_frame(&mut enc, &header(), Method::CallTool, Some(p), &[]).unwrap_err();
+        assert!(
+            e.message.contains("`_request_state` is reserved"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
     fn initialize_reads_version_elicitation_and_client() {
         let p = r#"{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{}},"clientInfo":{"name":"cli","version":"1.2"}}"#;
-        let (v, info) = build(Method::Initialize, Some(p), None).unwrap();
+        let (v, info) = build(Method::Initialize, Some(p), &[]).unwrap();
         assert_eq!(v.view().kind(), RequestKind::Initialize);
         let init = v.view().request().payload_as_initialize_request().unwrap();
         let caps = init.client_capabilities();
@@ -2629,7 +2714,7 @@ mod tests {
         let (_, info) = build(
             Method::Initialize,
             Some(r#"{"protocolVersion":"2024-11-05","capabilities":{}}"#),
-            None,
+            &[],
         )
         .unwrap();
         assert!(!info.client_elicitation);
@@ -2641,7 +2726,7 @@ mod tests {
             (r#"{"elicitation":true}"#, false),
         ] {
             let p = format!(r#"{{"protocolVersion":"2025-11-25","capabilities":{caps}}}"#);
-            let (_, info) = build(Method::Initialize, Some(&p), None).unwrap();
+            let (_, info) = build(Method::Initialize, Some(&p), &[]).unwrap();
             assert_eq!(info.client_elicitation, form, "{caps}");
         }
         let e = refused(Method::Initialize, r#"{"capabilities":{}}"#);
@@ -2666,9 +2751,9 @@ mod tests {
             ),
             (Method::ListPrompts, RequestKind::ListPrompts),
         ] {
-            let (v, _) = build(m, Some(r#"{"cursor":"o100"}"#), None).unwrap();
+            let (v, _) = build(m, Some(r#"{"cursor":"o100"}"#), &[]).unwrap();
             assert_eq!(v.view().kind(), kind);
-            let (v, _) = build(m, None, None).unwrap();
+            let (v, _) = build(m, None, &[]).unwrap();
             assert_eq!(v.view().kind(), kind);
             let e = refused(m, r#"{"cursor":100}"#);
             assert!(
@@ -2677,22 +2762,21 @@ mod tests {
                 e.message
             );
         }
-        let (v, _) = build(Method::ListTools, Some(r#"{"cursor":"o100"}"#), None).unwrap();
+        let (v, _) = build(Method::ListTools, Some(r#"{"cursor":"o100"}"#), &[]).unwrap();
         let r = v.view().request().payload_as_list_tools_request().unwrap();
         assert_eq!(r.cursor(), Some("o100"));
-        let (v, _) = build(Method::Ping, Some(r#"{"_meta":{}}"#), None).unwrap();
+        let (v, _) = build(Method::Ping, Some(r#"{"_meta":{}}"#), &[]).unwrap();
         assert_eq!(v.view().kind(), RequestKind::Ping);
     }
 
     #[test]
     fn resource_requests_carry_their_uri() {
-        let (v, info) =
-            build(Method::ReadResource, Some(r#"{"uri":"file:///a b"}"#), None).unwrap();
+        let (v, info) = build(Method::ReadResource, Some(r#"{"uri":"file:///a b"}"#), &[]).unwrap();
         assert_eq!(v.view().route_key(), RouteKey::Resource("file:///a b"));
         assert_eq!(info.uri.as_deref(), Some("file:///a b"));
-        let (v, _) = build(Method::Subscribe, Some(r#"{"uri":"u:1"}"#), None).unwrap();
+        let (v, _) = build(Method::Subscribe, Some(r#"{"uri":"u:1"}"#), &[]).unwrap();
         assert_eq!(v.view().kind(), RequestKind::Subscribe);
-        let (v, _) = build(Method::Unsubscribe, Some(r#"{"uri":"u:1"}"#), None).unwrap();
+        let (v, _) = build(Method::Unsubscribe, Some(r#"{"uri":"u:1"}"#), &[]).unwrap();
         assert_eq!(v.view().kind(), RequestKind::Unsubscribe);
         let e = refused(Method::ReadResource, r#"{"name":"x"}"#);
         assert!(e.message.contains("`uri` is required"));
@@ -2703,7 +2787,7 @@ mod tests {
         let (v, _) = build(
             Method::GetPrompt,
             Some(r#"{"name":"greet","arguments":{"who":"Ada \"L\"","n":"3"}}"#),
-            None,
+            &[],
         )
         .unwrap();
         assert_eq!(v.view().route_key(), RouteKey::Prompt("greet"));
@@ -2733,7 +2817,7 @@ mod tests {
         let (v, _) = build(
             Method::Complete,
             Some(r#"{"ref":{"type":"ref/prompt","name":"greet"},"argument":{"name":"who","value":"A"},"context":{"arguments":{}}}"#),
-            None,
+            &[],
         )
         .unwrap();
         let c = v.view().request().payload_as_complete_request().unwrap();
@@ -2749,7 +2833,7 @@ mod tests {
         let (v, _) = build(
             Method::Complete,
             Some(r#"{"ref":{"type":"ref/resource","uri":"db://{t}"},"argument":{"name":"t","value":""}}"#),
-            None,
+            &[],
         )
         .unwrap();
         let c = v.view().request().payload_as_complete_request().unwrap();
@@ -2782,7 +2866,7 @@ mod tests {
 
     #[test]
     fn log_levels_are_validated_and_mapped_to_the_wire() {
-        let (v, info) = build(Method::SetLevel, Some(r#"{"level":"notice"}"#), None).unwrap();
+        let (v, info) = build(Method::SetLevel, Some(r#"{"level":"notice"}"#), &[]).unwrap();
         let r = v
             .view()
             .request()
@@ -2792,7 +2876,7 @@ mod tests {
         assert_eq!(info.log_level, Some("notice"));
         for l in LOG_LEVELS {
             let params = format!(r#"{{"level":"{l}"}}"#);
-            let (_, info) = build(Method::SetLevel, Some(&params), None).unwrap();
+            let (_, info) = build(Method::SetLevel, Some(&params), &[]).unwrap();
             assert_eq!(info.log_level, Some(l));
         }
         let e = refused(Method::SetLevel, r#"{"level":"verbose"}"#);
@@ -2993,7 +3077,7 @@ mod tests {
             .error(&TO, ErrorCode::NotFound, "unknown tool `x`", None)
             .to_vec();
         // With the request's tool name: MCP's wording.
-        let (_, info) = build(Method::CallTool, Some(r#"{"name":"no\"pe"}"#), None).unwrap();
+        let (_, info) = build(Method::CallTool, Some(r#"{"name":"no\"pe"}"#), &[]).unwrap();
         let mut out = Vec::new();
         write_response_for(&mut out, &Id(raw("4")), &info, &nf, "2025-06-18");
         assert_eq!(
@@ -3021,7 +3105,7 @@ mod tests {
         let (_, info) = build(
             Method::ReadResource,
             Some(r#"{"uri":"file:///gone\"x"}"#),
-            None,
+            &[],
         )
         .unwrap();
         let mut out = Vec::new();
@@ -3703,7 +3787,7 @@ mod tests {
             let Some(method) = Method::from_name(&method) else {
                 continue;
             };
-            match request_frame(enc, &header(), method, params, Some(("_elicitation", "{}"))) {
+            match request_frame(enc, &header(), method, params, &[("_elicitation", "{}")]) {
                 Ok((frame, info)) => {
                     let v = VerifiedRequest::verify(Bytes::copy_from_slice(frame));
                     // Only an empty routing name is refused by verification.

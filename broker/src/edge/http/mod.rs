@@ -24,6 +24,7 @@
 
 pub mod jsonrpc;
 pub mod modern;
+pub mod request_state;
 pub mod session;
 
 use std::borrow::Cow;
@@ -884,7 +885,7 @@ impl HttpEdge {
             let h = self.header(None);
             let built = {
                 let mut enc = self.enc.borrow_mut();
-                jsonrpc::request_frame(&mut enc, &h, Method::Initialize, params, None)
+                jsonrpc::request_frame(&mut enc, &h, Method::Initialize, params, &[])
                     .map(|(f, info)| (Bytes::copy_from_slice(f), info))
             };
             match built {
@@ -1153,7 +1154,7 @@ impl HttpEdge {
                     params.as_deref(),
                     arrived,
                     With {
-                        extra: None,
+                        extra: &[],
                         live: Some(&live),
                     },
                 )
@@ -1367,10 +1368,13 @@ impl HttpEdge {
             };
             if let Some(ask) = ask {
                 rounds += 1;
-                let arg = match ask {
-                    Ask::Elicit(_) => jsonrpc::ELICITATION_ARG,
-                    Ask::Sample(_) => jsonrpc::SAMPLING_ARG,
+                let (arg, asked_by) = match &ask {
+                    Ask::Elicit(f) => (jsonrpc::ELICITATION_ARG, &f[..]),
+                    Ask::Sample(_) => (jsonrpc::SAMPLING_ARG, fin.as_deref().unwrap_or_default()),
                 };
+                // The router's state goes back with the answer; the stream
+                // holds it meanwhile (request_state.rs).
+                let state = jsonrpc::router_state(asked_by).map(|s| s.into_owned());
                 match self.ask_client(&session, stream, ask, rounds).await {
                     Ok(answer) => {
                         let params = c
@@ -1385,7 +1389,12 @@ impl HttpEdge {
                                 params.as_deref(),
                                 c.arrived,
                                 With {
-                                    extra: Some((arg, &answer)),
+                                    extra: &match &state {
+                                        Some(s) => {
+                                            vec![(arg, answer.as_str()), (jsonrpc::STATE_ARG, s)]
+                                        }
+                                        None => vec![(arg, answer.as_str())],
+                                    },
                                     live: None,
                                 },
                             )
@@ -1768,9 +1777,10 @@ impl Continuation {
 /// What a request runs with besides its message.
 #[derive(Default, Clone, Copy)]
 struct With<'a> {
-    /// One more argument of a call repeated after a round trip to the
-    /// client (elicitation or sampling): name and JSON value.
-    extra: Option<(&'a str, &'a str)>,
+    /// More arguments of a call repeated after a round trip to the client
+    /// (elicitation or sampling): the answer, and the router's state when
+    /// it attached one; name and JSON value each.
+    extra: &'a [(&'a str, &'a str)],
     /// Where its notifications go while it runs.
     live: Option<&'a dyn LiveOut>,
 }

@@ -75,6 +75,7 @@ use serde_json::value::RawValue;
 use super::jsonrpc::{
     self, Body as RpcBody, FrameKind, Id, MODERN_VERSION, Message, Method, first_byte, string_of,
 };
+use super::request_state::{Asked, MAX_INPUT_KEY_BYTES, MAX_STATE_BYTES, Question, RequestStates};
 use super::{
     Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse, unparsable,
 };
@@ -197,6 +198,8 @@ struct Envelope<'a> {
     uri: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "inputResponses")]
     input_responses: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "requestState")]
+    request_state: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -238,6 +241,8 @@ pub struct Declared<'a> {
     pub name: Option<Cow<'a, str>>,
     /// `params.inputResponses`, raw: a retry's answers (MRTR).
     pub input_responses: Option<&'a RawValue>,
+    /// `params.requestState`: the token a retry echoes (not yet opened).
+    pub request_state: Option<Cow<'a, str>>,
 }
 
 /// A refusal: JSON-RPC code and message (`data` for -32022 and -32021).
@@ -327,6 +332,13 @@ pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declar
             }
         }
     };
+    let request_state = match env.request_state.filter(|r| r.get() != "null") {
+        None => None,
+        Some(r) => Some(
+            string_of(r)
+                .ok_or_else(|| invalid("Invalid params: `requestState` must be a string".into()))?,
+        ),
+    };
     let name = match method {
         "tools/call" | "prompts/get" => env.name.and_then(string_of),
         "resources/read" => env.uri.and_then(string_of),
@@ -341,6 +353,7 @@ pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declar
         log_level,
         name,
         input_responses: env.input_responses,
+        request_state,
     })
 }
 
@@ -498,50 +511,67 @@ pub fn missing_capability(capability: &str, what: &str) -> Refusal {
     r
 }
 
-/// A retry's answer to the latest question, as the argument the tool is
-/// called again with: (`_elicitation` or `_sampling`, its JSON). `None`
-/// when the request is not a retry (or answers nothing this edge asked).
-pub fn retry_argument(
+/// A retry's answer to the latest question, and the router's state, as
+/// the arguments the tool is called again with: (`_elicitation` or
+/// `_sampling`, its JSON), then (`_request_state`, its JSON). `asked`: the
+/// question the retry's `requestState` carries; the answer is read under
+/// its key, else under the default keys. Empty when the request is not a
+/// retry (or answers nothing this edge asked).
+pub fn retry_arguments(
     input_responses: Option<&RawValue>,
-) -> Result<Option<(&'static str, String)>, Refusal> {
+    asked: Option<Question<String>>,
+) -> Result<Vec<(&'static str, String)>, Refusal> {
     let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
-    let Some(raw) = input_responses.filter(|r| r.get() != "null") else {
-        return Ok(None);
-    };
-    if first_byte(raw) != b'{' {
-        return Err(invalid(
-            "Invalid params: `inputResponses` must be an object".into(),
-        ));
-    }
-    #[derive(Deserialize)]
-    struct Responses<'a> {
-        #[serde(borrow, default)]
-        elicitation: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        sampling: Option<&'a RawValue>,
-    }
-    let r: Responses<'_> = serde_json::from_str(raw.get())
-        .map_err(|e| invalid(format!("Invalid params: `inputResponses`: {e}")))?;
-    if let Some(e) = r.elicitation {
-        let answer = jsonrpc::elicitation_answer(e).map_err(|e| {
-            invalid(format!(
-                "Invalid params: `inputResponses.elicitation`: {}",
-                e.message
-            ))
-        })?;
-        return Ok(Some((jsonrpc::ELICITATION_ARG, answer)));
-    }
-    if let Some(s) = r.sampling {
-        if first_byte(s) != b'{' {
+    let mut args = Vec::new();
+    if let Some(raw) = input_responses.filter(|r| r.get() != "null") {
+        if first_byte(raw) != b'{' {
             return Err(invalid(
-                "Invalid params: `inputResponses.sampling` must be a CreateMessageResult object"
-                    .into(),
+                "Invalid params: `inputResponses` must be an object".into(),
             ));
         }
-        return Ok(Some((jsonrpc::SAMPLING_ARG, s.get().to_owned())));
+        let responses: std::collections::HashMap<String, &RawValue> =
+            serde_json::from_str(raw.get())
+                .map_err(|e| invalid(format!("Invalid params: `inputResponses`: {e}")))?;
+        // The question asked, else whichever default key answers (an
+        // elicitation first).
+        let wanted = match &asked {
+            Some(q) => vec![(q.key.as_str(), q.asked)],
+            None => vec![
+                (ELICITATION_KEY, Asked::Elicitation),
+                (SAMPLING_KEY, Asked::Sampling),
+            ],
+        };
+        // Unknown keys are ignored (the spec's advice): the tool then asks
+        // again.
+        if let Some((key, answer, kind)) = wanted
+            .into_iter()
+            .find_map(|(k, kind)| Some((k, *responses.get(k)?, kind)))
+        {
+            args.push(match kind {
+                Asked::Elicitation => {
+                    let a = jsonrpc::elicitation_answer(answer).map_err(|e| {
+                        invalid(format!(
+                            "Invalid params: `inputResponses.{key}`: {}",
+                            e.message
+                        ))
+                    })?;
+                    (jsonrpc::ELICITATION_ARG, a)
+                }
+                Asked::Sampling => {
+                    if first_byte(answer) != b'{' {
+                        return Err(invalid(format!(
+                            "Invalid params: `inputResponses.{key}` must be a CreateMessageResult object"
+                        )));
+                    }
+                    (jsonrpc::SAMPLING_ARG, answer.get().to_owned())
+                }
+            });
+        }
     }
-    // Unknown keys are ignored (the spec's advice): the tool then asks again.
-    Ok(None)
+    if let Some(state) = asked.and_then(|q| q.state) {
+        args.push((jsonrpc::STATE_ARG, state));
+    }
+    Ok(args)
 }
 
 /// The JSON type of a property that carries `x-mcp-header`.
@@ -1095,7 +1125,7 @@ impl HttpEdge {
         }
         let live = route.is_some_and(HeaderRoute::reports_live);
         let r = self
-            .modern_call(id, method, params, &d, arrived, live)
+            .modern_call(id, method, params, &d, Arrival { arrived, who }, live)
             .await;
         match (method, who, &self.ctx.shared.auth) {
             ("tools/list", Some(p), Some(auth)) => hide_tools(r, |t| auth.allows_tool(p, t)),
@@ -1240,9 +1270,10 @@ impl HttpEdge {
         method: &str,
         params: Option<&RawValue>,
         d: &Declared<'_>,
-        arrived: Instant,
+        at: Arrival<'_>,
         reports_live: bool,
     ) -> Response<Body> {
+        let Arrival { arrived, who } = at;
         let Some(m) = Method::from_name(method) else {
             let r = Refusal::new(
                 jsonrpc::code::METHOD_NOT_FOUND,
@@ -1251,20 +1282,37 @@ impl HttpEdge {
             return refusal_response(Some(id), r);
         };
         // Only a tool call can be re-called with an answer (the router
-        // world elicits from call-tool alone).
-        let extra = if m == Method::CallTool {
-            match retry_argument(d.input_responses) {
-                Ok(e) => e,
+        // world elicits from call-tool alone), and only its requestState
+        // is opened: the answer, and the router's state, become arguments.
+        let subject = who.map_or("", |p| p.subject.as_str());
+        let mut extra: Vec<(&str, String)> = Vec::new();
+        if m == Method::CallTool {
+            let asked = match d.request_state.as_deref() {
+                None => None,
+                Some(token) => {
+                    let tool = d.name.as_deref().unwrap_or_default();
+                    match self.ctx.shared.request_states.open(token, tool, subject) {
+                        Ok(q) => Some(q),
+                        Err(why) => {
+                            let r = Refusal::new(
+                                jsonrpc::code::INVALID_PARAMS,
+                                format!("Invalid params: {why}"),
+                            );
+                            return refusal_response(Some(id), r);
+                        }
+                    }
+                }
+            };
+            match retry_arguments(d.input_responses, asked) {
+                Ok(e) => extra = e,
                 Err(r) => return refusal_response(Some(id), r),
             }
-        } else {
-            None
-        };
+        }
         let built = {
             let h = self.header(None);
             let mut enc = self.enc.borrow_mut();
-            let extra = extra.as_ref().map(|(k, v)| (*k, v.as_str()));
-            jsonrpc::request_frame(&mut enc, &h, m, params, extra)
+            let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            jsonrpc::request_frame(&mut enc, &h, m, params, &extra)
                 .map(|(f, info)| (Bytes::copy_from_slice(f), info))
         };
         let (frame, info) = match built {
@@ -1282,12 +1330,16 @@ impl HttpEdge {
         };
         let wants = Wants::of(d, cacheable(method).then(|| self.cache_scope()));
         if reports_live && (info.progress_token.is_some() || wants.log_level.is_some()) {
-            return self.modern_live(id, frame, &info, wants, arrived);
+            return self.modern_live(id, frame, &info, wants, arrived, subject);
         }
         let called = self.run(frame, arrived, None, None).await;
         let mut events = Vec::new();
         let mut out = Vec::with_capacity(256);
-        if let Err(r) = conclude(&mut events, &mut out, id, &info, &wants, &called) {
+        let seal = Seal {
+            states: &self.ctx.shared.request_states,
+            subject,
+        };
+        if let Err(r) = conclude(&mut events, &mut out, id, &info, &wants, &called, &seal) {
             return refusal_response(Some(id), r);
         }
         if events.is_empty() {
@@ -1309,8 +1361,10 @@ impl HttpEdge {
         info: &jsonrpc::RequestInfo<'_>,
         wants: Wants,
         arrived: Instant,
+        subject: &str,
     ) -> Response<Body> {
         let (tx, rx) = mpsc::unbounded();
+        let subject = subject.to_owned();
         let cancel = std::sync::Arc::new(super::session::Cancel::default());
         let guard = CancelOnClose(cancel.clone());
         let edge = self.clone();
@@ -1335,7 +1389,11 @@ impl HttpEdge {
             let id = Id(&id);
             let mut events = Vec::new();
             let mut out = Vec::with_capacity(256);
-            if let Err(r) = conclude(&mut events, &mut out, &id, &info, &wants, &called) {
+            let seal = Seal {
+                states: &edge.ctx.shared.request_states,
+                subject: &subject,
+            };
+            if let Err(r) = conclude(&mut events, &mut out, &id, &info, &wants, &called, &seal) {
                 // The status line is sent: the refusal is the answer.
                 out.clear();
                 jsonrpc::write_error(&mut out, Some(&id), r.code, &r.message, r.data.as_deref());
@@ -1377,6 +1435,61 @@ impl Wants {
     }
 }
 
+/// What seals a router's state into an `InputRequiredResult`'s
+/// `requestState`: the broker's key, and the caller it is bound to.
+struct Seal<'a> {
+    states: &'a RequestStates,
+    /// The token's subject (`[auth]`), "" without auth.
+    subject: &'a str,
+}
+
+impl Seal<'_> {
+    /// The `inputRequests` key of the question in `frame` (the router's
+    /// choice, else the default of its kind), and its `requestState` when
+    /// the router attached a state or chose the key (the retry's answer is
+    /// read under the key the token names). `Err` with the error's message
+    /// when the router's key or state cannot travel.
+    fn question(
+        &self,
+        tool: &str,
+        frame: &[u8],
+        asked: Asked,
+    ) -> Result<(String, Option<String>), String> {
+        let default = match asked {
+            Asked::Elicitation => ELICITATION_KEY,
+            Asked::Sampling => SAMPLING_KEY,
+        };
+        let key = jsonrpc::router_input_key(frame);
+        if let Some(k) = &key
+            && (k.is_empty() || k.len() > MAX_INPUT_KEY_BYTES)
+        {
+            return Err(format!(
+                "the router's input key for `{tool}` must be 1 to {MAX_INPUT_KEY_BYTES} bytes long, not {}",
+                k.len()
+            ));
+        }
+        let key = key.unwrap_or(Cow::Borrowed(default));
+        let state = jsonrpc::router_state(frame);
+        if let Some(state) = &state
+            && state.len() > MAX_STATE_BYTES
+        {
+            return Err(format!(
+                "the router's state for `{tool}` is {} bytes; at most {MAX_STATE_BYTES} travel as requestState",
+                state.len()
+            ));
+        }
+        let token = (state.is_some() || key != default).then(|| {
+            let q = Question {
+                asked,
+                key: &*key,
+                state: state.as_deref(),
+            };
+            self.states.seal(tool, self.subject, &q)
+        });
+        Ok((key.into_owned(), token))
+    }
+}
+
 /// A ran modern call's messages: its progress and log notifications the
 /// request asked for into `events` (those its router left with the answer;
 /// live ones were sent already), its answer into `out`. `Err` when the
@@ -1388,6 +1501,7 @@ fn conclude(
     info: &jsonrpc::RequestInfo<'_>,
     wants: &Wants,
     called: &super::Called,
+    seal: &Seal<'_>,
 ) -> Result<(), Refusal> {
     let (mut elicit, mut fin) = (None, None);
     for f in frames(&called.frames) {
@@ -1416,19 +1530,30 @@ fn conclude(
             FrameKind::Final => fin = Some(f),
         }
     }
+    let tool = info.tool_name.as_deref().unwrap_or_default();
     if let Some(f) = elicit {
         if !wants.elicitation {
             return Err(missing_capability("elicitation", "asks the user for input"));
         }
-        jsonrpc::write_input_required_elicitation(out, id, ELICITATION_KEY, f);
-    } else if let Some(p) = fin.and_then(jsonrpc::sampling_request) {
+        match seal.question(tool, f, Asked::Elicitation) {
+            Ok((key, token)) => {
+                jsonrpc::write_input_required_elicitation(out, id, &key, f, token.as_deref());
+            }
+            Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
+        }
+    } else if let Some((f, p)) = fin.and_then(|f| Some((f, jsonrpc::sampling_request(f)?))) {
         if !wants.sampling {
             return Err(missing_capability(
                 "sampling",
                 "asks the client's model for a completion",
             ));
         }
-        jsonrpc::write_input_required_sampling(out, id, SAMPLING_KEY, p);
+        match seal.question(tool, f, Asked::Sampling) {
+            Ok((key, token)) => {
+                jsonrpc::write_input_required_sampling(out, id, &key, p, token.as_deref());
+            }
+            Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
+        }
     } else if let Some(f) = fin {
         match called.answer() {
             // The common case: the answer ends the call.
@@ -1758,12 +1883,67 @@ mod tests {
     #[test]
     fn a_retry_carries_the_elicitation_answer_as_the_old_era_argument() {
         let r = raw(r#"{"elicitation":{"action":"accept","content":{"name":"Ada"}},"other":1}"#);
-        let (k, v) = retry_argument(Some(&r)).unwrap().unwrap();
-        assert_eq!(k, "_elicitation");
-        assert_eq!(v, r#"{"action":"accept","content":{"name":"Ada"}}"#);
+        let args = retry_arguments(Some(&r), None).unwrap();
+        assert_eq!(
+            args,
+            [(
+                "_elicitation",
+                r#"{"action":"accept","content":{"name":"Ada"}}"#.to_owned()
+            )]
+        );
         let r = raw(r#"{"elicitation":{"action":"maybe"}}"#);
-        assert_eq!(retry_argument(Some(&r)).unwrap_err().code, -32602);
+        assert_eq!(retry_arguments(Some(&r), None).unwrap_err().code, -32602);
         let r = raw(r#"{"unknown":{}}"#);
-        assert_eq!(retry_argument(Some(&r)).unwrap(), None);
+        assert_eq!(retry_arguments(Some(&r), None).unwrap(), []);
+        let r = raw(r#"{"sampling":{"role":"assistant"}}"#);
+        assert_eq!(retry_arguments(Some(&r), None).unwrap()[0].0, "_sampling");
+        assert_eq!(
+            retry_arguments(Some(&raw("[]")), None).unwrap_err().code,
+            -32602
+        );
+    }
+
+    #[test]
+    fn a_retry_with_a_question_reads_its_key_and_hands_back_its_state() {
+        let q = |asked, key: &str, state: Option<&str>| {
+            Some(Question {
+                asked,
+                key: key.to_owned(),
+                state: state.map(str::to_owned),
+            })
+        };
+        let r = raw(
+            r#"{"user_name":{"action":"accept","content":{"name":"Ada"}},"elicitation":{"action":"decline"}}"#,
+        );
+        // The named key wins over the default one, and the state follows.
+        let args = retry_arguments(
+            Some(&r),
+            q(Asked::Elicitation, "user_name", Some(r#"{"step":1}"#)),
+        )
+        .unwrap();
+        assert_eq!(
+            args,
+            [
+                (
+                    "_elicitation",
+                    r#"{"action":"accept","content":{"name":"Ada"}}"#.to_owned()
+                ),
+                ("_request_state", r#"{"step":1}"#.to_owned()),
+            ]
+        );
+        // Unanswered: the state alone (the tool asks again, knowing why).
+        let args = retry_arguments(None, q(Asked::Sampling, "s", Some("2"))).unwrap();
+        assert_eq!(args, [("_request_state", "2".to_owned())]);
+        // A sampling question's answer must be an object, named in the error.
+        let r = raw(r#"{"capital":42}"#);
+        let e = retry_arguments(Some(&r), q(Asked::Sampling, "capital", None)).unwrap_err();
+        assert!(
+            e.message.contains("`inputResponses.capital`"),
+            "{}",
+            e.message
+        );
+        let r = raw(r#"{"capital":{"role":"assistant"}}"#);
+        let args = retry_arguments(Some(&r), q(Asked::Sampling, "capital", None)).unwrap();
+        assert_eq!(args, [("_sampling", r#"{"role":"assistant"}"#.to_owned())]);
     }
 }

@@ -1,0 +1,433 @@
+//! A router's own state carried through the client between the rounds of a
+//! multi round-trip (`requestState`, protocol 2026-07-28), sealed by the
+//! broker.
+//!
+//! A tool that asks the client something (`elicit`, or a result asking for
+//! sampling) may attach a `meta` entry [`STATE_META_KEY`] holding any JSON
+//! value; the re-called tool gets it back as the argument [`STATE_ARG`]. In
+//! the session-based revisions the broker holds it between the rounds (the
+//! request's stream is open); in 2026-07-28 nothing is held: it goes to the
+//! client as the InputRequiredResult's `requestState`, and the retry brings
+//! it back. The token also names the question's `inputRequests` key, which
+//! a router may choose ([`INPUT_KEY_META_KEY`]): the retry's answer is read
+//! under that key.
+//!
+//! What the client holds is sealed with AES-256-GCM: it can neither read
+//! the router's state nor change it, and a token answers only the call it
+//! was made for. The associated data binds it to the tool's name and the
+//! caller's subject (with `[auth]`), and the sealed text carries an expiry
+//! (`http.request_state_ttl`). A token that fails any of these is refused
+//! (-32602), never passed on.
+//!
+//! The key: `http.request_state_key_file`, or, without one, 32 random bytes
+//! drawn at start-up. Every shard seals with the same key, so a retry may
+//! land on any of them; brokers behind one load balancer need the same key
+//! file, since a retry may land on any of them too.
+//!
+//! # Invariants
+//! - Nothing is stored: a token is checked by the key alone.
+//! - Every token gets a fresh random nonce (96 bits): a key seals far fewer
+//!   than the 2^32 messages AES-GCM's random nonces allow.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+
+pub use super::jsonrpc::{INPUT_KEY_META_KEY, STATE_ARG, STATE_META_KEY};
+
+/// Longest `inputRequests` key a router may choose.
+pub const MAX_INPUT_KEY_BYTES: usize = 64;
+
+/// What a question asked for: how its answer is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    Elicitation,
+    Sampling,
+}
+
+/// What a `requestState` token carries: the question's kind and
+/// `inputRequests` key, and the router's state (JSON text), if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question<S> {
+    pub asked: Asked,
+    pub key: S,
+    pub state: Option<S>,
+}
+
+/// Largest state a router may attach (its JSON text), in 2026-07-28 where
+/// it travels through the client: about 5.5 KiB once sealed and encoded.
+pub const MAX_STATE_BYTES: usize = 4096;
+
+/// The first byte of every token: the format, for a later change of it.
+const VERSION: u8 = 1;
+const TAG_LEN: usize = 16;
+const EXPIRY_LEN: usize = 8;
+const KEY_LEN: usize = 32;
+
+/// Seals and opens `requestState` tokens (one per process, shared by every
+/// shard).
+pub struct RequestStates {
+    key: LessSafeKey,
+    ttl: Duration,
+    rng: SystemRandom,
+}
+
+impl std::fmt::Debug for RequestStates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestStates")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a token was refused: the refusal's message names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Not a token of this broker's format at all.
+    Malformed,
+    /// Changed, made for another tool or caller, or sealed under another key.
+    Integrity,
+    /// Older than `http.request_state_ttl`.
+    Expired,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refused::Malformed => "`requestState` is not one this server issued",
+            Refused::Integrity => {
+                "`requestState` failed its integrity check: it was changed, it belongs to another tool or caller, or another server sealed it (brokers behind one load balancer need the same http.request_state_key_file)"
+            }
+            Refused::Expired => {
+                "`requestState` has expired (http.request_state_ttl): call the tool again without it"
+            }
+        })
+    }
+}
+
+impl RequestStates {
+    /// The key from `key_file` (32 bytes, or 64 hexadecimal digits with an
+    /// optional trailing newline), or a random one when `key_file` is empty.
+    pub fn new(key_file: &Path, ttl: Duration) -> Result<Self, String> {
+        let rng = SystemRandom::new();
+        let mut key = [0u8; KEY_LEN];
+        if key_file.as_os_str().is_empty() {
+            rng.fill(&mut key)
+                .map_err(|_| "http.request_state_key_file: no random key could be drawn")?;
+        } else {
+            let bytes = std::fs::read(key_file).map_err(|e| {
+                format!(
+                    "http.request_state_key_file: cannot read {}: {e}",
+                    key_file.display()
+                )
+            })?;
+            key = parse_key(&bytes).ok_or_else(|| {
+                format!(
+                    "http.request_state_key_file: {} holds {} bytes; it must hold 32 bytes, or 64 hexadecimal digits (`openssl rand -hex 32`)",
+                    key_file.display(),
+                    bytes.len()
+                )
+            })?;
+        }
+        Ok(Self::with_key(&key, ttl, rng))
+    }
+
+    fn with_key(key: &[u8; KEY_LEN], ttl: Duration, rng: SystemRandom) -> Self {
+        let unbound = UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES-256 key");
+        Self {
+            key: LessSafeKey::new(unbound),
+            ttl,
+            rng,
+        }
+    }
+
+    /// The token for question `q`, answering only `tool` called by
+    /// `subject` ("" without `[auth]`) within the ttl. The key must be at
+    /// most [`MAX_INPUT_KEY_BYTES`] long (the caller's check).
+    pub fn seal(&self, tool: &str, subject: &str, q: &Question<&str>) -> String {
+        self.seal_at(tool, subject, q, now_secs())
+    }
+
+    fn seal_at(&self, tool: &str, subject: &str, q: &Question<&str>, now: u64) -> String {
+        debug_assert!(q.key.len() <= MAX_INPUT_KEY_BYTES);
+        let mut nonce = [0u8; NONCE_LEN];
+        // SystemRandom fails only where the OS has no randomness at all,
+        // which start-up (`new`) has already shown not to be the case.
+        self.rng.fill(&mut nonce).expect("the OS's random source");
+        let expiry = now.saturating_add(self.ttl.as_secs());
+        let state = q.state.unwrap_or_default();
+        let mut buf = Vec::with_capacity(
+            1 + NONCE_LEN + EXPIRY_LEN + 3 + q.key.len() + state.len() + TAG_LEN,
+        );
+        buf.push(VERSION);
+        buf.extend_from_slice(&nonce);
+        // The plaintext: expiry, kind (with whether a state follows), the
+        // key's length and bytes, the state.
+        buf.extend_from_slice(&expiry.to_be_bytes());
+        let kind = match q.asked {
+            Asked::Elicitation => b'e',
+            Asked::Sampling => b's',
+        };
+        buf.push(if q.state.is_some() {
+            kind.to_ascii_uppercase()
+        } else {
+            kind
+        });
+        buf.push(q.key.len() as u8);
+        buf.extend_from_slice(q.key.as_bytes());
+        buf.extend_from_slice(state.as_bytes());
+        let mut sealed = buf.split_off(1 + NONCE_LEN);
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad(tool, subject)),
+                &mut sealed,
+            )
+            .expect("a plaintext far below AES-GCM's limit");
+        buf.extend_from_slice(&sealed);
+        buf.extend_from_slice(tag.as_ref());
+        URL_SAFE_NO_PAD.encode(&buf)
+    }
+
+    /// The question a token carries for `tool` called by `subject`.
+    pub fn open(
+        &self,
+        token: &str,
+        tool: &str,
+        subject: &str,
+    ) -> Result<Question<String>, Refused> {
+        self.open_at(token, tool, subject, now_secs())
+    }
+
+    fn open_at(
+        &self,
+        token: &str,
+        tool: &str,
+        subject: &str,
+        now: u64,
+    ) -> Result<Question<String>, Refused> {
+        let mut buf = URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| Refused::Malformed)?;
+        if buf.len() < 1 + NONCE_LEN + EXPIRY_LEN + TAG_LEN || buf[0] != VERSION {
+            return Err(Refused::Malformed);
+        }
+        let nonce: [u8; NONCE_LEN] = buf[1..1 + NONCE_LEN].try_into().expect("length checked");
+        let plain = self
+            .key
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad(tool, subject)),
+                &mut buf[1 + NONCE_LEN..],
+            )
+            .map_err(|_| Refused::Integrity)?;
+        let (expiry, rest) = plain.split_at(EXPIRY_LEN);
+        let expiry = u64::from_be_bytes(expiry.try_into().expect("length checked"));
+        if now > expiry {
+            return Err(Refused::Expired);
+        }
+        // Sealed by `seal`: only a forged token could fail from here on,
+        // and a forged one fails the tag first.
+        let [kind, len, rest @ ..] = rest else {
+            return Err(Refused::Integrity);
+        };
+        let asked = match kind.to_ascii_lowercase() {
+            b'e' => Asked::Elicitation,
+            b's' => Asked::Sampling,
+            _ => return Err(Refused::Integrity),
+        };
+        let (key, state) = rest
+            .split_at_checked(usize::from(*len))
+            .ok_or(Refused::Integrity)?;
+        let text = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| Refused::Integrity);
+        Ok(Question {
+            asked,
+            key: text(key)?,
+            state: kind.is_ascii_uppercase().then(|| text(state)).transpose()?,
+        })
+    }
+}
+
+/// What a token is bound to besides its key: the tool and the caller. The
+/// lengths keep ("ab", "c") and ("a", "bc") apart.
+fn aad(tool: &str, subject: &str) -> Vec<u8> {
+    let mut a = Vec::with_capacity(32 + tool.len() + subject.len());
+    a.extend_from_slice(b"mcp-broker requestState\0");
+    for part in [tool, subject] {
+        a.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        a.extend_from_slice(part.as_bytes());
+    }
+    a
+}
+
+fn parse_key(bytes: &[u8]) -> Option<[u8; KEY_LEN]> {
+    if let Ok(raw) = <[u8; KEY_LEN]>::try_from(bytes) {
+        return Some(raw);
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
+    let hex = text.strip_suffix('\n').unwrap_or(text);
+    let hex = hex.strip_suffix('\r').unwrap_or(hex);
+    if hex.len() != 2 * KEY_LEN || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut key = [0u8; KEY_LEN];
+    for (i, k) in key.iter_mut().enumerate() {
+        *k = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(key)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn states(key: u8) -> RequestStates {
+        RequestStates::with_key(
+            &[key; KEY_LEN],
+            Duration::from_secs(600),
+            SystemRandom::new(),
+        )
+    }
+
+    fn q(state: &str) -> Question<&str> {
+        Question {
+            asked: Asked::Elicitation,
+            key: "elicitation",
+            state: Some(state),
+        }
+    }
+
+    fn state_of(r: Result<Question<String>, Refused>) -> Result<String, Refused> {
+        r.map(|q| q.state.expect("a state"))
+    }
+
+    #[test]
+    fn a_token_carries_the_questions_kind_key_and_state() {
+        let s = states(5);
+        for asked in [Asked::Elicitation, Asked::Sampling] {
+            for state in [None, Some(""), Some(r#"{"a":[1,2]}"#)] {
+                for key in ["", "user_name", &"k".repeat(MAX_INPUT_KEY_BYTES)] {
+                    let t = s.seal("t", "", &Question { asked, key, state });
+                    let got = s.open(&t, "t", "").unwrap();
+                    assert_eq!(got.asked, asked);
+                    assert_eq!(got.key, key);
+                    assert_eq!(got.state.as_deref(), state);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_token_opens_for_its_own_call_only() {
+        let s = states(7);
+        let t = s.seal("kv__ask", "alice", &q(r#"{"step":2}"#));
+        assert_eq!(
+            state_of(s.open(&t, "kv__ask", "alice")).unwrap(),
+            r#"{"step":2}"#
+        );
+        // Another tool, another caller, another broker's key.
+        assert_eq!(s.open(&t, "kv__other", "alice"), Err(Refused::Integrity));
+        assert_eq!(s.open(&t, "kv__ask", "bob"), Err(Refused::Integrity));
+        assert_eq!(s.open(&t, "kv__ask", ""), Err(Refused::Integrity));
+        assert_eq!(
+            states(8).open(&t, "kv__ask", "alice"),
+            Err(Refused::Integrity)
+        );
+        // The binding's parts cannot be shifted into one another.
+        let t = s.seal("ab", "c", &q("1"));
+        assert_eq!(s.open(&t, "a", "bc"), Err(Refused::Integrity));
+    }
+
+    #[test]
+    fn every_token_is_fresh_and_hides_the_state() {
+        let s = states(1);
+        let (a, b) = (
+            s.seal("t", "", &q("\"secret\"")),
+            s.seal("t", "", &q("\"secret\"")),
+        );
+        assert_ne!(a, b, "a fresh nonce each time");
+        for t in [&a, &b] {
+            let raw = URL_SAFE_NO_PAD.decode(t).unwrap();
+            assert!(!raw.windows(6).any(|w| w == b"secret"), "{t}");
+        }
+    }
+
+    #[test]
+    fn a_changed_token_is_refused() {
+        let s = states(3);
+        let t = s.seal("t", "", &q(r#"{"n":1}"#));
+        // What the conformance suite does, and a flipped bit at every place.
+        assert!(s.open(&format!("{t}-TAMPERED"), "t", "").is_err());
+        let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        for i in 0..raw.len() {
+            let mut bad = raw.clone();
+            bad[i] ^= 0x01;
+            let r = s.open(&URL_SAFE_NO_PAD.encode(&bad), "t", "");
+            assert!(r.is_err(), "byte {i} flipped was accepted");
+        }
+        for junk in [
+            "",
+            "not base64!",
+            "AAAA",
+            &URL_SAFE_NO_PAD.encode([2u8; 64]),
+        ] {
+            assert_eq!(s.open(junk, "t", ""), Err(Refused::Malformed), "{junk:?}");
+        }
+        assert!(s.open(&t[..t.len() - 1], "t", "").is_err());
+    }
+
+    #[test]
+    fn a_token_expires_after_the_ttl() {
+        let s = states(4);
+        let t = s.seal_at("t", "", &q("1"), 1_000);
+        assert_eq!(state_of(s.open_at(&t, "t", "", 1_600)).unwrap(), "1");
+        assert_eq!(s.open_at(&t, "t", "", 1_601), Err(Refused::Expired));
+    }
+
+    #[test]
+    fn key_files_hold_raw_or_hex_keys() {
+        let dir = std::env::temp_dir().join(format!("mcp-rs-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ttl = Duration::from_secs(60);
+        let raw = dir.join("raw");
+        std::fs::write(&raw, [9u8; 32]).unwrap();
+        let hex = dir.join("hex");
+        std::fs::write(&hex, format!("{}\n", "09".repeat(32))).unwrap();
+        let (a, b) = (
+            RequestStates::new(&raw, ttl).unwrap(),
+            RequestStates::new(&hex, ttl).unwrap(),
+        );
+        // The same key either way: one's token opens with the other.
+        assert_eq!(
+            state_of(b.open(&a.seal("t", "", &q("true")), "t", "")).unwrap(),
+            "true"
+        );
+        let short = dir.join("short");
+        std::fs::write(&short, "abc\n").unwrap();
+        let e = RequestStates::new(&short, ttl).unwrap_err();
+        assert!(e.contains("4 bytes") && e.contains("64 hexadecimal"), "{e}");
+        let e = RequestStates::new(&dir.join("missing"), ttl).unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+        // Without a file: a random key, different per process (and call).
+        let (r1, r2) = (
+            RequestStates::new(Path::new(""), ttl).unwrap(),
+            RequestStates::new(Path::new(""), ttl).unwrap(),
+        );
+        assert_eq!(
+            r2.open(&r1.seal("t", "", &q("1")), "t", ""),
+            Err(Refused::Integrity)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
