@@ -847,6 +847,31 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             }
         }
     }
+    let states = &shared.request_states;
+    family(
+        &mut o,
+        "mcp_http_request_states_issued_total",
+        "counter",
+        "requestState tokens issued on the HTTP edge (protocol 2026-07-28): questions whose router attached a state or named its input key.",
+    );
+    let _ = writeln!(
+        o,
+        "mcp_http_request_states_issued_total {}",
+        states.issued()
+    );
+    family(
+        &mut o,
+        "mcp_http_request_states_refused_total",
+        "counter",
+        "Retries refused for their requestState, by reason: malformed (not a token of this format), integrity (changed, for another tool or caller, or sealed under another key: brokers behind one balancer need the same http.request_state_key_file), expired (past http.request_state_ttl).",
+    );
+    for (why, n) in states.refusals() {
+        let _ = writeln!(
+            o,
+            "mcp_http_request_states_refused_total{{reason=\"{}\"}} {n}",
+            why.as_str()
+        );
+    }
     if let Some(auth) = &shared.auth {
         family(
             &mut o,

@@ -1063,6 +1063,15 @@ fn a_routers_state_travels_sealed_in_request_state_and_comes_back_with_the_answe
         &call_of(9, TOOL, r#","requestState":7"#),
     );
     refused(&r, 400, -32602, json!(9));
+    // Counted: the three questions asked (rounds 1, 2, and the start over),
+    // and the two tokens refused here by their integrity.
+    assert_eq!(b.metric_sum("mcp_http_request_states_issued_total"), 3.0);
+    let (_, metrics) = b.http_get("/metrics");
+    assert!(
+        metrics.contains("mcp_http_request_states_refused_total{reason=\"integrity\"} 2\n")
+            && metrics.contains("mcp_http_request_states_refused_total{reason=\"expired\"} 0\n"),
+        "{metrics}"
+    );
 }
 
 /// A router may name its question's key (`mcp-broker/input-key`): the

@@ -30,6 +30,7 @@
 //!   than the 2^32 messages AES-GCM's random nonces allow.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -74,6 +75,10 @@ pub struct RequestStates {
     key: LessSafeKey,
     ttl: Duration,
     rng: SystemRandom,
+    /// Tokens sealed, and refused by reason ([`Refused::ALL`]'s order), for
+    /// `mcp_http_request_states_*_total`.
+    issued: AtomicU64,
+    refused: [AtomicU64; 3],
 }
 
 impl std::fmt::Debug for RequestStates {
@@ -93,6 +98,19 @@ pub enum Refused {
     Integrity,
     /// Older than `http.request_state_ttl`.
     Expired,
+}
+
+impl Refused {
+    pub const ALL: [Refused; 3] = [Refused::Malformed, Refused::Integrity, Refused::Expired];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::Malformed => "malformed",
+            Refused::Integrity => "integrity",
+            Refused::Expired => "expired",
+        }
+    }
 }
 
 impl std::fmt::Display for Refused {
@@ -142,13 +160,29 @@ impl RequestStates {
             key: LessSafeKey::new(unbound),
             ttl,
             rng,
+            issued: AtomicU64::new(0),
+            refused: Default::default(),
         }
+    }
+
+    /// Tokens sealed since start-up.
+    pub fn issued(&self) -> u64 {
+        self.issued.load(Ordering::Relaxed)
+    }
+
+    /// Tokens refused since start-up, by reason.
+    pub fn refusals(&self) -> impl Iterator<Item = (Refused, u64)> + '_ {
+        Refused::ALL
+            .into_iter()
+            .zip(&self.refused)
+            .map(|(r, n)| (r, n.load(Ordering::Relaxed)))
     }
 
     /// The token for question `q`, answering only `tool` called by
     /// `subject` ("" without `[auth]`) within the ttl. The key must be at
     /// most [`MAX_INPUT_KEY_BYTES`] long (the caller's check).
     pub fn seal(&self, tool: &str, subject: &str, q: &Question<&str>) -> String {
+        self.issued.fetch_add(1, Ordering::Relaxed);
         self.seal_at(tool, subject, q, now_secs())
     }
 
@@ -201,7 +235,14 @@ impl RequestStates {
         tool: &str,
         subject: &str,
     ) -> Result<Question<String>, Refused> {
-        self.open_at(token, tool, subject, now_secs())
+        let opened = self.open_at(token, tool, subject, now_secs());
+        if let Err(why) = opened {
+            self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
+            // A client's mistake, or a fleet whose brokers hold different
+            // keys: the metric tells which, the log names the tool.
+            tracing::debug!(tool, reason = why.as_str(), "requestState refused");
+        }
+        opened
     }
 
     fn open_at(
@@ -385,6 +426,19 @@ mod tests {
             assert_eq!(s.open(junk, "t", ""), Err(Refused::Malformed), "{junk:?}");
         }
         assert!(s.open(&t[..t.len() - 1], "t", "").is_err());
+    }
+
+    #[test]
+    fn seals_and_refusals_are_counted_by_reason() {
+        let s = states(6);
+        let t = s.seal("t", "", &q("1"));
+        s.open(&t, "t", "").unwrap();
+        let _ = s.open(&t, "u", "");
+        let _ = s.open("!", "t", "");
+        let _ = s.open("!!", "t", "");
+        assert_eq!(s.issued(), 1);
+        let got: Vec<_> = s.refusals().map(|(r, n)| (r.as_str(), n)).collect();
+        assert_eq!(got, [("malformed", 2), ("integrity", 1), ("expired", 0)]);
     }
 
     #[test]
