@@ -1177,3 +1177,49 @@ fn brokers_sharing_a_key_file_accept_each_others_tokens_until_they_expire() {
     assert!(err.contains("http.request_state_ttl"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A router's state travels through the client in 2026-07-28, so it is
+/// bounded (4 KiB of JSON text), as is a chosen input key (64 bytes): past
+/// either, the call fails with -32603 naming the limit, and no token is
+/// made. (`chaos`'s `big_state`.)
+#[test]
+fn a_state_or_key_too_large_to_travel_fails_the_call_naming_the_limit() {
+    let b = broker();
+    let call = |id: u32, args: &str| {
+        let mut c = Conn::connect(b.http);
+        let body = req(
+            &id.to_string(),
+            "tools/call",
+            &format!(r#""name":"big_state","arguments":{args}"#),
+        );
+        modern(&mut c, "tools/call", Some("big_state"), &body)
+    };
+    // 4,094 characters are 4,096 bytes of JSON text: the largest that goes.
+    let (_, token) = input_required(&call(1, r#"{"bytes":4094}"#), "elicitation");
+    assert!(token.is_some());
+    let (_, token) = input_required(&call(2, r#"{"bytes":1,"key_bytes":64}"#), &"k".repeat(64));
+    assert!(token.is_some());
+    for (id, args, says) in [
+        (3, r#"{"bytes":4095}"#, "is 4097 bytes; at most 4096"),
+        (
+            4,
+            r#"{"bytes":1,"key_bytes":65}"#,
+            "must be 1 to 64 bytes long, not 65",
+        ),
+        (
+            5,
+            r#"{"bytes":1,"key_bytes":0}"#,
+            "must be 1 to 64 bytes long, not 0",
+        ),
+    ] {
+        let r = call(id, args);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["error"]["code"], -32603, "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(says),
+            "{v}"
+        );
+    }
+    assert_eq!(b.metric_sum("mcp_http_request_states_issued_total"), 2.0);
+}

@@ -18,6 +18,7 @@
 //! | `env {"name"}` | `std::env::var` | value, or `ToolError` when not granted |
 //! | `print {"text"}` | writes to stdout and stderr | completes (output discarded unless granted) |
 //! | `fanout {"blocks", "bytes"}` | `blocks` text blocks that all point at one string of `bytes` bytes | `ResultTooLarge` past `max_result_bytes`, instance replaced |
+//! | `big_state {"bytes", "key_bytes"?}` | elicits with a state (`mcp-broker/state`) of a `bytes`-byte string and an input key of `key_bytes` bytes | HTTP 2026-07-28: -32603 past 4 KiB of state or 64 bytes of key |
 //!
 //! # Invariants
 //! - Each tool misbehaves in exactly one way, so a test names its cause.
@@ -30,8 +31,8 @@ use std::time::{Duration, Instant};
 use exports::wasix::mcp::router::{
     CompletionError, CompletionRequest, CompletionResponse, ContentBlock, ElicitationRequest,
     GetPromptResult, Guest, McpResource, Prompt, PromptError, ReadResourceResult, ResourceError,
-    Response, ServerCapabilities, ServerDescription, TextContent, Tool, ToolError, ToolResult,
-    ToolsCapability,
+    MetaEntry, Response, ServerCapabilities, ServerDescription, TextContent, Tool, ToolError,
+    ToolResult, ToolsCapability,
 };
 
 struct Chaos;
@@ -174,6 +175,10 @@ impl Guest for Chaos {
                 "fanout",
                 "Returns `blocks` text blocks that all point at one string of `bytes` bytes.",
             ),
+            tool(
+                "big_state",
+                "Elicits with a state of a `bytes`-byte string and an input key of `key_bytes` bytes.",
+            ),
         ]
     }
 
@@ -255,6 +260,35 @@ impl Guest for Chaos {
                         })
                 };
                 Ok(fanout(count("blocks")?, count("bytes")?))
+            }
+            "big_state" => {
+                let count = |name| {
+                    args.get(name)
+                        .map(|v| {
+                            v.as_u64().and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
+                                ToolError::InvalidParameters(format!("`{name}` must be a count"))
+                            })
+                        })
+                        .transpose()
+                };
+                let bytes = count("bytes")?.unwrap_or(0);
+                let mut meta = vec![MetaEntry {
+                    key: "mcp-broker/state".into(),
+                    value: serde_json::Value::String("s".repeat(bytes)).to_string(),
+                }];
+                if let Some(k) = count("key_bytes")? {
+                    meta.push(MetaEntry {
+                        key: "mcp-broker/input-key".into(),
+                        value: serde_json::Value::String("k".repeat(k)).to_string(),
+                    });
+                }
+                Ok(Response::Elicit(ElicitationRequest {
+                    title: None,
+                    message: "A question with a large state".into(),
+                    schema: r#"{"type":"object","properties":{}}"#.into(),
+                    annotations: None,
+                    meta: Some(meta),
+                }))
             }
             other => Err(ToolError::NotFound(format!("no tool `{other}`"))),
         }
