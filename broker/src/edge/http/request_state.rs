@@ -26,8 +26,10 @@
 //!
 //! # Invariants
 //! - Nothing is stored: a token is checked by the key alone.
-//! - Every token gets a fresh random nonce (96 bits): a key seals far fewer
-//!   than the 2^32 messages AES-GCM's random nonces allow.
+//! - Every token gets a fresh random nonce (96 bits). AES-GCM with random
+//!   nonces is safe for up to 2^32 messages per key (NIST SP 800-38D);
+//!   questions to people are far rarer, and a fleet that could ask four
+//!   billion under one key file should rotate it (docs/http.md).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
