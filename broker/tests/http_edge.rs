@@ -894,6 +894,53 @@ fn a_routers_state_comes_back_with_each_answer_on_the_stream() {
     );
 }
 
+/// A tool that asks for the client's roots (`mcp-broker/roots`): the
+/// broker sends `roots/list` on the request's stream and calls the tool
+/// again with the answer as `_roots`; a client that did not declare the
+/// `roots` capability is told so, and the question is never sent.
+#[test]
+fn a_roots_request_goes_to_the_client_on_the_stream_and_its_answer_to_the_tool() {
+    let b = conformance("");
+    let call = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"test_input_required_result_list_roots","arguments":{}}}"#;
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-06-18","capabilities":{"roots":{"listChanged":true}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    let mut stream = open_stream(&b, &s, call);
+    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("roots/list")));
+    assert!(!ended);
+    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
+    let ask = msgs.last().unwrap();
+    assert_eq!(ask["method"], "roots/list", "{ask}");
+    let reply = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"roots":[{"uri":"file:///src"}]}});
+    let r = c.post(Some(&s), &reply.to_string());
+    assert_eq!(r.status, 202, "{}", r.text());
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended, "the stream ends with the answer");
+    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["id"], 4, "{fin}");
+    assert_eq!(
+        fin["result"]["content"][0]["text"], "Roots: file:///src",
+        "{fin}"
+    );
+
+    // Without the capability: an error answer, and no roots/list sent.
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(&b, &s, call);
+    let (body, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let text = String::from_utf8(body).unwrap();
+    assert!(!text.contains("roots/list\""), "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let fin = msgs.last().unwrap();
+    assert_eq!(fin["error"]["code"], -32600, "{fin}");
+    assert!(
+        fin["error"]["message"].as_str().unwrap().contains("roots"),
+        "{fin}"
+    );
+}
+
 #[test]
 fn an_elicitation_the_client_never_answers_fails_at_the_timeout() {
     let b = conformance("client_answer_timeout = \"300ms\"");

@@ -1223,3 +1223,52 @@ fn a_state_or_key_too_large_to_travel_fails_the_call_naming_the_limit() {
     }
     assert_eq!(b.metric_sum("mcp_http_request_states_issued_total"), 2.0);
 }
+
+/// A tool asks for the client's roots (`mcp-broker/roots`): in 2026-07-28
+/// a `roots/list` input request, under the key the router names (so with a
+/// requestState), the retry's ListRootsResult handed to it as `_roots`; a
+/// client that did not declare `roots` gets -32021.
+#[test]
+fn roots_are_an_input_request_and_come_back_as_an_argument() {
+    let b = broker();
+    const TOOL: &str = "test_input_required_result_list_roots";
+    let with_caps = |id: u32, caps: &str, extra: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{{},"name":"{TOOL}","arguments":{{}}{extra}}}}}"#,
+            meta(caps)
+        );
+        let mut c = Conn::connect(b.http);
+        modern(&mut c, "tools/call", Some(TOOL), &body)
+    };
+    let r = with_caps(1, r#"{"roots":{}}"#, "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let ask = &v["result"]["inputRequests"]["client_roots"];
+    assert_eq!(ask["method"], "roots/list", "{v}");
+    assert_eq!(ask["params"], json!({}), "{v}");
+    let token = v["result"]["requestState"]
+        .as_str()
+        .expect("a named key")
+        .to_owned();
+    let answer = format!(
+        r#","inputResponses":{{"client_roots":{{"roots":[{{"uri":"file:///work","name":"Work"}},{{"uri":"file:///tmp"}}]}}}},"requestState":"{token}""#
+    );
+    let r = with_caps(2, r#"{"roots":{}}"#, &answer);
+    assert_eq!(complete_text(&r), "Roots: file:///work, file:///tmp");
+    // Not a ListRootsResult object: invalid params.
+    let bad = format!(r#","inputResponses":{{"client_roots":[]}},"requestState":"{token}""#);
+    refused(
+        &with_caps(3, r#"{"roots":{}}"#, &bad),
+        400,
+        -32602,
+        json!(3),
+    );
+    // No roots capability declared: the question is never sent.
+    let r = with_caps(4, r#"{"elicitation":{}}"#, "");
+    let v = refused(&r, 400, -32021, json!(4));
+    assert_eq!(
+        v["error"]["data"]["requiredCapabilities"],
+        json!({"roots": {}}),
+        "{v}"
+    );
+}

@@ -202,11 +202,17 @@ impl Conn {
 
     /// `initialize` (+ `notifications/initialized`): the new session's id.
     pub fn initialize(&mut self, version: &str) -> String {
+        self.initialize_with(&format!(
+            r#"{{"protocolVersion":"{version}","capabilities":{{"elicitation":{{}}}},"clientInfo":{{"name":"test","version":"1"}}}}"#
+        ))
+    }
+
+    /// `initialize` with these `params` (JSON text), then `initialized`:
+    /// the new session's id.
+    pub fn initialize_with(&mut self, params: &str) -> String {
         let r = self.post(
             None,
-            &format!(
-                r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"{version}","capabilities":{{"elicitation":{{}}}},"clientInfo":{{"name":"test","version":"1"}}}}}}"#
-            ),
+            &format!(r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{params}}}"#),
         );
         assert_eq!(r.status, 200, "{}", r.text());
         let id = r

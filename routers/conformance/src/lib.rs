@@ -372,6 +372,30 @@ fn ask_sampling(params: &Value) -> Response {
     })
 }
 
+/// Where the broker puts the client's `ListRootsResult` on the second call.
+const ROOTS_ARG: &str = "_roots";
+
+/// A result asking for the client's roots (`mcp-broker/roots`), its
+/// question named `key` in 2026-07-28.
+fn ask_roots(key: &str) -> Response {
+    Response::Completed(ToolResult {
+        content: vec![text("roots requested")],
+        structured_content: None,
+        progress: None,
+        meta: Some(vec![
+            MetaEntry {
+                key: "mcp-broker/roots".into(),
+                value: "{}".into(),
+            },
+            MetaEntry {
+                key: INPUT_KEY_META_KEY.into(),
+                value: json!(key).to_string(),
+            },
+        ]),
+        is_error: None,
+    })
+}
+
 /// The text of a `CreateMessageResult` the broker handed back as `_sampling`.
 fn sampled_text(result: &Value) -> &str {
     result
@@ -532,6 +556,11 @@ impl Guest for Conformance {
             tool(
                 "test_input_required_result_capabilities",
                 "Tests that input requests respect the declared client capabilities (SEP-2322)",
+                NO_ARGS,
+            ),
+            tool(
+                "test_input_required_result_list_roots",
+                "Asks for the client's roots, then names them (SEP-2322)",
                 NO_ARGS,
             ),
             tool(
@@ -712,6 +741,18 @@ impl Guest for Conformance {
                         _ => format!("No name given: action={action}"),
                     },
                 )])),
+            },
+            // `mcp-broker/roots` asks for the client's roots; they come
+            // back as `_roots` (a ListRootsResult).
+            "test_input_required_result_list_roots" => match args.get(ROOTS_ARG) {
+                None => Ok(ask_roots("client_roots")),
+                Some(result) => {
+                    let uris: Vec<&str> = result["roots"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(|r| r["uri"].as_str()).collect())
+                        .unwrap_or_default();
+                    Ok(completed(vec![text(format!("Roots: {}", uris.join(", ")))]))
+                }
             },
             // The router's state rides the question (`mcp-broker/state`)
             // and comes back with the answer as `_request_state`: in

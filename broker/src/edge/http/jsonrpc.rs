@@ -454,6 +454,8 @@ pub struct RequestInfo<'a> {
     pub client_elicitation: bool,
     /// initialize: `params.capabilities.sampling` is present.
     pub client_sampling: bool,
+    /// initialize: `params.capabilities.roots` is present.
+    pub client_roots: bool,
     /// logging/setLevel: `params.level`, one of [`LOG_LEVELS`].
     pub log_level: Option<&'static str>,
     /// tools/call: `params.name`.
@@ -472,6 +474,7 @@ impl RequestInfo<'_> {
             protocol_version: None,
             client_elicitation: false,
             client_sampling: false,
+            client_roots: false,
             log_level: None,
             tool_name: None,
             uri: None,
@@ -557,6 +560,8 @@ pub(super) struct Capabilities<'a> {
     pub(super) elicitation: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub(super) sampling: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub(super) roots: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -725,6 +730,16 @@ fn is_broker_meta(key: &str) -> bool {
     key == STATE_META_KEY || key == INPUT_KEY_META_KEY
 }
 
+/// The tool argument that carries the client's roots (`roots/list`'s
+/// result) into the re-called tool; reserved likewise.
+pub const ROOTS_ARG: &str = "_roots";
+
+/// The tool-result `meta` key by which a router asks for the client's
+/// roots: its value is the `roots/list` params (a JSON object, normally
+/// `{}`); the broker asks and calls the tool again with the client's
+/// `ListRootsResult` under [`ROOTS_ARG`] (docs/http.md).
+pub const ROOTS_META_KEY: &str = "mcp-broker/roots";
+
 /// The tool-result `meta` key by which a router asks the client for an LLM
 /// completion: its value is the `sampling/createMessage` params (a JSON
 /// object); the broker sends the request and calls the tool again with the
@@ -790,6 +805,25 @@ fn question_meta<'f>(frame: &'f [u8], key: &str) -> Option<&'f str> {
     kvs.iter().find(|kv| kv.key() == key)?.value()
 }
 
+/// The `roots/list` params a final ToolResult frame asks for under
+/// [`ROOTS_META_KEY`], when it is one JSON object (and does not ask for
+/// sampling, which comes first: a result asks one question).
+pub fn roots_request(frame: &[u8]) -> Option<&str> {
+    if sampling_request(frame).is_some() {
+        return None;
+    }
+    json_object(question_meta(frame, ROOTS_META_KEY)?)
+}
+
+/// `roots/list` with our own `id` and the router's `params`.
+pub fn write_roots_list(out: &mut Vec<u8>, id: &str, params: &str) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    write_json_string(id, out);
+    out.extend_from_slice(b",\"method\":\"roots/list\",\"params\":");
+    out.extend_from_slice(params.trim().as_bytes());
+    out.push(b'}');
+}
+
 /// `sampling/createMessage` with our own `id` and the router's `params`
 /// (checked to be one JSON object by [`sampling_request`]).
 pub fn write_sampling_create(out: &mut Vec<u8>, id: &str, params: &str) {
@@ -850,6 +884,7 @@ pub fn request_frame<'e, 'a>(
             let ver = opt_string(client.version, "clientInfo.version")?;
             info.client_elicitation = form_elicitation(caps.elicitation);
             info.client_sampling = caps.sampling.is_some_and(|v| first_byte(v) == b'{');
+            info.client_roots = caps.roots.is_some_and(|v| first_byte(v) == b'{');
             let frame = enc.initialize(
                 h,
                 frame_version(&version),
@@ -872,7 +907,7 @@ pub fn request_frame<'e, 'a>(
             // Reserved whether or not this call carries an answer: a client
             // must not be able to forge the answer to an elicitation, nor a
             // router's state.
-            for key in [ELICITATION_ARG, SAMPLING_ARG, STATE_ARG]
+            for key in [ELICITATION_ARG, SAMPLING_ARG, ROOTS_ARG, STATE_ARG]
                 .into_iter()
                 .chain(extra.iter().map(|e| e.0))
             {
@@ -2159,14 +2194,16 @@ pub fn write_input_required_elicitation(
     true
 }
 
-/// Multi round-trip: a tool result that asks for sampling
-/// ([`sampling_request`]'s `params`, one JSON object) → an
-/// `InputRequiredResult` with one `sampling/createMessage` input request,
-/// and `"requestState"` when one is given.
-pub fn write_input_required_sampling(
+/// Multi round-trip: a tool result that asks for sampling or roots
+/// ([`sampling_request`]'s or [`roots_request`]'s `params`, one JSON
+/// object) → an `InputRequiredResult` with one input request of `method`
+/// (`sampling/createMessage`, `roots/list`), and `"requestState"` when one
+/// is given.
+pub fn write_input_required_request(
     out: &mut Vec<u8>,
     id: &Id<'_>,
     key: &str,
+    method: &str,
     params: &str,
     request_state: Option<&str>,
 ) {
@@ -2175,7 +2212,7 @@ pub fn write_input_required_sampling(
     res.raw("resultType", "\"input_required\"");
     let mut reqs = Obj::new(res.key("inputRequests"));
     let mut r = Obj::new(reqs.key_escaped(key));
-    r.raw("method", "\"sampling/createMessage\"");
+    r.str("method", method);
     r.raw("params", params.trim());
     r.end();
     reqs.end();
@@ -2406,6 +2443,48 @@ mod tests {
         assert_eq!(sampling_request(&f), None);
         let f = ask(vec![entry("k", "v")], "hi");
         assert_eq!(sampling_request(&f), None);
+
+        // Roots likewise, and a result asking for both asks for sampling.
+        let f = ask(vec![entry(ROOTS_META_KEY, "{}")], "hi");
+        assert_eq!(roots_request(&f), Some("{}"));
+        assert_eq!(sampling_request(&f), None);
+        let f = ask(vec![entry(ROOTS_META_KEY, "true")], "hi");
+        assert_eq!(roots_request(&f), None);
+        let f = ask(
+            vec![entry(ROOTS_META_KEY, "{}"), entry(SAMPLING_META_KEY, "{}")],
+            "hi",
+        );
+        assert_eq!(
+            (sampling_request(&f), roots_request(&f)),
+            (Some("{}"), None)
+        );
+        // The router's state and input key ride any question, and are read
+        // whether the value is JSON or bare text.
+        let f = ask(
+            vec![
+                entry(ROOTS_META_KEY, "{}"),
+                entry(STATE_META_KEY, r#"{"n":1}"#),
+                entry(INPUT_KEY_META_KEY, r#""client_roots""#),
+            ],
+            "hi",
+        );
+        assert_eq!(router_state(&f).as_deref(), Some(r#"{"n":1}"#));
+        assert_eq!(router_input_key(&f).as_deref(), Some("client_roots"));
+        let f = ask(
+            vec![
+                entry(STATE_META_KEY, "bare text"),
+                entry(INPUT_KEY_META_KEY, "k1"),
+            ],
+            "hi",
+        );
+        assert_eq!(router_state(&f).as_deref(), Some(r#""bare text""#));
+        assert_eq!(router_input_key(&f).as_deref(), Some("k1"));
+        let mut out = Vec::new();
+        write_roots_list(&mut out, "mcp-broker-3", " {} ");
+        assert_eq!(
+            json_of(&out),
+            json!({"jsonrpc":"2.0","id":"mcp-broker-3","method":"roots/list","params":{}})
+        );
     }
 
     // ---- parse -----------------------------------------------------------
@@ -2697,6 +2776,9 @@ mod tests {
             "{}",
             e.message
         );
+        let p = raw(r#"{"name":"t","arguments":{"_roots":{"roots":[]}}}"#);
+        let e = request_frame(&mut enc, &header(), Method::CallTool, Some(p), &[]).unwrap_err();
+        assert!(e.message.contains("`_roots` is reserved"), "{}", e.message);
     }
 
     #[test]

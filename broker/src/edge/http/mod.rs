@@ -881,7 +881,7 @@ impl HttpEdge {
         // Build and run the frame first: bad params are refused before a
         // session exists.
         let mut out = Vec::new();
-        let (info_version, (elicitation, sampling), called) = {
+        let (info_version, (elicitation, sampling, roots), called) = {
             let h = self.header(None);
             let built = {
                 let mut enc = self.enc.borrow_mut();
@@ -895,7 +895,11 @@ impl HttpEdge {
                 }
                 Ok((frame, info)) => {
                     let version = negotiate(info.protocol_version.as_deref());
-                    let caps = (info.client_elicitation, info.client_sampling);
+                    let caps = (
+                        info.client_elicitation,
+                        info.client_sampling,
+                        info.client_roots,
+                    );
                     (version, caps, self.run(frame, arrived, None, None).await)
                 }
             }
@@ -917,7 +921,7 @@ impl HttpEdge {
         let session =
             match self
                 .sessions()
-                .create(self.ctx.index, info_version, elicitation, sampling)
+                .create(self.ctx.index, info_version, elicitation, sampling, roots)
             {
                 Ok(s) => s,
                 Err(e @ session::SessionError::Full(_)) => {
@@ -1289,7 +1293,8 @@ impl HttpEdge {
                 // to one request.
                 FrameKind::ResourceUpdated => {}
                 FrameKind::Final => {
-                    more |= jsonrpc::sampling_request(f).is_some();
+                    more |= jsonrpc::sampling_request(f).is_some()
+                        || jsonrpc::roots_request(f).is_some();
                     last = Some(f);
                 }
             }
@@ -1361,16 +1366,21 @@ impl HttpEdge {
                     FrameKind::Final => fin = Some(f.to_vec()),
                 }
             }
-            let ask = match (&elicit, fin.as_deref().and_then(jsonrpc::sampling_request)) {
-                (Some(f), _) => Some(Ask::Elicit(f)),
-                (None, Some(params)) => Some(Ask::Sample(params)),
-                (None, None) => None,
+            let asked_of_result = fin.as_deref().and_then(|f| {
+                jsonrpc::sampling_request(f)
+                    .map(Ask::Sample)
+                    .or_else(|| jsonrpc::roots_request(f).map(Ask::Roots))
+            });
+            let ask = match &elicit {
+                Some(f) => Some(Ask::Elicit(f)),
+                None => asked_of_result,
             };
             if let Some(ask) = ask {
                 rounds += 1;
                 let (arg, asked_by) = match &ask {
                     Ask::Elicit(f) => (jsonrpc::ELICITATION_ARG, &f[..]),
                     Ask::Sample(_) => (jsonrpc::SAMPLING_ARG, fin.as_deref().unwrap_or_default()),
+                    Ask::Roots(_) => (jsonrpc::ROOTS_ARG, fin.as_deref().unwrap_or_default()),
                 };
                 // The router's state goes back with the answer; the stream
                 // holds it meanwhile (request_state.rs).
@@ -1440,9 +1450,9 @@ impl HttpEdge {
     }
 
     /// One round trip to the client on `stream`: `elicitation/create` for
-    /// an elicit answer, `sampling/createMessage` for a result that asks for
-    /// sampling; then the client's answer, as the JSON of the argument the
-    /// tool is called again with.
+    /// an elicit answer, `sampling/createMessage` or `roots/list` for a
+    /// result that asks for sampling or roots; then the client's answer, as
+    /// the JSON of the argument the tool is called again with.
     async fn ask_client(
         &self,
         session: &Arc<Session>,
@@ -1458,6 +1468,10 @@ impl HttpEdge {
             Ask::Sample(_) => (
                 session.client_sampling,
                 "asks the client's model for a completion (sampling)",
+            ),
+            Ask::Roots(_) => (
+                session.client_roots,
+                "asks for the client's roots (roots/list)",
             ),
         };
         if !capable {
@@ -1479,6 +1493,7 @@ impl HttpEdge {
                 jsonrpc::write_elicitation_create(&mut buf, &ask_id, frame);
             }
             Ask::Sample(params) => jsonrpc::write_sampling_create(&mut buf, &ask_id, params),
+            Ask::Roots(params) => jsonrpc::write_roots_list(&mut buf, &ask_id, params),
         }
         session.emit(stream, Some(&buf));
         let answer = monoio::time::timeout(self.cfg.client_answer_timeout, rx).await;
@@ -1513,6 +1528,14 @@ impl HttpEdge {
                 Ask::Sample(_) => Err((
                     ErrorCode::InvalidRequest.code(),
                     "the client's sampling result is not a JSON object".into(),
+                )),
+                // The client's ListRootsResult, as it sent it.
+                Ask::Roots(_) if result.get().trim_start().starts_with('{') => {
+                    Ok(result.get().to_owned())
+                }
+                Ask::Roots(_) => Err((
+                    ErrorCode::InvalidRequest.code(),
+                    "the client's roots/list result is not a JSON object".into(),
                 )),
             },
             Ok(RpcBody::One(Message::Response { error: Some(e), .. })) => Err((
@@ -1742,6 +1765,8 @@ enum Ask<'a> {
     Elicit(&'a [u8]),
     /// `sampling/createMessage` params.
     Sample(&'a str),
+    /// `roots/list` params.
+    Roots(&'a str),
 }
 
 /// A request's answer: one JSON message, or a stream to continue.

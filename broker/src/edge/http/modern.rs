@@ -115,6 +115,8 @@ pub const NAME_HEADER: &str = "mcp-name";
 pub const ELICITATION_KEY: &str = "elicitation";
 /// The `inputRequests` / `inputResponses` key of a sampling request.
 pub const SAMPLING_KEY: &str = "sampling";
+/// The `inputRequests` / `inputResponses` key of a `roots/list` request.
+pub const ROOTS_KEY: &str = "roots";
 
 /// Whether a request belongs to the modern era by its headers: an
 /// `MCP-Protocol-Version` that is present and is not a handshake-era
@@ -231,6 +233,8 @@ pub struct Declared<'a> {
     pub elicitation: bool,
     /// `clientCapabilities.sampling` is present.
     pub sampling: bool,
+    /// `clientCapabilities.roots` is present.
+    pub roots: bool,
     /// `clientInfo.name` / `.version`, for `server/discover`'s frame.
     pub client_name: Option<Cow<'a, str>>,
     pub client_version: Option<Cow<'a, str>>,
@@ -348,6 +352,7 @@ pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declar
         version,
         elicitation: jsonrpc::form_elicitation(caps.elicitation),
         sampling: caps.sampling.is_some_and(|s| first_byte(s) == b'{'),
+        roots: caps.roots.is_some_and(|s| first_byte(s) == b'{'),
         client_name: info.name.and_then(string_of),
         client_version: info.version.and_then(string_of),
         log_level,
@@ -539,6 +544,7 @@ pub fn retry_arguments(
             None => vec![
                 (ELICITATION_KEY, Asked::Elicitation),
                 (SAMPLING_KEY, Asked::Sampling),
+                (ROOTS_KEY, Asked::Roots),
             ],
         };
         // Unknown keys are ignored (the spec's advice): the tool then asks
@@ -564,6 +570,14 @@ pub fn retry_arguments(
                         )));
                     }
                     (jsonrpc::SAMPLING_ARG, answer.get().to_owned())
+                }
+                Asked::Roots => {
+                    if first_byte(answer) != b'{' {
+                        return Err(invalid(format!(
+                            "Invalid params: `inputResponses.{key}` must be a ListRootsResult object"
+                        )));
+                    }
+                    (jsonrpc::ROOTS_ARG, answer.get().to_owned())
                 }
             });
         }
@@ -1420,6 +1434,7 @@ struct Wants {
     log_level: Option<&'static str>,
     elicitation: bool,
     sampling: bool,
+    roots: bool,
     /// The caching scope of a cacheable result.
     cache_scope: Option<&'static str>,
 }
@@ -1430,6 +1445,7 @@ impl Wants {
             log_level: d.log_level,
             elicitation: d.elicitation,
             sampling: d.sampling,
+            roots: d.roots,
             cache_scope,
         }
     }
@@ -1458,6 +1474,7 @@ impl Seal<'_> {
         let default = match asked {
             Asked::Elicitation => ELICITATION_KEY,
             Asked::Sampling => SAMPLING_KEY,
+            Asked::Roots => ROOTS_KEY,
         };
         let key = jsonrpc::router_input_key(frame);
         if let Some(k) = &key
@@ -1549,9 +1566,29 @@ fn conclude(
             ));
         }
         match seal.question(tool, f, Asked::Sampling) {
-            Ok((key, token)) => {
-                jsonrpc::write_input_required_sampling(out, id, &key, p, token.as_deref());
-            }
+            Ok((key, token)) => jsonrpc::write_input_required_request(
+                out,
+                id,
+                &key,
+                "sampling/createMessage",
+                p,
+                token.as_deref(),
+            ),
+            Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
+        }
+    } else if let Some((f, p)) = fin.and_then(|f| Some((f, jsonrpc::roots_request(f)?))) {
+        if !wants.roots {
+            return Err(missing_capability("roots", "asks for the client's roots"));
+        }
+        match seal.question(tool, f, Asked::Roots) {
+            Ok((key, token)) => jsonrpc::write_input_required_request(
+                out,
+                id,
+                &key,
+                "roots/list",
+                p,
+                token.as_deref(),
+            ),
             Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
         }
     } else if let Some(f) = fin {
@@ -1945,5 +1982,15 @@ mod tests {
         let r = raw(r#"{"capital":{"role":"assistant"}}"#);
         let args = retry_arguments(Some(&r), q(Asked::Sampling, "capital", None)).unwrap();
         assert_eq!(args, [("_sampling", r#"{"role":"assistant"}"#.to_owned())]);
+        // Roots: under their default key without a token, as a ListRootsResult.
+        let r = raw(r#"{"roots":{"roots":[{"uri":"file:///a"}]}}"#);
+        let args = retry_arguments(Some(&r), None).unwrap();
+        assert_eq!(
+            args,
+            [("_roots", r#"{"roots":[{"uri":"file:///a"}]}"#.to_owned())]
+        );
+        let r = raw(r#"{"client_roots":[]}"#);
+        let e = retry_arguments(Some(&r), q(Asked::Roots, "client_roots", None)).unwrap_err();
+        assert!(e.message.contains("ListRootsResult"), "{}", e.message);
     }
 }

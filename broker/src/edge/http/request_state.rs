@@ -50,6 +50,7 @@ pub const MAX_INPUT_KEY_BYTES: usize = 64;
 pub enum Asked {
     Elicitation,
     Sampling,
+    Roots,
 }
 
 /// What a `requestState` token carries: the question's kind and
@@ -207,6 +208,7 @@ impl RequestStates {
         let kind = match q.asked {
             Asked::Elicitation => b'e',
             Asked::Sampling => b's',
+            Asked::Roots => b'r',
         };
         buf.push(if q.state.is_some() {
             kind.to_ascii_uppercase()
@@ -282,6 +284,7 @@ impl RequestStates {
         let asked = match kind.to_ascii_lowercase() {
             b'e' => Asked::Elicitation,
             b's' => Asked::Sampling,
+            b'r' => Asked::Roots,
             _ => return Err(Refused::Integrity),
         };
         let (key, state) = rest
@@ -358,7 +361,7 @@ mod tests {
     #[test]
     fn a_token_carries_the_questions_kind_key_and_state() {
         let s = states(5);
-        for asked in [Asked::Elicitation, Asked::Sampling] {
+        for asked in [Asked::Elicitation, Asked::Sampling, Asked::Roots] {
             for state in [None, Some(""), Some(r#"{"a":[1,2]}"#)] {
                 for key in ["", "user_name", &"k".repeat(MAX_INPUT_KEY_BYTES)] {
                     let t = s.seal("t", "", &Question { asked, key, state });

@@ -125,6 +125,8 @@ pub struct Session {
     pub client_elicitation: bool,
     /// The client declared the `sampling` capability.
     pub client_sampling: bool,
+    /// The client declared the `roots` capability.
+    pub client_roots: bool,
     /// With `[auth]`: the subject of the token that created the session;
     /// a request with another subject's token treats it as unknown.
     pub subject: std::sync::OnceLock<String>,
@@ -464,6 +466,7 @@ impl Sessions {
         version: &'static str,
         client_elicitation: bool,
         client_sampling: bool,
+        client_roots: bool,
     ) -> Result<Arc<Session>, SessionError> {
         if self.count.fetch_add(1, Ordering::AcqRel) >= self.max {
             self.count.fetch_sub(1, Ordering::AcqRel);
@@ -481,6 +484,7 @@ impl Sessions {
             version,
             client_elicitation,
             client_sampling,
+            client_roots,
             subject: std::sync::OnceLock::new(),
             last_used_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
             busy: AtomicUsize::new(0),
@@ -631,8 +635,8 @@ mod tests {
     #[test]
     fn ids_are_random_encode_their_owner_and_resolve_only_while_live() {
         let s = Sessions::new(4, 10, Duration::from_secs(60), 8);
-        let a = s.create(3, "2025-06-18", false, false).unwrap();
-        let b = s.create(3, "2025-06-18", false, false).unwrap();
+        let a = s.create(3, "2025-06-18", false, false, false).unwrap();
+        let b = s.create(3, "2025-06-18", false, false, false).unwrap();
         assert_ne!(a.id, b.id);
         assert_ne!(a.key, b.key);
         assert_eq!(owner_of_id(&a.id), Some(3));
@@ -659,7 +663,7 @@ mod tests {
     #[test]
     fn resource_subscriptions_are_capped_and_counted_until_the_session_ends() {
         let s = Sessions::new(1, 4, Duration::from_secs(60), 8);
-        let a = s.create(0, "2025-06-18", false, false).unwrap();
+        let a = s.create(0, "2025-06-18", false, false, false).unwrap();
         assert!(s.set_subscription(&a, "kv://x", true));
         assert!(s.set_subscription(&a, "kv://x", true), "again: no change");
         assert!(a.subscribed_to("kv://x") && !a.subscribed_to("kv://y"));
@@ -678,23 +682,23 @@ mod tests {
     #[test]
     fn sessions_are_capped_and_idle_ones_are_swept_unless_busy() {
         let s = Sessions::new(1, 2, Duration::from_millis(1), 8);
-        let a = s.create(0, "2025-06-18", false, false).unwrap();
-        let b = s.create(0, "2025-06-18", false, false).unwrap();
+        let a = s.create(0, "2025-06-18", false, false, false).unwrap();
+        let b = s.create(0, "2025-06-18", false, false, false).unwrap();
         assert!(matches!(
-            s.create(0, "2025-06-18", false, false),
+            s.create(0, "2025-06-18", false, false, false),
             Err(SessionError::Full(2))
         ));
         let _busy = b.busy();
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(s.sweep(0), 1);
         assert!(a.is_ended() && !b.is_ended());
-        assert!(s.create(0, "2025-06-18", false, false).is_ok());
+        assert!(s.create(0, "2025-06-18", false, false, false).is_ok());
     }
 
     #[test]
     fn a_stream_replays_what_its_client_missed_after_last_event_id() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
-        let a = s.create(0, "2025-11-25", false, false).unwrap();
+        let a = s.create(0, "2025-11-25", false, false, false).unwrap();
         let (tx, rx) = mpsc::unbounded();
         let st = a.open_stream(tx, false);
         a.emit(st, None);
@@ -724,7 +728,7 @@ mod tests {
     #[test]
     fn cancel_and_answers_reach_their_request() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
-        let a = s.create(0, "2025-06-18", true, false).unwrap();
+        let a = s.create(0, "2025-06-18", true, false, false).unwrap();
         let c = a.start_call("7").unwrap();
         assert!(a.start_call("7").is_none(), "duplicate ids are refused");
         assert!(a.cancel_call("7"));
