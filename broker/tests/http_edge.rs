@@ -823,6 +823,28 @@ fn open_stream(b: &Broker, session: &str, body: &str) -> Conn {
     Conn::open_sse(b.http, &format!("Mcp-Session-Id: {session}\r\n"), body)
 }
 
+/// Reads an SSE answer to its end: its last message (the final answer), and
+/// the whole text.
+fn final_message(stream: &mut Conn) -> (serde_json::Value, String) {
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended, "the stream ends with the answer");
+    let text = String::from_utf8(rest).unwrap();
+    let fin = common::http::sse_messages(&text).pop().expect("an answer");
+    (fin, text)
+}
+
+/// Reads an SSE answer up to the broker's next request to the client (one
+/// naming `method`), and returns that request.
+fn next_ask(stream: &mut Conn, method: &str) -> serde_json::Value {
+    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains(method)));
+    assert!(!ended, "the stream ended before asking {method}");
+    let ask = common::http::sse_messages(&String::from_utf8(body).unwrap())
+        .pop()
+        .expect("a request");
+    assert_eq!(ask["method"], method, "{ask}");
+    ask
+}
+
 #[test]
 fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
     let b = conformance("");
@@ -869,10 +891,7 @@ fn a_routers_state_comes_back_with_each_answer_on_the_stream() {
         ("What is your name?", json!({"name": "Ada"})),
         ("What is your favourite colour?", json!({"color": "blue"})),
     ] {
-        let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("elicitation/create")));
-        assert!(!ended);
-        let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
-        let ask = msgs.last().unwrap();
+        let ask = next_ask(&mut stream, "elicitation/create");
         assert_eq!(ask["params"]["message"], question, "{ask}");
         assert!(
             ask["params"].get("_meta").is_none(),
@@ -883,10 +902,7 @@ fn a_routers_state_comes_back_with_each_answer_on_the_stream() {
         let r = c.post(Some(&s), &reply.to_string());
         assert_eq!(r.status, 202, "{}", r.text());
     }
-    let (rest, ended) = stream.read_chunked(None);
-    assert!(ended, "the stream ends with the answer");
-    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
-    let fin = msgs.last().unwrap();
+    let (fin, _) = final_message(&mut stream);
     assert_eq!(fin["id"], 9, "{fin}");
     assert_eq!(
         fin["result"]["content"][0]["text"], "Hello, Ada! Your colour: blue",
@@ -907,18 +923,11 @@ fn a_roots_request_goes_to_the_client_on_the_stream_and_its_answer_to_the_tool()
         r#"{"protocolVersion":"2025-06-18","capabilities":{"roots":{"listChanged":true}},"clientInfo":{"name":"t","version":"1"}}"#,
     );
     let mut stream = open_stream(&b, &s, call);
-    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("roots/list")));
-    assert!(!ended);
-    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
-    let ask = msgs.last().unwrap();
-    assert_eq!(ask["method"], "roots/list", "{ask}");
+    let ask = next_ask(&mut stream, "roots/list");
     let reply = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"roots":[{"uri":"file:///src"}]}});
     let r = c.post(Some(&s), &reply.to_string());
     assert_eq!(r.status, 202, "{}", r.text());
-    let (rest, ended) = stream.read_chunked(None);
-    assert!(ended, "the stream ends with the answer");
-    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
-    let fin = msgs.last().unwrap();
+    let (fin, _) = final_message(&mut stream);
     assert_eq!(fin["id"], 4, "{fin}");
     assert_eq!(
         fin["result"]["content"][0]["text"], "Roots: file:///src",
@@ -928,12 +937,8 @@ fn a_roots_request_goes_to_the_client_on_the_stream_and_its_answer_to_the_tool()
     // Without the capability: an error answer, and no roots/list sent.
     let s = c.initialize("2025-06-18");
     let mut stream = open_stream(&b, &s, call);
-    let (body, ended) = stream.read_chunked(None);
-    assert!(ended);
-    let text = String::from_utf8(body).unwrap();
+    let (fin, text) = final_message(&mut stream);
     assert!(!text.contains("roots/list\""), "{text}");
-    let msgs = common::http::sse_messages(&text);
-    let fin = msgs.last().unwrap();
     assert_eq!(fin["error"]["code"], -32600, "{fin}");
     assert!(
         fin["error"]["message"].as_str().unwrap().contains("roots"),

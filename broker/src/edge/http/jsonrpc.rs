@@ -815,21 +815,16 @@ pub fn roots_request(frame: &[u8]) -> Option<&str> {
     json_object(question_meta(frame, ROOTS_META_KEY)?)
 }
 
-/// `roots/list` with our own `id` and the router's `params`.
-pub fn write_roots_list(out: &mut Vec<u8>, id: &str, params: &str) {
+/// A request of the broker's to the client: `method` (`roots/list`,
+/// `sampling/createMessage`) with our own `id` and the router's `params`
+/// (checked to be one JSON object by [`roots_request`] or
+/// [`sampling_request`]).
+pub fn write_client_request(out: &mut Vec<u8>, id: &str, method: &str, params: &str) {
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     write_json_string(id, out);
-    out.extend_from_slice(b",\"method\":\"roots/list\",\"params\":");
-    out.extend_from_slice(params.trim().as_bytes());
-    out.push(b'}');
-}
-
-/// `sampling/createMessage` with our own `id` and the router's `params`
-/// (checked to be one JSON object by [`sampling_request`]).
-pub fn write_sampling_create(out: &mut Vec<u8>, id: &str, params: &str) {
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-    write_json_string(id, out);
-    out.extend_from_slice(b",\"method\":\"sampling/createMessage\",\"params\":");
+    out.extend_from_slice(b",\"method\":");
+    write_json_string(method, out);
+    out.extend_from_slice(b",\"params\":");
     out.extend_from_slice(params.trim().as_bytes());
     out.push(b'}');
 }
@@ -2480,7 +2475,7 @@ mod tests {
         assert_eq!(router_state(&f).as_deref(), Some(r#""bare text""#));
         assert_eq!(router_input_key(&f).as_deref(), Some("k1"));
         let mut out = Vec::new();
-        write_roots_list(&mut out, "mcp-broker-3", " {} ");
+        write_client_request(&mut out, "mcp-broker-3", "roots/list", " {} ");
         assert_eq!(
             json_of(&out),
             json!({"jsonrpc":"2.0","id":"mcp-broker-3","method":"roots/list","params":{}})

@@ -1492,8 +1492,12 @@ impl HttpEdge {
             Ask::Elicit(frame) => {
                 jsonrpc::write_elicitation_create(&mut buf, &ask_id, frame);
             }
-            Ask::Sample(params) => jsonrpc::write_sampling_create(&mut buf, &ask_id, params),
-            Ask::Roots(params) => jsonrpc::write_roots_list(&mut buf, &ask_id, params),
+            Ask::Sample(params) => {
+                jsonrpc::write_client_request(&mut buf, &ask_id, "sampling/createMessage", params);
+            }
+            Ask::Roots(params) => {
+                jsonrpc::write_client_request(&mut buf, &ask_id, "roots/list", params);
+            }
         }
         session.emit(stream, Some(&buf));
         let answer = monoio::time::timeout(self.cfg.client_answer_timeout, rx).await;

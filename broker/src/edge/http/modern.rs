@@ -1558,35 +1558,39 @@ fn conclude(
             }
             Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
         }
-    } else if let Some((f, p)) = fin.and_then(|f| Some((f, jsonrpc::sampling_request(f)?))) {
-        if !wants.sampling {
-            return Err(missing_capability(
+    } else if let Some((f, asked, params)) = fin.and_then(|f| {
+        // A result asks one question: sampling before roots.
+        let (asked, p) = match (jsonrpc::sampling_request(f), jsonrpc::roots_request(f)) {
+            (Some(p), _) => (Asked::Sampling, p),
+            (None, Some(p)) => (Asked::Roots, p),
+            (None, None) => return None,
+        };
+        Some((f, asked, p))
+    }) {
+        let (capable, capability, what, method) = match asked {
+            Asked::Roots => (
+                wants.roots,
+                "roots",
+                "asks for the client's roots",
+                "roots/list",
+            ),
+            _ => (
+                wants.sampling,
                 "sampling",
                 "asks the client's model for a completion",
-            ));
-        }
-        match seal.question(tool, f, Asked::Sampling) {
-            Ok((key, token)) => jsonrpc::write_input_required_request(
-                out,
-                id,
-                &key,
                 "sampling/createMessage",
-                p,
-                token.as_deref(),
             ),
-            Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
+        };
+        if !capable {
+            return Err(missing_capability(capability, what));
         }
-    } else if let Some((f, p)) = fin.and_then(|f| Some((f, jsonrpc::roots_request(f)?))) {
-        if !wants.roots {
-            return Err(missing_capability("roots", "asks for the client's roots"));
-        }
-        match seal.question(tool, f, Asked::Roots) {
+        match seal.question(tool, f, asked) {
             Ok((key, token)) => jsonrpc::write_input_required_request(
                 out,
                 id,
                 &key,
-                "roots/list",
-                p,
+                method,
+                params,
                 token.as_deref(),
             ),
             Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
