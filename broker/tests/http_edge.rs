@@ -855,20 +855,13 @@ fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
         &s,
         r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
     );
-    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("elicitation/create")));
-    assert!(!ended);
-    let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
-    let ask = msgs.last().unwrap();
-    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    let ask = next_ask(&mut stream, "elicitation/create");
     assert!(ask["params"]["requestedSchema"].is_object(), "{ask}");
     // The answer arrives on another connection (any shard), as 202.
     let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}});
     let r = c.post(Some(&s), &answer.to_string());
     assert_eq!(r.status, 202, "{}", r.text());
-    let (rest, ended) = stream.read_chunked(None);
-    assert!(ended, "the stream ends with the answer");
-    let msgs = common::http::sse_messages(&String::from_utf8(rest).unwrap());
-    let fin = msgs.last().unwrap();
+    let (fin, _) = final_message(&mut stream);
     assert_eq!(fin["id"], 5, "{fin}");
     assert!(fin["result"].to_string().contains("accept"), "{fin}");
 }
