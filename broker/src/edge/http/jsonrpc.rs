@@ -809,10 +809,13 @@ fn question_meta<'f>(frame: &'f [u8], key: &str) -> Option<&'f str> {
 /// [`ROOTS_META_KEY`], when it is one JSON object (and does not ask for
 /// sampling, which comes first: a result asks one question).
 pub fn roots_request(frame: &[u8]) -> Option<&str> {
-    if sampling_request(frame).is_some() {
-        return None;
-    }
-    json_object(question_meta(frame, ROOTS_META_KEY)?)
+    // Every final answer of a session's call is asked this: a byte search
+    // with a searcher built once answers most of them.
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(ROOTS_META_KEY));
+    KEY.find(frame)?;
+    let params = json_object(question_meta(frame, ROOTS_META_KEY)?)?;
+    sampling_request(frame).is_none().then_some(params)
 }
 
 /// A request of the broker's to the client: `method` (`roots/list`,
