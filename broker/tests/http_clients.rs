@@ -139,7 +139,8 @@ fn python_sdk_2x_client_in_legacy_mode_initializes_then_uses_everything() {
 
 /// The 2.x SDK's default `Client`: `server/discover` is answered, the
 /// client adopts 2026-07-28 without `initialize`, and lists, calls, reads,
-/// gets a prompt, answers an elicitation by multi round-trip, and gets
+/// gets a prompt, answers an elicitation by multi round-trip (two in turn
+/// through the router's sealed requestState, and a roots/list), and gets
 /// `tools/list_changed` on a `subscriptions/listen` stream when a reload
 /// adds a router. The broker serves the default routers plus `conformance`
 /// (`test_elicitation`, `test_param_header`).

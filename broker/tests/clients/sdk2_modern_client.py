@@ -11,7 +11,8 @@ first `tools/call` comes back as an `InputRequiredResult`, the SDK calls the
 elicitation callback and retries with `inputResponses`, and the tool's
 answer carries what the callback said. A tool that asks two questions in
 turn gets its own state back each round through `requestState`, which the
-broker seals and the SDK echoes.
+broker seals and the SDK echoes; one that asks for the client's roots gets
+what the SDK's roots callback says.
 
 The broker must serve the embedded default routers plus `conformance`
 (whose `test_elicitation` elicits): broker/tests/http_clients.rs starts it so.
@@ -83,11 +84,19 @@ async def run(url: str, reload_url: str | None) -> None:
             return types.ElicitResult(action="accept", content={"color": "blue"})
         return types.ElicitResult(action="accept", content={"username": "ada", "email": "ada@example.com"})
 
+    async def on_list_roots(context: Any) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri="file:///work/project", name="Project")])
+
     http = create_mcp_http_client()
     http.event_hooks["response"].append(record)
     async with http:
         transport = streamable_http_client(url, http_client=http)
-        async with Client(transport, read_timeout_seconds=20, elicitation_callback=on_elicit) as c:
+        async with Client(
+            transport,
+            read_timeout_seconds=20,
+            elicitation_callback=on_elicit,
+            list_roots_callback=on_list_roots,
+        ) as c:
             methods = [(m, status) for m, status, *_ in posts]
             expect(
                 "connect: server/discover is answered (200) and no initialize follows",
@@ -195,6 +204,21 @@ async def run(url: str, reload_url: str | None) -> None:
                 and states[1] != states[2],
                 [None, "<token 1>", "<token 2>"],
                 states,
+            )
+
+            # The tool asks for the client's roots: a roots/list input
+            # request under the key it names, which the SDK answers from its
+            # callback on the retry.
+            before = len(posts)
+            result = wire(await c.call_tool("test_input_required_result_list_roots", {}))
+            text = single_text("tools/call test_input_required_result_list_roots", result)
+            expect("the tool got the callback's roots", text == "Roots: file:///work/project", "Roots: file:///work/project", text)
+            calls = [body.get("params", {}) for m, _, _, _, body in posts[before:] if m == "tools/call"]
+            expect(
+                "two POSTs, the retry answering client_roots",
+                len(calls) == 2 and "client_roots" in calls[1].get("inputResponses", {}),
+                ["tools/call", "tools/call + inputResponses.client_roots"],
+                calls,
             )
 
             if reload_url is not None:
