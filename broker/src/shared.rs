@@ -253,8 +253,10 @@ pub struct Shared {
     /// `[tls]`: the edges serve TLS; what new handshakes use.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// Seals routers' state into 2026-07-28's `requestState`, with one key
-    /// for every shard (a retry may reach any of them).
-    pub request_states: crate::edge::http::request_state::RequestStates,
+    /// for every shard (a retry may reach any of them). Boxed: the AES key
+    /// schedule is some 500 bytes that no request reads, kept off the cache
+    /// lines of the fields every request does.
+    pub request_states: Box<crate::edge::http::request_state::RequestStates>,
     /// Upstream routers whose calls' answers said their listings changed
     /// (by uid), for the `routing` thread.
     kicks: (Sender<usize>, Receiver<usize>),
@@ -354,7 +356,7 @@ impl Shared {
             routing: arc_swap::ArcSwap::from_pointee(routing),
             auth,
             tls,
-            request_states,
+            request_states: Box::new(request_states),
             kicks: crossbeam_channel::bounded(1024),
             reloads: crossbeam_channel::bounded(64),
             reloads_applied: AtomicU64::new(0),

@@ -719,6 +719,19 @@ pub const STATE_META_KEY: &str = "mcp-broker/state";
 /// The tool argument that hands a router's state back; reserved likewise.
 pub const STATE_ARG: &str = "_request_state";
 
+/// The tool arguments only the broker sets (each begins with `_`).
+const RESERVED_ARGS: [&str; 4] = [ELICITATION_ARG, SAMPLING_ARG, ROOTS_ARG, STATE_ARG];
+
+/// Whether a final answer asks the client something ([`sampling_request`],
+/// [`roots_request`]): asked of every answer of a session's call, so one
+/// byte search for the broker's key prefix answers most of them.
+pub fn result_asks(frame: &[u8]) -> bool {
+    static PREFIX: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new("mcp-broker/"));
+    PREFIX.find(frame).is_some()
+        && (sampling_request(frame).is_some() || roots_request(frame).is_some())
+}
+
 /// The `meta` key by which a router names its question's `inputRequests`
 /// key in protocol 2026-07-28 (a string; default `elicitation` or
 /// `sampling`); the retry's answer is read under it.
@@ -904,16 +917,15 @@ pub fn request_frame<'e, 'a>(
             kvs.extend(args.iter().map(|(k, v)| (&**k, v.get())));
             // Reserved whether or not this call carries an answer: a client
             // must not be able to forge the answer to an elicitation, nor a
-            // router's state.
-            for key in [ELICITATION_ARG, SAMPLING_ARG, ROOTS_ARG, STATE_ARG]
-                .into_iter()
-                .chain(extra.iter().map(|e| e.0))
+            // router's state. One pass; most names fail the first byte.
+            debug_assert!(extra.iter().all(|(k, _)| RESERVED_ARGS.contains(k)));
+            if let Some((key, _)) = kvs
+                .iter()
+                .find(|(k, _)| k.starts_with('_') && RESERVED_ARGS.contains(k))
             {
-                if kvs.iter().any(|(k, _)| *k == key) {
-                    return Err(RpcError::invalid_params(format!(
-                        "Invalid params: the argument name `{key}` is reserved"
-                    )));
-                }
+                return Err(RpcError::invalid_params(format!(
+                    "Invalid params: the argument name `{key}` is reserved"
+                )));
             }
             kvs.extend_from_slice(extra);
             let frame = enc.tool_call(h, h.message_id, &name, &kvs);

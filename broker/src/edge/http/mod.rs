@@ -1293,8 +1293,7 @@ impl HttpEdge {
                 // to one request.
                 FrameKind::ResourceUpdated => {}
                 FrameKind::Final => {
-                    more |= jsonrpc::sampling_request(f).is_some()
-                        || jsonrpc::roots_request(f).is_some();
+                    more |= jsonrpc::result_asks(f);
                     last = Some(f);
                 }
             }

@@ -1558,7 +1558,7 @@ fn conclude(
             }
             Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
         }
-    } else if let Some((f, asked, params)) = fin.and_then(|f| {
+    } else if let Some((f, asked, params)) = fin.filter(|f| jsonrpc::result_asks(f)).and_then(|f| {
         // A result asks one question: sampling before roots.
         let (asked, p) = match (jsonrpc::sampling_request(f), jsonrpc::roots_request(f)) {
             (Some(p), _) => (Asked::Sampling, p),
