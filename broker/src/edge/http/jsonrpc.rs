@@ -712,7 +712,7 @@ pub const ELICITATION_ARG: &str = "_elicitation";
 pub const SAMPLING_ARG: &str = "_sampling";
 
 /// The `meta` key by which a router attaches its own state to a question
-/// (an elicitation, or a result asking for sampling); the re-called tool
+/// (an elicitation, or a result asking for sampling or roots); the re-called tool
 /// gets it back under [`STATE_ARG`] (`request_state.rs`, docs/http.md).
 pub const STATE_META_KEY: &str = "mcp-broker/state";
 
@@ -733,8 +733,8 @@ pub fn result_asks(frame: &[u8]) -> bool {
 }
 
 /// The `meta` key by which a router names its question's `inputRequests`
-/// key in protocol 2026-07-28 (a string; default `elicitation` or
-/// `sampling`); the retry's answer is read under it.
+/// key in protocol 2026-07-28 (a string; default `elicitation`, `sampling`
+/// or `roots`); the retry's answer is read under it.
 pub const INPUT_KEY_META_KEY: &str = "mcp-broker/input-key";
 
 /// `meta` entries that instruct the broker: carried or acted on, never
@@ -780,7 +780,7 @@ pub fn sampling_request(frame: &[u8]) -> Option<&str> {
 
 /// The state a router attached to its question (`meta` entry
 /// [`STATE_META_KEY`] of an elicitation, or of a result asking for
-/// sampling), as the JSON text handed back in [`STATE_ARG`]: the value when
+/// sampling or roots), as the JSON text handed back in [`STATE_ARG`]: the value when
 /// it is one JSON value, else the entry's text as a JSON string.
 pub fn router_state(frame: &[u8]) -> Option<Cow<'_, str>> {
     let v = question_meta(frame, STATE_META_KEY)?;
@@ -806,7 +806,7 @@ pub fn router_input_key(frame: &[u8]) -> Option<Cow<'_, str>> {
 }
 
 /// The value of the `meta` entry `key` of a question: an elicitation's, or
-/// a tool result's (one asking for sampling).
+/// a tool result's (one asking for sampling or roots).
 fn question_meta<'f>(frame: &'f [u8], key: &str) -> Option<&'f str> {
     // Most questions carry none: a byte search spares them a verification.
     memchr::memmem::find(frame, key.as_bytes())?;
@@ -854,7 +854,7 @@ pub fn write_client_request(out: &mut Vec<u8>, id: &str, method: &str, params: &
 /// text the client sent. A prompt argument's JSON string arrives quoted,
 /// as from the gRPC edge: `adapt::PromptArgs` unquotes it when filling.
 /// `extra` is appended to a tool call's arguments (the answer under
-/// [`ELICITATION_ARG`] or [`SAMPLING_ARG`], the router's state under
+/// [`ELICITATION_ARG`], [`SAMPLING_ARG`] or [`ROOTS_ARG`], the router's state under
 /// [`STATE_ARG`]); a client argument of any of these names is always
 /// refused.
 /// `completion/complete`'s `context` is not carried (the frame encoder

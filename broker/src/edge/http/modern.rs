@@ -53,8 +53,12 @@
 //! (an `ElicitResult`) reaches the tool as the argument `_elicitation`
 //! (`{"action":…,"content":…}`, built by `jsonrpc::elicitation_answer`),
 //! with the retry's other arguments as sent. Sampling likewise: key
-//! `sampling`, argument `_sampling`. Only the answer to the latest question
-//! is carried, as in a session, where each re-call holds one answer.
+//! `sampling`, argument `_sampling`; roots: key `roots`, argument `_roots`.
+//! Only the answer to the latest question is carried, as in a session,
+//! where each re-call holds one answer. What the router wants to keep
+//! between the rounds (its state, the key it named) travels sealed as
+//! `requestState` (`request_state.rs`) and reaches the tool as
+//! `_request_state`.
 
 use std::borrow::Cow;
 use std::rc::Rc;
