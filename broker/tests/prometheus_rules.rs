@@ -180,7 +180,7 @@ fn a_real_prometheus_evaluates_every_rule_against_a_real_broker() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap().clone())
         .collect();
-    assert_eq!(rules.len(), 20, "rules loaded: {rules:#?}");
+    assert_eq!(rules.len(), 21, "rules loaded: {rules:#?}");
     for r in &rules {
         assert_eq!(
             r["health"], "ok",
