@@ -940,6 +940,82 @@ fn a_roots_request_goes_to_the_client_on_the_stream_and_its_answer_to_the_tool()
 }
 
 #[test]
+fn a_set_of_questions_goes_to_the_client_in_turn_and_its_answers_to_the_tool_together() {
+    let b = conformance("");
+    let call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"test_input_required_result_multiple_inputs","arguments":{}}}"#;
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{},"sampling":{},"roots":{}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    let mut stream = open_stream(&b, &s, call);
+    // In the order the router wrote them (its JSON's keys sorted), each
+    // once the one before is answered.
+    let answers = [
+        (
+            "roots/list",
+            json!({"roots":[{"uri":"file:///a"},{"uri":"file:///b"}]}),
+        ),
+        (
+            "sampling/createMessage",
+            json!({"role":"assistant","content":{"type":"text","text":"Hi there"},"model":"m"}),
+        ),
+        (
+            "elicitation/create",
+            json!({"action":"accept","content":{"name":"Ada"}}),
+        ),
+    ];
+    for (method, result) in answers {
+        let ask = next_ask(&mut stream, method);
+        let reply = json!({"jsonrpc":"2.0","id":ask["id"],"result":result});
+        assert_eq!(c.post(Some(&s), &reply.to_string()).status, 202);
+    }
+    let (fin, _) = final_message(&mut stream);
+    assert_eq!(fin["id"], 8, "{fin}");
+    assert_eq!(
+        fin["result"]["content"][0]["text"], "Hello, Ada! Greeting: Hi there. Roots: 2",
+        "{fin}"
+    );
+
+    // A client lacking one of the capabilities is asked nothing.
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{},"roots":{}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    let mut stream = open_stream(&b, &s, call);
+    let (fin, text) = final_message(&mut stream);
+    assert!(!text.contains("roots/list"), "{text}");
+    assert_eq!(fin["error"]["code"], -32600, "{fin}");
+    assert!(
+        fin["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sampling"),
+        "{fin}"
+    );
+}
+
+#[test]
+fn a_set_of_questions_that_cannot_be_asked_fails_the_call_on_its_stream() {
+    let b = with_http("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{},"sampling":{},"roots":{}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    let call = json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"bad_set","arguments":{"set":r#"{"a":{"method":"roots/list"},"b":{"method":"ping"}}"#}}});
+    let mut stream = open_stream(&b, &s, &call.to_string());
+    let (fin, text) = final_message(&mut stream);
+    // Asked whole or not at all: not even the valid first question went out.
+    assert!(!text.contains("\"roots/list\",\"params"), "{text}");
+    assert_eq!(fin["error"]["code"], -32603, "{fin}");
+    assert!(
+        fin["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("method `ping`"),
+        "{fin}"
+    );
+}
+
+#[test]
 fn an_elicitation_the_client_never_answers_fails_at_the_timeout() {
     let b = conformance("client_answer_timeout = \"300ms\"");
     let mut c = Conn::connect(b.http);

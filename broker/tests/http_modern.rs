@@ -1092,11 +1092,13 @@ fn a_named_input_key_is_asked_under_and_read_back_through_the_request_state() {
         &answered("user_name", r#"{"name":"Alice"}"#, Some(&token)),
     ));
     assert_eq!(text, "Hello, Alice!");
-    // Without the token only the default keys are read: asked again.
-    input_required(
-        &call(3, &answered("user_name", r#"{"name":"Alice"}"#, None)),
-        "user_name",
-    );
+    // Without the token nothing names `user_name`: the answer reaches the
+    // tool in `_inputs`, where this tool looks for it too.
+    let text = complete_text(&call(
+        3,
+        &answered("user_name", r#"{"name":"Alice"}"#, None),
+    ));
+    assert_eq!(text, "Hello, Alice!");
     // The token names `user_name`: an answer under the default key is not it.
     input_required(
         &call(
@@ -1222,6 +1224,185 @@ fn a_state_or_key_too_large_to_travel_fails_the_call_naming_the_limit() {
         );
     }
     assert_eq!(b.metric_sum("mcp_http_request_states_issued_total"), 2.0);
+}
+
+/// A set of questions that cannot be asked (the router's fault) fails the
+/// call with -32603 naming the fault, and nothing is asked. (`chaos`'s
+/// `bad_set`.)
+#[test]
+fn a_set_that_cannot_be_asked_fails_the_call_naming_its_fault() {
+    let b = broker();
+    let nine: Vec<String> = (0..9)
+        .map(|i| format!(r#""k{i}":{{"method":"roots/list"}}"#))
+        .collect();
+    let nine = format!("{{{}}}", nine.join(","));
+    for (id, set, says) in [
+        (1, "[1]", "must be an object"),
+        (2, "{}", "holds 0 questions"),
+        (3, &nine[..], "holds 9 questions; a set is 1 to 8"),
+        (
+            4,
+            r#"{"a":{"method":"tools/call","params":{}}}"#,
+            "method `tools/call`",
+        ),
+        (
+            5,
+            r#"{"a":{"method":"sampling/createMessage"}}"#,
+            "`params` must be an object",
+        ),
+        (
+            6,
+            r#"{"":{"method":"roots/list"}}"#,
+            "1 to 64 bytes long, not 0",
+        ),
+    ] {
+        let args = serde_json::json!({ "set": set }).to_string();
+        let mut c = Conn::connect(b.http);
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{{},"name":"bad_set","arguments":{args}}}}}"#,
+            meta(r#"{"elicitation":{},"sampling":{},"roots":{}}"#)
+        );
+        let r = modern(&mut c, "tools/call", Some("bad_set"), &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["error"]["code"], -32603, "{set}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("`bad_set`") && message.contains(says),
+            "{set}: {v}"
+        );
+    }
+    assert_eq!(b.metric_sum("mcp_http_request_states_issued_total"), 0.0);
+}
+
+/// A tool asks three questions at once (`mcp-broker/input-requests`): one
+/// InputRequiredResult holding them all, with a requestState naming their
+/// keys; the retry's answers reach the tool together as `_inputs`.
+#[test]
+fn a_set_of_questions_is_one_input_required_result_answered_together() {
+    let b = broker();
+    const TOOL: &str = "test_input_required_result_multiple_inputs";
+    const ALL: &str = r#"{"elicitation":{},"sampling":{},"roots":{}}"#;
+    let call = |id: u32, caps: &str, extra: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{{},"name":"{TOOL}","arguments":{{}}{extra}}}}}"#,
+            meta(caps)
+        );
+        let mut c = Conn::connect(b.http);
+        modern(&mut c, "tools/call", Some(TOOL), &body)
+    };
+    let r = call(1, ALL, "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let asks = v["result"]["inputRequests"]
+        .as_object()
+        .expect("input requests");
+    let methods: Vec<(&str, &str)> = asks
+        .iter()
+        .map(|(k, q)| (k.as_str(), q["method"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            ("client_roots", "roots/list"),
+            ("greeting", "sampling/createMessage"),
+            ("user_name", "elicitation/create"),
+        ],
+        "{v}"
+    );
+    assert_eq!(asks["greeting"]["params"]["maxTokens"], 50, "{v}");
+    // The router's own meta entry is the broker's, never the client's.
+    assert!(!r.text().contains("mcp-broker/"), "{}", r.text());
+    let token = v["result"]["requestState"]
+        .as_str()
+        .expect("a set always has its requestState")
+        .to_owned();
+    let name = r#""user_name":{"action":"accept","content":{"name":"Ada"}}"#;
+    let greeting = r#""greeting":{"role":"assistant","content":{"type":"text","text":"Hi there"},"model":"m"}"#;
+    let roots = r#""client_roots":{"roots":[{"uri":"file:///work"}]}"#;
+    // Every answer: the tool completes with all three.
+    let answers =
+        format!(r#","inputResponses":{{{name},{greeting},{roots}}},"requestState":"{token}""#);
+    assert_eq!(
+        complete_text(&call(2, ALL, &answers)),
+        "Hello, Ada! Greeting: Hi there. Roots: 1"
+    );
+    // One missing: the tool gets the two, and asks the set again.
+    let two = format!(r#","inputResponses":{{{name},{roots}}},"requestState":"{token}""#);
+    let v = call(3, ALL, &two).json();
+    assert_eq!(v["result"]["resultType"], "input_required", "{v}");
+    assert_eq!(
+        v["result"]["inputRequests"].as_object().map(|o| o.len()),
+        Some(3),
+        "{v}"
+    );
+    // A wrong answer to any of them is refused, naming its key.
+    let bad = format!(r#","inputResponses":{{{name},"client_roots":[]}},"requestState":"{token}""#);
+    let v = refused(&call(4, ALL, &bad), 400, -32602, json!(4));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("client_roots"),
+        "{v}"
+    );
+    // A client lacking one capability the set needs is asked nothing.
+    let v = refused(
+        &call(5, r#"{"elicitation":{},"roots":{}}"#, ""),
+        400,
+        -32021,
+        json!(5),
+    );
+    assert_eq!(
+        v["error"]["data"]["requiredCapabilities"],
+        json!({"sampling": {}}),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_retry_without_request_state_hands_other_answers_to_the_tool() {
+    let b = broker();
+    const TOOL: &str = "test_input_required_result_elicitation";
+    let call = |id: u32, responses: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{{},"name":"{TOOL}","arguments":{{}},"inputResponses":{responses}}}}}"#,
+            meta(r#"{"elicitation":{}}"#)
+        );
+        let mut c = Conn::connect(b.http);
+        modern(&mut c, "tools/call", Some(TOOL), &body)
+    };
+    // No requestState names `user_name`: the answer reaches the tool in
+    // `_inputs` with the extras, and the tool reads its own.
+    let r = call(
+        1,
+        r#"{"user_name":{"action":"accept","content":{"name":"Alice"}},"unknown_extra_key":{"action":"accept","content":{"foo":"bar"}}}"#,
+    );
+    assert_eq!(complete_text(&r), "Hello, Alice!");
+    // Neither its key nor an object: nothing answers the tool, which asks
+    // again.
+    for responses in [
+        r#"{"wrong_key":{"action":"accept"}}"#,
+        r#"{"user_name":12345}"#,
+    ] {
+        let v = call(2, responses).json();
+        assert_eq!(
+            v["result"]["resultType"], "input_required",
+            "{responses}: {v}"
+        );
+    }
+    // `_inputs` is the broker's: a client argument of that name is refused.
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{{},"name":"{TOOL}","arguments":{{"_inputs":{{}}}}}}}}"#,
+        meta(r#"{"elicitation":{}}"#)
+    );
+    let mut c = Conn::connect(b.http);
+    refused(
+        &modern(&mut c, "tools/call", Some(TOOL), &body),
+        400,
+        -32602,
+        json!(3),
+    );
 }
 
 /// A tool asks for the client's roots (`mcp-broker/roots`): in 2026-07-28

@@ -22,6 +22,10 @@ use mcp_schema::{FrameError, RequestKind};
 #[path = "../../broker/src/edge/http/jsonrpc.rs"]
 #[allow(dead_code)]
 mod jsonrpc;
+// jsonrpc.rs reads the kinds of question and their bounds from here.
+#[path = "../../broker/src/edge/http/request_state.rs"]
+#[allow(dead_code, unused_imports)]
+mod request_state;
 
 use jsonrpc::{Body, Id, Message, Method};
 

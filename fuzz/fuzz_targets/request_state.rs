@@ -4,9 +4,10 @@
 //! Input: the first byte picks the property, the rest is its material.
 //! - Any text as a token, for any tool and caller, never opens (and never
 //!   panics): only the broker's key makes tokens.
-//! - A question sealed from the input (tool, caller, kind, key, state)
-//!   opens to exactly itself for its own tool and caller, and fails for
-//!   another caller and once any one byte of it is changed.
+//! - A question, or a set of them, sealed from the input (tool, caller,
+//!   kinds, key, state) opens to exactly itself for its own tool and
+//!   caller, and fails for another caller and once any one byte of it is
+//!   changed.
 #![no_main]
 
 use std::sync::LazyLock;
@@ -22,7 +23,7 @@ mod jsonrpc;
 #[path = "../../broker/src/edge/http/request_state.rs"]
 mod request_state;
 
-use request_state::{Asked, MAX_INPUT_KEY_BYTES, Question, RequestStates};
+use request_state::{Asked, MAX_INPUT_KEY_BYTES, MAX_INPUT_REQUESTS, Question, RequestStates};
 
 static STATES: LazyLock<RequestStates> = LazyLock::new(|| {
     RequestStates::new(std::path::Path::new(""), Duration::from_secs(600)).expect("a random key")
@@ -56,20 +57,32 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         key.pop();
     }
     let state = piece(&mut data);
-    let asked = match mode % 6 {
-        1 => Asked::Elicitation,
-        3 => Asked::Sampling,
+    let kind = |b: u8| match b % 3 {
+        0 => Asked::Elicitation,
+        1 => Asked::Sampling,
         _ => Asked::Roots,
     };
+    // A set (mode bit 0x40) holds the key once per kind byte that follows
+    // it, up to the most a set may hold; one question asks the mode's kind.
+    let many = mode & 0x40 != 0;
+    let asks: Vec<(Asked, &str)> = if many {
+        let n = data.first().map_or(1, |&b| usize::from(b) % MAX_INPUT_REQUESTS + 1);
+        (0..n)
+            .map(|i| (kind(data.get(i).copied().unwrap_or(0)), key.as_str()))
+            .collect()
+    } else {
+        vec![(kind(mode >> 1), key.as_str())]
+    };
     let q = Question {
-        asked,
-        key: key.as_str(),
+        asks,
+        many,
         state: (mode & 0x80 != 0).then_some(state.as_str()),
     };
     let token = STATES.seal(&tool, &subject, &q);
     let opened = STATES.open(&token, &tool, &subject).expect("its own token opens");
-    assert_eq!(opened.asked, q.asked);
-    assert_eq!(opened.key, q.key);
+    let asks: Vec<(Asked, &str)> = opened.asks.iter().map(|(a, k)| (*a, k.as_str())).collect();
+    assert_eq!(asks, q.asks);
+    assert_eq!(opened.many, q.many);
     assert_eq!(opened.state.as_deref(), q.state);
     let other = format!("{subject}x");
     assert!(STATES.open(&token, &tool, &other).is_err());

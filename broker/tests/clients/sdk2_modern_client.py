@@ -12,7 +12,8 @@ elicitation callback and retries with `inputResponses`, and the tool's
 answer carries what the callback said. A tool that asks two questions in
 turn gets its own state back each round through `requestState`, which the
 broker seals and the SDK echoes; one that asks for the client's roots gets
-what the SDK's roots callback says.
+what the SDK's roots callback says; one that asks for a name, a completion
+and the roots at once gets all three callbacks' answers in one retry.
 
 The broker must serve the embedded default routers plus `conformance`
 (whose `test_elicitation` elicits): broker/tests/http_clients.rs starts it so.
@@ -87,6 +88,11 @@ async def run(url: str, reload_url: str | None) -> None:
     async def on_list_roots(context: Any) -> types.ListRootsResult:
         return types.ListRootsResult(roots=[types.Root(uri="file:///work/project", name="Project")])
 
+    async def on_sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="Hi there"), model="sdk2-test"
+        )
+
     http = create_mcp_http_client()
     http.event_hooks["response"].append(record)
     async with http:
@@ -96,6 +102,7 @@ async def run(url: str, reload_url: str | None) -> None:
             read_timeout_seconds=20,
             elicitation_callback=on_elicit,
             list_roots_callback=on_list_roots,
+            sampling_callback=on_sample,
         ) as c:
             methods = [(m, status) for m, status, *_ in posts]
             expect(
@@ -218,6 +225,23 @@ async def run(url: str, reload_url: str | None) -> None:
                 "two POSTs, the retry answering client_roots",
                 len(calls) == 2 and "client_roots" in calls[1].get("inputResponses", {}),
                 ["tools/call", "tools/call + inputResponses.client_roots"],
+                calls,
+            )
+
+            # Three questions at once: one InputRequiredResult, which the
+            # SDK answers from its three callbacks in a single retry.
+            before = len(posts)
+            result = wire(await c.call_tool("test_input_required_result_multiple_inputs", {}))
+            text = single_text("tools/call test_input_required_result_multiple_inputs", result)
+            want = "Hello, Ada! Greeting: Hi there. Roots: 1"
+            expect("the tool got the three callbacks' answers", text == want, want, text)
+            calls = [body.get("params", {}) for m, _, _, _, body in posts[before:] if m == "tools/call"]
+            answered = sorted(calls[1].get("inputResponses", {})) if len(calls) == 2 else []
+            expect(
+                "two POSTs, the retry answering every key, with the requestState",
+                answered == ["client_roots", "greeting", "user_name"]
+                and isinstance(calls[1].get("requestState"), str),
+                ["client_roots", "greeting", "user_name"],
                 calls,
             )
 

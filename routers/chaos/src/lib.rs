@@ -19,6 +19,7 @@
 //! | `print {"text"}` | writes to stdout and stderr | completes (output discarded unless granted) |
 //! | `fanout {"blocks", "bytes"}` | `blocks` text blocks that all point at one string of `bytes` bytes | `ResultTooLarge` past `max_result_bytes`, instance replaced |
 //! | `big_state {"bytes", "key_bytes"?}` | elicits with a state (`mcp-broker/state`) of a `bytes`-byte string and an input key of `key_bytes` bytes | HTTP 2026-07-28: -32603 past 4 KiB of state or 64 bytes of key |
+//! | `bad_set {"set"}` | asks the set of questions `set` (`mcp-broker/input-requests`), the string's text as it is | HTTP: -32603 naming the fault of a set that cannot be asked |
 //!
 //! # Invariants
 //! - Each tool misbehaves in exactly one way, so a test names its cause.
@@ -179,6 +180,10 @@ impl Guest for Chaos {
                 "big_state",
                 "Elicits with a state of a `bytes`-byte string and an input key of `key_bytes` bytes.",
             ),
+            tool(
+                "bad_set",
+                "Asks the set of questions `set` (text), however malformed.",
+            ),
         ]
     }
 
@@ -289,6 +294,19 @@ impl Guest for Chaos {
                     annotations: None,
                     meta: Some(meta),
                 }))
+            }
+            "bad_set" => {
+                let set = args.get("set").and_then(serde_json::Value::as_str).ok_or_else(|| {
+                    ToolError::InvalidParameters("`set` (string) is required".into())
+                })?;
+                let mut r = completed("a set asked".into(), None);
+                if let Response::Completed(t) = &mut r {
+                    t.meta = Some(vec![MetaEntry {
+                        key: "mcp-broker/input-requests".into(),
+                        value: set.into(),
+                    }]);
+                }
+                Ok(r)
             }
             other => Err(ToolError::NotFound(format!("no tool `{other}`"))),
         }

@@ -83,6 +83,10 @@ const STATE_META_KEY: &str = "mcp-broker/state";
 const STATE_ARG: &str = "_request_state";
 /// The `meta` key that names a question's `inputRequests` key (2026-07-28).
 const INPUT_KEY_META_KEY: &str = "mcp-broker/input-key";
+/// A result's `meta` key asking several questions at once; their answers
+/// come back together, by key, under `_inputs`.
+const INPUT_REQUESTS_META_KEY: &str = "mcp-broker/input-requests";
+const INPUTS_ARG: &str = "_inputs";
 
 /// Values offered by `complete` for the arguments of
 /// `test_prompt_with_arguments` (the spec's own example).
@@ -223,6 +227,31 @@ fn elicitation_answer(
         })?;
     let content = answer.get("content").cloned().unwrap_or_else(|| json!({}));
     Ok(Some((action.to_owned(), content)))
+}
+
+/// The answer to the elicitation the tool asked under `key`, from
+/// `_inputs`: where the broker puts it when a 2026-07-28 retry came
+/// without the requestState that names the key.
+fn input_answer(args: &serde_json::Map<String, Value>, key: &str) -> Option<(String, Value)> {
+    let answer = args.get(INPUTS_ARG)?.get(key)?;
+    let action = answer.get("action")?.as_str()?;
+    let content = answer.get("content").cloned().unwrap_or_else(|| json!({}));
+    Some((action.to_owned(), content))
+}
+
+/// A result asking the questions of `set` at once
+/// (`mcp-broker/input-requests`: key → method and params).
+fn ask_set(set: Value) -> Response {
+    Response::Completed(ToolResult {
+        content: vec![text("input requested")],
+        structured_content: None,
+        progress: None,
+        meta: Some(vec![MetaEntry {
+            key: INPUT_REQUESTS_META_KEY.into(),
+            value: set.to_string(),
+        }]),
+        is_error: None,
+    })
 }
 
 /// First call: ask for `schema`. Second call: `done(action, content)`.
@@ -564,6 +593,11 @@ impl Guest for Conformance {
                 NO_ARGS,
             ),
             tool(
+                "test_input_required_result_multiple_inputs",
+                "Asks for a name, a greeting and the client's roots at once (SEP-2322)",
+                NO_ARGS,
+            ),
+            tool(
                 "test_input_required_result_request_state",
                 "Tests that the question's state comes back with the answer (requestState, SEP-2322)",
                 NO_ARGS,
@@ -724,7 +758,9 @@ impl Guest for Conformance {
             // (`mcp-broker/input-key`); the broker then issues a
             // requestState, which names the key the retry's answer is read
             // under.
-            "test_input_required_result_elicitation" => match elicitation_answer(&args)? {
+            "test_input_required_result_elicitation" => match elicitation_answer(&args)?
+                .or_else(|| input_answer(&args, "user_name"))
+            {
                 None => Ok(Response::Elicit(ElicitationRequest {
                     title: None,
                     message: "What is your name?".into(),
@@ -742,6 +778,38 @@ impl Guest for Conformance {
                     },
                 )])),
             },
+            // Three questions at once (`mcp-broker/input-requests`): the
+            // answers come back together under `_inputs`; the set is asked
+            // again until every one is answered.
+            "test_input_required_result_multiple_inputs" => {
+                let inputs = args.get(INPUTS_ARG);
+                let answer = |k: &str| inputs.and_then(|i| i.get(k));
+                match (answer("user_name"), answer("greeting"), answer("client_roots")) {
+                    (Some(name), Some(greeting), Some(roots)) => {
+                        let name = name.pointer("/content/name").and_then(Value::as_str);
+                        let roots = roots["roots"].as_array().map_or(0, Vec::len);
+                        Ok(completed(vec![text(format!(
+                            "Hello, {}! Greeting: {}. Roots: {roots}",
+                            name.unwrap_or("stranger"),
+                            sampled_text(greeting)
+                        ))]))
+                    }
+                    _ => Ok(ask_set(json!({
+                        "user_name": {
+                            "method": "elicitation/create",
+                            "params": {"mode": "form", "message": "What is your name?", "requestedSchema": one_string_schema("name")}
+                        },
+                        "greeting": {
+                            "method": "sampling/createMessage",
+                            "params": {
+                                "messages": [{"role": "user", "content": {"type": "text", "text": "Generate a greeting"}}],
+                                "maxTokens": 50
+                            }
+                        },
+                        "client_roots": {"method": "roots/list", "params": {}}
+                    }))),
+                }
+            }
             // `mcp-broker/roots` asks for the client's roots; they come
             // back as `_roots` (a ListRootsResult).
             "test_input_required_result_list_roots" => match args.get(ROOTS_ARG) {

@@ -86,6 +86,8 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use super::request_state::{Asked, MAX_INPUT_KEY_BYTES, MAX_INPUT_REQUESTS};
+
 // ---------------------------------------------------------------------------
 // Messages in
 // ---------------------------------------------------------------------------
@@ -670,7 +672,7 @@ impl<'de> Deserialize<'de> for Key<'de> {
 }
 
 /// The members of an arguments object: (unescaped key, raw JSON value).
-type Members<'a> = Vec<(Cow<'a, str>, &'a RawValue)>;
+pub type Members<'a> = Vec<(Cow<'a, str>, &'a RawValue)>;
 
 /// Splits `arguments` (absent or `null` = none) into its members in order,
 /// values untouched (the object was already checked by the body's parse,
@@ -679,10 +681,14 @@ fn members<'a>(raw: Option<&'a RawValue>) -> Result<Members<'a>, RpcError<'a>> {
     let Some(raw) = raw else {
         return Ok(Vec::new());
     };
+    object_members(raw, "`arguments`").map_err(RpcError::invalid_params)
+}
+
+/// The members of the JSON object `raw` in order, values untouched; `Err`
+/// names `what` when it is not one ("Invalid params: …").
+pub fn object_members<'a>(raw: &'a RawValue, what: &str) -> Result<Members<'a>, String> {
     if first_byte(raw) != b'{' {
-        return Err(RpcError::invalid_params(
-            "Invalid params: `arguments` must be an object",
-        ));
+        return Err(format!("Invalid params: {what} must be an object"));
     }
     struct Split;
     impl<'de> Visitor<'de> for Split {
@@ -700,7 +706,7 @@ fn members<'a>(raw: Option<&'a RawValue>) -> Result<Members<'a>, RpcError<'a>> {
     }
     let mut de = serde_json::Deserializer::from_str(raw.get());
     de.deserialize_map(Split)
-        .map_err(|e| RpcError::invalid_params(format!("Invalid params: `arguments`: {e}")))
+        .map_err(|e| format!("Invalid params: {what}: {e}"))
 }
 
 /// The tool argument that carries a client's answer to an elicitation
@@ -719,8 +725,20 @@ pub const STATE_META_KEY: &str = "mcp-broker/state";
 /// The tool argument that hands a router's state back; reserved likewise.
 pub const STATE_ARG: &str = "_request_state";
 
+/// The tool argument that carries the answers to a set of questions
+/// ([`INPUT_REQUESTS_META_KEY`]) as one object by `inputRequests` key, and
+/// on a 2026-07-28 retry that names no question, the answers under keys
+/// other than the defaults; reserved likewise.
+pub const INPUTS_ARG: &str = "_inputs";
+
 /// The tool arguments only the broker sets (each begins with `_`).
-const RESERVED_ARGS: [&str; 4] = [ELICITATION_ARG, SAMPLING_ARG, ROOTS_ARG, STATE_ARG];
+const RESERVED_ARGS: [&str; 5] = [
+    ELICITATION_ARG,
+    SAMPLING_ARG,
+    ROOTS_ARG,
+    STATE_ARG,
+    INPUTS_ARG,
+];
 
 /// Whether a final answer asks the client something ([`sampling_request`],
 /// [`roots_request`]): asked of every answer of a session's call, so one
@@ -729,7 +747,9 @@ pub fn result_asks(frame: &[u8]) -> bool {
     static PREFIX: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new("mcp-broker/"));
     PREFIX.find(frame).is_some()
-        && (sampling_request(frame).is_some() || roots_request(frame).is_some())
+        && (sampling_request(frame).is_some()
+            || roots_request(frame).is_some()
+            || input_requests(frame).is_some())
 }
 
 /// The `meta` key by which a router names its question's `inputRequests`
@@ -829,6 +849,111 @@ pub fn roots_request(frame: &[u8]) -> Option<&str> {
     KEY.find(frame)?;
     let params = json_object(question_meta(frame, ROOTS_META_KEY)?)?;
     sampling_request(frame).is_none().then_some(params)
+}
+
+/// The tool-result `meta` key by which a router asks several questions at
+/// once: a JSON object of 1 to [`MAX_INPUT_REQUESTS`] entries, each
+/// `"<key>": {"method": <elicitation/create | sampling/createMessage |
+/// roots/list>, "params": {…}}`, the key 1 to [`MAX_INPUT_KEY_BYTES`]
+/// bytes. The answers come back together under [`INPUTS_ARG`], by key
+/// (docs/http.md). A result asks one thing: a set before sampling, sampling
+/// before roots.
+pub const INPUT_REQUESTS_META_KEY: &str = "mcp-broker/input-requests";
+
+/// One question of a set ([`INPUT_REQUESTS_META_KEY`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct InputRequest<'f> {
+    pub key: Cow<'f, str>,
+    pub asked: Asked,
+    /// Its params: one JSON object (`{}` for a `roots/list` without any).
+    pub params: &'f str,
+}
+
+impl InputRequest<'_> {
+    /// The MCP method that asks it.
+    pub fn method(&self) -> &'static str {
+        match self.asked {
+            Asked::Elicitation => "elicitation/create",
+            Asked::Sampling => "sampling/createMessage",
+            Asked::Roots => "roots/list",
+        }
+    }
+}
+
+/// The set of questions a final ToolResult frame asks under
+/// [`INPUT_REQUESTS_META_KEY`]: `None` when it asks none, `Err` naming
+/// what is wrong with a set that cannot be asked (the router's fault).
+pub fn input_requests(frame: &[u8]) -> Option<Result<Vec<InputRequest<'_>>, String>> {
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(INPUT_REQUESTS_META_KEY));
+    KEY.find(frame)?;
+    let tr = ResponseView::parse(frame)
+        .ok()?
+        .response
+        .payload_as_tool_result()?;
+    let v = tr
+        .metadata()?
+        .iter()
+        .find(|kv| kv.key() == INPUT_REQUESTS_META_KEY)?
+        .value()?;
+    Some(parse_input_requests(v))
+}
+
+fn parse_input_requests(text: &str) -> Result<Vec<InputRequest<'_>>, String> {
+    #[derive(Deserialize)]
+    struct Entry<'a> {
+        #[serde(borrow)]
+        method: Cow<'a, str>,
+        #[serde(borrow, default)]
+        params: Option<&'a RawValue>,
+    }
+    let raw: &RawValue = serde_json::from_str(text.trim_ascii())
+        .map_err(|e| format!("{INPUT_REQUESTS_META_KEY} is not JSON: {e}"))?;
+    let members = object_members(raw, INPUT_REQUESTS_META_KEY)
+        .map_err(|e| e.trim_start_matches("Invalid params: ").to_owned())?;
+    if members.is_empty() || members.len() > MAX_INPUT_REQUESTS {
+        return Err(format!(
+            "{INPUT_REQUESTS_META_KEY} holds {} questions; a set is 1 to {MAX_INPUT_REQUESTS}",
+            members.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(members.len());
+    for (key, v) in members {
+        if key.is_empty() || key.len() > MAX_INPUT_KEY_BYTES {
+            return Err(format!(
+                "{INPUT_REQUESTS_META_KEY}: a key must be 1 to {MAX_INPUT_KEY_BYTES} bytes long, not {}",
+                key.len()
+            ));
+        }
+        let e: Entry<'_> = serde_json::from_str(v.get())
+            .map_err(|e| format!("{INPUT_REQUESTS_META_KEY}.{key}: {e}"))?;
+        let asked = match &*e.method {
+            "elicitation/create" => Asked::Elicitation,
+            "sampling/createMessage" => Asked::Sampling,
+            "roots/list" => Asked::Roots,
+            m => {
+                return Err(format!(
+                    "{INPUT_REQUESTS_META_KEY}.{key}: method `{m}` is none of elicitation/create, sampling/createMessage and roots/list"
+                ));
+            }
+        };
+        let params = match e.params {
+            Some(p) if first_byte(p) == b'{' => p.get().trim_ascii(),
+            None if asked == Asked::Roots => "{}",
+            _ => {
+                return Err(format!(
+                    "{INPUT_REQUESTS_META_KEY}.{key}: `params` must be an object"
+                ));
+            }
+        };
+        if out.iter().any(|q: &InputRequest<'_>| q.key == key) {
+            return Err(format!(
+                "{INPUT_REQUESTS_META_KEY}: the key {key} appears twice"
+            ));
+        }
+        out.push(InputRequest { key, asked, params });
+    }
+    Ok(out)
 }
 
 /// A request of the broker's to the client: `method` (`roots/list`,
@@ -2233,6 +2358,31 @@ pub fn write_input_required_request(
     o.end();
 }
 
+/// Multi round-trip: a tool result that asks a set of questions
+/// ([`input_requests`]) → an `InputRequiredResult` with one input request
+/// each, under its key, and the `requestState` that names them.
+pub fn write_input_required_set(
+    out: &mut Vec<u8>,
+    id: &Id<'_>,
+    set: &[InputRequest<'_>],
+    request_state: &str,
+) {
+    let mut o = envelope_start(out, Some(id));
+    let mut res = Obj::new(o.key("result"));
+    res.raw("resultType", "\"input_required\"");
+    let mut reqs = Obj::new(res.key("inputRequests"));
+    for q in set {
+        let mut r = Obj::new(reqs.key_escaped(&q.key));
+        r.str("method", q.method());
+        r.raw("params", q.params);
+        r.end();
+    }
+    reqs.end();
+    res.str("requestState", request_state);
+    res.end();
+    o.end();
+}
+
 /// Marks a response written by [`write_response_for`] as a 2026-07-28
 /// complete result: `"resultType":"complete"` first in `result` (required
 /// on every result of that revision), plus the caching hints
@@ -2417,6 +2567,90 @@ mod tests {
         let mut out = Vec::new();
         adapt::tool_response(&mut enc, &mut out, &TO, &UUID::new(&[7; 16]), r);
         out
+    }
+
+    #[test]
+    fn a_set_of_questions_is_read_in_order_and_refused_with_its_fault() {
+        let ask = |value: &str| {
+            let r = w::Response::Completed(w::ToolResult {
+                content: vec![],
+                structured_content: None,
+                progress: None,
+                meta: Some(vec![w::MetaEntry {
+                    key: INPUT_REQUESTS_META_KEY.into(),
+                    value: value.into(),
+                }]),
+                is_error: None,
+            });
+            frames(&tool_frames(&r)).last().unwrap().to_vec()
+        };
+        let f = ask(
+            r#" {"user_name":{"method":"elicitation/create","params":{"message":"Name?"}},
+                 "greeting":{"method":"sampling/createMessage","params":{"maxTokens":5}},
+                 "client_roots":{"method":"roots/list"}} "#,
+        );
+        assert!(result_asks(&f));
+        let set = input_requests(&f).unwrap().unwrap();
+        let got: Vec<_> = set
+            .iter()
+            .map(|q| (&*q.key, q.method(), q.params))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("user_name", "elicitation/create", r#"{"message":"Name?"}"#),
+                ("greeting", "sampling/createMessage", r#"{"maxTokens":5}"#),
+                ("client_roots", "roots/list", "{}"),
+            ]
+        );
+        let id_raw = RawValue::from_string("3".into()).unwrap();
+        let mut out = Vec::new();
+        write_input_required_set(&mut out, &Id(&id_raw), &set, "tok");
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["result"]["resultType"], "input_required");
+        assert_eq!(v["result"]["requestState"], "tok");
+        assert_eq!(
+            v["result"]["inputRequests"]["greeting"],
+            serde_json::json!({"method": "sampling/createMessage", "params": {"maxTokens": 5}})
+        );
+        assert_eq!(
+            v["result"]["inputRequests"]["client_roots"]["params"],
+            serde_json::json!({})
+        );
+        // Each fault is named.
+        let long = format!(r#"{{"{}":{{"method":"roots/list"}}}}"#, "k".repeat(65));
+        let many: Vec<String> = (0..=MAX_INPUT_REQUESTS)
+            .map(|i| format!(r#""k{i}":{{"method":"roots/list"}}"#))
+            .collect();
+        let many = format!("{{{}}}", many.join(","));
+        for (bad, says) in [
+            ("[1]", "must be an object"),
+            ("{", "not JSON"),
+            ("{}", "holds 0 questions"),
+            (&many[..], "holds 9 questions"),
+            (&long[..], "1 to 64 bytes"),
+            (
+                r#"{"a":{"method":"tools/call","params":{}}}"#,
+                "method `tools/call`",
+            ),
+            (r#"{"a":{"params":{}}}"#, "missing field `method`"),
+            (
+                r#"{"a":{"method":"sampling/createMessage"}}"#,
+                "`params` must be an object",
+            ),
+            (
+                r#"{"a":{"method":"roots/list","params":[]}}"#,
+                "`params` must be an object",
+            ),
+            (
+                r#"{"a":{"method":"roots/list"},"a":{"method":"roots/list"}}"#,
+                "appears twice",
+            ),
+        ] {
+            let e = input_requests(&ask(bad)).unwrap().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.starts_with(INPUT_REQUESTS_META_KEY), "{bad}: {e}");
+        }
     }
 
     #[test]

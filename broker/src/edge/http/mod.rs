@@ -52,6 +52,7 @@ use monoio::net::{TcpListener, TcpStream};
 use serde_json::value::RawValue;
 
 use self::jsonrpc::{Body as RpcBody, FrameKind, Id, Message, Method, RpcError};
+use self::request_state::Asked;
 use self::session::{Cancel, Session, StreamId};
 use crate::auth::Principal;
 use crate::config::HttpSection;
@@ -1365,26 +1366,37 @@ impl HttpEdge {
                     FrameKind::Final => fin = Some(f.to_vec()),
                 }
             }
-            let asked_of_result = fin.as_deref().and_then(|f| {
-                jsonrpc::sampling_request(f)
-                    .map(Ask::Sample)
-                    .or_else(|| jsonrpc::roots_request(f).map(Ask::Roots))
-            });
-            let ask = match &elicit {
-                Some(f) => Some(Ask::Elicit(f)),
-                None => asked_of_result,
+            // What the tool asks, if anything: an elicitation, else a set
+            // of questions, sampling or roots asked by its result. The
+            // answer is the argument it is called again with.
+            let asked_by = elicit.as_deref().or(fin.as_deref());
+            let answered = match (&elicit, fin.as_deref()) {
+                (Some(f), _) => Some((jsonrpc::ELICITATION_ARG, Ask::Elicit(f).into())),
+                (None, Some(f)) => jsonrpc::input_requests(f)
+                    .map(|set| (jsonrpc::INPUTS_ARG, Asking::Set(set)))
+                    .or_else(|| {
+                        let s = jsonrpc::sampling_request(f).map(Ask::Sample);
+                        let ask = s.or_else(|| jsonrpc::roots_request(f).map(Ask::Roots))?;
+                        let arg = match ask {
+                            Ask::Sample(_) => jsonrpc::SAMPLING_ARG,
+                            _ => jsonrpc::ROOTS_ARG,
+                        };
+                        Some((arg, ask.into()))
+                    }),
+                (None, None) => None,
             };
-            if let Some(ask) = ask {
+            if let Some((arg, asking)) = answered {
                 rounds += 1;
-                let (arg, asked_by) = match &ask {
-                    Ask::Elicit(f) => (jsonrpc::ELICITATION_ARG, &f[..]),
-                    Ask::Sample(_) => (jsonrpc::SAMPLING_ARG, fin.as_deref().unwrap_or_default()),
-                    Ask::Roots(_) => (jsonrpc::ROOTS_ARG, fin.as_deref().unwrap_or_default()),
-                };
                 // The router's state goes back with the answer; the stream
                 // holds it meanwhile (request_state.rs).
-                let state = jsonrpc::router_state(asked_by).map(|s| s.into_owned());
-                match self.ask_client(&session, stream, ask, rounds).await {
+                let state = asked_by
+                    .and_then(jsonrpc::router_state)
+                    .map(|s| s.into_owned());
+                let answer = match asking {
+                    Asking::One(ask) => self.ask_client(&session, stream, ask, rounds).await,
+                    Asking::Set(set) => self.ask_set(&session, stream, set, rounds).await,
+                };
+                match answer {
                     Ok(answer) => {
                         let params = c
                             .params
@@ -1459,26 +1471,7 @@ impl HttpEdge {
         ask: Ask<'_>,
         round: usize,
     ) -> Result<String, (i32, String)> {
-        let (capable, what) = match ask {
-            Ask::Elicit(_) => (
-                session.client_elicitation,
-                "asks the user for input (elicitation)",
-            ),
-            Ask::Sample(_) => (
-                session.client_sampling,
-                "asks the client's model for a completion (sampling)",
-            ),
-            Ask::Roots(_) => (
-                session.client_roots,
-                "asks for the client's roots (roots/list)",
-            ),
-        };
-        if !capable {
-            return Err((
-                ErrorCode::InvalidRequest.code(),
-                format!("the tool {what}, but this client did not declare that capability"),
-            ));
-        }
+        capable(session, ask)?;
         if round > MAX_ELICITATIONS {
             return Err((
                 ErrorCode::RouterFault.code(),
@@ -1490,6 +1483,9 @@ impl HttpEdge {
         match ask {
             Ask::Elicit(frame) => {
                 jsonrpc::write_elicitation_create(&mut buf, &ask_id, frame);
+            }
+            Ask::ElicitWith(params) => {
+                jsonrpc::write_client_request(&mut buf, &ask_id, "elicitation/create", params);
             }
             Ask::Sample(params) => {
                 jsonrpc::write_client_request(&mut buf, &ask_id, "sampling/createMessage", params);
@@ -1521,7 +1517,7 @@ impl HttpEdge {
                 result: Some(result),
                 ..
             })) => match ask {
-                Ask::Elicit(_) => {
+                Ask::Elicit(_) | Ask::ElicitWith(_) => {
                     jsonrpc::elicitation_answer(result).map_err(|e| (e.code, e.message))
                 }
                 // The client's CreateMessageResult, as it sent it.
@@ -1550,6 +1546,41 @@ impl HttpEdge {
                 "the client's answer is not a JSON-RPC response".into(),
             )),
         }
+    }
+
+    /// A set of questions a result asked ([`jsonrpc::input_requests`]),
+    /// each sent on `stream` in turn once the client is known to declare
+    /// every capability they need; then the answers as the `_inputs`
+    /// object, by key. The first failure ends the call.
+    async fn ask_set(
+        &self,
+        session: &Arc<Session>,
+        stream: StreamId,
+        set: Result<Vec<jsonrpc::InputRequest<'_>>, String>,
+        round: usize,
+    ) -> Result<String, (i32, String)> {
+        let set = set.map_err(|m| {
+            (
+                ErrorCode::Internal.code(),
+                format!("the tool asked what cannot be asked: {m}"),
+            )
+        })?;
+        fn ask<'q>(q: &'q jsonrpc::InputRequest<'_>) -> Ask<'q> {
+            match q.asked {
+                Asked::Elicitation => Ask::ElicitWith(q.params),
+                Asked::Sampling => Ask::Sample(q.params),
+                Asked::Roots => Ask::Roots(q.params),
+            }
+        }
+        for q in &set {
+            capable(session, ask(q))?;
+        }
+        let mut inputs = modern::Inputs::default();
+        for q in &set {
+            let answer = self.ask_client(session, stream, ask(q), round).await?;
+            inputs.add(&q.key, &answer);
+        }
+        Ok(inputs.end())
     }
 
     /// Other notifications (initialized, roots/list_changed, progress of
@@ -1766,10 +1797,52 @@ impl NoSession {
 enum Ask<'a> {
     /// An ElicitationRequest frame.
     Elicit(&'a [u8]),
+    /// `elicitation/create` params, as a router wrote them in a set.
+    ElicitWith(&'a str),
     /// `sampling/createMessage` params.
     Sample(&'a str),
     /// `roots/list` params.
     Roots(&'a str),
+}
+
+/// One question, or a set asked together (to be checked first: `Err`
+/// says why it cannot be asked).
+enum Asking<'a> {
+    One(Ask<'a>),
+    Set(Result<Vec<jsonrpc::InputRequest<'a>>, String>),
+}
+
+impl<'a> From<Ask<'a>> for Asking<'a> {
+    fn from(a: Ask<'a>) -> Self {
+        Asking::One(a)
+    }
+}
+
+/// Whether a session's client declared what `ask` needs, and the error
+/// when it did not.
+fn capable(session: &Session, ask: Ask<'_>) -> Result<(), (i32, String)> {
+    let (declared, what) = match ask {
+        Ask::Elicit(_) | Ask::ElicitWith(_) => (
+            session.client_elicitation,
+            "asks the user for input (elicitation)",
+        ),
+        Ask::Sample(_) => (
+            session.client_sampling,
+            "asks the client's model for a completion (sampling)",
+        ),
+        Ask::Roots(_) => (
+            session.client_roots,
+            "asks for the client's roots (roots/list)",
+        ),
+    };
+    if declared {
+        Ok(())
+    } else {
+        Err((
+            ErrorCode::InvalidRequest.code(),
+            format!("the tool {what}, but this client did not declare that capability"),
+        ))
+    }
 }
 
 /// A request's answer: one JSON message, or a stream to continue.

@@ -520,76 +520,139 @@ pub fn missing_capability(capability: &str, what: &str) -> Refusal {
     r
 }
 
-/// A retry's answer to the latest question, and the router's state, as
-/// the arguments the tool is called again with: (`_elicitation` or
-/// `_sampling`, its JSON), then (`_request_state`, its JSON). `asked`: the
-/// question the retry's `requestState` carries; the answer is read under
-/// its key, else under the default keys. Empty when the request is not a
-/// retry (or answers nothing this edge asked).
+/// A retry's answers and the router's state, as the arguments the tool is
+/// called again with. `asked`: the questions the retry's `requestState`
+/// carries.
+/// - One question: its answer, read under its key, as its kind's argument
+///   (`_elicitation`, `_sampling` or `_roots`).
+/// - A set: every answer it has, by key, as one object under `_inputs`;
+///   a missing one is left for the tool to ask again.
+/// - No `requestState`: the answer under a default key (an elicitation's
+///   first) as its kind's argument; and, since nothing names the keys the
+///   tool asked under, every other answer that is an object under
+///   `_inputs`, for the tool to read its own and ignore the rest.
+///
+/// Then (`_request_state`, its JSON) when the router attached one. Empty
+/// when the request is not a retry.
 pub fn retry_arguments(
     input_responses: Option<&RawValue>,
     asked: Option<Question<String>>,
 ) -> Result<Vec<(&'static str, String)>, Refusal> {
     let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
+    let responses = match input_responses.filter(|r| r.get() != "null") {
+        Some(raw) => jsonrpc::object_members(raw, "`inputResponses`").map_err(invalid)?,
+        None => Vec::new(),
+    };
+    let get = |k: &str| responses.iter().find(|(key, _)| key == k).map(|(_, v)| *v);
     let mut args = Vec::new();
-    if let Some(raw) = input_responses.filter(|r| r.get() != "null") {
-        if first_byte(raw) != b'{' {
-            return Err(invalid(
-                "Invalid params: `inputResponses` must be an object".into(),
-            ));
+    let mut inputs = Inputs::default();
+    match &asked {
+        Some(q) if q.many => {
+            for (kind, key) in &q.asks {
+                if let Some(a) = get(key) {
+                    inputs.add(key, &answer_of(*kind, key, a)?);
+                }
+            }
+            args.push((jsonrpc::INPUTS_ARG, inputs.end()));
         }
-        let responses: std::collections::HashMap<String, &RawValue> =
-            serde_json::from_str(raw.get())
-                .map_err(|e| invalid(format!("Invalid params: `inputResponses`: {e}")))?;
-        // The question asked, else whichever default key answers (an
-        // elicitation first).
-        let wanted = match &asked {
-            Some(q) => vec![(q.key.as_str(), q.asked)],
-            None => vec![
+        _ => {
+            const DEFAULTS: [(&str, Asked); 3] = [
                 (ELICITATION_KEY, Asked::Elicitation),
                 (SAMPLING_KEY, Asked::Sampling),
                 (ROOTS_KEY, Asked::Roots),
-            ],
-        };
-        // Unknown keys are ignored (the spec's advice): the tool then asks
-        // again.
-        if let Some((key, answer, kind)) = wanted
-            .into_iter()
-            .find_map(|(k, kind)| Some((k, *responses.get(k)?, kind)))
-        {
-            args.push(match kind {
-                Asked::Elicitation => {
-                    let a = jsonrpc::elicitation_answer(answer).map_err(|e| {
-                        invalid(format!(
-                            "Invalid params: `inputResponses.{key}`: {}",
-                            e.message
-                        ))
-                    })?;
-                    (jsonrpc::ELICITATION_ARG, a)
+            ];
+            let one;
+            let wanted: &[(&str, Asked)] = match &asked {
+                Some(q) => {
+                    one = [(q.asks[0].1.as_str(), q.asks[0].0)];
+                    &one
                 }
-                Asked::Sampling => {
-                    if first_byte(answer) != b'{' {
-                        return Err(invalid(format!(
-                            "Invalid params: `inputResponses.{key}` must be a CreateMessageResult object"
-                        )));
+                None => &DEFAULTS,
+            };
+            if let Some((key, answer, kind)) = wanted
+                .iter()
+                .find_map(|&(k, kind)| Some((k, get(k)?, kind)))
+            {
+                let arg = match kind {
+                    Asked::Elicitation => jsonrpc::ELICITATION_ARG,
+                    Asked::Sampling => jsonrpc::SAMPLING_ARG,
+                    Asked::Roots => jsonrpc::ROOTS_ARG,
+                };
+                args.push((arg, answer_of(kind, key, answer)?));
+            }
+            // With a question named, other keys are the client's extras,
+            // ignored (the spec's advice).
+            if asked.is_none() {
+                // Every answer of every kind is an object: anything else
+                // answers nothing, and is ignored with the other extras.
+                for (key, answer) in &responses {
+                    if first_byte(answer) == b'{' && !DEFAULTS.iter().any(|(k, _)| k == key) {
+                        inputs.add(key, answer.get());
                     }
-                    (jsonrpc::SAMPLING_ARG, answer.get().to_owned())
                 }
-                Asked::Roots => {
-                    if first_byte(answer) != b'{' {
-                        return Err(invalid(format!(
-                            "Invalid params: `inputResponses.{key}` must be a ListRootsResult object"
-                        )));
-                    }
-                    (jsonrpc::ROOTS_ARG, answer.get().to_owned())
+                if !inputs.is_empty() {
+                    args.push((jsonrpc::INPUTS_ARG, inputs.end()));
                 }
-            });
+            }
         }
     }
     if let Some(state) = asked.and_then(|q| q.state) {
         args.push((jsonrpc::STATE_ARG, state));
     }
     Ok(args)
+}
+
+/// An `_inputs` object being written: answers by key.
+#[derive(Default)]
+pub(super) struct Inputs(Vec<u8>);
+
+impl Inputs {
+    pub(super) fn add(&mut self, key: &str, answer: &str) {
+        self.0.push(if self.0.is_empty() { b'{' } else { b',' });
+        mcp_schema::args::write_json_string(key, &mut self.0);
+        self.0.push(b':');
+        self.0.extend_from_slice(answer.trim_ascii().as_bytes());
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(super) fn end(mut self) -> String {
+        if self.0.is_empty() {
+            self.0.push(b'{');
+        }
+        self.0.push(b'}');
+        // Only UTF-8 went in: escaped keys and JSON text from a &str.
+        String::from_utf8(self.0).unwrap_or_default()
+    }
+}
+
+/// The answer `raw` to a question of kind `asked` under `key`, checked, as
+/// the JSON the tool gets: an elicitation's as the session path passes it
+/// (`action`, and `content` when accepted), a sampling or roots result as
+/// the client sent it.
+fn answer_of(asked: Asked, key: &str, raw: &RawValue) -> Result<String, Refusal> {
+    let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
+    match asked {
+        Asked::Elicitation => jsonrpc::elicitation_answer(raw).map_err(|e| {
+            invalid(format!(
+                "Invalid params: `inputResponses.{key}`: {}",
+                e.message
+            ))
+        }),
+        Asked::Sampling | Asked::Roots if jsonrpc::first_byte(raw) != b'{' => {
+            let what = if asked == Asked::Sampling {
+                "CreateMessageResult"
+            } else {
+                "ListRootsResult"
+            };
+            Err(invalid(format!(
+                "Invalid params: `inputResponses.{key}` must be a {what} object"
+            )))
+        }
+        Asked::Sampling | Asked::Roots => Ok(raw.get().to_owned()),
+    }
 }
 
 /// The JSON type of a property that carries `x-mcp-header`.
@@ -1490,24 +1553,65 @@ impl Seal<'_> {
             ));
         }
         let key = key.unwrap_or(Cow::Borrowed(default));
-        let state = jsonrpc::router_state(frame);
-        if let Some(state) = &state
-            && state.len() > MAX_STATE_BYTES
-        {
-            return Err(format!(
-                "the router's state for `{tool}` is {} bytes; at most {MAX_STATE_BYTES} travel as requestState",
-                state.len()
-            ));
-        }
+        let state = router_state_within(tool, frame)?;
         let token = (state.is_some() || key != default).then(|| {
-            let q = Question {
-                asked,
-                key: &*key,
-                state: state.as_deref(),
-            };
+            let q = Question::one(asked, &*key, state.as_deref());
             self.states.seal(tool, self.subject, &q)
         });
         Ok((key.into_owned(), token))
+    }
+
+    /// The `requestState` of a set of questions asked by the result
+    /// `frame`: always issued, since it names the keys and kinds the
+    /// retry's answers are read by. `Err` when the router's state cannot
+    /// travel.
+    fn set(
+        &self,
+        tool: &str,
+        frame: &[u8],
+        set: &[jsonrpc::InputRequest<'_>],
+    ) -> Result<String, String> {
+        let state = router_state_within(tool, frame)?;
+        let q = Question {
+            asks: set.iter().map(|q| (q.asked, &*q.key)).collect(),
+            many: true,
+            state: state.as_deref(),
+        };
+        Ok(self.states.seal(tool, self.subject, &q))
+    }
+}
+
+/// The state the router attached to the question in `frame`, if any;
+/// `Err` when it is too large to travel as `requestState`.
+fn router_state_within<'f>(tool: &str, frame: &'f [u8]) -> Result<Option<Cow<'f, str>>, String> {
+    let state = jsonrpc::router_state(frame);
+    if let Some(state) = &state
+        && state.len() > MAX_STATE_BYTES
+    {
+        return Err(format!(
+            "the router's state for `{tool}` is {} bytes; at most {MAX_STATE_BYTES} travel as requestState",
+            state.len()
+        ));
+    }
+    Ok(state)
+}
+
+/// Whether the client declared what a question of kind `asked` needs, and
+/// the refusal when it did not.
+fn capable(wants: &Wants, asked: Asked) -> Result<(), Refusal> {
+    let (declared, capability, what) = match asked {
+        Asked::Elicitation => (wants.elicitation, "elicitation", "asks the user for input"),
+        Asked::Sampling => (
+            wants.sampling,
+            "sampling",
+            "asks the client's model for a completion",
+        ),
+        Asked::Roots => (wants.roots, "roots", "asks for the client's roots"),
+    };
+    if declared {
+        Ok(())
+    } else {
+        Err(missing_capability(capability, what))
     }
 }
 
@@ -1553,14 +1657,39 @@ fn conclude(
     }
     let tool = info.tool_name.as_deref().unwrap_or_default();
     if let Some(f) = elicit {
-        if !wants.elicitation {
-            return Err(missing_capability("elicitation", "asks the user for input"));
-        }
+        capable(wants, Asked::Elicitation)?;
         match seal.question(tool, f, Asked::Elicitation) {
             Ok((key, token)) => {
                 jsonrpc::write_input_required_elicitation(out, id, &key, f, token.as_deref());
             }
             Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
+        }
+    } else if let Some((f, set)) = fin
+        .filter(|f| jsonrpc::result_asks(f))
+        .and_then(|f| Some((f, jsonrpc::input_requests(f)?)))
+    {
+        let cannot = |m: String| format!("the tool `{tool}` asked what cannot be asked: {m}");
+        match set {
+            Ok(set) => {
+                // A set is asked whole or not at all: every question's
+                // capability first.
+                for q in &set {
+                    capable(wants, q.asked)?;
+                }
+                match seal.set(tool, f, &set) {
+                    Ok(token) => jsonrpc::write_input_required_set(out, id, &set, &token),
+                    Err(m) => jsonrpc::write_error(
+                        out,
+                        Some(id),
+                        ErrorCode::Internal.code(),
+                        &cannot(m),
+                        None,
+                    ),
+                }
+            }
+            Err(m) => {
+                jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &cannot(m), None)
+            }
         }
     } else if let Some((f, asked, params)) = fin.filter(|f| jsonrpc::result_asks(f)).and_then(|f| {
         // A result asks one question: sampling before roots.
@@ -1571,23 +1700,11 @@ fn conclude(
         };
         Some((f, asked, p))
     }) {
-        let (capable, capability, what, method) = match asked {
-            Asked::Roots => (
-                wants.roots,
-                "roots",
-                "asks for the client's roots",
-                "roots/list",
-            ),
-            _ => (
-                wants.sampling,
-                "sampling",
-                "asks the client's model for a completion",
-                "sampling/createMessage",
-            ),
+        capable(wants, asked)?;
+        let method = match asked {
+            Asked::Roots => "roots/list",
+            _ => "sampling/createMessage",
         };
-        if !capable {
-            return Err(missing_capability(capability, what));
-        }
         match seal.question(tool, f, asked) {
             Ok((key, token)) => jsonrpc::write_input_required_request(
                 out,
@@ -1938,7 +2055,17 @@ mod tests {
         );
         let r = raw(r#"{"elicitation":{"action":"maybe"}}"#);
         assert_eq!(retry_arguments(Some(&r), None).unwrap_err().code, -32602);
-        let r = raw(r#"{"unknown":{}}"#);
+        // Keys other than the defaults: handed over whole, for the tool to
+        // read its own (nothing names the keys it asked under).
+        let r = raw(r#"{"user_name":{"action":"accept"},"extra":{}}"#);
+        assert_eq!(
+            retry_arguments(Some(&r), None).unwrap(),
+            [(
+                "_inputs",
+                r#"{"user_name":{"action":"accept"},"extra":{}}"#.to_owned()
+            )]
+        );
+        let r = raw(r#"{"user_name":12345,"other":[]}"#);
         assert_eq!(retry_arguments(Some(&r), None).unwrap(), []);
         let r = raw(r#"{"sampling":{"role":"assistant"}}"#);
         assert_eq!(retry_arguments(Some(&r), None).unwrap()[0].0, "_sampling");
@@ -1951,16 +2078,17 @@ mod tests {
     #[test]
     fn a_retry_with_a_question_reads_its_key_and_hands_back_its_state() {
         let q = |asked, key: &str, state: Option<&str>| {
-            Some(Question {
+            Some(Question::one(
                 asked,
-                key: key.to_owned(),
-                state: state.map(str::to_owned),
-            })
+                key.to_owned(),
+                state.map(str::to_owned),
+            ))
         };
         let r = raw(
             r#"{"user_name":{"action":"accept","content":{"name":"Ada"}},"elicitation":{"action":"decline"}}"#,
         );
-        // The named key wins over the default one, and the state follows.
+        // The named key wins over the default one, the state follows, and
+        // other keys are the client's extras, ignored.
         let args = retry_arguments(
             Some(&r),
             q(Asked::Elicitation, "user_name", Some(r#"{"step":1}"#)),
@@ -2000,5 +2128,61 @@ mod tests {
         let r = raw(r#"{"client_roots":[]}"#);
         let e = retry_arguments(Some(&r), q(Asked::Roots, "client_roots", None)).unwrap_err();
         assert!(e.message.contains("ListRootsResult"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_retry_of_a_set_hands_its_answers_over_together_by_key() {
+        let set = |state: Option<&str>| {
+            Some(Question {
+                asks: vec![
+                    (Asked::Elicitation, "user_name".to_owned()),
+                    (Asked::Sampling, "greeting".to_owned()),
+                    (Asked::Roots, "client_roots".to_owned()),
+                ],
+                many: true,
+                state: state.map(str::to_owned),
+            })
+        };
+        let r = raw(
+            r#"{"client_roots":{"roots":[]},"user_name":{"action":"accept","content":{"name":"Ada"},"extra":1},"greeting":{"role":"assistant"},"other":5}"#,
+        );
+        // In the set's order, each checked by its kind (the elicitation's
+        // answer as the session path passes it); the stray key is ignored.
+        assert_eq!(
+            retry_arguments(Some(&r), set(Some("7"))).unwrap(),
+            [
+                (
+                    "_inputs",
+                    r#"{"user_name":{"action":"accept","content":{"name":"Ada"}},"greeting":{"role":"assistant"},"client_roots":{"roots":[]}}"#
+                        .to_owned()
+                ),
+                ("_request_state", "7".to_owned()),
+            ]
+        );
+        // A missing answer is left out; none at all is an empty object.
+        let r = raw(r#"{"greeting":{"role":"assistant"}}"#);
+        assert_eq!(
+            retry_arguments(Some(&r), set(None)).unwrap(),
+            [("_inputs", r#"{"greeting":{"role":"assistant"}}"#.to_owned())]
+        );
+        assert_eq!(
+            retry_arguments(None, set(None)).unwrap(),
+            [("_inputs", "{}".to_owned())]
+        );
+        // A wrong answer to any of them is refused, naming its key.
+        let r = raw(r#"{"greeting":{"role":"assistant"},"client_roots":[]}"#);
+        let e = retry_arguments(Some(&r), set(None)).unwrap_err();
+        assert!(
+            e.message.contains("`inputResponses.client_roots`"),
+            "{}",
+            e.message
+        );
+        let r = raw(r#"{"user_name":{"action":"maybe"}}"#);
+        let e = retry_arguments(Some(&r), set(None)).unwrap_err();
+        assert!(
+            e.message.contains("`inputResponses.user_name`"),
+            "{}",
+            e.message
+        );
     }
 }

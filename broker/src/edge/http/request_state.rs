@@ -53,14 +53,31 @@ pub enum Asked {
     Roots,
 }
 
-/// What a `requestState` token carries: the question's kind and
-/// `inputRequests` key, and the router's state (JSON text), if any.
+/// What a `requestState` token carries: the questions asked, each by kind
+/// and `inputRequests` key, and the router's state (JSON text), if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Question<S> {
-    pub asked: Asked,
-    pub key: S,
+    /// One question, or those of a set (`many`); never empty.
+    pub asks: Vec<(Asked, S)>,
+    /// Asked as a set (`mcp-broker/input-requests`): the answers go back
+    /// together under `_inputs`, not each under its kind's own argument.
+    pub many: bool,
     pub state: Option<S>,
 }
+
+impl<S> Question<S> {
+    /// One question alone.
+    pub fn one(asked: Asked, key: S, state: Option<S>) -> Self {
+        Question {
+            asks: vec![(asked, key)],
+            many: false,
+            state,
+        }
+    }
+}
+
+/// Most questions a set may hold (`mcp-broker/input-requests`).
+pub const MAX_INPUT_REQUESTS: usize = 8;
 
 /// Largest state a router may attach (its JSON text), in 2026-07-28 where
 /// it travels through the client: about 5.5 KiB once sealed and encoded.
@@ -190,33 +207,45 @@ impl RequestStates {
     }
 
     fn seal_at(&self, tool: &str, subject: &str, q: &Question<&str>, now: u64) -> String {
-        debug_assert!(q.key.len() <= MAX_INPUT_KEY_BYTES);
+        debug_assert!(!q.asks.is_empty() && q.asks.len() <= MAX_INPUT_REQUESTS);
+        debug_assert!(q.asks.iter().all(|(_, k)| k.len() <= MAX_INPUT_KEY_BYTES));
+        debug_assert!(q.many || q.asks.len() == 1);
         let mut nonce = [0u8; NONCE_LEN];
         // SystemRandom fails only where the OS has no randomness at all,
         // which start-up (`new`) has already shown not to be the case.
         self.rng.fill(&mut nonce).expect("the OS's random source");
         let expiry = now.saturating_add(self.ttl.as_secs());
         let state = q.state.unwrap_or_default();
-        let mut buf = Vec::with_capacity(
-            1 + NONCE_LEN + EXPIRY_LEN + 3 + q.key.len() + state.len() + TAG_LEN,
-        );
+        let keys: usize = q.asks.iter().map(|(_, k)| 2 + k.len()).sum();
+        let mut buf =
+            Vec::with_capacity(1 + NONCE_LEN + EXPIRY_LEN + 2 + keys + state.len() + TAG_LEN);
         buf.push(VERSION);
         buf.extend_from_slice(&nonce);
-        // The plaintext: expiry, kind (with whether a state follows), the
-        // key's length and bytes, the state.
+        // The plaintext: expiry; the form (one question's kind, or `m` and
+        // the count of a set), upper case when a state follows; each
+        // question's kind (a set's only), key length and key; the state.
         buf.extend_from_slice(&expiry.to_be_bytes());
-        let kind = match q.asked {
+        let kind = |a: Asked| match a {
             Asked::Elicitation => b'e',
             Asked::Sampling => b's',
             Asked::Roots => b'r',
         };
+        let form = if q.many { b'm' } else { kind(q.asks[0].0) };
         buf.push(if q.state.is_some() {
-            kind.to_ascii_uppercase()
+            form.to_ascii_uppercase()
         } else {
-            kind
+            form
         });
-        buf.push(q.key.len() as u8);
-        buf.extend_from_slice(q.key.as_bytes());
+        if q.many {
+            buf.push(q.asks.len() as u8);
+        }
+        for &(asked, key) in &q.asks {
+            if q.many {
+                buf.push(kind(asked));
+            }
+            buf.push(key.len() as u8);
+            buf.extend_from_slice(key.as_bytes());
+        }
         buf.extend_from_slice(state.as_bytes());
         let mut sealed = buf.split_off(1 + NONCE_LEN);
         let tag = self
@@ -278,23 +307,44 @@ impl RequestStates {
         }
         // Sealed by `seal`: only a forged token could fail from here on,
         // and a forged one fails the tag first.
-        let [kind, len, rest @ ..] = rest else {
-            return Err(Refused::Integrity);
+        let (&form, mut rest) = rest.split_first().ok_or(Refused::Integrity)?;
+        let byte = |rest: &mut &[u8]| -> Result<u8, Refused> {
+            let (&b, more) = rest.split_first().ok_or(Refused::Integrity)?;
+            *rest = more;
+            Ok(b)
         };
-        let asked = match kind.to_ascii_lowercase() {
-            b'e' => Asked::Elicitation,
-            b's' => Asked::Sampling,
-            b'r' => Asked::Roots,
-            _ => return Err(Refused::Integrity),
+        let kind = |b: u8| match b {
+            b'e' => Ok(Asked::Elicitation),
+            b's' => Ok(Asked::Sampling),
+            b'r' => Ok(Asked::Roots),
+            _ => Err(Refused::Integrity),
         };
-        let (key, state) = rest
-            .split_at_checked(usize::from(*len))
-            .ok_or(Refused::Integrity)?;
         let text = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| Refused::Integrity);
+        let many = form.eq_ignore_ascii_case(&b'm');
+        let count = if many {
+            usize::from(byte(&mut rest)?)
+        } else {
+            1
+        };
+        let mut asks = Vec::with_capacity(count);
+        for _ in 0..count {
+            let asked = kind(if many {
+                byte(&mut rest)?
+            } else {
+                form.to_ascii_lowercase()
+            })?;
+            let len = usize::from(byte(&mut rest)?);
+            let (key, more) = rest.split_at_checked(len).ok_or(Refused::Integrity)?;
+            asks.push((asked, text(key)?));
+            rest = more;
+        }
+        if asks.is_empty() {
+            return Err(Refused::Integrity);
+        }
         Ok(Question {
-            asked,
-            key: text(key)?,
-            state: kind.is_ascii_uppercase().then(|| text(state)).transpose()?,
+            asks,
+            many,
+            state: form.is_ascii_uppercase().then(|| text(rest)).transpose()?,
         })
     }
 }
@@ -347,11 +397,7 @@ mod tests {
     }
 
     fn q(state: &str) -> Question<&str> {
-        Question {
-            asked: Asked::Elicitation,
-            key: "elicitation",
-            state: Some(state),
-        }
+        Question::one(Asked::Elicitation, "elicitation", Some(state))
     }
 
     fn state_of(r: Result<Question<String>, Refused>) -> Result<String, Refused> {
@@ -364,12 +410,41 @@ mod tests {
         for asked in [Asked::Elicitation, Asked::Sampling, Asked::Roots] {
             for state in [None, Some(""), Some(r#"{"a":[1,2]}"#)] {
                 for key in ["", "user_name", &"k".repeat(MAX_INPUT_KEY_BYTES)] {
-                    let t = s.seal("t", "", &Question { asked, key, state });
+                    let t = s.seal("t", "", &Question::one(asked, key, state));
                     let got = s.open(&t, "t", "").unwrap();
-                    assert_eq!(got.asked, asked);
-                    assert_eq!(got.key, key);
+                    assert_eq!(got.asks, [(asked, key.to_owned())]);
+                    assert!(!got.many);
                     assert_eq!(got.state.as_deref(), state);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_token_carries_a_set_of_questions_in_order() {
+        let s = states(9);
+        let long = "k".repeat(MAX_INPUT_KEY_BYTES);
+        let sets: [&[(Asked, &str)]; 3] = [
+            &[(Asked::Roots, "only")],
+            &[
+                (Asked::Elicitation, "user_name"),
+                (Asked::Sampling, "greeting"),
+                (Asked::Roots, "client_roots"),
+            ],
+            &[(Asked::Sampling, long.as_str()); MAX_INPUT_REQUESTS],
+        ];
+        for asks in sets {
+            for state in [None, Some(r#"{"n":1}"#)] {
+                let q = Question {
+                    asks: asks.to_vec(),
+                    many: true,
+                    state,
+                };
+                let got = s.open(&s.seal("t", "", &q), "t", "").unwrap();
+                let want: Vec<_> = asks.iter().map(|&(a, k)| (a, k.to_owned())).collect();
+                assert_eq!(got.asks, want);
+                assert!(got.many, "a set of one stays a set");
+                assert_eq!(got.state.as_deref(), state);
             }
         }
     }
