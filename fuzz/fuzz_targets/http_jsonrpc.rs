@@ -1,6 +1,6 @@
 //! libFuzzer target: the HTTP edge's JSON-RPC codec
 //! (`broker/src/edge/http/jsonrpc.rs`, compiled here as the very file the
-//! edge runs: it depends on nothing else of the broker).
+//! edge runs, with `request_state.rs`, the only other file it reads from).
 //!
 //! Input: a POST body, as a client sends it. Its first byte also picks a
 //! method and a protocol version for the answer side, where the whole input
@@ -11,7 +11,10 @@
 //! - every request it accepts becomes a frame that verifies as a Request
 //!   (or, for an empty routing name, is refused as an invalid request);
 //! - whatever bytes stand in for a response frame, the answer written is
-//!   one JSON value (an unreadable frame becomes an internal error).
+//!   one JSON value (an unreadable frame becomes an internal error);
+//! - any text as a router's set of questions (`mcp-broker/input-requests`)
+//!   is refused with a message or read into 1 to 8 questions, whose
+//!   `InputRequiredResult` is one JSON value.
 #![no_main]
 
 use bytes::Bytes;
@@ -121,5 +124,14 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         let mut out = Vec::new();
         jsonrpc::write_response(&mut out, &id, method, data, version);
         assert!(is_json(&out), "{}", String::from_utf8_lossy(&out));
+        // The input as a router's set of questions.
+        if let Ok(text) = std::str::from_utf8(data)
+            && let Ok(set) = jsonrpc::parse_input_requests(text)
+        {
+            assert!((1..=request_state::MAX_INPUT_REQUESTS).contains(&set.len()));
+            out.clear();
+            jsonrpc::write_input_required_set(&mut out, &id, &set, "token");
+            assert!(is_json(&out), "{}", String::from_utf8_lossy(&out));
+        }
     }
 });

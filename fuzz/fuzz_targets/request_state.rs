@@ -30,7 +30,7 @@ static STATES: LazyLock<RequestStates> = LazyLock::new(|| {
 });
 
 /// The input's next `n`-prefixed piece, as text.
-fn piece<'a>(data: &mut &'a [u8]) -> String {
+fn piece(data: &mut &[u8]) -> String {
     let Some((&n, rest)) = data.split_first() else {
         return String::new();
     };

@@ -899,7 +899,8 @@ pub fn input_requests(frame: &[u8]) -> Option<Result<Vec<InputRequest<'_>>, Stri
     Some(parse_input_requests(v))
 }
 
-fn parse_input_requests(text: &str) -> Result<Vec<InputRequest<'_>>, String> {
+/// A set of questions from its meta value's text ([`input_requests`]).
+pub fn parse_input_requests(text: &str) -> Result<Vec<InputRequest<'_>>, String> {
     #[derive(Deserialize)]
     struct Entry<'a> {
         #[serde(borrow)]

@@ -1394,7 +1394,10 @@ impl HttpEdge {
                     .map(|s| s.into_owned());
                 let answer = match asking {
                     Asking::One(ask) => self.ask_client(&session, stream, ask, rounds).await,
-                    Asking::Set(set) => self.ask_set(&session, stream, set, rounds).await,
+                    Asking::Set(set) => {
+                        let tool = c.name.as_deref().unwrap_or_default();
+                        self.ask_set(&session, stream, tool, set, rounds).await
+                    }
                 };
                 match answer {
                     Ok(answer) => {
@@ -1556,13 +1559,14 @@ impl HttpEdge {
         &self,
         session: &Arc<Session>,
         stream: StreamId,
+        tool: &str,
         set: Result<Vec<jsonrpc::InputRequest<'_>>, String>,
         round: usize,
     ) -> Result<String, (i32, String)> {
         let set = set.map_err(|m| {
             (
                 ErrorCode::Internal.code(),
-                format!("the tool asked what cannot be asked: {m}"),
+                format!("the tool `{tool}` asked what cannot be asked: {m}"),
             )
         })?;
         fn ask<'q>(q: &'q jsonrpc::InputRequest<'_>) -> Ask<'q> {
