@@ -782,20 +782,25 @@ pub const SAMPLING_META_KEY: &str = "mcp-broker/sample";
 /// The `sampling/createMessage` params a final ToolResult frame asks for
 /// under [`SAMPLING_META_KEY`], when it is one JSON object.
 pub fn sampling_request(frame: &[u8]) -> Option<&str> {
-    // Most results do not ask: a byte search spares them a verification.
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(SAMPLING_META_KEY));
-    KEY.find(frame)?;
+    json_object(result_meta(frame, &KEY, SAMPLING_META_KEY)?)
+}
+
+/// The value of the `meta` entry `key` of a final ToolResult frame;
+/// `finder` searches for `key`'s bytes.
+fn result_meta<'f>(
+    frame: &'f [u8],
+    finder: &memchr::memmem::Finder<'_>,
+    key: &str,
+) -> Option<&'f str> {
+    // Most results do not ask: a byte search spares them a verification.
+    finder.find(frame)?;
     let tr = ResponseView::parse(frame)
         .ok()?
         .response
         .payload_as_tool_result()?;
-    let v = tr
-        .metadata()?
-        .iter()
-        .find(|kv| kv.key() == SAMPLING_META_KEY)?
-        .value()?;
-    json_object(v)
+    tr.metadata()?.iter().find(|kv| kv.key() == key)?.value()
 }
 
 /// The state a router attached to its question (`meta` entry
@@ -886,17 +891,11 @@ impl InputRequest<'_> {
 pub fn input_requests(frame: &[u8]) -> Option<Result<Vec<InputRequest<'_>>, String>> {
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(INPUT_REQUESTS_META_KEY));
-    KEY.find(frame)?;
-    let tr = ResponseView::parse(frame)
-        .ok()?
-        .response
-        .payload_as_tool_result()?;
-    let v = tr
-        .metadata()?
-        .iter()
-        .find(|kv| kv.key() == INPUT_REQUESTS_META_KEY)?
-        .value()?;
-    Some(parse_input_requests(v))
+    Some(parse_input_requests(result_meta(
+        frame,
+        &KEY,
+        INPUT_REQUESTS_META_KEY,
+    )?))
 }
 
 /// A set of questions from its meta value's text ([`input_requests`]).
