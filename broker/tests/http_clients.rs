@@ -126,6 +126,25 @@ fn python_sdk_1x_client_uses_tools_resources_prompts_and_session_kv_state() {
     client_passes("sdk1", python, "sdk1_client.py");
 }
 
+/// The 1.x SDK answering, from its callbacks, what the broker asks on a
+/// request's stream in the session era: two elicitations in turn (the
+/// router's state held between them), a sampling request, the roots, and a
+/// set of all three at once (`conformance`'s fixtures).
+#[test]
+fn python_sdk_1x_client_answers_elicitation_sampling_roots_and_a_set_on_the_stream() {
+    let python = installed(
+        repo().join(".tools/mcp1/bin/python"),
+        "the Python mcp SDK 1.x",
+    );
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"conformance\"\nwasm = \"conformance.wasm\"\n",
+        mcp_broker::config::DEFAULT_TOML
+    );
+    let broker = Broker::start_with_config(&toml, &["--shards", "2"]);
+    let url = broker.mcp_url();
+    client_passes_on(broker, url, "sdk1-asks", python, "sdk1_asks_client.py");
+}
+
 /// The 2.x SDK on the session-based revisions (`mode="legacy"`): its
 /// default mode now ends on 2026-07-28 (the next test).
 #[test]
