@@ -49,7 +49,7 @@
 //! | `completion/complete` | one text block per value | `total`, `hasMore` |
 //! | `resources/subscribe`, `notifications/resources/updated` | not forwarded | the `subscribe` capability flag is reported as the upstream gives it |
 //! | `notifications/cancelled` | not sent by the guest (a call's end is invisible to it); each request but `initialize` carries `mcp-broker-request-id: <id>`, which the host strips and uses to send `notifications/cancelled` in the same session when it abandons the call | cancellation needs that host support |
-//! | broker arguments `_elicitation`, `_sampling` | stripped before `tools/call` | — |
+//! | broker arguments `_elicitation`, `_sampling`, `_roots`, `_inputs`, `_request_state` | stripped before `tools/call` | — |
 //!
 //! # Errors
 //! JSON-RPC errors from the upstream: -32602 → `invalid-parameters` (or

@@ -345,17 +345,28 @@ pub fn completion(v: &Value, c: &Collected) -> CompletionResponse {
     }
 }
 
+/// The tool arguments only the broker sets, answering its own conventions
+/// (elicitation, sampling, roots, sets of questions, a router's state),
+/// which never reach an upstream (docs/http.md).
+const RESERVED_ARGUMENTS: [&str; 5] = [
+    "_elicitation",
+    "_sampling",
+    "_roots",
+    "_inputs",
+    "_request_state",
+];
+
 /// `call-tool` arguments as forwarded: a JSON object without the broker's
-/// reserved `_elicitation` / `_sampling` arguments (they answer the broker's
-/// own elicitation and sampling conventions, which never reach an upstream).
+/// reserved arguments ([`RESERVED_ARGUMENTS`]).
 pub fn tool_arguments(arguments: &str) -> Result<Value, String> {
     if arguments.trim().is_empty() {
         return Ok(Value::Object(Map::new()));
     }
     match serde_json::from_str::<Value>(arguments) {
         Ok(Value::Object(mut m)) => {
-            m.remove("_elicitation");
-            m.remove("_sampling");
+            for name in RESERVED_ARGUMENTS {
+                m.remove(name);
+            }
             Ok(Value::Object(m))
         }
         Ok(Value::Null) => Ok(Value::Object(Map::new())),
@@ -576,8 +587,11 @@ mod tests {
 
     #[test]
     fn reserved_arguments_stripped() {
-        let v = tool_arguments(r#"{"a":1,"_elicitation":{},"_sampling":{}}"#).unwrap();
-        assert_eq!(v, json!({"a":1}));
+        let v = tool_arguments(
+            r#"{"a":1,"_elicitation":{},"_sampling":{},"_roots":{},"_inputs":{},"_request_state":1,"_other":2}"#,
+        )
+        .unwrap();
+        assert_eq!(v, json!({"a":1,"_other":2}));
         assert_eq!(tool_arguments("").unwrap(), json!({}));
         assert!(tool_arguments("[1]").is_err());
         assert!(tool_arguments("{").is_err());
