@@ -452,6 +452,10 @@ pub struct GrantsConfig {
     pub dirs: Vec<DirGrantConfig>,
 }
 
+/// The values of a router's `upstream_protocol` (the `upstream` router's
+/// `MCP_UPSTREAM_PROTOCOL`).
+pub const UPSTREAM_PROTOCOLS: [&str; 3] = ["auto", "2026-07-28", "2025-06-18"];
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
@@ -475,6 +479,12 @@ pub struct RouterConfig {
     /// start-up error naming it.
     #[serde(default)]
     pub upstream_ca_file: Option<PathBuf>,
+    /// The MCP revision spoken to the upstream: `auto` (the default:
+    /// `server/discover` first, 2026-07-28 when the server offers it, else
+    /// an `initialize`d 2025-06-18 session), `2026-07-28` or `2025-06-18`
+    /// only.
+    #[serde(default)]
+    pub upstream_protocol: Option<String>,
     /// How often an upstream router's listings are read again (and, while
     /// its upstream is unreachable, the longest wait between retries).
     #[serde(default, with = "humantime_serde")]
@@ -990,6 +1000,19 @@ impl Config {
                         "{at}.upstream_ca_file: only applies with `upstream`"
                     ));
                 }
+                if r.upstream_protocol.is_some() {
+                    errors.push(format!(
+                        "{at}.upstream_protocol: only applies with `upstream`"
+                    ));
+                }
+            }
+            if let Some(p) = &r.upstream_protocol
+                && !UPSTREAM_PROTOCOLS.contains(&p.as_str())
+            {
+                errors.push(format!(
+                    "{at}.upstream_protocol: `{p}` is none of {}",
+                    UPSTREAM_PROTOCOLS.join(", ")
+                ));
             }
             for (name, value) in r.upstream_headers.iter() {
                 if hyper::header::HeaderName::try_from(name.as_str()).is_err() {
@@ -1096,6 +1119,11 @@ impl Config {
                 ("MCP_UPSTREAM_URL".into(), url.clone()),
                 ("MCP_UPSTREAM_NAME".into(), r.name.clone()),
             ];
+            if let Some(p) = &r.upstream_protocol {
+                spec.grants
+                    .vars
+                    .push(("MCP_UPSTREAM_PROTOCOL".into(), p.clone()));
+            }
             spec.grants.http = Some(crate::wasm::HttpGrant {
                 url: url.clone(),
                 headers: r

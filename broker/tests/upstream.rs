@@ -844,8 +844,8 @@ fn a_guest_reaches_its_granted_origin_only() {
 fn bad_upstream_configs_are_refused_with_every_error() {
     let toml = format!(
         "{}\n[[routers]]\nname = \"u1\"\nupstream = \"ftp://x/mcp\"\n\
-         [[routers]]\nname = \"u2\"\nwasm = \"echo.wasm\"\nupstream_headers = {{ A = \"b\" }}\nrefresh_interval = \"5s\"\n\
-         [[routers]]\nname = \"u3\"\nupstream = \"http://h/mcp\"\nupstream_headers = {{ \"bad name\" = \"secret\\n\" }}\n\
+         [[routers]]\nname = \"u2\"\nwasm = \"echo.wasm\"\nupstream_headers = {{ A = \"b\" }}\nrefresh_interval = \"5s\"\nupstream_protocol = \"auto\"\n\
+         [[routers]]\nname = \"u3\"\nupstream = \"http://h/mcp\"\nupstream_headers = {{ \"bad name\" = \"secret\\n\" }}\nupstream_protocol = \"2024-11-05\"\n\
          [[routers]]\nname = \"u4\"\n",
         mcp_broker::config::DEFAULT_TOML
     );
@@ -858,6 +858,8 @@ fn bad_upstream_configs_are_refused_with_every_error() {
         "routers[4] (u2).refresh_interval: only applies with `upstream`",
         "routers[5] (u3).upstream_headers: `bad name` is not a valid header name",
         "routers[5] (u3).upstream_headers: the value of `bad name` is not a valid header value",
+        "routers[4] (u2).upstream_protocol: only applies with `upstream`",
+        "routers[5] (u3).upstream_protocol: `2024-11-05` is none of auto, 2026-07-28, 2025-06-18",
         "routers[6] (u4): set `wasm` (a component) or `upstream`",
     ] {
         assert!(e.contains(want), "missing {want:?} in:\n{e}");
@@ -1293,4 +1295,124 @@ fn an_https_upstream_is_trusted_through_its_ca_file_only() {
     )]);
     let err = refused_start(&toml, dir);
     assert!(err.contains("not-a-ca.pem"), "{err}");
+}
+
+/// The broker as an upstream speaking protocol 2026-07-28: the `conformance`
+/// router behind a broker of its own (`fixtures/conformance.toml`), whose
+/// HTTP edge answers `server/discover` and holds every request to its
+/// headers (`Mcp-Method`, `Mcp-Name`, `Mcp-Param-*`).
+fn modern_upstream() -> (Broker, Broker) {
+    let inner = Broker::start_with_config(include_str!("fixtures/conformance.toml"), &[]);
+    let outer = Broker::start_with_config(&config(&[("inner", &inner.mcp_url(), "")]), &[]);
+    (inner, outer)
+}
+
+/// A 2026-07-28 `tools/call` of `tool` on `b`, declaring every client
+/// capability; `extra`: more params (a retry's answers and state). The
+/// HTTP status and the answer.
+fn modern_call(b: &Broker, id: u32, tool: &str, extra: &str) -> (u16, Value) {
+    let meta = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{},"sampling":{},"roots":{}}}"#;
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"_meta":{meta},"name":"{tool}","arguments":{{}}{extra}}}}}"#
+    );
+    let mut c = Conn::connect(b.http);
+    let h = [
+        ACCEPT_BOTH,
+        JSON,
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", tool),
+    ];
+    let r = c.request("POST", "/mcp", &h, body.as_bytes());
+    (r.status, r.json())
+}
+
+/// An upstream that speaks 2026-07-28 is discovered, not initialized, and
+/// the questions its tools ask (a set of three, here) reach the broker's
+/// 2026-07-28 client as one InputRequiredResult; the retry's answers go
+/// back upstream with the upstream's own requestState, carried sealed in
+/// the broker's.
+#[test]
+fn a_2026_07_28_upstreams_questions_reach_a_2026_07_28_client_and_its_answers_go_back() {
+    let (_inner, outer) = modern_upstream();
+    let (status, v) = modern_call(&outer, 1, "test_input_required_result_multiple_inputs", "");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "input_required", "{v}");
+    let asks = v["result"]["inputRequests"].as_object().expect("questions");
+    let mut keys: Vec<&str> = asks.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["client_roots", "greeting", "user_name"], "{v}");
+    let token = v["result"]["requestState"]
+        .as_str()
+        .expect("a requestState");
+    let answers = format!(
+        r#","inputResponses":{{"user_name":{{"action":"accept","content":{{"name":"Ada"}}}},"greeting":{{"role":"assistant","content":{{"type":"text","text":"Hi there"}},"model":"m"}},"client_roots":{{"roots":[{{"uri":"file:///a"}}]}}}},"requestState":"{token}""#
+    );
+    let (status, v) = modern_call(
+        &outer,
+        2,
+        "test_input_required_result_multiple_inputs",
+        &answers,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert_eq!(
+        v["result"]["content"][0]["text"], "Hello, Ada! Greeting: Hi there. Roots: 1",
+        "{v}"
+    );
+    // The upstream's requestState rides the broker's own: changed, it is
+    // refused by the broker before anything goes upstream.
+    let changed = answers.replace(token, &format!("{token}x"));
+    let (status, v) = modern_call(
+        &outer,
+        3,
+        "test_input_required_result_multiple_inputs",
+        &changed,
+    );
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &serde_json::json!(-32602)),
+        "{v}"
+    );
+}
+
+/// The same upstream's questions reach a session-era client on its
+/// request's stream; and a tool whose schema declares `x-mcp-header` gets
+/// its `Mcp-Param-*` headers from the upstream router, which the upstream
+/// holds to the arguments.
+#[test]
+fn a_2026_07_28_upstream_serves_a_session_era_client_with_questions_and_param_headers() {
+    let (_inner, outer) = modern_upstream();
+    let mut c = Conn::connect(outer.http);
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-06-18","capabilities":{"roots":{}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    let v = c.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"test_param_header","arguments":{"region":"Zürich","count":42}}"#,
+    );
+    assert_eq!(
+        v["result"]["content"][0]["text"], r#"region="Zürich", count=42"#,
+        "{v}"
+    );
+    let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"test_input_required_result_list_roots","arguments":{}}}"#;
+    let mut stream = Conn::open_sse(outer.http, &format!("Mcp-Session-Id: {s}\r\n"), call);
+    let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("roots/list")));
+    assert!(!ended, "the stream ended before asking for roots");
+    let ask = common::http::sse_messages(&String::from_utf8(body).unwrap())
+        .pop()
+        .unwrap();
+    let reply = serde_json::json!({"jsonrpc":"2.0","id":ask["id"],"result":{"roots":[{"uri":"file:///src"}]}});
+    assert_eq!(c.post(Some(&s), &reply.to_string()).status, 202);
+    let (rest, ended) = stream.read_chunked(None);
+    assert!(ended);
+    let fin = common::http::sse_messages(&String::from_utf8(rest).unwrap())
+        .pop()
+        .unwrap();
+    assert_eq!(
+        fin["result"]["content"][0]["text"], "Roots: file:///src",
+        "{fin}"
+    );
 }

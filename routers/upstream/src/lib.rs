@@ -1,10 +1,15 @@
-//! `upstream`: a router that is a Streamable HTTP MCP client (2025-06-18) of
-//! one remote MCP server, reached over `wasi:http/outgoing-handler`.
+//! `upstream`: a router that is a Streamable HTTP MCP client of one remote
+//! MCP server, reached over `wasi:http/outgoing-handler`: in protocol
+//! 2026-07-28 (stateless, `modern.rs`) when the server offers it, else in
+//! 2025-06-18 sessions.
 //!
 //! Configuration (wasi:cli/environment):
 //! - `MCP_UPSTREAM_URL` (required): the MCP endpoint, `http://` or `https://`.
 //! - `MCP_UPSTREAM_NAME` (optional): this router's name (`name()`), else
 //!   "upstream".
+//! - `MCP_UPSTREAM_PROTOCOL` (optional): `auto` (the default:
+//!   `server/discover` first, then 2026-07-28 if offered, else
+//!   `initialize`), `2026-07-28` or `2025-06-18` only.
 //!
 //! Its world (`wit/world.wit`) is the seed router world plus the broker's
 //! host imports, through which it reports the upstream's progress and logs
@@ -16,7 +21,8 @@
 //!
 //! # Invariants
 //! - One MCP session per instance, in instance memory, opened lazily by the
-//!   first export that needs the upstream (`initialize`, then
+//!   first export that needs the upstream (`server/discover` in 2026-07-28,
+//!   which opens nothing on the server; else `initialize`, then
 //!   `notifications/initialized`). Requests carry `Mcp-Session-Id` (when the
 //!   server gave one) and `MCP-Protocol-Version` (the negotiated one). A 404
 //!   while holding a session id means the server forgot it: the session is
@@ -44,7 +50,9 @@
 //! | `notifications/progress` on the call's stream | passed to the host at once (`mcp-broker:host/call.progress`, `../../wit/host/host.wit`), which sends it to the client while the call runs | — |
 //! | `notifications/message` on a stream | passed to the host at once (`call.log`) | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped by the host |
 //! | `notifications/*/list_changed` on a stream | meta `mcp-broker/list-changed` = `["tools",…]` on call/complete results | on other exports only the prompt cache is invalidated; no GET stream is opened, so changes announced outside a request are not seen |
-//! | server→client requests (`elicitation/create`, `sampling/createMessage`, `roots/list`, …) on a stream | refused: error -32601 POSTed back at once (`ping` is answered `{}`) | the upstream cannot elicit, sample or list roots through the broker |
+//! | server→client requests (`elicitation/create`, `sampling/createMessage`, `roots/list`, …) on a stream (2025-06-18) | refused: error -32601 POSTed back at once (`ping` is answered `{}`) | a session-era upstream cannot elicit, sample or list roots through the broker |
+//! | 2026-07-28 `InputRequiredResult` of `tools/call` | a result asking the broker's client the same `inputRequests` (meta `mcp-broker/input-requests`), the upstream's `requestState` in this router's state (`mcp-broker/state`); the retry's `_inputs` and `_request_state` become `inputResponses` and `requestState` | more than 8 questions, or a `requestState` over about 4 KB, fail the call (the broker's bounds); an `InputRequiredResult` of `prompts/get` or `resources/read` is an error |
+//! | 2026-07-28 errors with a 4xx status | the JSON-RPC error they carry | — |
 //! | `prompts/get` arguments | called with each declared argument = `{{name}}`; the broker substitutes (README "Prompt arguments") | an upstream that computes on the values (not just formats them) sees the placeholders; audio/link prompt content becomes text |
 //! | `completion/complete` | one text block per value | `total`, `hasMore` |
 //! | `resources/subscribe`, `notifications/resources/updated` | not forwarded | the `subscribe` capability flag is reported as the upstream gives it |
@@ -76,6 +84,7 @@ wit_bindgen::generate!({
 #[cfg_attr(test, allow(dead_code))]
 mod http;
 mod map;
+mod modern;
 mod rpc;
 mod sse;
 
@@ -94,14 +103,18 @@ use rpc::{Collected, Failure, RpcError};
 /// Pages read of one list before giving up (a cursor loop must end).
 const MAX_PAGES: usize = 100;
 
-/// The MCP session with the upstream.
+/// The MCP session with the upstream: a 2025-06-18 session, or in
+/// 2026-07-28 what `server/discover` said (there is no session).
 struct Session {
     /// `Mcp-Session-Id`, when the server assigned one.
     id: Option<String>,
     /// Negotiated `protocolVersion`, sent as `MCP-Protocol-Version`.
     version: String,
-    /// The `initialize` result (serverInfo, capabilities, instructions).
+    /// The `initialize` result (serverInfo, capabilities, instructions);
+    /// in 2026-07-28 the `server/discover` result in that shape.
     init: Value,
+    /// Protocol 2026-07-28 (modern.rs).
+    modern: bool,
 }
 
 #[derive(Default)]
@@ -110,6 +123,9 @@ struct State {
     next_id: u64,
     /// The raw `prompts/list` entries, for `get-prompt`'s placeholders.
     prompts: Option<Vec<Value>>,
+    /// The raw `tools/list` entries as last listed: in 2026-07-28 a call
+    /// sends the `x-mcp-header` arguments of its tool's schema as headers.
+    tools: Option<Vec<Value>>,
 }
 
 thread_local! {
@@ -127,6 +143,13 @@ fn next_id() -> u64 {
 #[cfg(not(test))]
 fn upstream_url() -> String {
     std::env::var("MCP_UPSTREAM_URL").unwrap_or_default()
+}
+
+/// `MCP_UPSTREAM_PROTOCOL`: `auto` (the default), `2026-07-28` or
+/// `2025-06-18` ([`modern::Choice`]).
+#[cfg(not(test))]
+fn protocol_setting() -> String {
+    std::env::var("MCP_UPSTREAM_PROTOCOL").unwrap_or_default()
 }
 
 #[cfg(not(test))]
@@ -155,7 +178,7 @@ fn report(live: rpc::Live) {
 }
 
 #[cfg(test)]
-use tests::{post, report, upstream_url};
+use tests::{post, protocol_setting, report, upstream_url};
 
 fn endpoint(method: &str) -> Result<Endpoint, Failure> {
     let url = upstream_url();
@@ -172,6 +195,9 @@ fn endpoint(method: &str) -> Result<Endpoint, Failure> {
 struct Hdr {
     session: Option<String>,
     version: Option<String>,
+    /// Protocol 2026-07-28: every request also repeats its method and name
+    /// in headers (modern.rs), and an error may come with a 4xx status.
+    modern: bool,
 }
 
 impl Hdr {
@@ -223,26 +249,24 @@ fn post_ack(ep: &Endpoint, hdr: &Hdr, payload: &[u8]) -> Result<(), String> {
 /// One request/answer exchange; `Err` is a transport reason.
 /// With `cancellable`, the request names its id to the host in
 /// [`rpc::REQUEST_ID_HEADER`] (`initialize` must never be cancelled).
+/// `extra`: the request's own headers (2026-07-28's `Mcp-Method`, …).
 fn send(
     ep: &Endpoint,
     hdr: &Hdr,
     id: u64,
     payload: &[u8],
     cancellable: bool,
+    extra: &[(String, String)],
 ) -> Result<Sent, String> {
     let id_text = id.to_string();
     let mut headers = hdr.list();
     if cancellable {
         headers.push((rpc::REQUEST_ID_HEADER, &id_text));
     }
+    headers.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let mut a = post(ep, &headers, payload)?;
     if a.status == 404 && hdr.session.is_some() {
         return Ok(Sent::SessionGone);
-    }
-    if a.status != 200 {
-        // A 202 has no response in it; anything else is a failure.
-        let body = a.all().unwrap_or_default();
-        return Err(format!("HTTP {}{}", a.status, snippet(&body)));
     }
     let ct = a.content_type.to_ascii_lowercase();
     let mut collected = Collected {
@@ -255,6 +279,21 @@ fn send(
         collected,
         session_id,
     };
+    if a.status != 200 {
+        // A 202 has no response in it; anything else is a failure, but in
+        // 2026-07-28 a refused request is a JSON-RPC error with a 4xx
+        // status (400 -32602, 404 -32601, …): that error is the answer.
+        let body = a.all().unwrap_or_default();
+        if hdr.modern
+            && (400..500).contains(&a.status)
+            && ct.starts_with("application/json")
+            && let Ok(msg) = serde_json::from_slice::<Value>(&body)
+            && let Some(outcome @ Err(_)) = rpc::absorb(&msg, id, &mut collected)
+        {
+            return Ok(done(outcome, collected));
+        }
+        return Err(format!("HTTP {}{}", a.status, snippet(&body)));
+    }
     if ct.starts_with("application/json") {
         let body = a.all()?;
         let msg: Value = serde_json::from_slice(&body).map_err(|e| format!("invalid JSON: {e}"))?;
@@ -303,10 +342,35 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
         s.session.as_ref().map(|s| Hdr {
             session: s.id.clone(),
             version: Some(s.version.clone()),
+            modern: s.modern,
         })
     });
     if let Some(h) = open {
         return Ok(h);
+    }
+    let choice = modern::Choice::parse(&protocol_setting())?;
+    if choice != modern::Choice::Legacy {
+        match discover(ep) {
+            Ok(init) => {
+                STATE.with_borrow_mut(|s| {
+                    s.session = Some(Session {
+                        id: None,
+                        version: modern::VERSION.into(),
+                        init,
+                        modern: true,
+                    });
+                    s.prompts = None;
+                    s.tools = None;
+                });
+                return Ok(modern_hdr());
+            }
+            Err(reason) if choice == modern::Choice::Modern => {
+                return Err(format!("server/discover: {reason}"));
+            }
+            // A server of the session era: it answers the probe with an
+            // error (most: 400, no session), and gets `initialize`.
+            Err(_) => {}
+        }
     }
     // Reasons are worded for the request that needed the session; a failed
     // transport on `initialize` reads as the plain transport reason.
@@ -319,8 +383,9 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
     let bare = Hdr {
         session: None,
         version: None,
+        modern: false,
     };
-    let (init, session_id) = match send(ep, &bare, id, &payload, false) {
+    let (init, session_id) = match send(ep, &bare, id, &payload, false, &[]) {
         Err(reason) => return Err(fail("", &reason)),
         Ok(Sent::SessionGone) => return Err(fail("initialize", "HTTP 404")),
         Ok(Sent::Done {
@@ -349,6 +414,7 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
     let hdr = Hdr {
         session: session_id.clone(),
         version: Some(version.clone()),
+        modern: false,
     };
     post_ack(ep, &hdr, &rpc::notification("notifications/initialized"))
         .map_err(|r| fail("notifications/initialized", &r))?;
@@ -357,10 +423,39 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
             id: session_id,
             version,
             init,
+            modern: false,
         });
         s.prompts = None;
+        s.tools = None;
     });
     Ok(hdr)
+}
+
+fn modern_hdr() -> Hdr {
+    Hdr {
+        session: None,
+        version: Some(modern::VERSION.into()),
+        modern: true,
+    }
+}
+
+/// `server/discover` in 2026-07-28: the `initialize`-shaped result when the
+/// server offers that revision; `Err` is a reason.
+fn discover(ep: &Endpoint) -> Result<Value, String> {
+    let id = next_id();
+    let params = modern::with_meta(None, modern::request_meta(false));
+    let extra = modern::request_headers("server/discover", &params);
+    let payload = rpc::request(id, "server/discover", Some(params));
+    match send(ep, &modern_hdr(), id, &payload, false, &extra)? {
+        Sent::Done {
+            outcome: Ok(result),
+            ..
+        } => modern::discovered(&result),
+        Sent::Done {
+            outcome: Err(e), ..
+        } => Err(format!("upstream error {}: {}", e.code, e.message)),
+        Sent::SessionGone => Err("HTTP 404".into()),
+    }
 }
 
 /// The `initialize` result of the (possibly new) session; `Err` words the
@@ -408,8 +503,17 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
             // Progress notifications come only for a request that asks.
             p.insert("_meta".into(), json!({"progressToken": id}));
         }
+        let mut extra = Vec::new();
+        if hdr.modern {
+            let p = modern::with_meta(params, modern::request_meta(method == "tools/call"));
+            extra = modern::request_headers(method, &p);
+            if method == "tools/call" {
+                extra.extend(tool_param_headers(&p));
+            }
+            params = Some(p);
+        }
         let payload = rpc::request(id, method, params);
-        match send(&ep, &hdr, id, &payload, true) {
+        match send(&ep, &hdr, id, &payload, true, &extra) {
             Err(reason) => {
                 return Err(Failure::Unavailable(rpc::unavailable(
                     method, &ep.url, &reason,
@@ -436,6 +540,35 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
             }
         }
     }
+}
+
+/// The `Mcp-Param-*` headers of a 2026-07-28 `tools/call` with `params`,
+/// from its tool's schema as last listed (read once if the tool is not in
+/// the list yet). A tool without `x-mcp-header` properties has none.
+fn tool_param_headers(params: &Value) -> Vec<(String, String)> {
+    let name = params
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let find = |tools: &[Value]| {
+        tools
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(name))
+            .and_then(|t| t.get("inputSchema"))
+            .cloned()
+    };
+    let mut schema = STATE.with_borrow(|s| s.tools.as_deref().and_then(find));
+    if schema.is_none() {
+        // A nested call: the list is read on its own request.
+        if let Ok(tools) = list_all("tools/list", "tools") {
+            schema = find(&tools);
+            STATE.with_borrow_mut(|s| s.tools = Some(tools));
+        }
+    }
+    let args = params.get("arguments").cloned().unwrap_or(Value::Null);
+    schema
+        .map(|s| modern::param_headers(&s, &args))
+        .unwrap_or_default()
 }
 
 /// Every page of a list method, concatenated.
@@ -533,17 +666,34 @@ impl Guest for Upstream {
             Ok(i) if has_capability(&i, "tools") => {}
             _ => return Vec::new(),
         }
-        list_all("tools/list", "tools")
-            .unwrap_or_default()
-            .iter()
-            .filter_map(map::tool)
-            .collect()
+        let tools = list_all("tools/list", "tools").unwrap_or_default();
+        let out = tools.iter().filter_map(map::tool).collect();
+        STATE.with_borrow_mut(|s| s.tools = Some(tools));
+        out
     }
 
     fn call_tool(tool_name: String, arguments: String) -> Result<Response, ToolError> {
-        let arguments = map::tool_arguments(&arguments).map_err(ToolError::InvalidParameters)?;
-        let params = json!({"name": tool_name, "arguments": arguments});
+        let (arguments, answers) =
+            map::tool_arguments(&arguments).map_err(ToolError::InvalidParameters)?;
+        let mut params = json!({"name": tool_name, "arguments": arguments});
+        if let Value::Object(p) = &mut params {
+            // A retry of a question the upstream asked (2026-07-28).
+            p.extend(modern::retry(answers.inputs, answers.state));
+        }
         let (result, collected) = call("tools/call", Some(params)).map_err(map::tool_error)?;
+        if modern::asks(&result) {
+            // Its questions go to the broker's client as a set, its
+            // requestState rides this router's state (modern.rs).
+            let meta = modern::question(&result).map_err(|e| {
+                ToolError::ExecutionError(format!("upstream asked for input it cannot get: {e}"))
+            })?;
+            let mut r = map::tool_result(&json!({"content": []}), &collected);
+            r.meta.get_or_insert_with(Vec::new).extend(
+                meta.into_iter()
+                    .map(|(key, value)| MetaEntry { key, value }),
+            );
+            return Ok(Response::Completed(r));
+        }
         Ok(Response::Completed(map::tool_result(&result, &collected)))
     }
 
@@ -571,6 +721,11 @@ impl Guest for Upstream {
     fn read_resource(uri: String) -> Result<ReadResourceResult, ResourceError> {
         let (result, _) =
             call("resources/read", Some(json!({"uri": uri}))).map_err(map::resource_error)?;
+        if modern::asks(&result) {
+            return Err(ResourceError::ExecutionError(
+                modern::CANNOT_ASK.replace("{what}", "reading this resource"),
+            ));
+        }
         Ok(ReadResourceResult {
             contents: map::resource_contents(&result),
         })
@@ -603,6 +758,11 @@ impl Guest for Upstream {
         let arguments = declared.as_ref().map(map::placeholders).unwrap_or_default();
         let params = json!({"name": prompt_name, "arguments": arguments});
         let (result, _) = call("prompts/get", Some(params)).map_err(map::prompt_error)?;
+        if modern::asks(&result) {
+            return Err(PromptError::InternalError(
+                modern::CANNOT_ASK.replace("{what}", "getting this prompt"),
+            ));
+        }
         Ok(map::prompt_result(&result))
     }
 
@@ -670,6 +830,20 @@ mod tests {
 
     pub(super) fn upstream_url() -> String {
         URL.into()
+    }
+
+    thread_local! {
+        // The session-era tests pin 2025-06-18 (their scripted servers
+        // know `initialize` only); the 2026-07-28 tests set their own.
+        static PROTOCOL: RefCell<&'static str> = const { RefCell::new("2025-06-18") };
+    }
+
+    pub(super) fn protocol_setting() -> String {
+        PROTOCOL.with_borrow(|p| (*p).to_owned())
+    }
+
+    fn speak(protocol: &'static str) {
+        PROTOCOL.with_borrow_mut(|p| *p = protocol);
     }
 
     pub(super) fn post(
@@ -1022,5 +1196,203 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.content.len(), 2);
+    }
+
+    /// A 2026-07-28 server: `server/discover` offers the revision, every
+    /// other request goes to `on`. Each request must carry the revision in
+    /// its `_meta` and headers, and `Mcp-Method` equal to its method.
+    fn serve_modern(mut on: impl FnMut(&Req) -> Result<Answer, String> + 'static) {
+        speak("auto");
+        let server: Server = Box::new(move |req| {
+            let meta = &req.body["params"]["_meta"];
+            assert_eq!(
+                meta["io.modelcontextprotocol/protocolVersion"],
+                modern::VERSION
+            );
+            assert!(meta["io.modelcontextprotocol/clientCapabilities"].is_object());
+            assert_eq!(req.header("mcp-protocol-version"), Some(modern::VERSION));
+            assert_eq!(req.header("mcp-method"), Some(req.method()));
+            assert_eq!(req.header("mcp-session-id"), None);
+            match req.method() {
+                "server/discover" => Ok(json_answer(&result(
+                    req,
+                    json!({
+                        "resultType": "complete",
+                        "supportedVersions": ["2026-07-28"],
+                        "capabilities": {"tools": {"listChanged": true}, "prompts": {}},
+                        "instructions": "Be modern.",
+                        "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "m", "title": "Modern", "version": "2"}}
+                    }),
+                ))),
+                "initialize" => panic!("a 2026-07-28 server is never initialized"),
+                _ => on(req),
+            }
+        });
+        SERVER.with_borrow_mut(|s| *s = Some(server));
+    }
+
+    #[test]
+    fn a_modern_server_is_discovered_and_every_request_names_itself() {
+        serve_modern(|req| match req.method() {
+            "tools/list" => Ok(json_answer(&result(
+                req,
+                json!({"resultType": "complete", "tools": [{"name": "geo", "inputSchema": {"type": "object", "properties": {
+                    "region": {"type": "string", "x-mcp-header": "Region"}}}}]}),
+            ))),
+            "tools/call" => {
+                assert_eq!(req.header("mcp-name"), Some("geo"));
+                assert_eq!(
+                    req.header("mcp-param-region"),
+                    Some("=?base64?WsO8cmljaA==?=")
+                );
+                assert_eq!(
+                    req.body["params"]["_meta"]["io.modelcontextprotocol/logLevel"],
+                    "debug"
+                );
+                Ok(json_answer(&result(
+                    req,
+                    json!({"resultType": "complete", "content": [{"type": "text", "text": "ok"}]}),
+                )))
+            }
+            other => panic!("unexpected {other}"),
+        });
+        assert_eq!(<Upstream as Guest>::title().as_deref(), Some("Modern"));
+        assert_eq!(<Upstream as Guest>::instructions(), "Be modern.");
+        let d = <Upstream as Guest>::describe_server();
+        assert!(d.meta.is_none());
+        assert!(d.capabilities.tools.is_some() && d.capabilities.prompts.is_some());
+        assert_eq!(<Upstream as Guest>::list_tools().len(), 1);
+        let r =
+            <Upstream as Guest>::call_tool("geo".into(), r#"{"region":"Zürich"}"#.into()).unwrap();
+        let Response::Completed(r) = r else {
+            panic!("completed")
+        };
+        assert!(matches!(&r.content[0], ContentBlock::Text(t) if t.text == "ok"));
+        log(|l| {
+            let methods: Vec<_> = l.iter().map(Req::method).collect();
+            assert_eq!(methods, ["server/discover", "tools/list", "tools/call"]);
+        });
+    }
+
+    #[test]
+    fn a_modern_refusal_is_the_upstreams_error_not_a_transport_failure() {
+        serve_modern(|req| {
+            let body = json!({"jsonrpc": "2.0", "id": req.body["id"], "error": {"code": -32602, "message": "Unknown tool: nope"}});
+            Ok(Answer::canned(
+                400,
+                "application/json",
+                None,
+                vec![body.to_string().into_bytes()],
+            ))
+        });
+        let e = <Upstream as Guest>::call_tool("nope".into(), "{}".into()).unwrap_err();
+        assert!(
+            matches!(&e, ToolError::NotFound(m) if m.contains("Unknown tool")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn an_upstreams_questions_go_to_the_broker_and_its_retry_carries_the_answers() {
+        serve_modern(|req| {
+            let p = &req.body["params"];
+            let r = match p.get("inputResponses") {
+                None => json!({
+                    "resultType": "input_required",
+                    "inputRequests": {
+                        "user_name": {"method": "elicitation/create", "params": {"message": "Name?", "requestedSchema": {"type": "object", "properties": {}}}},
+                        "client_roots": {"method": "roots/list", "params": {}}
+                    },
+                    "requestState": "up-state-1"
+                }),
+                Some(answers) => {
+                    assert_eq!(p["requestState"], "up-state-1");
+                    // The broker's arguments never reach the upstream.
+                    assert_eq!(p["arguments"], json!({"x": 1}));
+                    let name = answers.pointer("/user_name/content/name").cloned();
+                    json!({"resultType": "complete", "content": [{"type": "text", "text": format!("hi {}", name.unwrap_or_default())}]})
+                }
+            };
+            Ok(json_answer(&result(req, r)))
+        });
+        let Response::Completed(first) =
+            <Upstream as Guest>::call_tool("ask".into(), r#"{"x":1}"#.into()).unwrap()
+        else {
+            panic!("completed")
+        };
+        let meta = first.meta.unwrap_or_default();
+        let entry = |k: &str| meta.iter().find(|e| e.key == k).map(|e| e.value.clone());
+        let set: Value =
+            serde_json::from_str(&entry("mcp-broker/input-requests").unwrap()).unwrap();
+        assert_eq!(set["client_roots"]["method"], "roots/list");
+        let state = entry("mcp-broker/state").unwrap();
+        // The broker's retry: the answers by key, and this router's state.
+        let retry = json!({
+            "x": 1,
+            "_inputs": {"user_name": {"action": "accept", "content": {"name": "Ada"}}, "client_roots": {"roots": []}},
+            "_request_state": serde_json::from_str::<Value>(&state).unwrap()
+        });
+        let Response::Completed(second) =
+            <Upstream as Guest>::call_tool("ask".into(), retry.to_string()).unwrap()
+        else {
+            panic!("completed")
+        };
+        assert!(matches!(&second.content[0], ContentBlock::Text(t) if t.text == "hi \"Ada\""));
+    }
+
+    #[test]
+    fn auto_falls_back_to_a_session_when_discover_is_refused_and_modern_only_does_not() {
+        speak("auto");
+        serve(Some("s9"), |req| {
+            match req.method() {
+            // What a session-era server says to a request without a session.
+            "server/discover" => Ok(Answer::canned(
+                400,
+                "application/json",
+                None,
+                vec![br#"{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Bad Request: Missing session ID"}}"#.to_vec()],
+            )),
+            "tools/list" => Ok(json_answer(&result(req, json!({"tools": []})))),
+            other => panic!("unexpected {other}"),
+        }
+        });
+        assert!(<Upstream as Guest>::list_tools().is_empty());
+        log(|l| {
+            let methods: Vec<_> = l.iter().map(Req::method).collect();
+            assert_eq!(
+                methods,
+                [
+                    "server/discover",
+                    "initialize",
+                    "notifications/initialized",
+                    "tools/list"
+                ]
+            );
+            assert_eq!(l[3].header("mcp-session-id"), Some("s9"));
+            assert_eq!(l[3].header("mcp-method"), None);
+        });
+    }
+
+    #[test]
+    fn modern_only_reports_a_server_without_the_revision_unavailable() {
+        speak("2026-07-28");
+        serve(None, |req| match req.method() {
+            "server/discover" => Ok(json_answer(&result(
+                req,
+                json!({"supportedVersions": ["2025-11-25"], "capabilities": {}}),
+            ))),
+            other => panic!("unexpected {other}"),
+        });
+        let d = <Upstream as Guest>::describe_server();
+        let reason = &d.meta.expect("unavailable")[0].value;
+        assert!(
+            reason.contains("server/discover") && reason.contains("2025-11-25"),
+            "{reason}"
+        );
+        speak("1999-01-01");
+        STATE.with_borrow_mut(|s| s.session = None);
+        let d = <Upstream as Guest>::describe_server();
+        let reason = &d.meta.expect("unavailable")[0].value;
+        assert!(reason.contains("MCP_UPSTREAM_PROTOCOL"), "{reason}");
     }
 }

@@ -356,20 +356,35 @@ const RESERVED_ARGUMENTS: [&str; 5] = [
     "_request_state",
 ];
 
+/// The broker's answers to a question the upstream asked (2026-07-28,
+/// modern.rs): taken out of the arguments before they are forwarded.
+#[derive(Debug, Default, PartialEq)]
+pub struct Answers {
+    /// `_inputs`: the answers by `inputRequests` key.
+    pub inputs: Option<Value>,
+    /// `_request_state`: this router's state, holding the upstream's
+    /// `requestState`.
+    pub state: Option<Value>,
+}
+
 /// `call-tool` arguments as forwarded: a JSON object without the broker's
-/// reserved arguments ([`RESERVED_ARGUMENTS`]).
-pub fn tool_arguments(arguments: &str) -> Result<Value, String> {
+/// reserved arguments ([`RESERVED_ARGUMENTS`]), and the answers among them.
+pub fn tool_arguments(arguments: &str) -> Result<(Value, Answers), String> {
     if arguments.trim().is_empty() {
-        return Ok(Value::Object(Map::new()));
+        return Ok((Value::Object(Map::new()), Answers::default()));
     }
     match serde_json::from_str::<Value>(arguments) {
         Ok(Value::Object(mut m)) => {
+            let answers = Answers {
+                inputs: m.remove(crate::modern::INPUTS_ARG),
+                state: m.remove(crate::modern::STATE_ARG),
+            };
             for name in RESERVED_ARGUMENTS {
                 m.remove(name);
             }
-            Ok(Value::Object(m))
+            Ok((Value::Object(m), answers))
         }
-        Ok(Value::Null) => Ok(Value::Object(Map::new())),
+        Ok(Value::Null) => Ok((Value::Object(Map::new()), Answers::default())),
         Ok(_) => Err("arguments must be a JSON object".into()),
         Err(e) => Err(format!("arguments are not JSON: {e}")),
     }
@@ -587,12 +602,19 @@ mod tests {
 
     #[test]
     fn reserved_arguments_stripped() {
-        let v = tool_arguments(
-            r#"{"a":1,"_elicitation":{},"_sampling":{},"_roots":{},"_inputs":{},"_request_state":1,"_other":2}"#,
+        let (v, answers) = tool_arguments(
+            r#"{"a":1,"_elicitation":{},"_sampling":{},"_roots":{},"_inputs":{"k":{}},"_request_state":1,"_other":2}"#,
         )
         .unwrap();
         assert_eq!(v, json!({"a":1,"_other":2}));
-        assert_eq!(tool_arguments("").unwrap(), json!({}));
+        assert_eq!(
+            answers,
+            Answers {
+                inputs: Some(json!({"k":{}})),
+                state: Some(json!(1))
+            }
+        );
+        assert_eq!(tool_arguments("").unwrap(), (json!({}), Answers::default()));
         assert!(tool_arguments("[1]").is_err());
         assert!(tool_arguments("{").is_err());
     }
