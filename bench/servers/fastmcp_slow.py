@@ -16,7 +16,7 @@ Tool:
 import argparse
 import asyncio
 
-from fastmcp_echo import run_uvicorn  # the same directory: one launcher
+from uvicorn_launch import run_uvicorn  # the same directory: one launcher
 from mcp.server.fastmcp import FastMCP
 
 

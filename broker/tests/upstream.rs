@@ -873,24 +873,31 @@ struct Broken(Child, u16);
 
 impl Broken {
     fn start() -> Broken {
-        let mut child = Command::new(python())
-            .arg(repo().join("broker/tests/upstreams/broken.py"))
-            .arg("0")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start broken.py");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no ready line from broken.py: {line:?}"));
+        let (child, port) = spawn_fixture(&python(), "broken.py");
         Broken(child, port)
     }
+}
+
+/// Starts `tests/upstreams/<script> 0` with `python` and reads its ready
+/// line (`… http=127.0.0.1:PORT …`): the child and its port.
+fn spawn_fixture(python: &Path, script: &str) -> (Child, u16) {
+    let mut child = Command::new(python)
+        .arg(repo().join("broker/tests/upstreams").join(script))
+        .arg("0")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {script}: {e}"));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no ready line from {script}: {line:?}"));
+    (child, port)
 }
 
 impl Drop for Broken {
@@ -1413,6 +1420,142 @@ fn a_2026_07_28_upstream_serves_a_session_era_client_with_questions_and_param_he
         .unwrap();
     assert_eq!(
         fin["result"]["content"][0]["text"], "Roots: file:///src",
+        "{fin}"
+    );
+}
+
+/// `tests/upstreams/server2.py`: an MCPServer of the Python SDK 2.x, which
+/// serves protocol 2026-07-28; killed on drop.
+struct Modern2(Child, u16);
+
+impl Modern2 {
+    fn start() -> Modern2 {
+        let python = repo().join(".tools/mcp2/bin/python");
+        assert!(
+            python.exists(),
+            "the Python mcp SDK 2.x is not installed ({} is missing): run scripts/setup",
+            python.display()
+        );
+        let (child, port) = spawn_fixture(&python, "server2.py");
+        Modern2(child, port)
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.1)
+    }
+}
+
+impl Drop for Modern2 {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Software someone else wrote as the 2026-07-28 upstream: the Python SDK
+/// 2.x's MCPServer is discovered (not initialized), its tools are called
+/// statelessly, and a tool whose resolvers need a name, a completion and
+/// the roots asks them through the broker, in one round, in the 2.x SDK's
+/// own keys and sealed requestState, and completes on the retry.
+#[test]
+fn a_python_sdk_2x_upstream_is_spoken_to_in_2026_07_28_and_its_questions_pass_through() {
+    let up = Modern2::start();
+    let outer = Broker::start_with_config(&config(&[("py2", &up.url(), "")]), &[]);
+    let body = r#"{"jsonrpc":"2.0","id":0,"method":"tools/call","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},"name":"add","arguments":{"a":2,"b":3}}}"#;
+    let mut c = Conn::connect(outer.http);
+    let h = [
+        ACCEPT_BOTH,
+        JSON,
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "add"),
+    ];
+    let r = c.request("POST", "/mcp", &h, body.as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["result"]["content"][0]["text"],
+        "5",
+        "{}",
+        r.text()
+    );
+
+    let (status, v) = modern_call(&outer, 1, "welcome", "");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "input_required", "{v}");
+    let asks = v["result"]["inputRequests"].as_object().expect("questions");
+    assert_eq!(asks.len(), 3, "{v}");
+    // Answer each by its method, under the SDK's own keys.
+    let mut answers = serde_json::Map::new();
+    for (key, q) in asks {
+        let a = match q["method"].as_str() {
+            Some("elicitation/create") => {
+                serde_json::json!({"action": "accept", "content": {"name": "Ada"}})
+            }
+            Some("sampling/createMessage") => {
+                serde_json::json!({"role": "assistant", "content": {"type": "text", "text": "Hi there"}, "model": "m"})
+            }
+            Some("roots/list") => {
+                serde_json::json!({"roots": [{"uri": "file:///a"}, {"uri": "file:///b"}]})
+            }
+            other => panic!("unexpected question {other:?}: {v}"),
+        };
+        answers.insert(key.clone(), a);
+    }
+    let token = v["result"]["requestState"]
+        .as_str()
+        .expect("a requestState");
+    let extra = format!(
+        r#","inputResponses":{},"requestState":"{token}""#,
+        Value::Object(answers)
+    );
+    let (status, v) = modern_call(&outer, 2, "welcome", &extra);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["result"]["content"][0]["text"], "Hi there, Ada! Roots: 2",
+        "{v}"
+    );
+
+    // A session-era client of the broker is asked the same three on its
+    // request's stream, one after another; the upstream still sees one
+    // 2026-07-28 retry.
+    let mut c = Conn::connect(outer.http);
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{},"sampling":{},"roots":{}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    let call = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"welcome","arguments":{}}}"#;
+    let mut stream = Conn::open_sse(outer.http, &format!("Mcp-Session-Id: {s}\r\n"), call);
+    let mut asked = Vec::new();
+    let fin = loop {
+        let (body, ended) = stream.read_chunked(Some(&|t: &str| t.contains("\"method\":")));
+        let msg = common::http::sse_messages(&String::from_utf8(body).unwrap())
+            .pop()
+            .expect("a message");
+        if ended || msg.get("method").is_none() {
+            break msg;
+        }
+        let method = msg["method"].as_str().unwrap_or_default().to_owned();
+        let result = match method.as_str() {
+            "elicitation/create" => {
+                serde_json::json!({"action": "accept", "content": {"name": "Bo"}})
+            }
+            "sampling/createMessage" => {
+                serde_json::json!({"role": "assistant", "content": {"type": "text", "text": "Hello"}, "model": "m"})
+            }
+            "roots/list" => serde_json::json!({"roots": [{"uri": "file:///c"}]}),
+            other => panic!("unexpected request {other}"),
+        };
+        let reply = serde_json::json!({"jsonrpc": "2.0", "id": msg["id"], "result": result});
+        assert_eq!(c.post(Some(&s), &reply.to_string()).status, 202);
+        asked.push(method);
+        assert!(asked.len() <= 3, "asked more than three: {asked:?}");
+    };
+    asked.sort();
+    assert_eq!(
+        asked,
+        ["elicitation/create", "roots/list", "sampling/createMessage"]
+    );
+    assert_eq!(
+        fin["result"]["content"][0]["text"], "Hello, Bo! Roots: 1",
         "{fin}"
     );
 }

@@ -43,7 +43,7 @@ from mcp.server.fastmcp import Context, FastMCP
 
 # One uvicorn launcher for every FastMCP server of the repository.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "servers"))
-from fastmcp_echo import run_uvicorn  # noqa: E402
+from uvicorn_launch import run_uvicorn  # noqa: E402
 
 
 def build(name: str, json_response: bool, state: str | None) -> FastMCP:
