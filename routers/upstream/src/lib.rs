@@ -559,7 +559,8 @@ fn tool_param_headers(params: &Value) -> Vec<(String, String)> {
     };
     let mut schema = STATE.with_borrow(|s| s.tools.as_deref().and_then(find));
     if schema.is_none() {
-        // A nested call: the list is read on its own request.
+        // Each instance keeps its own list: read it on its first call, and
+        // again for a tool it does not know yet (listed since).
         if let Ok(tools) = list_all("tools/list", "tools") {
             schema = find(&tools);
             STATE.with_borrow_mut(|s| s.tools = Some(tools));
