@@ -867,40 +867,56 @@ fn bad_upstream_configs_are_refused_with_every_error() {
     assert!(!e.contains("secret"), "{e}");
 }
 
-/// `tests/upstreams/broken.py`: an upstream that answers `tools/call`
-/// badly, in the way the URL's path names; killed on drop.
-struct Broken(Child, u16);
+/// A fixture server of `tests/upstreams/`, and its port; killed on drop.
+struct Fixture(Child, u16);
 
-impl Broken {
-    fn start() -> Broken {
-        let (child, port) = spawn_fixture(&python(), "broken.py");
-        Broken(child, port)
+impl Fixture {
+    /// `tests/upstreams/broken.py`: an upstream that answers `tools/call`
+    /// badly, in the way the URL's path names.
+    fn broken() -> Fixture {
+        Self::spawn(&python(), "broken.py")
+    }
+
+    /// `tests/upstreams/server2.py`: an MCPServer of the Python SDK 2.x,
+    /// which serves protocol 2026-07-28.
+    fn modern2() -> Fixture {
+        let python = repo().join(".tools/mcp2/bin/python");
+        assert!(
+            python.exists(),
+            "the Python mcp SDK 2.x is not installed ({} is missing): run scripts/setup",
+            python.display()
+        );
+        Self::spawn(&python, "server2.py")
+    }
+
+    /// Starts `tests/upstreams/<script> 0` with `python` and reads its
+    /// ready line (`… http=127.0.0.1:PORT …`).
+    fn spawn(python: &Path, script: &str) -> Fixture {
+        let mut child = Command::new(python)
+            .arg(repo().join("broker/tests/upstreams").join(script))
+            .arg("0")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {script}: {e}"));
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no ready line from {script}: {line:?}"));
+        Fixture(child, port)
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.1)
     }
 }
 
-/// Starts `tests/upstreams/<script> 0` with `python` and reads its ready
-/// line (`… http=127.0.0.1:PORT …`): the child and its port.
-fn spawn_fixture(python: &Path, script: &str) -> (Child, u16) {
-    let mut child = Command::new(python)
-        .arg(repo().join("broker/tests/upstreams").join(script))
-        .arg("0")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {script}: {e}"));
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no ready line from {script}: {line:?}"));
-    (child, port)
-}
-
-impl Drop for Broken {
+impl Drop for Fixture {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -909,7 +925,7 @@ impl Drop for Broken {
 
 #[test]
 fn garbage_a_dropped_stream_and_http_errors_get_upstream_unavailable_with_the_reason() {
-    let broken = Broken::start();
+    let broken = Fixture::broken();
     let modes = [
         ("garbage", "invalid JSON"),
         ("drop", "ended before the response"),
@@ -1424,34 +1440,6 @@ fn a_2026_07_28_upstream_serves_a_session_era_client_with_questions_and_param_he
     );
 }
 
-/// `tests/upstreams/server2.py`: an MCPServer of the Python SDK 2.x, which
-/// serves protocol 2026-07-28; killed on drop.
-struct Modern2(Child, u16);
-
-impl Modern2 {
-    fn start() -> Modern2 {
-        let python = repo().join(".tools/mcp2/bin/python");
-        assert!(
-            python.exists(),
-            "the Python mcp SDK 2.x is not installed ({} is missing): run scripts/setup",
-            python.display()
-        );
-        let (child, port) = spawn_fixture(&python, "server2.py");
-        Modern2(child, port)
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.1)
-    }
-}
-
-impl Drop for Modern2 {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Software someone else wrote as the 2026-07-28 upstream: the Python SDK
 /// 2.x's MCPServer is discovered (not initialized), its tools are called
 /// statelessly, and a tool whose resolvers need a name, a completion and
@@ -1459,7 +1447,7 @@ impl Drop for Modern2 {
 /// own keys and sealed requestState, and completes on the retry.
 #[test]
 fn a_python_sdk_2x_upstream_is_spoken_to_in_2026_07_28_and_its_questions_pass_through() {
-    let up = Modern2::start();
+    let up = Fixture::modern2();
     let outer = Broker::start_with_config(&config(&[("py2", &up.url(), "")]), &[]);
     let body = r#"{"jsonrpc":"2.0","id":0,"method":"tools/call","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},"name":"add","arguments":{"a":2,"b":3}}}"#;
     let mut c = Conn::connect(outer.http);

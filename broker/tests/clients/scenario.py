@@ -19,7 +19,7 @@ import sys
 import traceback
 import uuid
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Coroutine, Protocol
 
 # Tools the embedded default config serves (names are unique across the
 # routers, so none is prefixed).
@@ -223,8 +223,16 @@ def leaves(e: BaseException) -> list[BaseException]:
 def main(label: str, connect: Callable[[], AbstractAsyncContextManager[Session]], timeout: float = 60) -> int:
     """Runs the scenario; 0 when every check passed, else 1 with the reason
     on stderr (the failed check, or the exception and its traceback)."""
+    return checked(label, run(label, connect), timeout)
+
+
+def checked(label: str, checks: Coroutine[Any, Any, None], timeout: float = 60) -> int:
+    """Runs a client script's `checks` within `timeout` seconds: 0 when they
+    all passed, else 1 with the reason on stderr (the failed check, or the
+    exception and its traceback). The SDKs run on anyio task groups, whose
+    exception groups are looked into for the check that failed."""
     try:
-        asyncio.run(asyncio.wait_for(run(label, connect), timeout))
+        asyncio.run(asyncio.wait_for(checks, timeout))
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then exit 1
         found = leaves(e)
@@ -234,7 +242,7 @@ def main(label: str, connect: Callable[[], AbstractAsyncContextManager[Session]]
             print(f"{label} client: FAILED: {mismatches[0]}", file=sys.stderr)
             return 1
         if any(isinstance(m, TimeoutError) for m in found):
-            print(f"{label} client: FAILED: the scenario did not finish within {timeout} s", file=sys.stderr)
+            print(f"{label} client: FAILED: the checks did not finish within {timeout} s", file=sys.stderr)
         else:
             print(f"{label} client: FAILED: " + "; ".join(f"{type(m).__name__}: {m}" for m in found), file=sys.stderr)
         traceback.print_exception(e)

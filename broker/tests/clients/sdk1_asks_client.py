@@ -20,17 +20,15 @@ otherwise.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import sys
-import traceback
 import warnings
 from typing import Any
 
 from mcp import ClientSession, types
 from mcp.client.streamable_http import streamablehttp_client
 
-from scenario import Mismatch, expect, leaves, single_text, wire
+from scenario import Mismatch, checked, expect, single_text, wire
 
 warnings.simplefilter("ignore", DeprecationWarning)
 
@@ -118,17 +116,7 @@ def main() -> int:
         return 2
     url = sys.argv[1]
     print(f"mcp {importlib.metadata.version('mcp')} -> {url}", flush=True)
-    try:
-        asyncio.run(asyncio.wait_for(run(url), 60))
-    except BaseException as e:  # noqa: BLE001 - every failure is reported, then exit 1
-        found = leaves(e)
-        mismatches = [m for m in found if isinstance(m, Mismatch)]
-        sys.stdout.flush()
-        if mismatches:
-            print(f"sdk1-asks client: FAILED: {mismatches[0]}", file=sys.stderr)
-        else:
-            print("sdk1-asks client: FAILED: " + "; ".join(f"{type(m).__name__}: {m}" for m in found), file=sys.stderr)
-            traceback.print_exception(e)
+    if checked("sdk1-asks", run(url)):
         return 1
     print("sdk1-asks client: ok", flush=True)
     return 0

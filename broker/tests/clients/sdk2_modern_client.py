@@ -32,7 +32,6 @@ exits 1 with the failed step, the expected and the received value otherwise.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import json
 import sys
@@ -46,7 +45,7 @@ from mcp.client.subscriptions import ResourceUpdated, ToolsListChanged
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from scenario import Mismatch, expect, leaves, single_text, wire
+from scenario import checked, expect, single_text, wire
 
 MODERN = "2026-07-28"
 
@@ -301,21 +300,7 @@ def main() -> int:
     url = sys.argv[1]
     reload_url = sys.argv[2] if len(sys.argv) == 3 else None
     print(f"mcp {importlib.metadata.version('mcp')} -> {url}", flush=True)
-    try:
-        asyncio.run(asyncio.wait_for(run(url, reload_url), 60))
-        return 0
-    except BaseException as e:  # noqa: BLE001 - every failure is reported, then exit 1
-        found = leaves(e)
-        mismatches = [m for m in found if isinstance(m, Mismatch)]
-        sys.stdout.flush()
-        if mismatches:
-            print(f"sdk2-modern client: FAILED: {mismatches[0]}", file=sys.stderr)
-        else:
-            print("sdk2-modern client: FAILED: " + "; ".join(f"{type(m).__name__}: {m}" for m in found), file=sys.stderr)
-            import traceback
-
-            traceback.print_exception(e)
-        return 1
+    return checked("sdk2-modern", run(url, reload_url))
 
 
 if __name__ == "__main__":
