@@ -555,6 +555,7 @@ impl Control {
             return false;
         }
         status.mark(&name, None);
+        status.set_protocol(&name, meta.upstream_protocol());
         let kinds = crate::upstream::changed(&cur.loaded.entry.meta, &meta);
         if kinds == ListKinds::default() {
             return true;

@@ -846,6 +846,23 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
                 let _ = writeln!(o, "{name}{{router=\"{}\"}} {}", esc(&r.name), value(s));
             }
         }
+        family(
+            &mut o,
+            "mcp_upstream_protocol_info",
+            "gauge",
+            "1, labelled with the MCP revision the upstream router speaks with its upstream (2026-07-28 where the server offers it, else the session's), once it has said.",
+        );
+        for r in &routing.routers {
+            let Some(p) = r.upstream.as_ref().and_then(|s| s.protocol()) else {
+                continue;
+            };
+            let _ = writeln!(
+                o,
+                "mcp_upstream_protocol_info{{router=\"{}\",protocol=\"{}\"}} 1",
+                esc(&r.name),
+                esc(&p)
+            );
+        }
     }
     let states = &shared.request_states;
     family(

@@ -164,7 +164,12 @@ pub fn load(host: &WasmHost, config: &Config, r: &RouterConfig) -> Result<Loaded
                 ..Default::default()
             });
         }
-        upstream = Some(Arc::new(UpstreamStatus::new(router.clone(), unavailable)));
+        let protocol = router.meta().upstream_protocol();
+        upstream = Some(Arc::new(UpstreamStatus::new(
+            router.clone(),
+            unavailable,
+            protocol,
+        )));
     }
     Ok(Loaded {
         routed: Routed {

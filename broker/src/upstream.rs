@@ -65,11 +65,15 @@ pub struct UpstreamStatus {
     pub failures: AtomicU64,
     /// Route tables swapped in because this router's listings changed.
     pub swaps: AtomicU64,
+    /// The MCP revision it speaks with its upstream, as it last said
+    /// (`mcp_upstream_protocol_info`); kept while the upstream is away.
+    pub protocol: Mutex<Option<String>>,
 }
 
 impl UpstreamStatus {
     /// A router just loaded; `unavailable`: why its upstream did not answer.
-    pub fn new(router: Arc<Router>, unavailable: Option<String>) -> Self {
+    /// `protocol`: the revision it said it speaks.
+    pub fn new(router: Arc<Router>, unavailable: Option<String>, protocol: Option<String>) -> Self {
         Self {
             router,
             available: AtomicBool::new(unavailable.is_none()),
@@ -77,7 +81,29 @@ impl UpstreamStatus {
             refreshes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             swaps: AtomicU64::new(0),
+            protocol: Mutex::new(protocol),
         }
+    }
+
+    /// Records the revision a re-read found (none: the upstream did not
+    /// say, so the last one stays); logs a change of it.
+    pub fn set_protocol(&self, name: &str, protocol: Option<String>) {
+        let Some(protocol) = protocol else { return };
+        let mut held = self.protocol.lock().unwrap_or_else(|e| e.into_inner());
+        if held.as_deref() != Some(protocol.as_str()) {
+            if let Some(was) = held.as_deref() {
+                tracing::info!(router = %name, %was, now = %protocol, "upstream protocol changed");
+            }
+            *held = Some(protocol);
+        }
+    }
+
+    /// The revision it speaks, as last said.
+    pub fn protocol(&self) -> Option<String> {
+        self.protocol
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Records a re-read's result; logs a change of availability.

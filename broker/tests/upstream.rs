@@ -519,6 +519,8 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("upstream late unavailable"), "{body}");
     assert_eq!(b.metric_sum("mcp_upstream_available"), 0.0);
+    // No revision spoken yet: no protocol series.
+    assert_eq!(b.metric_sum("mcp_upstream_protocol_info"), 0.0);
     let (mut c, s) = session(&b);
     let r = c.call(
         &s,
@@ -554,6 +556,13 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
     );
     assert_eq!(text_of(&r["result"]), "only on late");
     assert_eq!(b.metric_sum("mcp_upstream_available"), 1.0);
+    // FastMCP 1.x refuses server/discover without a session: a session it
+    // is.
+    let (_, metrics) = b.http_get("/metrics");
+    assert!(
+        metrics.contains(r#"mcp_upstream_protocol_info{router="late",protocol="2025-06-18"} 1"#),
+        "{metrics}"
+    );
     let (_, body) = b.http_get("/readyz");
     assert_eq!(body, "ready\n");
 }
@@ -1358,6 +1367,11 @@ fn modern_call(b: &Broker, id: u32, tool: &str, extra: &str) -> (u16, Value) {
 #[test]
 fn a_2026_07_28_upstreams_questions_reach_a_2026_07_28_client_and_its_answers_go_back() {
     let (_inner, outer) = modern_upstream();
+    let (_, metrics) = outer.http_get("/metrics");
+    assert!(
+        metrics.contains(r#"mcp_upstream_protocol_info{router="inner",protocol="2026-07-28"} 1"#),
+        "{metrics}"
+    );
     let (status, v) = modern_call(&outer, 1, "test_input_required_result_multiple_inputs", "");
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["resultType"], "input_required", "{v}");

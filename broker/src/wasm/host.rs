@@ -387,16 +387,33 @@ pub struct RouterMeta {
 /// a JSON string, the reason.
 pub const UNAVAILABLE_META_KEY: &str = "mcp-broker/unavailable";
 
+/// The `describe-server` meta entry by which the `upstream` router names
+/// the MCP revision it speaks with its upstream (a JSON string:
+/// `2026-07-28`, or the session's negotiated version).
+pub const UPSTREAM_PROTOCOL_META_KEY: &str = "mcp-broker/upstream-protocol";
+
 impl RouterMeta {
     /// The reason this router said it cannot serve, if it did.
     pub fn unavailable(&self) -> Option<String> {
+        self.server_meta(UNAVAILABLE_META_KEY)
+    }
+
+    /// The revision an `upstream` router speaks with its upstream, if it
+    /// said.
+    pub fn upstream_protocol(&self) -> Option<String> {
+        self.server_meta(UPSTREAM_PROTOCOL_META_KEY)
+    }
+
+    /// A `describe-server` meta entry's string: its JSON string, else its
+    /// text.
+    fn server_meta(&self, key: &str) -> Option<String> {
         let entry = self
             .server
             .as_ref()?
             .meta
             .as_ref()?
             .iter()
-            .find(|e| e.key == UNAVAILABLE_META_KEY)?;
+            .find(|e| e.key == key)?;
         Some(serde_json::from_str::<String>(&entry.value).unwrap_or_else(|_| entry.value.clone()))
     }
 }

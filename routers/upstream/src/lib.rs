@@ -637,7 +637,17 @@ impl Guest for Upstream {
                 .map_err(|r| format!("POST {}: {r}", ep.url)),
         };
         let (title, capabilities, meta) = match opened {
-            Ok(init) => (title_of(&init), map::capabilities(&init), None),
+            Ok(init) => {
+                // The revision spoken, for the broker's metrics.
+                let protocol = STATE.with_borrow(|s| s.session.as_ref().map(|s| s.version.clone()));
+                let meta = protocol.map(|p| {
+                    vec![MetaEntry {
+                        key: rpc::META_PROTOCOL.into(),
+                        value: Value::String(p).to_string(),
+                    }]
+                });
+                (title_of(&init), map::capabilities(&init), meta)
+            }
             Err(reason) => {
                 let caps = ServerCapabilities {
                     prompts: None,
@@ -937,7 +947,10 @@ mod tests {
         assert_eq!(<Upstream as Guest>::title().as_deref(), Some("The Server"));
         assert_eq!(<Upstream as Guest>::instructions(), "Be nice.");
         let d = <Upstream as Guest>::describe_server();
-        assert!(d.meta.is_none());
+        let meta = d.meta.expect("the revision spoken");
+        assert_eq!(meta.len(), 1);
+        assert_eq!(meta[0].key, "mcp-broker/upstream-protocol");
+        assert_eq!(meta[0].value, r#""2025-06-18""#);
         assert_eq!(d.capabilities.tools.unwrap().list_changed, Some(true));
         assert!(d.capabilities.resources.is_none());
         log(|l| {
@@ -1260,7 +1273,7 @@ mod tests {
         assert_eq!(<Upstream as Guest>::title().as_deref(), Some("Modern"));
         assert_eq!(<Upstream as Guest>::instructions(), "Be modern.");
         let d = <Upstream as Guest>::describe_server();
-        assert!(d.meta.is_none());
+        assert_eq!(d.meta.expect("the revision")[0].value, r#""2026-07-28""#);
         assert!(d.capabilities.tools.is_some() && d.capabilities.prompts.is_some());
         assert_eq!(<Upstream as Guest>::list_tools().len(), 1);
         let r =

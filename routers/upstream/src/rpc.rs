@@ -14,6 +14,8 @@ pub const META_LOG: &str = "mcp-broker/log";
 pub const META_LIST_CHANGED: &str = "mcp-broker/list-changed";
 /// Meta key, in `describe-server`, of the reason the upstream is unusable.
 pub const META_UNAVAILABLE: &str = "mcp-broker/unavailable";
+/// Meta key, in `describe-server`, of the MCP revision spoken upstream.
+pub const META_PROTOCOL: &str = "mcp-broker/upstream-protocol";
 /// The broker forwards at most this many log messages per call.
 pub const MAX_LOGS: usize = 64;
 /// The prefix the host maps to its own "upstream unavailable" error code.
