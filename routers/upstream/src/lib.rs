@@ -698,7 +698,10 @@ impl Guest for Upstream {
             let meta = modern::question(&result).map_err(|e| {
                 ToolError::ExecutionError(format!("upstream asked for input it cannot get: {e}"))
             })?;
-            let mut r = map::tool_result(&json!({"content": []}), &collected);
+            // The text is what a client on an edge without the round trip
+            // (gRPC, frames) sees: the HTTP edge never shows this result.
+            let said = json!({"content": [{"type": "text", "text": modern::ASKED}]});
+            let mut r = map::tool_result(&said, &collected);
             r.meta.get_or_insert_with(Vec::new).extend(
                 meta.into_iter()
                     .map(|(key, value)| MetaEntry { key, value }),
@@ -1334,6 +1337,7 @@ mod tests {
         else {
             panic!("completed")
         };
+        assert!(matches!(&first.content[0], ContentBlock::Text(t) if t.text == modern::ASKED));
         let meta = first.meta.unwrap_or_default();
         let entry = |k: &str| meta.iter().find(|e| e.key == k).map(|e| e.value.clone());
         let set: Value =

@@ -40,6 +40,11 @@ pub const STATE_ARG: &str = "_request_state";
 /// `{what}`: what was being done.
 pub const CANNOT_ASK: &str = "the upstream asks the client for input before {what}, which the broker cannot pass on: only a tool call can ask";
 
+/// The text of the result that asks the upstream's questions: only a
+/// client of an edge without the multi round-trip (gRPC, frames) sees it,
+/// with the questions in the result's meta.
+pub const ASKED: &str = "The upstream asks the client for input first (the questions are in this result's meta); the MCP HTTP edge asks them and retries.";
+
 /// Which revision to speak: `MCP_UPSTREAM_PROTOCOL`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
