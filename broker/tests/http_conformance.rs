@@ -43,11 +43,8 @@ fn node_tools_installed(root: &Path) {
     }
 }
 
-/// Runs `scripts/conformance ARGS URL` against a broker serving the
-/// conformance router alone, and asserts it passed; returns its stdout.
-fn run_conformance(suite_args: &[&str]) -> String {
-    let root = repo_root();
-    node_tools_installed(&root);
+/// A broker serving the conformance router alone.
+fn conformance_broker() -> Broker {
     // Fails with "run scripts/build-routers" when conformance.wasm is missing.
     support::bundled("conformance");
     let broker = Broker::start_with_config(include_str!("fixtures/conformance.toml"), &[]);
@@ -57,7 +54,21 @@ fn run_conformance(suite_args: &[&str]) -> String {
         "{}: the fixture serves the conformance router alone, so its names are unqualified",
         broker.ready_line
     );
-    let url = broker.mcp_url();
+    broker
+}
+
+/// Runs `scripts/conformance ARGS URL` against a broker serving the
+/// conformance router alone, and asserts it passed; returns its stdout.
+fn run_conformance(suite_args: &[&str]) -> String {
+    let broker = conformance_broker();
+    run_conformance_at(&broker.mcp_url(), suite_args)
+}
+
+/// Runs `scripts/conformance ARGS URL` against `url`, and asserts it
+/// passed; returns its stdout.
+fn run_conformance_at(url: &str, suite_args: &[&str]) -> String {
+    let root = repo_root();
+    node_tools_installed(&root);
     // The suite's per-scenario results go under the target directory, not
     // a fresh directory in /tmp per run: kept when the run fails (the
     // message names them), removed when it passes.
@@ -66,12 +77,15 @@ fn run_conformance(suite_args: &[&str]) -> String {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
+    // Tests run in parallel, some with the same suite: the server's port
+    // tells their runs apart.
+    let port: String = url.chars().filter(char::is_ascii_digit).collect();
     let results = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("conformance-{}-{slug}", std::process::id()));
+        .join(format!("conformance-{}-{port}-{slug}", std::process::id()));
     let _ = std::fs::remove_dir_all(&results);
     let out = Command::new(root.join("scripts/conformance"))
         .args(suite_args)
-        .arg(&url)
+        .arg(url)
         // Bounds the run: the script kills the suite past this many seconds.
         .env("CONFORMANCE_TIMEOUT", "300")
         .env("CONFORMANCE_OUTPUT_DIR", &results)
@@ -94,6 +108,33 @@ fn run_conformance(suite_args: &[&str]) -> String {
 fn official_conformance_suite_fails_exactly_the_listed_scenarios() {
     let stdout = run_conformance(&[]);
     assert!(stdout.contains("Baseline check passed"), "{stdout}");
+}
+
+/// Both suites through an `upstream` router: a broker whose one router
+/// fronts another broker serving the conformance router, in protocol
+/// 2026-07-28 (found by `server/discover`). Every scenario passes or fails
+/// as it does against the conformance router directly: the same lists of
+/// expected failures hold. The session-era suite's elicitation and
+/// sampling, and the 2026-07-28 suite's input requests, travel as the
+/// inner broker's questions, passed on by the router as sets.
+#[test]
+fn both_suites_pass_alike_through_an_upstream_router_speaking_2026_07_28() {
+    let inner = conformance_broker();
+    let outer_toml = format!(
+        "[frames]\nlisten = \"127.0.0.1:0\"\n[grpc]\nlisten = \"127.0.0.1:0\"\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+         [[routers]]\nname = \"conformance\"\nupstream = \"{}\"\nupstream_protocol = \"2026-07-28\"\n",
+        inner.mcp_url()
+    );
+    let outer = Broker::start_with_config(&outer_toml, &[]);
+    assert_eq!(outer.routers, ["conformance"], "{}", outer.ready_line);
+    let stdout = run_conformance_at(&outer.mcp_url(), &[]);
+    assert!(stdout.contains("Baseline check passed"), "{stdout}");
+    let stdout = run_conformance_at(&outer.mcp_url(), &["--suite-version", "next"]);
+    assert!(
+        stdout.contains("distinct failing checks, all listed"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -416,7 +416,7 @@ pub fn tool_error(f: Failure) -> ToolError {
 pub fn resource_error(f: Failure) -> ResourceError {
     match f {
         Failure::Unavailable(m) => ResourceError::ExecutionError(m),
-        Failure::Rpc(e) if e.code == -32002 || says_not_found(&e) => {
+        Failure::Rpc(e) if e.code == -32002 || e.data_uri.is_some() || says_not_found(&e) => {
             ResourceError::NotFound(e.message)
         }
         Failure::Rpc(e) => {
@@ -625,6 +625,7 @@ mod tests {
             Failure::Rpc(RpcError {
                 code,
                 message: m.into(),
+                data_uri: None,
             })
         };
         assert!(matches!(
@@ -656,6 +657,21 @@ mod tests {
         ));
         assert!(matches!(
             resource_error(rpc(-32603, "disk")),
+            ResourceError::ExecutionError(_)
+        ));
+        // 2026-07-28 (SEP-2164): an unknown resource is -32602 naming it
+        // in `data.uri`, whatever the message says.
+        let unknown = Failure::Rpc(RpcError {
+            code: -32602,
+            message: "no resource `test://x`".into(),
+            data_uri: Some("test://x".into()),
+        });
+        assert!(matches!(
+            resource_error(unknown),
+            ResourceError::NotFound(_)
+        ));
+        assert!(matches!(
+            resource_error(rpc(-32602, "bad uri")),
             ResourceError::ExecutionError(_)
         ));
         assert!(matches!(

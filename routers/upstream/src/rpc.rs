@@ -35,6 +35,9 @@ pub const REFUSAL: &str = "not supported through mcp-broker's upstream router";
 pub struct RpcError {
     pub code: i64,
     pub message: String,
+    /// `data.uri`: the resource an error names as unknown (-32002, or
+    /// -32602 in 2026-07-28, SEP-2164).
+    pub data_uri: Option<String>,
 }
 
 /// Why a request produced no result.
@@ -266,6 +269,10 @@ fn rpc_error(e: &Value) -> RpcError {
             .and_then(Value::as_str)
             .unwrap_or("(no message)")
             .to_owned(),
+        data_uri: e
+            .pointer("/data/uri")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
     }
 }
 
@@ -357,7 +364,8 @@ mod tests {
             ),
             Some(Err(RpcError {
                 code: -32602,
-                message: "bad".into()
+                message: "bad".into(),
+                data_uri: None,
             }))
         );
         assert!(matches!(
