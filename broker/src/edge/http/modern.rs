@@ -584,9 +584,15 @@ pub fn retry_arguments(
             // ignored (the spec's advice).
             if asked.is_none() {
                 // Every answer of every kind is an object: anything else
-                // answers nothing, and is ignored with the other extras.
+                // answers nothing, and is ignored with the other extras. A
+                // key given twice counts once (the first), as `get` reads
+                // it; a set, since the client chooses how many keys.
+                let mut seen = std::collections::HashSet::new();
                 for (key, answer) in &responses {
-                    if first_byte(answer) == b'{' && !DEFAULTS.iter().any(|(k, _)| k == key) {
+                    if first_byte(answer) == b'{'
+                        && !DEFAULTS.iter().any(|(k, _)| k == key)
+                        && seen.insert(&**key)
+                    {
                         inputs.add(key, answer.get());
                     }
                 }
@@ -2067,6 +2073,11 @@ mod tests {
         );
         let r = raw(r#"{"user_name":12345,"other":[]}"#);
         assert_eq!(retry_arguments(Some(&r), None).unwrap(), []);
+        let r = raw(r#"{"k":{"n":1},"k":{"n":2}}"#);
+        assert_eq!(
+            retry_arguments(Some(&r), None).unwrap(),
+            [("_inputs", r#"{"k":{"n":1}}"#.to_owned())]
+        );
         let r = raw(r#"{"sampling":{"role":"assistant"}}"#);
         assert_eq!(retry_arguments(Some(&r), None).unwrap()[0].0, "_sampling");
         assert_eq!(
