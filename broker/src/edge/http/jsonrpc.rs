@@ -979,9 +979,9 @@ pub fn write_client_request(out: &mut Vec<u8>, id: &str, method: &str, params: &
 /// text the client sent. A prompt argument's JSON string arrives quoted,
 /// as from the gRPC edge: `adapt::PromptArgs` unquotes it when filling.
 /// `extra` is appended to a tool call's arguments (the answer under
-/// [`ELICITATION_ARG`], [`SAMPLING_ARG`] or [`ROOTS_ARG`], the router's state under
-/// [`STATE_ARG`]); a client argument of any of these names is always
-/// refused.
+/// [`ELICITATION_ARG`], [`SAMPLING_ARG`] or [`ROOTS_ARG`], a set's answers
+/// under [`INPUTS_ARG`], the router's state under [`STATE_ARG`]); a client
+/// argument of any of these names is always refused.
 /// `completion/complete`'s `context` is not carried (the frame encoder
 /// has no slot for it yet).
 pub fn request_frame<'e, 'a>(
