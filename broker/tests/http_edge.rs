@@ -845,6 +845,17 @@ fn next_ask(stream: &mut Conn, method: &str) -> serde_json::Value {
     ask
 }
 
+/// `fin` is the error `code`, its message saying `says`.
+fn stream_error(fin: &serde_json::Value, code: i64, says: &str) {
+    assert_eq!(fin["error"]["code"], code, "{fin}");
+    assert!(
+        fin["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(says)),
+        "{fin}"
+    );
+}
+
 #[test]
 fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
     let b = conformance("");
@@ -932,11 +943,7 @@ fn a_roots_request_goes_to_the_client_on_the_stream_and_its_answer_to_the_tool()
     let mut stream = open_stream(&b, &s, call);
     let (fin, text) = final_message(&mut stream);
     assert!(!text.contains("roots/list\""), "{text}");
-    assert_eq!(fin["error"]["code"], -32600, "{fin}");
-    assert!(
-        fin["error"]["message"].as_str().unwrap().contains("roots"),
-        "{fin}"
-    );
+    stream_error(&fin, -32600, "roots");
 }
 
 #[test]
@@ -983,14 +990,7 @@ fn a_set_of_questions_goes_to_the_client_in_turn_and_its_answers_to_the_tool_tog
     let mut stream = open_stream(&b, &s, call);
     let (fin, text) = final_message(&mut stream);
     assert!(!text.contains("roots/list"), "{text}");
-    assert_eq!(fin["error"]["code"], -32600, "{fin}");
-    assert!(
-        fin["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("sampling"),
-        "{fin}"
-    );
+    stream_error(&fin, -32600, "sampling");
 }
 
 #[test]
@@ -1005,13 +1005,8 @@ fn a_set_of_questions_that_cannot_be_asked_fails_the_call_on_its_stream() {
     let (fin, text) = final_message(&mut stream);
     // Asked whole or not at all: not even the valid first question went out.
     assert!(!text.contains("\"roots/list\",\"params"), "{text}");
-    assert_eq!(fin["error"]["code"], -32603, "{fin}");
-    assert!(
-        fin["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("`bad_set`") && m.contains("method `ping`")),
-        "{fin}"
-    );
+    stream_error(&fin, -32603, "`bad_set`");
+    stream_error(&fin, -32603, "method `ping`");
 }
 
 #[test]
@@ -1145,14 +1140,7 @@ fn a_sampling_request_round_trip_ends_in_the_tools_result_and_needs_the_capabili
     let mut stream = open_stream(&b, &s2, call);
     let (body, _) = stream.read_chunked(None);
     let msgs = common::http::sse_messages(&String::from_utf8(body).unwrap());
-    let fin = msgs.last().unwrap();
-    assert!(
-        fin["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("sampling"),
-        "{fin}"
-    );
+    stream_error(msgs.last().unwrap(), -32600, "sampling");
 }
 
 #[test]
