@@ -514,6 +514,11 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
                 extra.extend(tool_param_headers(&p));
             }
             params = Some(p);
+        } else if let Some(Value::Object(p)) = &mut params {
+            // A session-era upstream never asked anything: a client's
+            // answers (a broker retry with `_inputs`) mean nothing to it.
+            p.remove("inputResponses");
+            p.remove("requestState");
         }
         let payload = rpc::request(id, method, params);
         match send(&ep, &hdr, id, &payload, true, &extra) {
@@ -1415,5 +1420,25 @@ mod tests {
         let d = <Upstream as Guest>::describe_server();
         let reason = &d.meta.expect("unavailable")[0].value;
         assert!(reason.contains("MCP_UPSTREAM_PROTOCOL"), "{reason}");
+    }
+
+    #[test]
+    fn a_session_era_upstream_gets_no_answers_it_never_asked_for() {
+        serve(Some("s3"), |req| {
+            let p = &req.body["params"];
+            assert!(
+                p.get("inputResponses").is_none() && p.get("requestState").is_none(),
+                "{p}"
+            );
+            assert_eq!(p["arguments"], json!({"x": 1}));
+            Ok(json_answer(&result(
+                req,
+                json!({"content": [{"type": "text", "text": "ok"}]}),
+            )))
+        });
+        let args =
+            r#"{"x":1,"_inputs":{"k":{"action":"accept"}},"_request_state":{"requestState":"t"}}"#;
+        assert!(<Upstream as Guest>::call_tool("t".into(), args.into()).is_ok());
+        log(|l| assert_eq!(l.last().map(Req::method), Some("tools/call")));
     }
 }
