@@ -197,6 +197,42 @@ def capacity(run, start=1000, limit=2_000_000, bisect_steps=4, log=None, confirm
     return {"capacity": int(lo), "bound": bound, "points": points}
 
 
+def combine(rounds):
+    """One server's capacity over several rounds of `capacity()`.
+
+    The round with the lower median capacity stands for the server: its
+    capacity, bound and points (so the table and the plot show a sweep that
+    happened, not a blend of several), with every round kept under
+    `rounds`. A round that held no rate ranks lowest. One round is
+    returned as it is."""
+    if len(rounds) == 1:
+        return rounds[0]
+    order = sorted(range(len(rounds)),
+                   key=lambda i: (rounds[i]["capacity"] is not None, rounds[i]["capacity"] or 0))
+    mid = order[(len(order) - 1) // 2]
+    c = dict(rounds[mid])
+    c["rounds"] = rounds
+    c["median_round"] = mid
+    return c
+
+
+def paired_ratios(num, den):
+    """Capacity ratios of two servers round by round (each round measures
+    both within minutes of each other, so a slow spell of the host weighs
+    on both), or None when either was measured once."""
+    if "rounds" not in num or "rounds" not in den:
+        return None
+    return [None if a["capacity"] is None or not b["capacity"] else a["capacity"] / b["capacity"]
+            for a, b in zip(num["rounds"], den["rounds"])]
+
+
+def median_low(xs):
+    """The lower median of the values that are not None (None if none is):
+    always a figure some round measured."""
+    xs = sorted(x for x in xs if x is not None)
+    return xs[(len(xs) - 1) // 2] if xs else None
+
+
 def fmt_capacity(c):
     if c is None or c.get("capacity") is None:
         return "none (p99 over the SLO at the lowest rate)"

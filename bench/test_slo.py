@@ -1,0 +1,131 @@
+"""Tests of bench/slo.py's decisions: the verdict on one probe, the sweep and
+bisection, and how rounds combine into a goal's figure. Run by
+`bench/tests/slo_logic.rs` (so `cargo test` runs them), or alone:
+
+  python3 bench/test_slo.py
+"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import slo as S  # noqa: E402
+
+
+def point(rate, p99, *, kept_up=True, achieved=None, errors=0, own_lag=1, scheme="http"):
+    return {"rate": rate, "p99_us": p99, "kept_up": kept_up, "errors": errors,
+            "failure": None, "achieved_rps": rate if achieved is None else achieved,
+            "generator_lag_us": {"p50": 1, "p99": own_lag, "max": own_lag},
+            "scheme": scheme}
+
+
+def server(knee, flaky=()):
+    """A server whose p99 is 200 µs below `knee` req/s and 3 ms at or
+    above it; rates in `flaky` fail their first try only."""
+    tries = {}
+
+    def run(rate):
+        tries[rate] = tries.get(rate, 0) + 1
+        bad = rate >= knee or (rate in flaky and tries[rate] == 1)
+        return point(rate, 3000 if bad else 200)
+    return run
+
+
+class Verdict(unittest.TestCase):
+    def test_within_the_slo_holds(self):
+        self.assertEqual(S.verdict(point(1000, 999)), "holds")
+
+    def test_p99_over_the_slo_is_the_servers(self):
+        self.assertEqual(S.verdict(point(1000, 1001)), "server")
+
+    def test_errors_fail_whatever_the_latency(self):
+        self.assertEqual(S.verdict(point(1000, 100, errors=1)), "server")
+
+    def test_answers_short_of_the_rate_fail(self):
+        self.assertEqual(S.verdict(point(1000, 100, achieved=970)), "server")
+
+    def test_a_late_generator_excuses_a_p99_it_explains(self):
+        # 400 µs of the generator's own lag, taken off a 1.3 ms p99, leaves
+        # the server within the SLO.
+        self.assertEqual(S.verdict(point(1000, 1300, own_lag=400)), "generator")
+
+    def test_a_late_generator_does_not_excuse_a_slow_server(self):
+        self.assertEqual(S.verdict(point(1000, 4000, own_lag=400)), "server")
+
+
+class Capacity(unittest.TestCase):
+    def test_sweep_then_bisection_finds_the_knee(self):
+        c = S.capacity(server(37_000), start=1000, bisect_steps=4)
+        # 1k..32k hold, 64k fails; then 48k, 40k fail, 36k holds, 38k fails.
+        self.assertEqual(c["capacity"], 36_000)
+        self.assertEqual(c["bound"], "server")
+        held = sorted({p["rate"] for p in c["points"] if p["verdict"] == "holds"})
+        self.assertEqual(held, [1000, 2000, 4000, 8000, 16000, 32000, 36000])
+        # Every failing rate was tried twice.
+        for r in (64_000, 48_000, 40_000, 38_000):
+            self.assertEqual(sum(p["rate"] == r for p in c["points"]), 2, r)
+
+    def test_one_failed_try_does_not_fail_a_rate(self):
+        c = S.capacity(server(37_000, flaky={16_000}), start=1000, bisect_steps=4)
+        self.assertEqual(c["capacity"], 36_000)
+
+    def test_without_confirmation_one_failed_try_fails_the_rate(self):
+        c = S.capacity(server(37_000, flaky={16_000}), start=1000, bisect_steps=2,
+                       confirm=False)
+        # 16k fails; 12k and 14k hold between 8k and 16k.
+        self.assertEqual(c["capacity"], 14_000)
+
+    def test_a_server_failing_at_the_start_is_looked_at_below_it(self):
+        c = S.capacity(server(300), start=1000, bisect_steps=4)
+        # 500 and 250 tried below the start; 250 holds; then bisected up.
+        self.assertIsNotNone(c["capacity"])
+        self.assertLess(c["capacity"], 300)
+        self.assertGreaterEqual(c["capacity"], 250)
+
+    def test_a_server_holding_nothing_has_no_capacity(self):
+        c = S.capacity(server(1), start=1000, bisect_steps=2)
+        self.assertIsNone(c["capacity"])
+        self.assertEqual(S.fmt_capacity(c), "none (p99 over the SLO at the lowest rate)")
+
+
+def rnd(cap):
+    return {"capacity": cap, "bound": "server", "points": [point(cap or 1, 100)]}
+
+
+class Rounds(unittest.TestCase):
+    def test_one_round_is_itself(self):
+        r = rnd(5)
+        self.assertIs(S.combine([r]), r)
+
+    def test_the_lower_median_round_stands_for_the_server(self):
+        rs = [rnd(54_000), rnd(31_000), rnd(52_000)]
+        c = S.combine(rs)
+        self.assertEqual(c["capacity"], 52_000)
+        self.assertEqual(c["median_round"], 2)
+        self.assertIs(c["points"], rs[2]["points"])
+        self.assertEqual(c["rounds"], rs)
+        # An even count takes the lower of the two middle rounds.
+        self.assertEqual(S.combine([rnd(4), rnd(1), rnd(3), rnd(2)])["capacity"], 2)
+
+    def test_a_round_that_held_nothing_ranks_lowest(self):
+        self.assertIsNone(S.combine([rnd(None), rnd(None), rnd(7)])["capacity"])
+        self.assertEqual(S.combine([rnd(None), rnd(9), rnd(7)])["capacity"], 7)
+
+    def test_ratios_pair_rounds_in_order(self):
+        broker = S.combine([rnd(54_000), rnd(31_000), rnd(52_000)])
+        rmcp = S.combine([rnd(17_000), rnd(25_000), rnd(18_000)])
+        pr = S.paired_ratios(broker, rmcp)
+        self.assertEqual([round(x, 2) for x in pr], [3.18, 1.24, 2.89])
+        self.assertAlmostEqual(S.median_low(pr), 52 / 18)
+
+    def test_no_pairs_without_rounds_and_none_where_the_baseline_held_nothing(self):
+        self.assertIsNone(S.paired_ratios(rnd(5), rnd(5)))
+        pr = S.paired_ratios(S.combine([rnd(4), rnd(6)]), S.combine([rnd(None), rnd(3)]))
+        self.assertEqual(pr, [None, 2.0])
+        self.assertEqual(S.median_low(pr), 2.0)
+        self.assertIsNone(S.median_low([None, None]))
+
+
+if __name__ == "__main__":
+    unittest.main()
