@@ -29,5 +29,8 @@ fn slo_py_decides_as_its_tests_say() {
         .and_then(|t| t.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no \"Ran N tests\" in:\n{text}"));
-    assert!(ran >= 16, "bench/test_slo.py ran {ran} tests, fewer than its 16:\n{text}");
+    assert!(
+        ran >= 16,
+        "bench/test_slo.py ran {ran} tests, fewer than its 16:\n{text}"
+    );
 }
