@@ -216,21 +216,45 @@ def combine(rounds):
     return c
 
 
+FLOOR_BOUNDS = ("generator", "limit")
+
+
 def paired_ratios(num, den):
     """Capacity ratios of two servers round by round (each round measures
     both within minutes of each other, so a slow spell of the host weighs
-    on both), or None when either was measured once."""
-    if "rounds" not in num or "rounds" not in den:
-        return None
-    return [None if a["capacity"] is None or not b["capacity"] else a["capacity"] / b["capacity"]
-            for a, b in zip(num["rounds"], den["rounds"])]
+    on both); a server measured once is one round.
+
+    Each is `(ratio, side)`: side "=" when both capacities are the
+    servers' own, ">=" when the numerator's is only a floor (its sweep
+    was stopped by the generator or the sweep's limit), "<=" when the
+    denominator's is, "?" when both are; ratio None when either held
+    nothing."""
+    out = []
+    for a, b in zip(num.get("rounds", [num]), den.get("rounds", [den])):
+        r = None if a["capacity"] is None or not b["capacity"] else a["capacity"] / b["capacity"]
+        fa, fb = a.get("bound") in FLOOR_BOUNDS, b.get("bound") in FLOOR_BOUNDS
+        out.append((r, "?" if fa and fb else ">=" if fa else "<=" if fb else "="))
+    return out
 
 
-def median_low(xs):
-    """The lower median of the values that are not None (None if none is):
-    always a figure some round measured."""
-    xs = sorted(x for x in xs if x is not None)
-    return xs[(len(xs) - 1) // 2] if xs else None
+def decide(pairs, limit):
+    """A `>= limit` goal from paired rounds: (ratio, side, met) of the
+    lower median round by ratio. met is None when that round's ratio is
+    only a bound on the wrong side of the limit (a floor below it, a
+    ceiling above it), or when no round has a ratio."""
+    ranked = sorted((p for p in pairs if p[0] is not None), key=lambda p: p[0])
+    if not ranked:
+        return None, "=", None
+    r, side = ranked[(len(ranked) - 1) // 2]
+    if side == "=":
+        met = r >= limit
+    elif side == ">=":
+        met = True if r >= limit else None
+    elif side == "<=":
+        met = False if r < limit else None
+    else:
+        met = None
+    return r, side, met
 
 
 def fmt_capacity(c):

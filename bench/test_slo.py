@@ -116,15 +116,40 @@ class Rounds(unittest.TestCase):
         broker = S.combine([rnd(54_000), rnd(31_000), rnd(52_000)])
         rmcp = S.combine([rnd(17_000), rnd(25_000), rnd(18_000)])
         pr = S.paired_ratios(broker, rmcp)
-        self.assertEqual([round(x, 2) for x in pr], [3.18, 1.24, 2.89])
-        self.assertAlmostEqual(S.median_low(pr), 52 / 18)
+        self.assertEqual([(round(x, 2), sd) for x, sd in pr],
+                         [(3.18, "="), (1.24, "="), (2.89, "=")])
+        r, side, met = S.decide(pr, 3.0)
+        self.assertAlmostEqual(r, 52 / 18)
+        self.assertEqual((side, met), ("=", False))
+        self.assertTrue(S.decide(pr, 2.5)[2])
 
     def test_no_pairs_without_rounds_and_none_where_the_baseline_held_nothing(self):
-        self.assertIsNone(S.paired_ratios(rnd(5), rnd(5)))
+        # A server measured once is one round.
+        self.assertEqual(S.paired_ratios(rnd(6), rnd(3)), [(2.0, "=")])
         pr = S.paired_ratios(S.combine([rnd(4), rnd(6)]), S.combine([rnd(None), rnd(3)]))
-        self.assertEqual(pr, [None, 2.0])
-        self.assertEqual(S.median_low(pr), 2.0)
-        self.assertIsNone(S.median_low([None, None]))
+        self.assertEqual(pr, [(None, "="), (2.0, "=")])
+        self.assertEqual(S.decide(pr, 1.0), (2.0, "=", True))
+        self.assertEqual(S.decide([(None, "=")], 1.0), (None, "=", None))
+
+    def test_a_floor_decides_only_on_its_side_of_the_limit(self):
+        def bound(cap, b):
+            return {**rnd(cap), "bound": b}
+        # The baseline's sweep stopped at the generator: the ratio is a
+        # ceiling, which can fail a goal but not meet it.
+        broker = S.combine([rnd(46_000)] * 3)
+        tonic = S.combine([bound(46_000, "generator"), bound(44_000, "generator"),
+                           rnd(40_000)])
+        pr = S.paired_ratios(broker, tonic)
+        self.assertEqual([sd for _, sd in pr], ["<=", "<=", "="])
+        # Median round by ratio: 46/44 (a ceiling above 1.0): undecided.
+        self.assertEqual(S.decide(pr, 1.0)[1:], ("<=", None))
+        # The same ceiling below a higher limit fails it.
+        self.assertEqual(S.decide(pr, 1.1)[1:], ("<=", False))
+        # A floor above the limit meets it; below, it decides nothing.
+        floors = [(1.2, ">="), (1.3, ">="), (0.9, "=")]
+        self.assertEqual(S.decide(floors, 1.0), (1.2, ">=", True))
+        self.assertEqual(S.decide(floors, 1.25), (1.2, ">=", None))
+        self.assertEqual(S.decide([(1.0, "?")], 1.0), (1.0, "?", None))
 
 
 if __name__ == "__main__":
