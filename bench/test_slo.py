@@ -123,7 +123,7 @@ class Rounds(unittest.TestCase):
         self.assertEqual((side, met), ("=", False))
         self.assertTrue(S.decide(pr, 2.5)[2])
 
-    def test_no_pairs_without_rounds_and_none_where_the_baseline_held_nothing(self):
+    def test_a_single_run_is_one_round_and_a_baseline_holding_nothing_gives_no_ratio(self):
         # A server measured once is one round.
         self.assertEqual(S.paired_ratios(rnd(6), rnd(3)), [(2.0, "=")])
         pr = S.paired_ratios(S.combine([rnd(4), rnd(6)]), S.combine([rnd(None), rnd(3)]))
