@@ -134,7 +134,8 @@ def top(edge, requests, srv_cpus, lg_cpus, wd):
     argv = [B.LOADGEN, "--target", target, *B.TOOL_ARGS, "--cpus",
             ",".join(map(str, lg_cpus)), "--connections", CONNECTIONS, "--concurrency",
             CONNECTIONS, "-q"]
-    data = os.path.join(wd, "top.data")
+    # PROFILE_DATA=/path keeps the recording (for `perf report -G -S SYMBOL`).
+    data = os.environ.get("PROFILE_DATA") or os.path.join(wd, "top.data")
     try:
         run_recorded(argv, requests, s, data, ["-F", "999", "--call-graph", "dwarf,32768"])
     finally:
