@@ -45,7 +45,8 @@ inlined callers count: prints its CPU per request, its top symbols by
 self time, and the share of all samples spent inside each of STEPS
 (inclusive). The bench/NOTES.md 2026-12-02 figures (the verifier at 6.7%
 of the HTTP edge, with PROFILE_BROKER set to the build before) come
-from it.
+from it. PROFILE_DATA=/path keeps the recording, for reading one
+symbol's callers afterwards (`perf report -i /path -G -S SYMBOL`).
 
 Needs perf (root, or perf_event_paranoid <= 1) and the release binaries.
 """
