@@ -83,6 +83,49 @@ class Capacity(unittest.TestCase):
         self.assertLess(c["capacity"], 300)
         self.assertGreaterEqual(c["capacity"], 250)
 
+    def test_a_server_failure_decides_a_rate_whose_other_try_was_the_generators(self):
+        # At and above the knee, one try fails on the server's tails with the
+        # generator on time, the other with the generator late by enough to
+        # excuse it (as broker-wasm's sweeps on 2026-12-06, at 98-100% of
+        # its core): the rate is the server's, whichever try came first.
+        for late_first in (True, False):
+            tries = {}
+
+            def run(rate, late_first=late_first):
+                tries[rate] = tries.get(rate, 0) + 1
+                if rate < 37_000:
+                    return point(rate, 200)
+                late = (tries[rate] % 2 == 1) == late_first
+                return point(rate, 1100, own_lag=150) if late else point(rate, 2700)
+            c = S.capacity(run, start=1000, bisect_steps=4)
+            self.assertEqual(c["capacity"], 36_000, late_first)
+            self.assertEqual(c["bound"], "server", late_first)
+            verdicts = {p["verdict"] for p in c["points"] if p["rate"] >= 37_000}
+            self.assertEqual(verdicts, {"server", "generator"}, late_first)
+
+    def test_two_late_generators_leave_the_rate_to_the_generator(self):
+        def run(rate):
+            return point(rate, 200) if rate < 37_000 else point(rate, 1100, own_lag=150)
+        c = S.capacity(run, start=1000, bisect_steps=4)
+        self.assertEqual(c["capacity"], 36_000)
+        self.assertEqual(c["bound"], "generator")
+
+    def test_a_recorded_sweep_replays_to_itself_and_to_todays_rules(self):
+        c = S.capacity(server(37_000, flaky={16_000}), start=1000, bisect_steps=4)
+        self.assertEqual(S.redecide(c), (c, True))
+        # As the old rule recorded it: a rate failed once by the server and
+        # once with a late generator was the generator's. Today, the server's.
+        old = {**c, "bound": "generator"}
+        knee = 38_000  # the lowest rate that failed both tries
+        late = next(i for i, p in enumerate(c["points"]) if p["rate"] == knee)
+        old["points"] = [dict(p) for p in c["points"]]
+        old["points"][late] = {**point(knee, 1100, own_lag=150), "verdict": "generator"}
+        now, exact = S.redecide(old)
+        self.assertTrue(exact)
+        self.assertEqual((now["capacity"], now["bound"]), (36_000, "server"))
+        # A record that lacks a probe the sweep asks for is flagged.
+        self.assertFalse(S.redecide({**c, "points": c["points"][:5]})[1])
+
     def test_a_server_holding_nothing_has_no_capacity(self):
         c = S.capacity(server(1), start=1000, bisect_steps=2)
         self.assertIsNone(c["capacity"])
