@@ -274,15 +274,34 @@ def paired_ratios(num, den):
     return out
 
 
+# Paired rounds whose ratios lie further apart than this (the highest over
+# the lowest) decide nothing: a spell of the host starved one server for a
+# whole sweep. On 2026-12-06 a round's echo-baseline held 1,437 req/s
+# against 116,000-136,000 in the others, its ratio read 89x, and the median
+# of three "met" the frame goal at 0.79x; every paired run before spread
+# within x2.7.
+ROUND_SPREAD_LIMIT = 3.0
+
+
+def round_spread(pairs):
+    """The highest paired ratio over the lowest (None below two ratios)."""
+    rs = [p[0] for p in pairs if p[0]]
+    return max(rs) / min(rs) if len(rs) >= 2 else None
+
+
 def decide(pairs, limit):
     """A `>= limit` goal from paired rounds: (ratio, side, met) of the
     lower median round by ratio. met is None when that round's ratio is
     only a bound on the wrong side of the limit (a floor below it, a
-    ceiling above it), or when no round has a ratio."""
+    ceiling above it), when the rounds spread further than
+    ROUND_SPREAD_LIMIT, or when no round has a ratio."""
     ranked = sorted((p for p in pairs if p[0] is not None), key=lambda p: p[0])
     if not ranked:
         return None, "=", None
     r, side = ranked[(len(ranked) - 1) // 2]
+    spread = round_spread(ranked)
+    if spread is not None and spread > ROUND_SPREAD_LIMIT:
+        return r, side, None
     if side == "=":
         met = r >= limit
     elif side == ">=":

@@ -174,6 +174,16 @@ class Rounds(unittest.TestCase):
         self.assertEqual(S.decide(pr, 1.0), (2.0, "=", True))
         self.assertEqual(S.decide([(None, "=")], 1.0), (None, "=", None))
 
+    def test_rounds_that_disagree_wildly_decide_nothing(self):
+        # 2026-12-06: echo-baseline starved in one round (1,437 req/s).
+        starved = [(0.46, "="), (0.79, "="), (89.07, "=")]
+        self.assertGreater(S.round_spread(starved), S.ROUND_SPREAD_LIMIT)
+        self.assertEqual(S.decide(starved, 0.75), (0.79, "=", None))
+        # The widest spread of the paired runs before it still decides.
+        self.assertEqual(S.decide([(0.44, "="), (0.89, "="), (0.34, "=")], 0.75),
+                         (0.44, "=", False))
+        self.assertIsNone(S.round_spread([(2.0, "=")]))
+
     def test_a_floor_decides_only_on_its_side_of_the_limit(self):
         def bound(cap, b):
             return {**rnd(cap), "bound": b}
