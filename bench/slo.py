@@ -279,7 +279,7 @@ def paired_ratios(num, den):
 # whole sweep. On 2026-12-06 a round's echo-baseline held 1,437 req/s
 # against 116,000-136,000 in the others, its ratio read 89x, and the median
 # of three "met" the frame goal at 0.79x; every paired run before spread
-# within x2.7.
+# within x2.63.
 ROUND_SPREAD_LIMIT = 3.0
 
 
