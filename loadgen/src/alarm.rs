@@ -37,8 +37,9 @@
 //! generator. Wall time, not the thread's CPU clock: that clock is a system
 //! call taking the run queue's lock, and read once a round it cost 10–15%
 //! of the generator's CPU at 40k req/s (perf, on the 2-core VM). The engine
-//! scales the idle wall time by the thread's share of its core, for rounds
-//! spent descheduled.
+//! scales the idle wall time by the share of its runnable time the thread
+//! spent on a CPU (its wait for one, from `/proc/thread-self/schedstat`),
+//! for rounds spent descheduled.
 //!
 //! The same readings give each round's length, kept in a histogram
 //! ([`AlarmClock::take_turns`]): a round is one turn of every task that was

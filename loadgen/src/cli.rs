@@ -35,7 +35,7 @@ fn duration(s: &str) -> Result<Duration, String> {
 pub struct Args {
     /// frames://HOST:PORT (the frame edge), grpc://HOST:PORT (the gRPC
     /// edge) or http://HOST:PORT/PATH (any MCP Streamable HTTP server;
-    /// PATH defaults to /mcp): one MCP session per connection, JSON and
+    /// /mcp without a PATH): one MCP session per connection, JSON and
     /// SSE answers. Over TLS: frames+tls://, grpcs://, https://.
     #[arg(long)]
     pub target: String,

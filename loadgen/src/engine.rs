@@ -387,6 +387,7 @@ impl ThreadCtx {
         }
         let mut t = self.totals.borrow_mut();
         t.last_send = t.last_send.max(now.saturating_duration_since(self.start));
+        t.sent_all += 1;
     }
 
     /// Requests the schedule asked for but that were never sent.
@@ -589,12 +590,22 @@ pub fn thread_cpu() -> Option<Duration> {
     Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
-/// Where a worker's measured phase began: wall time, its thread's CPU time,
-/// and its alarm clock's idle spin so far.
+/// How long this thread has waited, runnable, for a CPU: the second field
+/// of `/proc/thread-self/schedstat` (ns). `None` where the kernel does not
+/// keep it (no `CONFIG_SCHED_INFO`).
+fn thread_run_delay() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = s.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// Where a worker's measured phase began: wall time, its thread's CPU time
+/// and wait for a CPU, and its alarm clock's idle spin so far.
 #[derive(Clone, Copy)]
 struct CpuMark {
     at: Instant,
     cpu: Duration,
+    run_delay: Option<Duration>,
     idle_spin: Duration,
 }
 
@@ -603,6 +614,7 @@ impl CpuMark {
         Some(CpuMark {
             at: Instant::now(),
             cpu: thread_cpu()?,
+            run_delay: thread_run_delay(),
             idle_spin: clock.idle_spin(),
         })
     }
@@ -616,15 +628,27 @@ impl CpuMark {
         }
         let cpu = end.cpu.saturating_sub(self.cpu);
         let cores = cpu.as_secs_f64() / wall.as_secs_f64();
-        // Idle spin is wall time; a round descheduled midway burnt only
-        // the thread's share of it. Taking that share as even over the
-        // phase keeps the idle part within the CPU used.
         let idle_wall = end.idle_spin.saturating_sub(self.idle_spin).min(wall);
+        // Idle spin is wall time, and a round descheduled midway burnt CPU
+        // only while it ran: scale it by the share of its runnable time the
+        // thread got (its CPU over CPU plus its wait for one), as if the
+        // waits fell evenly. Not by its share of the wall time: a thread
+        // that sleeps most of the phase (low rates) runs its spins whole.
+        let delay = match (self.run_delay, end.run_delay) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => Duration::ZERO,
+        };
+        let ran = if cpu.is_zero() {
+            0.0
+        } else {
+            cpu.as_secs_f64() / (cpu + delay).as_secs_f64()
+        };
+        let idle_cpu = (idle_wall.as_secs_f64() * ran).min(cpu.as_secs_f64());
         Some(stats::CpuUse {
             threads: 1,
             cpu,
             cores,
-            idle_spin_cores: idle_wall.as_secs_f64() / wall.as_secs_f64() * cores.min(1.0),
+            idle_spin_cores: idle_cpu / wall.as_secs_f64(),
         })
     }
 }

@@ -198,7 +198,7 @@ async fn initialize(
     loop {
         while let Some(len) = splitter
             .peek_len(buf)
-            .map_err(|e| bad(format!("bad answer to initialize: {e}")))?
+            .map_err(|e| bad(format!("bad answer to initialize: {e}{}", not_frames(buf))))?
         {
             let total = mcp_schema::split::PREFIX_LEN + len as usize;
             if buf.len() < total {
@@ -315,6 +315,22 @@ async fn write_loop(ctx: &ThreadCtx, cc: &ConnCtx, w: &mut WriteHalf) -> io::Res
     Ok(())
 }
 
+/// A hint for a stream that cannot be frames because it is another edge's
+/// protocol (the wrong port or scheme), or "" when it does not look like one:
+/// a length prefix read from `HTTP/1.1 …` or from an HTTP/2 SETTINGS frame
+/// names a frame of tens of megabytes, which alone says nothing useful.
+fn not_frames(buf: &[u8]) -> &'static str {
+    if buf.starts_with(b"HTTP/") {
+        "; the server answered in HTTP/1 (an http:// or metrics port?): check the target's \
+         scheme and port"
+    } else if buf.len() >= 9 && buf[3] == 0x04 && buf[4] & !0x01 == 0 && buf[5..9] == [0; 4] {
+        // A SETTINGS frame on stream 0: what an HTTP/2 server sends first.
+        "; the server answered in HTTP/2 (a grpc:// port?): check the target's scheme and port"
+    } else {
+        ""
+    }
+}
+
 /// Reads and handles responses; `buf` holds what was read before (during
 /// `connect`).
 async fn read_loop(
@@ -333,9 +349,13 @@ async fn read_loop(
         {
             return Ok(());
         }
-        let missing = splitter
-            .missing(&buf)
-            .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?;
+        let missing = splitter.missing(&buf).map_err(|e| {
+            format!(
+                "bad response stream from {}: {e}{}",
+                ctx.cfg.target,
+                not_frames(&buf)
+            )
+        })?;
         if buf.capacity() - buf.len() < missing.max(READ_CHUNK / 4) {
             buf.reserve(missing.max(READ_CHUNK));
         }
@@ -372,10 +392,13 @@ fn handle_frames(
     buf: &mut BytesMut,
     now: Instant,
 ) -> Result<(), String> {
-    while let Some(len) = splitter
-        .peek_len(buf)
-        .map_err(|e| format!("bad response stream from {}: {e}", ctx.cfg.target))?
-    {
+    while let Some(len) = splitter.peek_len(buf).map_err(|e| {
+        format!(
+            "bad response stream from {}: {e}{}",
+            ctx.cfg.target,
+            not_frames(buf)
+        )
+    })? {
         let total = mcp_schema::split::PREFIX_LEN + len as usize;
         if buf.len() < total {
             break;
@@ -428,6 +451,16 @@ fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_edges_protocol_is_named() {
+        assert!(not_frames(b"HTTP/1.1 400 Bad Request\r\n").contains("HTTP/1"));
+        // The SETTINGS frame hyper's HTTP/2 server opens with.
+        let settings = [0, 0, 0x18, 0x04, 0, 0, 0, 0, 0, 0, 1];
+        assert!(not_frames(&settings).contains("HTTP/2"));
+        assert_eq!(not_frames(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4, 5]), "");
+        assert_eq!(not_frames(b""), "");
+    }
 
     #[test]
     fn correlation_ids_round_trip_and_reject_other_connections() {

@@ -35,7 +35,10 @@ mod target;
 mod tls;
 mod workload;
 
+use std::ffi::OsString;
+use std::fs::File;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -47,7 +50,10 @@ use crate::report::Report;
 use crate::target::Scheme;
 
 fn main() -> ExitCode {
-    let args = cli::Args::parse();
+    let args = match cli::Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => return bad_command_line(&e),
+    };
     match run(&args) {
         Ok(code) => code,
         Err(e) => {
@@ -61,6 +67,26 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
     let cfg = match args.validate() {
         Ok(cfg) => cfg,
         Err(e) => return fail_before_start(args, e),
+    };
+    // Both output files are created before anything connects: a path that
+    // cannot be written must not cost a whole run to find out.
+    if let Some(path) = &args.json
+        && let Err(e) = File::create(path)
+    {
+        return fail_before_start(
+            args,
+            anyhow::anyhow!("cannot write the JSON report to {}: {e}", path.display()),
+        );
+    }
+    let hlog = match args.hlog.as_deref().map(File::create).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            let path = args.hlog.as_deref().unwrap_or(Path::new("")).display();
+            return fail_before_start(
+                args,
+                anyhow::anyhow!("cannot create the interval log {path}: {e}"),
+            );
+        }
     };
     // The gRPC metadata for --bearer-file, parsed once for the run.
     let grpc_bearer = match cfg.target.scheme {
@@ -122,7 +148,7 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
             .context("cannot start the engine thread")?
     };
     let mut progress = progress::Progress::new(cfg.threads, cfg.warmup, args.quiet);
-    let hlog_result = progress.consume(rx, args.hlog.as_deref(), &shared);
+    let hlog_result = progress.consume(rx, hlog, &shared);
     progress.finish();
     let outcome = engine.join().unwrap_or_else(|_| Outcome {
         stats: Default::default(),
@@ -130,24 +156,36 @@ fn run(args: &cli::Args) -> anyhow::Result<ExitCode> {
         started: None,
         io_uring: false,
     });
-    let report = Report::new(Some(&cfg), &cfg.target.to_string(), &outcome);
+    let mut report = Report::new(Some(&cfg), &cfg.target.to_string(), &outcome);
+    // The run went on without its interval log; the exit status and the
+    // JSON say that it failed, and why.
+    let hlog_failed = match hlog_result {
+        Err(e) if report.failure.is_none() => {
+            report.failure = Some(format!("cannot write the interval log: {e:#}"));
+            true
+        }
+        Err(e) => {
+            eprintln!("mcp-loadgen: error: cannot write the interval log: {e:#}");
+            true
+        }
+        Ok(()) => false,
+    };
     print!("{}", report.human());
     let _ = std::io::stdout().flush();
     for w in report.warnings() {
         eprintln!("{w}");
     }
-    let json_result = write_json(args, &report);
-    if let Err(e) = hlog_result {
-        eprintln!("mcp-loadgen: error: cannot write the interval log: {e:#}");
-        return Ok(ExitCode::FAILURE);
-    }
-    json_result?;
+    write_json(args.json.as_deref(), &report)?;
     if shared.interrupted() {
         eprintln!("mcp-loadgen: interrupted; results above are partial");
         return Ok(ExitCode::from(interrupt::EXIT_CODE));
     }
     if let Some(f) = &report.failure {
-        eprintln!("mcp-loadgen: error: {f}; results above are partial");
+        if hlog_failed || report.started_unix_ms.is_none() {
+            eprintln!("mcp-loadgen: error: {f}");
+        } else {
+            eprintln!("mcp-loadgen: error: {f}; results above are partial");
+        }
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
@@ -162,14 +200,59 @@ fn fail_before_start(args: &cli::Args, e: anyhow::Error) -> anyhow::Result<ExitC
         io_uring: false,
     };
     let report = Report::new(None, &args.target, &outcome);
-    if let Err(je) = write_json(args, &report) {
+    if let Err(je) = write_json(args.json.as_deref(), &report) {
         eprintln!("mcp-loadgen: error: {je:#}");
     }
     Err(e)
 }
 
-fn write_json(args: &cli::Args, report: &Report) -> anyhow::Result<()> {
-    let Some(path) = &args.json else {
+/// clap refused the command line. `--help` and `--version` print and exit
+/// 0; anything else is a bad argument like those `validate` finds: clap's
+/// message, exit status 1, and the JSON report saying why, at the `--json`
+/// path if the raw arguments name one.
+fn bad_command_line(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let _ = e.print();
+    let raw: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if let Some(json) = raw_value(&raw, "--json") {
+        let message = e.render().to_string();
+        let first = message.lines().next().unwrap_or_default();
+        let outcome = Outcome {
+            stats: Default::default(),
+            failure: Some(first.strip_prefix("error: ").unwrap_or(first).to_owned()),
+            started: None,
+            io_uring: false,
+        };
+        let target = raw_value(&raw, "--target").unwrap_or_default();
+        let report = Report::new(None, &target.to_string_lossy(), &outcome);
+        if let Err(je) = write_json(Some(&PathBuf::from(json)), &report) {
+            eprintln!("mcp-loadgen: error: {je:#}");
+        }
+    }
+    ExitCode::FAILURE
+}
+
+/// The value of `--flag VALUE` or `--flag=VALUE` in arguments clap could
+/// not parse (the last one, as clap takes it).
+fn raw_value(raw: &[OsString], flag: &str) -> Option<OsString> {
+    let mut found = None;
+    let mut it = raw.iter();
+    while let Some(a) = it.next() {
+        let a = a.to_string_lossy();
+        if a == flag {
+            found = it.next().cloned();
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            found = Some(OsString::from(v));
+        }
+    }
+    found
+}
+
+fn write_json(path: Option<&Path>, report: &Report) -> anyhow::Result<()> {
+    let Some(path) = path else {
         return Ok(());
     };
     let text = serde_json::to_string_pretty(report)?;

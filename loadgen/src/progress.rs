@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
-use std::path::Path;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
@@ -38,6 +37,8 @@ pub struct Progress {
     next: u64,
     cumulative: Histogram<u64>,
     printed_inline: bool,
+    /// The interval log's first write error: logging stopped there.
+    log_failed: Option<anyhow::Error>,
 }
 
 impl Progress {
@@ -52,29 +53,31 @@ impl Progress {
             next: 0,
             cumulative: stats::new_histogram(),
             printed_inline: false,
+            log_failed: None,
         }
     }
 
     /// Handles every message until the workers are gone. The interval log
-    /// is opened at the first message, when the start time is known.
+    /// (`hlog`, created by the caller before the run, so that a bad path
+    /// fails before it) gets its header at the first message, when the
+    /// start time is known. A write that fails ends the log, not the
+    /// progress lines; its error is returned at the end.
     pub fn consume(
         &mut self,
         rx: Receiver<Msg>,
-        hlog: Option<&Path>,
+        hlog: Option<File>,
         shared: &Shared,
     ) -> anyhow::Result<()> {
         let Ok(first) = rx.recv() else {
             return Ok(());
         };
-        let Some(path) = hlog else {
-            self.on(first, &mut None)?;
+        let Some(file) = hlog else {
+            self.on(first, &mut None);
             for m in rx {
-                self.on(m, &mut None)?;
+                self.on(m, &mut None);
             }
             return Ok(());
         };
-        let file = File::create(path)
-            .with_context(|| format!("cannot create the interval log {}", path.display()))?;
         let mut file = BufWriter::new(file);
         let mut ser = V2DeflateSerializer::new();
         let mut builder = IntervalLogWriterBuilder::new();
@@ -82,21 +85,28 @@ impl Progress {
         if let Some(start) = shared.start_time() {
             builder.with_start_time(start).with_base_time(start);
         }
-        let log = builder
-            .begin_log_with(&mut file, &mut ser)
-            .context("cannot write the interval log header")?;
-        let mut log = Some(log);
-        self.on(first, &mut log)?;
+        let mut log = match builder.begin_log_with(&mut file, &mut ser) {
+            Ok(log) => Some(log),
+            Err(e) => {
+                self.log_failed =
+                    Some(anyhow::anyhow!("cannot write the interval log header: {e}"));
+                None
+            }
+        };
+        self.on(first, &mut log);
         for m in rx {
-            self.on(m, &mut log)?;
+            self.on(m, &mut log);
         }
-        self.flush(&mut log)?;
+        self.flush(&mut log);
         drop(log);
+        if let Some(e) = self.log_failed.take() {
+            return Err(e);
+        }
         file.flush().context("cannot write the interval log")?;
         Ok(())
     }
 
-    fn on(&mut self, m: Msg, log: &mut Option<Hlog<'_, '_>>) -> anyhow::Result<()> {
+    fn on(&mut self, m: Msg, log: &mut Option<Hlog<'_, '_>>) {
         match m {
             Msg::Interval(r) => self.add(*r),
             Msg::Done { thread, .. } => {
@@ -126,7 +136,7 @@ impl Progress {
 
     /// Emits intervals, in order, once every worker still running has
     /// reported them (a finished worker sends nothing more).
-    fn emit_ready(&mut self, log: &mut Option<Hlog<'_, '_>>) -> anyhow::Result<()> {
+    fn emit_ready(&mut self, log: &mut Option<Hlog<'_, '_>>) {
         while let Some(entry) = self.pending.first_entry() {
             let complete = entry
                 .get()
@@ -138,36 +148,31 @@ impl Progress {
                 break;
             }
             let (index, p) = entry.remove_entry();
-            self.emit(index, p, log)?;
+            self.emit(index, p, log);
         }
-        Ok(())
     }
 
-    fn flush(&mut self, log: &mut Option<Hlog<'_, '_>>) -> anyhow::Result<()> {
+    fn flush(&mut self, log: &mut Option<Hlog<'_, '_>>) {
         while let Some((index, p)) = self.pending.pop_first() {
-            self.emit(index, p, log)?;
+            self.emit(index, p, log);
         }
-        Ok(())
     }
 
-    fn emit(
-        &mut self,
-        index: u64,
-        p: Pending,
-        log: &mut Option<Hlog<'_, '_>>,
-    ) -> anyhow::Result<()> {
+    fn emit(&mut self, index: u64, p: Pending, log: &mut Option<Hlog<'_, '_>>) {
         self.next = index + 1;
         let _ = self.cumulative.add(&p.latency);
         let from = INTERVAL * index as u32;
         let warming = from + INTERVAL <= self.warmup;
         if let Some(log) = log
             && !warming
+            && self.log_failed.is_none()
+            && let Err(e) = log.write_histogram(&p.latency, from, INTERVAL, None)
         {
-            log.write_histogram(&p.latency, from, INTERVAL, None)
-                .map_err(|e| anyhow::anyhow!("cannot write the interval log: {e:?}"))?;
+            // The log ends here; the progress lines go on.
+            self.log_failed = Some(anyhow::anyhow!("cannot write the interval log: {e:?}"));
         }
         if self.quiet {
-            return Ok(());
+            return;
         }
         let secs = self.next;
         let line = if warming {
@@ -199,7 +204,6 @@ impl Progress {
             let _ = writeln!(err, "{line}");
         }
         let _ = err.flush();
-        Ok(())
     }
 
     /// Ends an in-place progress line so the summary starts on its own.

@@ -22,19 +22,22 @@ const KEEP_UP_RATIO: f64 = 0.95;
 /// or the in-flight window, could not follow the schedule.
 const KEEP_UP_SEND_LAG_US: u64 = 5_000;
 
+/// Latency of the successful responses, µs. Every field is `None` (JSON
+/// `null`) when there were none: a run whose every request failed has no
+/// latency, and a 0 would read as an excellent one.
 #[derive(Serialize, Debug, Default)]
 pub struct Latency {
-    pub min: u64,
-    pub mean: f64,
-    pub stdev: f64,
-    pub p50: u64,
-    pub p75: u64,
-    pub p90: u64,
-    pub p95: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub p9999: u64,
-    pub max: u64,
+    pub min: Option<u64>,
+    pub mean: Option<f64>,
+    pub stdev: Option<f64>,
+    pub p50: Option<u64>,
+    pub p75: Option<u64>,
+    pub p90: Option<u64>,
+    pub p95: Option<u64>,
+    pub p99: Option<u64>,
+    pub p999: Option<u64>,
+    pub p9999: Option<u64>,
+    pub max: Option<u64>,
 }
 
 impl Latency {
@@ -42,11 +45,11 @@ impl Latency {
         if h.is_empty() {
             return Self::default();
         }
-        let q = |q: f64| h.value_at_quantile(q);
+        let q = |q: f64| Some(h.value_at_quantile(q));
         Self {
-            min: h.min(),
-            mean: h.mean(),
-            stdev: h.stdev(),
+            min: Some(h.min()),
+            mean: Some(h.mean()),
+            stdev: Some(h.stdev()),
             p50: q(0.50),
             p75: q(0.75),
             p90: q(0.90),
@@ -54,7 +57,7 @@ impl Latency {
             p99: q(0.99),
             p999: q(0.999),
             p9999: q(0.9999),
-            max: h.max(),
+            max: Some(h.max()),
         }
     }
 }
@@ -170,9 +173,14 @@ impl Report {
         let c = &s.counts;
         let warmup = cfg.map_or(Duration::ZERO, |c| c.warmup);
         let send_window = s.last_send.saturating_sub(warmup);
+        // `--requests` with `--duration`: whichever came first ended sending.
+        let quota_ended = cfg
+            .and_then(|c| c.requests)
+            .is_some_and(|n| s.sent_all >= n);
         let send_window = match cfg.and_then(|c| c.duration) {
-            // A fixed measured phase ended on time unless the run failed.
-            Some(d) if outcome.failure.is_none() => d,
+            // A fixed measured phase ended on time unless the run failed or
+            // its request quota ended it sooner.
+            Some(d) if outcome.failure.is_none() && !quota_ended => d,
             _ => send_window,
         };
         let run_window = send_window.max(s.last_response.saturating_sub(warmup));
@@ -327,9 +335,14 @@ impl Report {
             ("p99.99", l.p9999),
             ("max", l.max),
         ] {
-            let _ = writeln!(o, "    {name:>7}  {}", fmt_us(v));
+            let _ = writeln!(
+                o,
+                "    {name:>7}  {}",
+                v.map_or_else(|| "-".to_owned(), fmt_us)
+            );
         }
-        let _ = writeln!(o, "    {:>7}  {}", "mean", fmt_us(l.mean as u64));
+        let mean = l.mean.map_or_else(|| "-".to_owned(), |m| fmt_us(m as u64));
+        let _ = writeln!(o, "    {:>7}  {mean}", "mean");
         for (label, lag) in [
             ("  send lag behind schedule", &self.send_lag_us),
             (
@@ -388,7 +401,8 @@ impl Report {
                 self.offered_rps, self.achieved_rps, self.sent, self.scheduled,
             ));
         }
-        if self.mode == Mode::Closed.as_str() {
+        // A run that never started measured nothing to warn about.
+        if self.mode == Mode::Closed.as_str() && self.started_unix_ms.is_some() {
             w.push(
                 "note: closed loop: each request waited for a free slot, so stalls delay \
                  sending instead of showing as latency (coordinated omission). Use --rate for \

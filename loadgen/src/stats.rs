@@ -270,6 +270,9 @@ pub struct ThreadStats {
     /// relative to the run start.
     pub last_send: std::time::Duration,
     pub last_response: std::time::Duration,
+    /// Requests written, the warmup's included: `--requests` counts these,
+    /// so a run that sent them all ended on its quota.
+    pub sent_all: u64,
     /// The worker's own CPU over the measured phase (`None`: not measured,
     /// e.g. the run stopped before it).
     pub cpu: Option<CpuUse>,
@@ -308,6 +311,7 @@ impl Default for ThreadStats {
             turns: new_histogram(),
             last_send: Default::default(),
             last_response: Default::default(),
+            sent_all: 0,
             cpu: None,
         }
     }
@@ -323,6 +327,7 @@ impl ThreadStats {
         let _ = self.turns.add(&o.turns);
         self.last_send = self.last_send.max(o.last_send);
         self.last_response = self.last_response.max(o.last_response);
+        self.sent_all += o.sent_all;
         match (&mut self.cpu, &o.cpu) {
             (Some(a), Some(b)) => a.merge(b),
             (a @ None, Some(b)) => *a = Some(*b),

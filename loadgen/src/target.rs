@@ -96,7 +96,10 @@ impl Target {
         let (authority, path) = match scheme {
             Scheme::Http => {
                 let (a, p) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-                let p = if p.is_empty() || p == "/" { "/mcp" } else { p };
+                // No path at all is the MCP convention's `/mcp`; a path
+                // given, `/` included, is the server's, as any HTTP client
+                // takes it.
+                let p = if p.is_empty() { "/mcp" } else { p };
                 // The path goes into the request line as is: it must not be
                 // able to break the request out of its line.
                 if p.bytes().any(|b| b <= b' ' || b == 0x7f || b == b'#') {
@@ -171,10 +174,10 @@ mod tests {
         assert_eq!(t.path, "/mcp/v1?x=1");
         assert_eq!(t.to_string(), "http://127.0.0.1:8000/mcp/v1?x=1");
         assert_eq!(Target::parse("http://127.0.0.1:8000").unwrap().path, "/mcp");
-        assert_eq!(
-            Target::parse("http://localhost:8000/").unwrap().path,
-            "/mcp"
-        );
+        // A server mounted at the root is reachable as written.
+        let t = Target::parse("http://localhost:8000/").unwrap();
+        assert_eq!(t.path, "/");
+        assert_eq!(t.to_string(), "http://localhost:8000/");
         assert_eq!(Target::parse("grpc://127.0.0.1:1").unwrap().path, "");
     }
 

@@ -283,10 +283,15 @@ impl FileOp {
                 Some("resources") => Listing::Resources,
                 Some("resource_templates") => Listing::ResourceTemplates,
                 Some("prompts") => Listing::Prompts,
-                other => {
+                Some(other) => {
                     return Err(format!(
                         "list = {other:?}: expected tools, resources, resource_templates or prompts"
                     ));
+                }
+                None => {
+                    return Err("`list` is missing: expected tools, resources, \
+                                resource_templates or prompts"
+                        .into());
                 }
             }),
             "ping" => Op::Ping,

@@ -129,7 +129,7 @@ fn wrong_correlation_ids_are_counted_as_errors_not_latency() {
     assert_eq!(k["unknown_correlation"], 20, "{r}");
     assert_eq!(k["timeout"], 20, "the real requests never got an answer");
     assert_eq!(r["ok"], 0);
-    assert_eq!(r["latency_us"]["max"], 0, "errors are never latency");
+    assert!(r["latency_us"]["max"].is_null(), "errors are never latency");
 }
 
 #[test]
@@ -195,5 +195,8 @@ fn answers_after_the_timeout_are_late_not_unknown_correlations() {
     let late = r["late_responses"].as_u64().unwrap();
     assert!((10..=40).contains(&late), "late answers counted: {r}");
     assert_eq!(r["ok"], 0);
-    assert_eq!(r["latency_us"]["max"], 0, "late answers are not latency");
+    assert!(
+        r["latency_us"]["max"].is_null(),
+        "late answers are not latency"
+    );
 }

@@ -768,6 +768,35 @@ fn broker_http_edge_closed_loop_echo_calls_have_zero_errors() {
     assert_eq!(n(&r["errors"]), 0, "{r:#}");
 }
 
+/// `frames://` aimed at the broker's HTTP or gRPC port: the error names the
+/// protocol that answered, not only the absurd frame length its first bytes
+/// make.
+#[test]
+fn a_frames_target_on_another_edges_port_is_named_as_such() {
+    let _g = serial();
+    let b = Broker::start();
+    for (addr, says) in [(b.http, "HTTP/1"), (b.grpc, "HTTP/2")] {
+        let json = json_path("frames-on-http");
+        let out = loadgen(
+            &[
+                "--target",
+                &format!("frames://{addr}"),
+                "--tool",
+                "echo",
+                "--requests",
+                "1",
+            ],
+            &json,
+        );
+        assert_eq!(out.status.code(), Some(1));
+        let failure = report(&json)["failure"].as_str().unwrap().to_owned();
+        assert!(
+            failure.contains(says) && failure.contains("scheme and port"),
+            "{failure}"
+        );
+    }
+}
+
 #[test]
 fn broker_http_edge_open_loop_offers_the_asked_rate_pipelined() {
     let _g = serial();
