@@ -2,9 +2,11 @@
 //! overrides, validated as a whole.
 //!
 //! Each section is its own serde struct with `deny_unknown_fields`; the file
-//! is read section by section so that every section's first error is
-//! reported, then the semantic checks add theirs: an operator fixing a file
-//! sees all of its problems at once, each with its key path.
+//! is read section by section, and a key that does not fit is reported with
+//! its path and taken out before the section is read again
+//! ([`deserialize_all`]), so that every such key is reported; then the
+//! semantic checks add theirs: an operator fixing a file sees all of its
+//! problems at once, each with its key path.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,13 +31,13 @@ pub struct BrokerSection {
     /// Directory of router .wasm files; empty = the default search.
     pub routers_dir: PathBuf,
     /// Time in-flight requests get to finish on SIGTERM/SIGINT.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub drain_timeout: Duration,
     /// On SIGTERM/SIGINT, how long the broker reports not-ready on
     /// `/readyz` while still serving everything, before it starts draining:
     /// time for a load balancer's health checks to stop sending it new work.
     /// 0: drain at once. A second signal ends the grace early.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub drain_grace: Duration,
     /// Build each shard's io_uring with `SINGLE_ISSUER | DEFER_TASKRUN`
     /// when the kernel accepts it (Linux 6.1+), else without.
@@ -43,13 +45,13 @@ pub struct BrokerSection {
     /// After work arrives, how long a shard keeps polling its ring instead
     /// of sleeping in the kernel (`crate::idle_poll`); 0 = never. While
     /// it is on, the ring uses `COOP_TASKRUN` instead of `DEFER_TASKRUN`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub idle_poll: Duration,
     /// How often the WASM engine's epoch moves while guest code may run:
     /// a running guest yields to its shard (or, `never_waits`, counts
     /// towards its run limit) and has its deadline checked at each tick.
     /// Within [`MIN_EPOCH_TICK`]..=[`MAX_EPOCH_TICK`].
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub epoch_tick: Duration,
 }
 
@@ -87,9 +89,9 @@ pub struct FramesSection {
     pub max_frame_bytes: u32,
     pub max_connections_per_shard: usize,
     pub max_in_flight_per_connection: usize,
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub idle_timeout: Duration,
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub partial_frame_timeout: Duration,
     /// Answers queued for one connection and not yet written, in bytes:
     /// above it the broker stops reading that connection until its peer
@@ -97,7 +99,7 @@ pub struct FramesSection {
     pub max_output_bytes_per_connection: usize,
     /// A connection with answers to write whose peer accepts no byte for
     /// this long is closed (a client that never reads).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub write_timeout: Duration,
 }
 
@@ -136,33 +138,33 @@ pub struct GrpcSection {
     pub max_connections: usize,
     /// Time from accept until the HTTP/2 client preface has arrived;
     /// a connection still silent then is closed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub handshake_timeout: Duration,
     /// HTTP/2 PING interval on every connection.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub keepalive_interval: Duration,
     /// A PING not acknowledged within this closes the connection.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub keepalive_timeout: Duration,
     /// A unary answer the peer's HTTP/2 flow control lets none of out for
     /// this long closes its connection (between one and two of it), and
     /// frees every answer held for it.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub write_timeout: Duration,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: open calls per connection.
     pub max_concurrent_streams_per_connection: u32,
     /// Age at which a connection is asked to go away (GOAWAY, graceful).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub max_connection_age: Duration,
     /// After `max_connection_age`, how long its open calls may still run
     /// before the connection is closed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub max_connection_age_grace: Duration,
     /// Sessions (Initialize) alive at once across the edge.
     pub max_sessions: usize,
     /// A session with no call and no open Subscribe stream for this long
     /// is forgotten.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub session_idle_timeout: Duration,
     /// What `ListRoots` answers.
     pub roots: Vec<RootConfig>,
@@ -219,14 +221,14 @@ pub struct HttpSection {
     pub max_headers: usize,
     /// Time for a request's whole head to arrive, from its first byte (or,
     /// on a kept-alive connection, from the end of the previous answer).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub header_timeout: Duration,
     /// Time for a request's whole body to arrive once its head is in.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub body_timeout: Duration,
     /// A peer that takes none of an answer (or SSE event) for this long
     /// is cut off and its connection's answers freed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub write_timeout: Duration,
     /// Connections per shard on this edge; beyond it new ones are closed.
     pub max_connections_per_shard: usize,
@@ -235,16 +237,16 @@ pub struct HttpSection {
     pub max_sessions: usize,
     /// A session with no request and no open stream for this long is ended
     /// (its id then gets 404, and the client starts a new one).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub session_idle_timeout: Duration,
     /// Interval of SSE keep-alive comments on open streams.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub sse_keepalive: Duration,
     /// Events kept per SSE stream for `Last-Event-ID` resumption.
     pub sse_replay_events: usize,
     /// How long the broker waits for a client's answer to a request it sent
     /// (elicitation) before the call fails with a deadline error.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub client_answer_timeout: Duration,
     /// The key that seals a router's state into 2026-07-28's
     /// `requestState` (`edge/http/request_state.rs`): 32 bytes, or 64
@@ -252,7 +254,7 @@ pub struct HttpSection {
     pub request_state_key_file: PathBuf,
     /// How long a `requestState` stays good, within
     /// [`MIN_REQUEST_STATE_TTL`]..=[`MAX_REQUEST_STATE_TTL`].
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "duration")]
     pub request_state_ttl: Duration,
 }
 
@@ -334,7 +336,7 @@ pub struct AuthSection {
     #[serde(default)]
     pub jwks_url: Option<String>,
     /// How often the JWK Set is read again without being asked to.
-    #[serde(default = "default_jwks_refresh_interval", with = "humantime_serde")]
+    #[serde(default = "default_jwks_refresh_interval", with = "duration")]
     pub jwks_refresh_interval: Duration,
     /// PEM certificates trusted for an `https://` `jwks_url` besides the
     /// webpki roots (a private issuer's CA).
@@ -347,7 +349,7 @@ pub struct AuthSection {
     #[serde(default)]
     pub authorization_servers: Vec<String>,
     /// Clock skew allowed on `exp` and `nbf`.
-    #[serde(default = "default_leeway", with = "humantime_serde")]
+    #[serde(default = "default_leeway", with = "duration")]
     pub leeway: Duration,
     /// Extra scopes for some tools (`[[auth.rules]]`).
     #[serde(default)]
@@ -378,12 +380,12 @@ pub struct TlsSection {
     pub client_ca_file: Option<PathBuf>,
     /// Time from accept until the TLS handshake has finished; a connection
     /// still handshaking then is closed.
-    #[serde(default = "default_tls_handshake_timeout", with = "humantime_serde")]
+    #[serde(default = "default_tls_handshake_timeout", with = "duration")]
     pub handshake_timeout: Duration,
     /// How often the three files are checked for changes (modification time
     /// and size); a change loads them again for new connections. `0s`: only
     /// a reload (SIGHUP, `POST /admin/reload`) loads them again.
-    #[serde(default = "default_tls_watch_interval", with = "humantime_serde")]
+    #[serde(default = "default_tls_watch_interval", with = "duration")]
     pub watch_interval: Duration,
 }
 
@@ -487,7 +489,7 @@ pub struct RouterConfig {
     pub upstream_protocol: Option<String>,
     /// How often an upstream router's listings are read again (and, while
     /// its upstream is unreachable, the longest wait between retries).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "duration")]
     pub refresh_interval: Option<Duration>,
     /// Name prefix used when a tool or prompt name collides.
     #[serde(default)]
@@ -498,7 +500,7 @@ pub struct RouterConfig {
     pub instances_per_shard: u32,
     #[serde(default = "default_queue_depth")]
     pub queue_depth: u32,
-    #[serde(default = "default_deadline", with = "humantime_serde")]
+    #[serde(default = "default_deadline", with = "duration")]
     pub call_deadline: Duration,
     /// `affinity = "session"` only: sessions per shard with their own
     /// instance (default `wasm::DEFAULT_MAX_SESSIONS_PER_SHARD`).
@@ -506,7 +508,7 @@ pub struct RouterConfig {
     pub max_sessions_per_shard: Option<u32>,
     /// `affinity = "session"` only: idle time after which a session's
     /// instance is dropped (default `wasm::DEFAULT_SESSION_IDLE_TIMEOUT`).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "duration")]
     pub session_idle_timeout: Option<Duration>,
     /// Host memory one answer may take as it is read out of the guest;
     /// past it the call fails as a router fault (see `RouterSpec`).
@@ -610,8 +612,60 @@ pub struct Overrides {
 #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigErrors(pub Vec<String>);
 
-/// The longest timer a shard arms from the configuration.
-const MAX_TIMER: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest duration the configuration takes, whatever the key: every
+/// one of them is added to the clock somewhere (a connection's timer, a
+/// call's deadline, the drain), and a deadline past the clock's range
+/// would panic there instead of failing here.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+const NO_ROUTERS: &str = "routers: at least one [[routers]] entry is needed";
+
+/// Whether two listen addresses would take the same connections: the same
+/// port (not 0, which the kernel picks apart) on the same address, or on
+/// one side the unspecified address, which takes every local one.
+pub fn addrs_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Every duration in the configuration: humantime's syntax (`30s`, `5m`,
+/// `1h30m`), at most [`MAX_DURATION`].
+mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, de::Error as _};
+
+    /// A duration, or an optional one.
+    pub trait Bounded {
+        fn longest(&self) -> Option<Duration>;
+    }
+    impl Bounded for Duration {
+        fn longest(&self) -> Option<Duration> {
+            Some(*self)
+        }
+    }
+    impl Bounded for Option<Duration> {
+        fn longest(&self) -> Option<Duration> {
+            *self
+        }
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: Bounded,
+        D: Deserializer<'de>,
+        humantime_serde::Serde<T>: Deserialize<'de>,
+    {
+        let v: T = humantime_serde::deserialize(d)?;
+        match v.longest() {
+            Some(l) if l > super::MAX_DURATION => Err(D::Error::custom(format!(
+                "must be at most 365 days ({l:?} given)"
+            ))),
+            _ => Ok(v),
+        }
+    }
+}
 
 impl Config {
     /// The embedded default.
@@ -629,6 +683,7 @@ impl Config {
             Err(e) => return Err(ConfigErrors(vec![format!("TOML syntax: {e}")])),
         };
         let mut config = Config::default();
+        let mut router_entries = 0;
         for (key, value) in table {
             let value = value.clone();
             match key.as_str() {
@@ -639,20 +694,15 @@ impl Config {
                 "metrics" => section(&key, value, &mut config.metrics, &mut errors),
                 "naming" => section(&key, value, &mut config.naming, &mut errors),
                 "bench" => section(&key, value, &mut config.bench, &mut errors),
-                "auth" => match AuthSection::deserialize(value) {
-                    Ok(a) => config.auth = Some(a),
-                    Err(e) => errors.push(format!("auth: {}", e.message())),
-                },
-                "tls" => match TlsSection::deserialize(value) {
-                    Ok(t) => config.tls = Some(t),
-                    Err(e) => errors.push(format!("tls: {}", e.message())),
-                },
+                "auth" => config.auth = deserialize_all(&key, value, &mut errors),
+                "tls" => config.tls = deserialize_all(&key, value, &mut errors),
                 "routers" => match value {
                     toml::Value::Array(items) => {
+                        router_entries = items.len();
                         for (i, item) in items.into_iter().enumerate() {
-                            match RouterConfig::deserialize(item) {
-                                Ok(r) => config.routers.push(r),
-                                Err(e) => errors.push(format!("routers[{i}]: {}", e.message())),
+                            let at = format!("routers[{i}]");
+                            if let Some(r) = deserialize_all(&at, item, &mut errors) {
+                                config.routers.push(r);
                             }
                         }
                     }
@@ -664,6 +714,10 @@ impl Config {
             }
         }
         config.validate(&mut errors);
+        // Entries that are there but unreadable were reported as such.
+        if router_entries > 0 {
+            errors.retain(|e| e != NO_ROUTERS);
+        }
         if errors.is_empty() {
             Ok(config)
         } else {
@@ -710,6 +764,16 @@ impl Config {
         } else {
             Err(ConfigErrors(errors))
         }
+    }
+
+    /// The edges' listen keys and addresses.
+    pub fn listeners(&self) -> [(&'static str, SocketAddr); 4] {
+        [
+            ("frames.listen", self.frames.listen),
+            ("grpc.listen", self.grpc.listen),
+            ("http.listen", self.http.listen),
+            ("metrics.listen", self.metrics.listen),
+        ]
     }
 
     fn validate(&self, errors: &mut Vec<String>) {
@@ -821,11 +885,6 @@ impl Config {
             if d.is_zero() {
                 errors.push(format!("{name}: must be greater than zero"));
             }
-            // The reader and writer add them to the clock (one timer per
-            // connection, `edge::frames`), as the gRPC edge's timers do.
-            if d > MAX_TIMER {
-                errors.push(format!("{name}: must be at most 365 days"));
-            }
         }
         let g = &self.grpc;
         if g.max_message_bytes < 1024 || g.max_message_bytes > MAX_FRAME_BYTES_LIMIT as usize {
@@ -859,11 +918,6 @@ impl Config {
         ] {
             if d.is_zero() {
                 errors.push(format!("{name}: must be greater than zero"));
-            }
-            // A shard's timer adds them to the clock: a deadline past the
-            // clock's range would fail the shard at its first connection.
-            if d > MAX_TIMER {
-                errors.push(format!("{name}: must be at most 365 days"));
             }
         }
         for (i, r) in g.roots.iter().enumerate() {
@@ -922,6 +976,19 @@ impl Config {
                 ));
             }
         }
+        // Every listener is SO_REUSEPORT (one per shard): a second edge on
+        // an edge's port would bind too, and the kernel would share the
+        // connections between them.
+        let edges = self.listeners();
+        for (i, (b, addr_b)) in edges.iter().enumerate() {
+            for (a, addr_a) in &edges[..i] {
+                if addrs_overlap(*addr_a, *addr_b) {
+                    errors.push(format!(
+                        "{b}: {addr_b} is also {a}'s address (each edge needs its own port)"
+                    ));
+                }
+            }
+        }
         if self.broker.shards > 1024 {
             errors.push(format!(
                 "broker.shards: {} is more than 1024",
@@ -932,7 +999,7 @@ impl Config {
             errors.push("naming.separator: must not be empty".into());
         }
         if self.routers.is_empty() {
-            errors.push("routers: at least one [[routers]] entry is needed".into());
+            errors.push(NO_ROUTERS.into());
         }
         let mut seen = std::collections::HashSet::new();
         for (i, r) in self.routers.iter().enumerate() {
@@ -1144,9 +1211,88 @@ fn section<T: for<'de> Deserialize<'de>>(
     into: &mut T,
     errors: &mut Vec<String>,
 ) {
-    match T::deserialize(value) {
-        Ok(v) => *into = v,
-        Err(e) => errors.push(format!("{key}: {}", e.message())),
+    if let Some(v) = deserialize_all(key, value, errors) {
+        *into = v;
+    }
+}
+
+/// Deserializes `value` (the table at `at`), reporting every field that
+/// does not fit, each with its key path: serde stops at a struct's first
+/// error, so the offending key is taken out and the rest tried again, until
+/// what is left fits (its value then has defaults where the bad keys were,
+/// and the semantic checks see the others) or an error names no key to
+/// take out (a missing field). `None` when nothing fitted.
+fn deserialize_all<T: for<'de> Deserialize<'de>>(
+    at: &str,
+    mut value: toml::Value,
+    errors: &mut Vec<String>,
+) -> Option<T> {
+    // Each round takes one key out: never more rounds than keys.
+    for _ in 0..=count_keys(&value) {
+        let e = match T::deserialize(value.clone()) {
+            Ok(v) => return Some(v),
+            Err(e) => e,
+        };
+        let keys = error_keys(&e);
+        let path = std::iter::once(at.to_owned())
+            .chain(keys.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(".");
+        errors.push(format!("{path}: {}", e.message()));
+        // An unknown key names itself in the message, not in the path.
+        let mut bad = keys;
+        if let Some(name) = unknown_field(e.message()) {
+            bad.push(name.to_owned());
+        }
+        if bad.is_empty() || !remove_key(&mut value, &bad) {
+            return None;
+        }
+    }
+    None
+}
+
+/// The keys from the table down to the field a deserialization error is
+/// about. toml keeps them but shows them only in its `Display`, as a last
+/// line "in `a.b`" (when it has no source text to point into, as for a
+/// `toml::Value`): a test pins that form.
+fn error_keys(e: &toml::de::Error) -> Vec<String> {
+    let text = e.to_string();
+    text.lines()
+        .last()
+        .and_then(|l| l.strip_prefix("in `"))
+        .and_then(|l| l.strip_suffix('`'))
+        .map(|k| k.split('.').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// The field of serde's "unknown field `x`, expected …".
+fn unknown_field(message: &str) -> Option<&str> {
+    message
+        .strip_prefix("unknown field `")?
+        .split_once('`')
+        .map(|(name, _)| name)
+}
+
+/// Takes the key at `path` out of the tables of `value`.
+fn remove_key(value: &mut toml::Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut v = value;
+    for k in parents {
+        match v.get_mut(k.as_str()) {
+            Some(next) => v = next,
+            None => return false,
+        }
+    }
+    v.as_table_mut().is_some_and(|t| t.remove(last).is_some())
+}
+
+fn count_keys(value: &toml::Value) -> usize {
+    match value {
+        toml::Value::Table(t) => t.len() + t.values().map(count_keys).sum::<usize>(),
+        toml::Value::Array(a) => a.iter().map(count_keys).sum(),
+        _ => 0,
     }
 }
 
@@ -1357,7 +1503,9 @@ mod tests {
         let all = err.0.join("\n");
         for needle in [
             "frames: unknown field `bogus`",
-            "broker: invalid type",
+            // Read again without `bogus`: its other value is checked too.
+            "frames.max_frame_bytes: 1 is outside",
+            "broker.shards: invalid type",
             "naming.separator",
             "routers[0] (a b).name",
             "routers[0] (a b).instances_per_shard",
@@ -1367,6 +1515,134 @@ mod tests {
         ] {
             assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
         }
+    }
+
+    /// Keys whose values do not deserialize name their path, and a section
+    /// or router with one such key is read again without it, so that its
+    /// other bad values are reported in the same run.
+    #[test]
+    fn every_value_that_does_not_fit_is_reported_with_its_key_path() {
+        let text = r#"
+            [broker]
+            drain_timeout = "10"
+            [frames]
+            listen = "localhost:7400"
+            idle_timeout = 300
+            write_timeout = "0s"
+            max_frame_bytes = 1
+            [http]
+            max_body_bytes = "4MiB"
+            [[routers]]
+            name = "echo"
+            wasm = "echo.wasm"
+            instances_per_shard = "4"
+            affinity = "Session"
+            call_deadline = "0s"
+        "#;
+        let all = Config::parse(text).unwrap_err().0.join("\n");
+        for needle in [
+            "broker.drain_timeout: ",
+            "frames.listen: invalid socket address",
+            "frames.idle_timeout: invalid type: integer `300`",
+            "frames.write_timeout: must be greater than zero",
+            "frames.max_frame_bytes: 1 is outside",
+            "http.max_body_bytes: invalid type",
+            "routers[0].instances_per_shard: invalid type",
+            "routers[0].affinity: unknown variant `Session`",
+            "routers[0] (echo).call_deadline: must be greater than zero",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+        assert!(!all.contains(NO_ROUTERS), "the entry is there:\n{all}");
+    }
+
+    /// Every duration is added to the clock somewhere; past its range that
+    /// panicked (a shard at its first HTTP connection, the drain at
+    /// SIGTERM, a router's start-up), so none may be longer than a year.
+    #[test]
+    fn no_duration_may_be_longer_than_a_year() {
+        let text = r#"
+            [broker]
+            drain_timeout = "300000000000years"
+            drain_grace = "366days"
+            [http]
+            header_timeout = "1000years"
+            [[routers]]
+            name = "echo"
+            wasm = "echo.wasm"
+            call_deadline = "300000000000years"
+            session_idle_timeout = "400days"
+        "#;
+        let all = Config::parse(text).unwrap_err().0.join("\n");
+        for key in [
+            "broker.drain_timeout",
+            "broker.drain_grace",
+            "http.header_timeout",
+            "routers[0].call_deadline",
+            "routers[0].session_idle_timeout",
+        ] {
+            assert!(
+                all.contains(&format!("{key}: must be at most 365 days")),
+                "missing {key} in:\n{all}"
+            );
+        }
+        let c = Config::parse(
+            "[http]\nheader_timeout = \"365days\"\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.http.header_timeout, MAX_DURATION);
+    }
+
+    #[test]
+    fn two_edges_may_not_share_a_port() {
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let all = Config::parse(&format!(
+            "[frames]\nlisten = \"127.0.0.1:7500\"\n[http]\nlisten = \"0.0.0.0:7500\"\n\
+             [grpc]\nlisten = \"127.0.0.1:0\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n{router}"
+        ))
+        .unwrap_err()
+        .0
+        .join("\n");
+        assert!(
+            all.contains("http.listen: 0.0.0.0:7500 is also frames.listen's address"),
+            "{all}"
+        );
+        assert!(!all.contains("grpc.listen"), "port 0 is no clash: {all}");
+        for (a, b, clash) in [
+            ("127.0.0.1:1", "127.0.0.1:1", true),
+            ("127.0.0.1:1", "127.0.0.2:1", false),
+            ("[::]:1", "127.0.0.1:1", true),
+            ("127.0.0.1:1", "127.0.0.1:2", false),
+            ("127.0.0.1:0", "127.0.0.1:0", false),
+        ] {
+            assert_eq!(
+                addrs_overlap(a.parse().unwrap(), b.parse().unwrap()),
+                clash,
+                "{a} {b}"
+            );
+        }
+    }
+
+    /// [`error_keys`] reads toml's `Display`: this pins the form it reads.
+    #[test]
+    fn toml_names_the_keys_of_a_value_that_does_not_fit() {
+        let v: toml::Value = "[a]\nb = \"x\"\n".parse::<toml::Table>().unwrap().into();
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct A {
+            a: B,
+        }
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct B {
+            b: u32,
+        }
+        let e = A::deserialize(v).unwrap_err();
+        assert_eq!(error_keys(&e), ["a", "b"], "{e}");
+        assert_eq!(
+            unknown_field("unknown field `zz`, expected `b`"),
+            Some("zz")
+        );
     }
 
     #[test]

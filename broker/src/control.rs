@@ -30,6 +30,7 @@
 //! running routing is untouched (pools installed on some shards are
 //! dropped again).
 
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -203,45 +204,84 @@ impl Control {
         let kicks = self.shared.kicks().clone();
         let reloads = self.shared.reloads().clone();
         loop {
-            if self.shared.is_draining() {
-                // Answer reloads asked for meanwhile rather than leave their
-                // askers waiting.
-                while let Ok(req) = reloads.try_recv() {
-                    self.answer(req, self.refused(vec!["the broker is draining".into()]));
+            // This thread is the only one that reloads, refreshes upstream
+            // listings and watches the certificate files: a bug that
+            // panicked in one of them must not take the others with it, nor
+            // leave later reloads queued for a thread that is gone. A
+            // reload's own panic is answered as refused (`reload_guarded`).
+            match std::panic::catch_unwind(AssertUnwindSafe(|| self.turn(&kicks, &reloads))) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(p) => {
+                    tracing::error!(
+                        "the routing thread caught a panic and goes on: {}",
+                        crate::shard::Panicked::from(p).0
+                    );
+                    // A panic that recurs every turn logs once a second.
+                    std::thread::sleep(Duration::from_secs(1));
                 }
-                return;
             }
-            let next = self.current.iter().filter_map(|c| c.due).map(|d| d.0).min();
-            // At most 1 s, so a drain is noticed.
-            let wait = next
-                .map_or(Duration::from_secs(1), |t| {
-                    t.saturating_duration_since(Instant::now())
-                })
-                .min(Duration::from_secs(1));
-            crossbeam_channel::select! {
-                recv(kicks) -> uid => {
-                    if let Ok(uid) = uid {
-                        self.hint(uid);
-                    }
+        }
+    }
+
+    /// One turn of [`Self::run`]: `false` once the broker drains.
+    fn turn(
+        &mut self,
+        kicks: &crossbeam_channel::Receiver<usize>,
+        reloads: &crossbeam_channel::Receiver<ReloadRequest>,
+    ) -> bool {
+        if self.shared.is_draining() {
+            // Answer reloads asked for meanwhile rather than leave their
+            // askers waiting.
+            while let Ok(req) = reloads.try_recv() {
+                self.answer(req, self.refused(vec!["the broker is draining".into()]));
+            }
+            return false;
+        }
+        let next = self.current.iter().filter_map(|c| c.due).map(|d| d.0).min();
+        // At most 1 s, so a drain is noticed.
+        let wait = next
+            .map_or(Duration::from_secs(1), |t| {
+                t.saturating_duration_since(Instant::now())
+            })
+            .min(Duration::from_secs(1));
+        crossbeam_channel::select! {
+            recv(kicks) -> uid => {
+                if let Ok(uid) = uid {
+                    self.hint(uid);
                 }
-                recv(reloads) -> req => {
-                    if let Ok(req) = req {
-                        // A drain that began while the request was queued
-                        // wins: nothing changes under a draining broker.
-                        let outcome = if self.shared.is_draining() {
-                            self.refused(vec!["the broker is draining".into()])
-                        } else {
-                            self.reload()
-                        };
-                        self.answer(req, outcome);
-                    }
+            }
+            recv(reloads) -> req => {
+                if let Ok(req) = req {
+                    // A drain that began while the request was queued
+                    // wins: nothing changes under a draining broker.
+                    let outcome = if self.shared.is_draining() {
+                        self.refused(vec!["the broker is draining".into()])
+                    } else {
+                        self.reload_guarded()
+                    };
+                    self.answer(req, outcome);
                 }
-                default(wait) => {}
             }
-            self.refresh_due();
-            if let Some(tls) = &self.shared.tls {
-                tls.watch();
-            }
+            default(wait) => {}
+        }
+        self.refresh_due();
+        if let Some(tls) = &self.shared.tls {
+            tls.watch();
+        }
+        true
+    }
+
+    /// [`Self::reload`], with a panic in it (a bug) answered as a refused
+    /// reload that says so, counted and logged like any other refusal.
+    fn reload_guarded(&mut self) -> ReloadOutcome {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.reload())) {
+            Ok(outcome) => outcome,
+            Err(p) => self.refused(vec![format!(
+                "the reload failed on an internal error (a panic: {}); the configuration \
+                 that was running is kept, as far as the reload had not yet changed it",
+                crate::shard::Panicked::from(p).0
+            )]),
         }
     }
 
@@ -296,7 +336,13 @@ impl Control {
         // compile.
         let mut errors = restart_only_changes(&self.config, &config);
         let moves = if errors.is_empty() {
-            match Moves::bind(&self.config, &config, self.shared.shards()) {
+            let running = *self.shared.addrs.lock().unwrap_or_else(|e| e.into_inner());
+            match Moves::bind(
+                &self.config,
+                &config,
+                running.as_ref(),
+                self.shared.shards(),
+            ) {
                 Ok(m) => m,
                 Err(e) => {
                     errors.extend(e);
@@ -642,9 +688,42 @@ struct Moves {
 impl Moves {
     /// Binds the listeners of every edge whose address changed; an error
     /// names the edge and the address.
-    fn bind(old: &Config, new: &Config, shards: usize) -> Result<Self, Vec<String>> {
+    /// `running`: the addresses the edges are bound to now (a port 0 of the
+    /// configuration resolved): a moved edge may not take another's, which
+    /// its SO_REUSEPORT listeners could bind, and then share its connections
+    /// (the new configuration's own addresses were checked apart by
+    /// `Config::validate`).
+    fn bind(
+        old: &Config,
+        new: &Config,
+        running: Option<&crate::shared::Addrs>,
+        shards: usize,
+    ) -> Result<Self, Vec<String>> {
         let mut m = Moves::default();
         let mut errors = Vec::new();
+        if let Some(r) = running {
+            let now = [
+                ("frames", r.frames),
+                ("grpc", r.grpc),
+                ("http", r.http),
+                ("metrics", r.metrics),
+            ];
+            for ((key, to), (_, was)) in new.listeners().into_iter().zip(old.listeners()) {
+                if to == was {
+                    continue;
+                }
+                for (edge, at) in now {
+                    if !key.starts_with(edge) && crate::config::addrs_overlap(to, at) {
+                        errors.push(format!(
+                            "{key}: {to} is the {edge} edge's address (each edge needs its own port)"
+                        ));
+                    }
+                }
+            }
+            if !errors.is_empty() {
+                return Err(errors);
+            }
+        }
         let per_shard = |addr| crate::server::bind_per_shard(addr, shards);
         if new.frames.listen != old.frames.listen {
             match per_shard(new.frames.listen) {

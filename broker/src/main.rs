@@ -1,5 +1,6 @@
 //! `mcp-broker`: see `mcp-broker --help` and README.md.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +14,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// A zero-copy, thread-per-core broker for the Model Context Protocol.
 ///
 /// With no arguments it runs the bundled routers on the embedded default
-/// configuration (frames 127.0.0.1:7400, gRPC :7401, metrics :7402).
+/// configuration (frames 127.0.0.1:7400, gRPC :7401, metrics :7402, MCP
+/// Streamable HTTP http://127.0.0.1:7403/mcp).
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
@@ -47,8 +49,12 @@ fn main() -> ExitCode {
         print!("{}", mcp_broker::config::DEFAULT_TOML);
         return ExitCode::SUCCESS;
     }
+    // Colour only for a terminal: a log file or the journal (docs/deploy.md's
+    // systemd unit) gets plain text. NO_COLOR turns it off on a terminal too.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -82,8 +82,12 @@ struct Admin {
 }
 
 /// How long `POST /admin/reload` waits for the reload's outcome (compiling
-/// components and warming their pools on every shard).
-const RELOAD_ANSWER_TIMEOUT: Duration = Duration::from_secs(180);
+/// components and warming their pools on every shard). Within
+/// [`CONNECTION_TIMEOUT`], or the connection would close before a slow
+/// reload's answer: such a reload is answered 504 and goes on, and its
+/// outcome is logged and counted.
+const RELOAD_ANSWER_TIMEOUT: Duration = Duration::from_secs(50);
+const _: () = assert!(RELOAD_ANSWER_TIMEOUT.as_secs() + 5 < CONNECTION_TIMEOUT.as_secs());
 
 /// Serves the admin endpoint on `listener` until the process exits, and
 /// starts the ticker that keeps the summary's window moving between scrapes.
@@ -361,10 +365,17 @@ async fn reload(
             };
             text(status, JSON, o.to_json())
         }
-        _ => text(
+        Ok(Err(crossbeam_channel::RecvTimeoutError::Timeout)) => text(
             StatusCode::GATEWAY_TIMEOUT,
             PLAIN,
-            "the reload did not finish in time; its outcome will be logged\n",
+            "the reload did not finish in time; it goes on, and its outcome will be logged \
+             and counted in mcp_config_reloads_total\n",
+        ),
+        // The reload's answer was dropped unsent: not a slow reload.
+        Ok(Err(crossbeam_channel::RecvTimeoutError::Disconnected)) | Err(_) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            PLAIN,
+            "the reload was lost without an outcome (see the broker's log)\n",
         ),
     }
 }

@@ -147,9 +147,28 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
     }
     let host_config = host_config(&config);
     let host = Arc::new(WasmHost::new(&host_config).context("starting the WASM host")?);
+    // Every router that cannot load is named, not only the first, as a
+    // reload of the same file would.
     let mut loaded = Vec::new();
+    let mut failed = Vec::new();
     for r in &config.routers {
-        loaded.push(crate::routing::load(&host, &config, r).map_err(anyhow::Error::msg)?);
+        match crate::routing::load(&host, &config, r) {
+            Ok(l) => loaded.push(l),
+            Err(e) => failed.push(e),
+        }
+    }
+    match failed.len() {
+        0 => {}
+        1 => anyhow::bail!("{}", failed[0]),
+        _ => anyhow::bail!(
+            "{} routers cannot be loaded:\n{}",
+            failed.len(),
+            failed
+                .iter()
+                .map(|e| format!("  - {e}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
     }
     let tools: usize = loaded.iter().map(|l| l.entry.meta.tools.len()).sum();
     let layout = Arc::new(crate::metrics::Layout::new(loaded.len(), tools));

@@ -836,9 +836,27 @@ fn refused_reload_keeps_the_old_config() {
     );
     still_serving("[frames] changed");
 
+    // (d) A duration past the clock's range, which once passed the checks
+    // and panicked the reload (and with it the thread that reloads):
+    // refused like any bad value, by its key path.
+    let errors = r.refuse(
+        &good.replace(
+            "drain_timeout = \"5s\"",
+            "drain_timeout = \"300000000000years\"",
+        ),
+        gen0,
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("broker.drain_timeout: must be at most 365 days")),
+        "{errors:?}"
+    );
+    still_serving("a duration past the clock's range");
+
     assert_eq!(
         reloads(b, "refused"),
-        4.0,
+        5.0,
         "mcp_config_reloads_total{{result=\"refused\"}}"
     );
     assert_eq!(reloads(b, "applied"), 0.0);
@@ -1105,6 +1123,58 @@ fn config_listening(routers: &[&str], at: &[std::net::SocketAddr; 4]) -> String 
         );
     }
     toml
+}
+
+/// A reload may not move an edge onto another edge's address: the
+/// listeners are SO_REUSEPORT, so the bind would succeed and the two edges
+/// would share that port's connections. Refused, naming both; the edge
+/// that owns the address keeps all of its connections.
+#[test]
+fn a_reload_may_not_move_an_edge_onto_another_edges_address() {
+    let dir = std::env::temp_dir().join(format!("mcp-reload-clash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broker.toml");
+    // Every listener on port 0 in the file: the clash is with the address
+    // the frame edge got, which only the running broker knows.
+    let start = config(&[ECHO]);
+    std::fs::write(&path, &start).unwrap();
+    let b = Broker::start_on_file_listeners(&["--config", path.to_str().unwrap()]);
+    let frames = b.frames;
+    let onto = |addr: std::net::SocketAddr| {
+        start.replace(
+            "[http]\nlisten = \"127.0.0.1:0\"",
+            &format!("[http]\nlisten = \"{addr}\""),
+        )
+    };
+    std::fs::write(&path, onto(frames)).unwrap();
+    let r = admin(&b, "POST", "/admin/reload");
+    assert_eq!(r.status, 422, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("http.listen") && text.contains(&frames.to_string()),
+        "{text}"
+    );
+    // Every connection to the frame edge's address is still the frame edge's.
+    for _ in 0..8 {
+        let f = common::Client::connect(frames).call("echo_text", &[("text", "\"mine\"")], None);
+        assert_eq!(common::tool_text(&f), "mine");
+    }
+    // Two edges on one address in the file itself: refused by the checks.
+    let [a] = free_addrs::<1>();
+    let both = onto(a).replace(
+        "[grpc]\nlisten = \"127.0.0.1:0\"",
+        &format!("[grpc]\nlisten = \"{a}\""),
+    );
+    std::fs::write(&path, both).unwrap();
+    let r = admin(&b, "POST", "/admin/reload");
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(
+        r.text().contains("http.listen") && r.text().contains("grpc.listen"),
+        "{}",
+        r.text()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A reload that moves every edge: the answer names the new addresses, new

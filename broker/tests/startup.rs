@@ -191,6 +191,57 @@ fn explicit_cpus_outside_the_mask_fail_start_up_naming_them() {
     );
 }
 
+/// Start-up names every router whose component cannot be loaded, as a
+/// reload of the same file does, and the hint to build the bundled routers
+/// only where it applies; the log is plain text off a terminal.
+#[test]
+fn every_router_that_cannot_load_is_named_at_start_up() {
+    let junk = temp_file("junk.wasm");
+    std::fs::write(&junk, b"\0asm not a component").unwrap();
+    let ghost = temp_file("ghost.wasm");
+    let config = temp_file("bad-routers.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[routers]]\nname = \"ghost\"\nwasm = \"{}\"\n\
+             [[routers]]\nname = \"junk\"\nwasm = \"{}\"\n\
+             [[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n",
+            ghost.display(),
+            junk.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        .args(["--config", config.to_str().unwrap(), "--shards", "1"])
+        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+        .args([
+            "--http-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&config);
+    let _ = std::fs::remove_file(&junk);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(out.stdout.is_empty(), "no ready line expected");
+    assert!(
+        stderr.contains("router `ghost`: cannot read") && stderr.contains("router `junk`"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("build-routers"),
+        "the hint is for the bundled routers' files: {stderr}"
+    );
+    assert!(
+        !stderr.contains('\x1b'),
+        "colour codes in a log file: {stderr}"
+    );
+}
+
 #[test]
 fn soft_descriptor_limit_is_raised_to_the_hard_limit() {
     let hard = our_hard_nofile().min(1 << 20);

@@ -105,14 +105,14 @@ impl CallError {
 #[non_exhaustive]
 pub enum LoadError {
     /// The `.wasm` file could not be read.
-    #[error(
-        "router `{router}`: cannot read {path}: {source} (run scripts/build-routers to build the bundled routers)"
-    )]
+    #[error("router `{router}`: cannot read {path}: {source}{hint}")]
     Read {
         /// Router name from the spec.
         router: String,
         /// The file.
         path: PathBuf,
+        /// How to build it, when it is a bundled router's file; else "".
+        hint: &'static str,
         /// The I/O error.
         #[source]
         source: std::io::Error,
