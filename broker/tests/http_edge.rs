@@ -1108,6 +1108,44 @@ fn what_a_tool_logged_reaches_a_session_that_set_a_level_filtered_by_it() {
     assert_eq!(msgs[0]["id"], 5);
 }
 
+/// A batched call that asks the client a question (sampling, roots, a set
+/// of inputs, elicitation) cannot get its answer: a batch is answered as
+/// JSON. It is told so as a tool error; its first result is never passed
+/// off as final, and the broker's directives in `_meta` never leave.
+#[test]
+fn a_batched_call_that_asks_the_client_is_told_it_needs_its_own_stream() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-03-26","capabilities":{"sampling":{},"roots":{},"elicitation":{}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    for (i, (tool, args)) in [
+        ("test_sampling", r#"{"prompt":"hi"}"#),
+        ("test_input_required_result_list_roots", "{}"),
+        ("test_input_required_result_multiple_inputs", "{}"),
+        ("test_elicitation", r#"{"message":"hi"}"#),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let batch = format!(
+            r#"[{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}},{{"jsonrpc":"2.0","id":"p","method":"ping"}}]"#
+        );
+        let r = c.post(Some(&s), &batch);
+        assert_eq!(r.status, 200, "{tool}: {}", r.text());
+        let text = r.text();
+        assert!(!text.contains("mcp-broker/"), "{tool}: {text}");
+        let v = r.json();
+        let a = v.as_array().unwrap();
+        assert_eq!(a.len(), 2, "{tool}: {v}");
+        assert_eq!(a[0]["id"], i, "{v}");
+        assert_eq!(a[0]["result"]["isError"], true, "{tool}: {v}");
+        let said = a[0]["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(said.contains("outside a batch"), "{tool}: {said}");
+        assert_eq!(a[1]["result"], json!({}), "{v}");
+    }
+}
+
 #[test]
 fn a_sampling_request_round_trip_ends_in_the_tools_result_and_needs_the_capability() {
     let b = conformance("");

@@ -646,6 +646,19 @@ fn required_string<'a>(
         .ok_or_else(|| RpcError::invalid_params(format!("Invalid params: `{what}` is required")))
 }
 
+/// A name or URI that routes: required, and not empty (the frame would
+/// refuse it, in its own field names and as a malformed request; an empty
+/// name is a bad parameter of a well-formed one).
+fn required_name<'a>(raw: Option<&'a RawValue>, what: &str) -> Result<Cow<'a, str>, RpcError<'a>> {
+    let v = required_string(raw, what)?;
+    if v.is_empty() {
+        return Err(RpcError::invalid_params(format!(
+            "Invalid params: `{what}` must not be empty"
+        )));
+    }
+    Ok(v)
+}
+
 /// A JSON object key, borrowed from the body unless it has escapes.
 struct Key<'a>(Cow<'a, str>);
 
@@ -1036,7 +1049,7 @@ pub fn request_frame<'e, 'a>(
         Method::ListResourceTemplates => list(enc, h, Listing::ResourceTemplates, ps.cursor)?,
         Method::ListPrompts => list(enc, h, Listing::Prompts, ps.cursor)?,
         Method::CallTool => {
-            let name = required_string(ps.name, "name")?;
+            let name = required_name(ps.name, "name")?;
             let args = members(ps.arguments)?;
             let mut kvs: Vec<(&str, &str)> = Vec::with_capacity(args.len() + extra.len());
             kvs.extend(args.iter().map(|(k, v)| (&**k, v.get())));
@@ -1058,7 +1071,7 @@ pub fn request_frame<'e, 'a>(
             frame
         }
         Method::ReadResource | Method::Subscribe | Method::Unsubscribe => {
-            let uri = required_string(ps.uri, "uri")?;
+            let uri = required_name(ps.uri, "uri")?;
             let frame = match method {
                 Method::ReadResource => enc.read_resource(h, &uri),
                 m => enc.subscribe(h, &uri, m == Method::Subscribe),
@@ -1067,7 +1080,7 @@ pub fn request_frame<'e, 'a>(
             frame
         }
         Method::GetPrompt => {
-            let name = required_string(ps.name, "name")?;
+            let name = required_name(ps.name, "name")?;
             let args = members(ps.arguments)?;
             let kvs: Vec<(&str, &str)> = args.iter().map(|(k, v)| (&**k, v.get())).collect();
             enc.get_prompt(h, &name, &kvs)
@@ -1079,11 +1092,11 @@ pub fn request_frame<'e, 'a>(
             let (kind, target) = match &*kind {
                 "ref/prompt" => (
                     p::CompletionRefKind::Prompt,
-                    required_string(r.name, "ref.name")?,
+                    required_name(r.name, "ref.name")?,
                 ),
                 "ref/resource" => (
                     p::CompletionRefKind::Resource,
-                    required_string(r.uri, "ref.uri")?,
+                    required_name(r.uri, "ref.uri")?,
                 ),
                 other => {
                     return Err(RpcError::invalid_params(format!(
@@ -1679,6 +1692,22 @@ pub unsafe fn write_response_of(
         // Ping, EmptyResult, and anything a newer broker adds: `{}`.
         r.extend_from_slice(b"{}");
     }
+    o.end();
+}
+
+/// A `tools/call` answered with a tool error result (`isError`, one text
+/// block): the model sees why the call could not be carried out as asked.
+pub fn write_tool_error(out: &mut Vec<u8>, id: &Id<'_>, text: &str) {
+    let mut o = envelope_start(out, Some(id));
+    let mut t = Obj::new(o.key("result"));
+    let mut c = Arr::new(t.key("content"));
+    let mut b = Obj::new(c.item());
+    b.raw("type", "\"text\"");
+    b.str("text", text);
+    b.end();
+    c.end();
+    t.bool("isError", true);
+    t.end();
     o.end();
 }
 
@@ -2956,6 +2985,7 @@ mod tests {
         for (params, what) in [
             (r#"{"arguments":{}}"#, "`name` is required"),
             (r#"{"name":5}"#, "`name` must be a string"),
+            (r#"{"name":""}"#, "`name` must not be empty"),
             (
                 r#"{"name":"x","arguments":[1,2]}"#,
                 "`arguments` must be an object",

@@ -446,23 +446,45 @@ fn accepts(h: &HeaderMap, mime: &str) -> bool {
 /// Which of `mimes` `Accept` admits, as [`accepts`], in one pass over its
 /// media ranges (a POST needs two answers from the same header).
 fn accepted<const N: usize>(h: &HeaderMap, mimes: [&str; N]) -> [bool; N] {
-    let mut ok = [false; N];
+    // RFC 9110 §12.5.1: each type takes the weight of the most specific
+    // range that matches it (exact, then `type/*`, then `*/*`), and a
+    // weight of 0 means "not acceptable" (`text/event-stream;q=0`).
+    let mut best = [(0u8, true); N];
     let ranges = h
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|r| r.split(';').next().unwrap_or("").trim());
+        .flat_map(|v| v.split(','));
     for r in ranges {
-        let any_subtype = r.strip_suffix("/*");
-        for (ok, mime) in ok.iter_mut().zip(mimes) {
+        let (range, params) = r.split_once(';').unwrap_or((r, ""));
+        let range = range.trim();
+        let any_subtype = range.strip_suffix("/*");
+        for (b, mime) in best.iter_mut().zip(mimes) {
             let ty = mime.split_once('/').map_or(mime, |(ty, _)| ty);
-            *ok |= r == "*/*"
-                || r.eq_ignore_ascii_case(mime)
-                || any_subtype.is_some_and(|t| t.eq_ignore_ascii_case(ty));
+            let specific = if range.eq_ignore_ascii_case(mime) {
+                3
+            } else if any_subtype.is_some_and(|t| t.eq_ignore_ascii_case(ty)) {
+                2
+            } else if range == "*/*" {
+                1
+            } else {
+                0
+            };
+            if specific > b.0 {
+                *b = (specific, !zero_weight(params));
+            }
         }
     }
-    ok
+    best.map(|(specific, wanted)| specific > 0 && wanted)
+}
+
+/// Whether media-range parameters carry `q=0` (`0`, `0.0`, `0.000`).
+fn zero_weight(params: &str) -> bool {
+    params.split(';').any(|p| {
+        p.trim().split_once('=').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("q") && v.trim().parse::<f32>().is_ok_and(|q| q == 0.0)
+        })
+    })
 }
 
 fn is_json_content(h: &HeaderMap) -> bool {
@@ -477,20 +499,27 @@ fn is_json_content(h: &HeaderMap) -> bool {
 /// default address is loopback; DNS rebinding reaches it under another
 /// name, which is what the check refuses).
 fn is_loopback_origin(origin: &str) -> bool {
-    let Some((_, rest)) = origin.split_once("://") else {
+    // An origin is exactly `scheme://host[:port]`: anything else (userinfo
+    // as in `http://localhost:80@evil.example`, a path) is no loopback one.
+    let Some(rest) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
         return false;
     };
-    let host = if let Some(v6) = rest.strip_prefix('[') {
-        match v6.split_once(']') {
-            Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => {
-                return h == "::1";
-            }
-            _ => return false,
-        }
-    } else {
-        rest.split(':').next().unwrap_or("")
+    let port_ok = |tail: &str| {
+        tail.is_empty()
+            || tail
+                .strip_prefix(':')
+                .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
     };
-    host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1"
+    if let Some(v6) = rest.strip_prefix('[') {
+        return v6
+            .split_once(']')
+            .is_some_and(|(h, tail)| h == "::1" && port_ok(tail));
+    }
+    let (host, tail) = rest.split_at(rest.find(':').unwrap_or(rest.len()));
+    (host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1") && port_ok(tail)
 }
 
 /// Why a request body could not be read.
@@ -643,9 +672,14 @@ impl HttpEdge {
         if modern {
             return match *req.method() {
                 HttpMethod::POST => self.post_modern(req, who).await,
-                // No sessions, no GET stream (`subscriptions/listen`
-                // replaces it), nothing to DELETE.
+                // A version this edge does not serve: 400 whatever the
+                // method, as both revisions require. Else no sessions, no
+                // GET stream (`subscriptions/listen` replaces it), nothing
+                // to DELETE.
                 _ => {
+                    if let Some(r) = modern::unserved_version_header(req.headers()) {
+                        return modern::refusal_response(None, r);
+                    }
                     let mut r = refuse(
                         StatusCode::METHOD_NOT_ALLOWED,
                         ErrorCode::InvalidRequest.code(),
@@ -1652,7 +1686,27 @@ impl HttpEdge {
                         Answer::Json(b) => one = Some(b),
                         Answer::Stream(c) => {
                             let mut b = Vec::new();
-                            if let Some(f) = frames(&c.frames).last() {
+                            // A question to the client (elicitation, or a
+                            // first result asking for sampling, roots or a
+                            // set of inputs) needs the request's own
+                            // stream, which a batched answer does not
+                            // have: never its first result as the final
+                            // one, nor the broker's directives in `_meta`.
+                            let asks = frames(&c.frames).any(|f| match jsonrpc::frame_kind(f) {
+                                FrameKind::Elicitation => true,
+                                FrameKind::Final => jsonrpc::result_asks(f),
+                                _ => false,
+                            });
+                            if asks {
+                                jsonrpc::write_tool_error(
+                                    &mut b,
+                                    &id,
+                                    "the tool asks the client for more input (elicitation, \
+                                     sampling or roots), which needs a stream of its own: \
+                                     a request in a JSON-RPC batch is answered as JSON only; \
+                                     send this call outside a batch",
+                                );
+                            } else if let Some(f) = frames(&c.frames).last() {
                                 jsonrpc::write_response_for(
                                     &mut b,
                                     &id,
@@ -1981,6 +2035,21 @@ mod tests {
         );
         assert_eq!(accepted(&h, both), [true, true]);
         assert_eq!(accepted(&HeaderMap::new(), both), [false, false]);
+        // A weight of 0 refuses a type; the most specific range decides.
+        for (accept, want) in [
+            ("application/json, text/event-stream;q=0", [true, false]),
+            (
+                "application/json, text/event-stream; Q=0.000",
+                [true, false],
+            ),
+            ("*/*, text/event-stream;q=0", [true, false]),
+            ("text/*;q=0, text/event-stream", [false, true]),
+            ("*/*;q=0", [false, false]),
+            ("application/json;q=0.001, text/event-stream", [true, true]),
+        ] {
+            h.insert(header::ACCEPT, HeaderValue::from_static(accept));
+            assert_eq!(accepted(&h, both), want, "{accept}");
+        }
     }
 
     #[test]
@@ -2001,6 +2070,11 @@ mod tests {
             "http://127.0.0.1.evil.example",
             "http://[::1].evil",
             "localhost",
+            "http://localhost:80@evil.example",
+            "http://localhost:@evil.example",
+            "http://127.0.0.1:7403/path",
+            "http://[::1]:80@evil.example",
+            "ftp://localhost",
         ] {
             assert!(!is_loopback_origin(bad), "{bad}");
         }

@@ -390,11 +390,40 @@ fn one_header<'h>(h: &'h HeaderMap, name: &str) -> Result<Option<Cow<'h, str>>, 
     })
 }
 
+/// The single value of header `name`, as sent: for the headers the sentinel
+/// encoding does not apply to (`MCP-Protocol-Version`, `Mcp-Method`).
+fn one_plain_header<'h>(h: &'h HeaderMap, name: &str) -> Result<Option<Cow<'h, str>>, Refusal> {
+    let mut all = h.get_all(name).iter();
+    let Some(v) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(Refusal::new(
+            HEADER_MISMATCH,
+            format!("Header mismatch: the {name} header is repeated"),
+        ));
+    }
+    v.to_str().map(|v| Some(Cow::Borrowed(v))).map_err(|_| {
+        Refusal::new(
+            HEADER_MISMATCH,
+            format!("Header mismatch: the {name} header has invalid characters"),
+        )
+    })
+}
+
 /// Step 2: the standard headers against the body.
 pub fn check_headers(h: &HeaderMap, method: &str, d: &Declared<'_>) -> Result<(), Refusal> {
     let mismatch = |m: String| Refusal::new(HEADER_MISMATCH, m);
     let expect = |name: &str, header: &str, body: &str| -> Result<(), Refusal> {
-        match one_header(h, header)? {
+        // The sentinel encoding is for `Mcp-Name` and `Mcp-Param-*` only:
+        // a method or version header is compared as sent, or a gateway
+        // routing on `=?base64?…?=` would see another value than the body.
+        let v = if header == NAME_HEADER {
+            one_header(h, header)?
+        } else {
+            one_plain_header(h, header)?
+        };
+        match v {
             None => Err(mismatch(format!(
                 "Header mismatch: the {name} header is required (body value '{body}')"
             ))),
@@ -439,8 +468,7 @@ pub fn route_from_headers<'t>(h: &HeaderMap, table: &'t RouteTable) -> Option<&'
     let method = methods.next()?;
     // Method names are ASCII tokens: no sentinel to decode in practice,
     // but the comparison is the one check_headers makes.
-    if methods.next().is_some() || decode_header_value(method.to_str().ok()?).ok()? != "tools/call"
-    {
+    if methods.next().is_some() || method.as_bytes() != b"tools/call" {
         return None;
     }
     let name = one_header(h, NAME_HEADER).ok()??;
@@ -485,6 +513,23 @@ pub fn check_version(d: &Declared<'_>) -> Result<(), Refusal> {
     if MODERN_VERSIONS.contains(&&*d.version) {
         return Ok(());
     }
+    Err(unsupported_version(&d.version))
+}
+
+/// The -32022 refusal of a `MCP-Protocol-Version` header naming a version
+/// this edge does not serve (neither a handshake-era one nor 2026-07-28),
+/// whatever the message: both revisions say 400 for it, and the body
+/// lists what is served. Checked before the body (a request without
+/// `_meta` is told the version it asked for is unknown, not that its
+/// `_meta` is missing); `None` for a served version, and for a repeated
+/// or unreadable header, which step 2 refuses.
+pub fn unserved_version_header(h: &HeaderMap) -> Option<Refusal> {
+    let v = one_plain_header(h, VERSION_HEADER).ok()??;
+    let v = v.trim();
+    (!MODERN_VERSIONS.contains(&v)).then(|| unsupported_version(v))
+}
+
+fn unsupported_version(requested: &str) -> Refusal {
     let mut data = Vec::with_capacity(128);
     data.extend_from_slice(b"{\"supported\":[");
     for (i, v) in SUPPORTED.iter().enumerate() {
@@ -494,18 +539,17 @@ pub fn check_version(d: &Declared<'_>) -> Result<(), Refusal> {
         mcp_schema::args::write_json_string(v, &mut data);
     }
     data.extend_from_slice(b"],\"requested\":");
-    mcp_schema::args::write_json_string(&d.version, &mut data);
+    mcp_schema::args::write_json_string(requested, &mut data);
     data.push(b'}');
     let mut r = Refusal::new(
         UNSUPPORTED_VERSION,
         format!(
-            "Unsupported protocol version `{}` (supported: {})",
-            d.version,
+            "Unsupported protocol version `{requested}` (supported: {})",
             SUPPORTED.join(", ")
         ),
     );
     r.data = Some(String::from_utf8(data).unwrap_or_default());
-    Err(r)
+    r
 }
 
 /// The -32021 refusal of a request whose router needs `capability`.
@@ -747,10 +791,19 @@ fn same_integer(header: &str, body: &serde_json::Value) -> bool {
     let Ok(h) = int.parse::<i64>() else {
         return false;
     };
-    body.as_i64() == Some(h)
-        || body
-            .as_f64()
-            .is_some_and(|f| f.fract() == 0.0 && f == h as f64)
+    // An integer body compares exactly; a float one (`42.0`) only within
+    // the range where f64 holds every integer, the revision's ±(2^53−1):
+    // beyond it two different integers round to the same float.
+    const MAX_SAFE: i64 = (1 << 53) - 1;
+    match body.as_i64() {
+        Some(b) => b == h,
+        None => {
+            h.abs() <= MAX_SAFE
+                && body
+                    .as_f64()
+                    .is_some_and(|f| f.fract() == 0.0 && f == h as f64)
+        }
+    }
 }
 
 /// `Mcp-Param-*` against a `tools/call`'s arguments, for a tool whose
@@ -1066,7 +1119,7 @@ fn param_headers_match(
 }
 
 /// A modern refusal as its HTTP answer (the request's id echoed).
-fn refusal_response(id: Option<&Id<'_>>, r: Refusal) -> Response<Body> {
+pub(super) fn refusal_response(id: Option<&Id<'_>>, r: Refusal) -> Response<Body> {
     let mut out = Vec::with_capacity(96 + r.message.len());
     jsonrpc::write_error(&mut out, id, r.code, &r.message, r.data.as_deref());
     let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::BAD_REQUEST);
@@ -1122,8 +1175,15 @@ impl HttpEdge {
                 "Invalid Request: protocol 2026-07-28 has no batches; send one message per POST",
             ),
             // The revision defines no client notification over HTTP:
-            // accepted and dropped, as the reference server does.
-            Ok(RpcBody::One(Message::Notification { .. })) => empty(StatusCode::ACCEPTED),
+            // accepted and dropped, as the reference server does; but a
+            // version this edge does not serve is refused whatever the
+            // message, so that nothing sent with it is dropped unnoticed.
+            Ok(RpcBody::One(Message::Notification { .. })) => {
+                match unserved_version_header(&headers) {
+                    Some(r) => refusal_response(None, r),
+                    None => empty(StatusCode::ACCEPTED),
+                }
+            }
             Ok(RpcBody::One(Message::Response { id, .. })) => refusal_response(
                 Some(&id),
                 Refusal::new(
@@ -1179,6 +1239,9 @@ impl HttpEdge {
         at: Arrival<'_>,
     ) -> Response<Body> {
         let Arrival { arrived, who } = at;
+        if let Some(r) = unserved_version_header(headers) {
+            return refusal_response(Some(id), r);
+        }
         let d = match declared(method, params) {
             Ok(d) => d,
             Err(r) => return refusal_response(Some(id), r),
@@ -1905,6 +1968,21 @@ mod tests {
             HeaderValue::from_static("=?base64?SGVsbG8sIOS4lueVjA==?="),
         );
         assert_eq!(code(&h), Ok(()));
+        // The sentinel is for Mcp-Name (and Mcp-Param-*) only: a method or
+        // version header encoded with it is another value than the body's.
+        h.insert(
+            METHOD_HEADER,
+            HeaderValue::from_static("=?base64?dG9vbHMvY2FsbA==?="),
+        );
+        assert_eq!(code(&h), Err(-32020), "Mcp-Method is never decoded");
+        h.insert(METHOD_HEADER, HeaderValue::from_static("tools/call"));
+        h.insert(
+            VERSION_HEADER,
+            HeaderValue::from_static("=?base64?MjAyNi0wNy0yOA==?="),
+        );
+        assert_eq!(code(&h), Err(-32020), "nor is MCP-Protocol-Version");
+        h.insert(VERSION_HEADER, HeaderValue::from_static("2026-07-28"));
+        assert_eq!(code(&h), Ok(()));
         h.append(NAME_HEADER, HeaderValue::from_static("x"));
         assert_eq!(code(&h), Err(-32020), "repeated");
     }
@@ -1955,6 +2033,15 @@ mod tests {
         h.insert(NAME_HEADER, HeaderValue::from_static("nope"));
         assert_eq!(route_from_headers(&h, &t), None, "unknown tool");
         h.insert(NAME_HEADER, HeaderValue::from_static("echo"));
+        h.insert(
+            METHOD_HEADER,
+            HeaderValue::from_static("=?base64?dG9vbHMvY2FsbA==?="),
+        );
+        assert_eq!(
+            route_from_headers(&h, &t),
+            None,
+            "Mcp-Method is not decoded"
+        );
         h.insert(METHOD_HEADER, HeaderValue::from_static("prompts/get"));
         assert_eq!(route_from_headers(&h, &t), None, "not a tool call");
     }
@@ -1997,6 +2084,18 @@ mod tests {
         assert_eq!(check(&h), Ok(()), "integers compare numerically");
         h.insert("mcp-param-n", HeaderValue::from_static("43"));
         assert_eq!(check(&h), Err(-32020));
+        // Integers that one f64 cannot tell apart are still different.
+        let big = raw(r#"{"region":"us-west1","n":9007199254740993,"deep":{"on":true}}"#);
+        h.insert("mcp-param-n", HeaderValue::from_static("9007199254740992"));
+        assert_eq!(
+            check_param_headers(&h, schema, Some(&big)).map_err(|e| e.code),
+            Err(-32020)
+        );
+        h.insert("mcp-param-n", HeaderValue::from_static("9007199254740993"));
+        assert_eq!(
+            check_param_headers(&h, schema, Some(&big)).map_err(|e| e.code),
+            Ok(())
+        );
         h.insert("mcp-param-n", HeaderValue::from_static("42"));
         h.insert(
             "mcp-param-region",
