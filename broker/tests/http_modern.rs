@@ -353,6 +353,29 @@ fn an_unsupported_version_gets_32022_with_the_discover_list() {
     let v = refused(&r, 400, -32022, json!("u"));
     assert_eq!(v["error"]["data"]["supported"], discover, "{v}");
     assert_eq!(v["error"]["data"]["requested"], "v999.0.0", "{v}");
+    // An unknown version in the header is told so before anything else:
+    // not that `_meta` is missing (a session-era request with a mistyped
+    // header), nor 202 for a notification that would be dropped, nor 405
+    // for GET and DELETE. Both revisions: 400 and the supported list.
+    let h = [("MCP-Protocol-Version", "2025-13-01")];
+    let r = post(
+        &mut c,
+        &h,
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#,
+    );
+    let v = refused(&r, 400, -32022, json!(7));
+    assert_eq!(v["error"]["data"]["requested"], "2025-13-01", "{v}");
+    let r = post(
+        &mut c,
+        &h,
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#,
+    );
+    refused(&r, 400, -32022, Value::Null);
+    for method in ["GET", "DELETE"] {
+        let r = c.request(method, "/mcp", &[ACCEPT_BOTH, h[0]], b"");
+        let v = refused(&r, 400, -32022, Value::Null);
+        assert_eq!(v["error"]["data"]["supported"], discover, "{method}: {v}");
+    }
 }
 
 #[test]
