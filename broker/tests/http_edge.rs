@@ -1067,6 +1067,34 @@ fn progress_reaches_a_client_that_asked_for_it_before_the_result() {
     assert!(v["result"].is_object(), "{v}");
 }
 
+/// A failed call in a session that asked for warnings is also logged, with
+/// the broker's own code and kind beside its message; the answer keeps
+/// MCP's code, which for an unknown tool is another one.
+#[test]
+fn a_failed_call_is_logged_with_the_brokers_code_and_kind() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    c.call(&s, 1, "logging/setLevel", r#"{"level":"warning"}"#);
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"nope","arguments":{}}}"#,
+    );
+    let (fin, text) = final_message(&mut stream);
+    assert_eq!(fin["error"]["code"], -32602, "{text}");
+    let msgs = common::http::sse_messages(&text);
+    let log = msgs
+        .iter()
+        .find(|m| m["method"] == "notifications/message")
+        .unwrap_or_else(|| panic!("no log event in {text}"));
+    let d = &log["params"]["data"];
+    assert_eq!(log["params"]["logger"], "mcp-broker", "{log}");
+    assert_eq!(d["method"], "tools/call", "{log}");
+    assert_eq!(d["kind"], "not_found", "{log}");
+    assert_eq!(d["code"], mcp_schema::ErrorCode::NotFound.code(), "{log}");
+}
+
 #[test]
 fn what_a_tool_logged_reaches_a_session_that_set_a_level_filtered_by_it() {
     let b = conformance("");

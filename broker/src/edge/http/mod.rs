@@ -1995,8 +1995,16 @@ fn write_failure_log(out: &mut Vec<u8>, method: Method, code: i32, message: &str
     out.extend_from_slice(level.as_bytes());
     out.extend_from_slice(b"\",\"logger\":\"mcp-broker\",\"data\":{\"method\":");
     mcp_schema::args::write_json_string(method.name(), out);
+    // The broker's own code and kind (as the frame edge and the metrics
+    // name the failure), not the JSON-RPC answer's: MCP's mapping may give
+    // that one another code (an unknown tool is -32602 there), or make it
+    // a tool result.
     out.extend_from_slice(b",\"code\":");
     out.extend_from_slice(code.to_string().as_bytes());
+    if let Some(kind) = ErrorCode::from_code(code) {
+        out.extend_from_slice(b",\"kind\":");
+        mcp_schema::args::write_json_string(kind.as_str(), out);
+    }
     out.extend_from_slice(b",\"message\":");
     mcp_schema::args::write_json_string(message, out);
     out.extend_from_slice(b"}}}");
