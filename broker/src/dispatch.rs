@@ -208,8 +208,10 @@ async fn answered_elsewhere(
         return false;
     }
     let view = req.view();
-    let session = view.session_id();
-    if session.is_some_and(|s| s.len() > MAX_SESSION_ID_BYTES) {
+    if view
+        .session_id()
+        .is_some_and(|s| s.len() > MAX_SESSION_ID_BYTES)
+    {
         let msg = format!(
             "session_id is longer than {MAX_SESSION_ID_BYTES} bytes (session-affine router)"
         );
@@ -222,7 +224,7 @@ async fn answered_elsewhere(
         ));
         return true;
     }
-    match ctx.owner_shard(router, session) {
+    match ctx.owner_shard(router, req.session_key().as_deref()) {
         Some(owner) => {
             forward(ctx, owner, req, out).await;
             true
@@ -411,7 +413,8 @@ pub async fn handle_live(
             };
             let deadline = call_deadline(&pool, view.timeout_ms());
             let t0 = std::time::Instant::now();
-            let caller = pool.caller(view.session_id());
+            let session = req.session_key();
+            let caller = pool.caller(session.as_deref());
             let result = if pool.reports_live() {
                 let id = *tc.id();
                 let call = Live {
@@ -455,7 +458,8 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let t0 = std::time::Instant::now();
-            let result = pool.caller(view.session_id()).read_resource(uri).await;
+            let session = req.session_key();
+            let result = pool.caller(session.as_deref()).read_resource(uri).await;
             crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
@@ -515,7 +519,7 @@ pub async fn handle_live(
             };
             let t0 = std::time::Instant::now();
             let result = pool
-                .caller(view.session_id())
+                .caller(req.session_key().as_deref())
                 .get_prompt(&target.name)
                 .await;
             crate::metrics::record::wasm_call(ctx, router.slot, t0);
@@ -578,7 +582,8 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let t0 = std::time::Instant::now();
-            let result = pool.caller(view.session_id()).complete(&request).await;
+            let session = req.session_key();
+            let result = pool.caller(session.as_deref()).complete(&request).await;
             crate::metrics::record::wasm_call(ctx, router.slot, t0);
             let mut enc = ctx.enc.borrow_mut();
             match result {

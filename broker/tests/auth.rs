@@ -612,6 +612,72 @@ fn the_frame_edge_takes_the_token_in_initialize() {
     assert_eq!(common::error_code(&r), Some(-32003), "after exp");
 }
 
+/// With `[auth]` a frame client's session ids are its subject's own: the
+/// id of another subject's HTTP session, or the id another subject chose
+/// on frames, reaches none of their session state (the `kv` router keeps
+/// one instance per session), while the subject's own calls share theirs.
+#[test]
+fn frame_session_ids_are_the_subjects_own() {
+    use mcp_schema::fb::protocol::ProtocolVersion;
+    let f = Fixture::start("frames-sessions");
+    let connect = |sub: &str| {
+        let mut c = f.b.connect();
+        let token = f.token(sub, "mcp kv:write");
+        let r = c.request(None, |e, h| {
+            e.initialize_with_token(h, ProtocolVersion::V2025_06_18, "t", "1", Some(&token))
+                .to_vec()
+        });
+        assert_eq!(common::error_code(&r), None, "{sub}");
+        c
+    };
+    // Alice's HTTP session holds a secret.
+    let alice = f.token("alice", "mcp kv:write");
+    let s = session(&f.b, &alice);
+    let r = call(
+        &f.b,
+        &alice,
+        &s,
+        "put",
+        r#"{"key":"secret","value":"alice's"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sid: &'static str = Box::leak(s.clone().into_boxed_str());
+    // Bob names it on frames: an empty session of his own.
+    let mut bob = connect("bob");
+    let not_found = Some(mcp_schema::ErrorCode::NotFound.code());
+    let r = bob.call("get", &[("key", "\"secret\"")], Some(sid));
+    assert_eq!(
+        common::error_code(&r),
+        not_found,
+        "Bob read Alice's HTTP session through the frame edge"
+    );
+    let r = bob.call(
+        "put",
+        &[("key", "\"secret\""), ("value", "\"bob's\"")],
+        Some(sid),
+    );
+    assert_eq!(common::tool_text(&r), "stored secret");
+    let r = call(&f.b, &alice, &s, "get", r#"{"key":"secret"}"#);
+    assert!(
+        r.text().contains("alice's"),
+        "Bob overwrote it: {}",
+        r.text()
+    );
+    // Frame to frame: the same chosen id, two subjects, two sessions; the
+    // same subject on another connection, the same session.
+    let mut alice_frames = connect("alice");
+    let r = alice_frames.call("put", &[("key", "\"k\""), ("value", "1")], Some("mine"));
+    assert_eq!(common::tool_text(&r), "stored k");
+    let r = connect("alice").call("get", &[("key", "\"k\"")], Some("mine"));
+    assert_eq!(common::tool_text(&r), "1");
+    let r = bob.call("get", &[("key", "\"k\"")], Some("mine"));
+    assert_eq!(
+        common::error_code(&r),
+        not_found,
+        "Bob read Alice's frame session"
+    );
+}
+
 /// No token passthrough with `[auth]` on: a FastMCP upstream behind the
 /// broker sees its router's `upstream_headers`, never the client's JWT.
 #[test]

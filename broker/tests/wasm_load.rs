@@ -37,10 +37,17 @@ fn component_importing_an_unknown_interface_is_refused_naming_it() {
 
 #[test]
 fn missing_component_file_tells_to_build_the_routers() {
-    let spec = RouterSpec::new("ghost", "/nonexistent/ghost.wasm");
+    // A bundled router's file: the hint to build them.
+    let spec = RouterSpec::new("echo", "/nonexistent/echo.wasm");
     let e = host().load(&spec).unwrap_err();
     assert!(matches!(e, LoadError::Read { .. }), "{e:?}");
     assert!(e.to_string().contains("scripts/build-routers"), "{e}");
+    // An operator's own file: no hint that does not apply.
+    let spec = RouterSpec::new("ghost", "/nonexistent/ghost.wasm");
+    let e = host().load(&spec).unwrap_err();
+    assert!(matches!(e, LoadError::Read { .. }), "{e:?}");
+    assert!(!e.to_string().contains("build-routers"), "{e}");
+    assert!(e.to_string().contains("/nonexistent/ghost.wasm"), "{e}");
 }
 
 #[test]

@@ -47,6 +47,9 @@ pub fn options_for(len: usize) -> VerifierOptions {
 #[derive(Clone, Debug)]
 pub struct VerifiedRequest {
     frame: Bytes,
+    /// Whose session ids the frame's are ([`Self::session_key`]); `None`:
+    /// the id is used as it is.
+    session_scope: Option<std::sync::Arc<str>>,
 }
 
 impl VerifiedRequest {
@@ -58,7 +61,10 @@ impl VerifiedRequest {
         let opts = options_for(frame.len());
         let req = flatbuffers::size_prefixed_root_with_opts::<Request>(&opts, &frame)?;
         classify(&req)?;
-        Ok(Self { frame })
+        Ok(Self {
+            frame,
+            session_scope: None,
+        })
     }
 
     /// Takes a frame this process built itself with
@@ -90,7 +96,30 @@ impl VerifiedRequest {
         // Request as a FlatBufferBuilder finished it.
         let req = unsafe { flatbuffers::size_prefixed_root_unchecked::<Request>(&frame) };
         classify(&req)?;
-        Ok(Self { frame })
+        Ok(Self {
+            frame,
+            session_scope: None,
+        })
+    }
+
+    /// Scopes the frame's session id to `scope` (an authenticated
+    /// caller's subject): [`Self::session_key`] is then that id within the
+    /// scope, so that a client choosing its session ids reaches neither
+    /// another caller's sessions nor those another edge minted.
+    pub fn with_session_scope(mut self, scope: std::sync::Arc<str>) -> Self {
+        self.session_scope = Some(scope);
+        self
+    }
+
+    /// The key of the router session this request names: its header's
+    /// `session_id`, within its scope if it has one (`<scope>` U+001F
+    /// `<id>`, a separator no id or subject printed in JSON carries raw).
+    pub fn session_key(&self) -> Option<std::borrow::Cow<'_, str>> {
+        let id = self.view().session_id()?;
+        Some(match &self.session_scope {
+            None => std::borrow::Cow::Borrowed(id),
+            Some(scope) => std::borrow::Cow::Owned(format!("{scope}\u{1f}{id}")),
+        })
     }
 
     /// The frame, length prefix included.

@@ -572,6 +572,17 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
         conn.push_out(enc.error(&to, mcp_schema::ErrorCode::Unauthorized, &why, None));
         return started;
     }
+    // With `[auth]` a frame client's session ids are its subject's own: the
+    // id it chose names a router session within that subject, never
+    // another subject's, nor a session the HTTP or gRPC edge minted (the
+    // edges that bind theirs to the subject themselves). Without `[auth]`
+    // there is no subject, and an id is shared across edges as it is.
+    let req = match conn.principal.borrow().as_ref() {
+        Some(p) if req.view().session_id().is_some() => {
+            req.with_session_scope(std::sync::Arc::from(p.subject.as_str()))
+        }
+        _ => req,
+    };
     if !conn.listening.get() && req.view().kind() == mcp_schema::RequestKind::Initialize {
         // An MCP client: it handles notifications, so it is told when the
         // listings change.
