@@ -596,9 +596,18 @@ impl Auth {
                 .collect(),
             _ => Vec::new(),
         };
+        // A NumericDate may have a fraction (RFC 7519 §2): the whole
+        // seconds, as jsonwebtoken's own check reads it. (Read as 0 it made
+        // a frame connection's valid token expired at its first call.)
         let expires_at = claims
             .get("exp")
-            .and_then(serde_json::Value::as_u64)
+            .and_then(|e| {
+                e.as_u64().or_else(|| {
+                    e.as_f64()
+                        .filter(|f| f.is_finite() && *f >= 0.0)
+                        .map(|f| f as u64)
+                })
+            })
             .unwrap_or(0);
         Ok(Principal {
             subject,

@@ -680,7 +680,21 @@ impl Config {
         let mut errors = Vec::new();
         let table: toml::Table = match text.parse() {
             Ok(t) => t,
-            Err(e) => return Err(ConfigErrors(vec![format!("TOML syntax: {e}")])),
+            // Where and what, not toml's quote of the line: that line may
+            // hold a secret (`upstream_headers`), and errors are logged and
+            // answered to `POST /admin/reload`.
+            Err(e) => {
+                let at = e.span().map_or(String::new(), |s| {
+                    let before = &text[..s.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                    format!(" at line {line}, column {column}")
+                });
+                return Err(ConfigErrors(vec![format!(
+                    "TOML syntax{at}: {}",
+                    e.message().trim_end()
+                )]));
+            }
         };
         let mut config = Config::default();
         let mut router_entries = 0;
@@ -1238,7 +1252,13 @@ fn deserialize_all<T: for<'de> Deserialize<'de>>(
             .chain(keys.iter().cloned())
             .collect::<Vec<_>>()
             .join(".");
-        errors.push(format!("{path}: {}", e.message()));
+        // Secrets are named, never shown: a value that does not fit under
+        // `upstream_headers` (a header line given as a string) is one.
+        if keys.iter().any(|k| k == "upstream_headers") {
+            errors.push(format!("{path}: {}", without_strings(e.message())));
+        } else {
+            errors.push(format!("{path}: {}", e.message()));
+        }
         // An unknown key names itself in the message, not in the path.
         let mut bad = keys;
         if let Some(name) = unknown_field(e.message()) {
@@ -1263,6 +1283,26 @@ fn error_keys(e: &toml::de::Error) -> Vec<String> {
         .and_then(|l| l.strip_suffix('`'))
         .map(|k| k.split('.').map(str::to_owned).collect())
         .unwrap_or_default()
+}
+
+/// `message` with every double-quoted string replaced by `"…"`.
+fn without_strings(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some((head, tail)) = rest.split_once('"') {
+        out.push_str(head);
+        match tail.rsplit_once('"') {
+            Some((_, after)) => {
+                out.push_str("\"…\"");
+                rest = after;
+            }
+            None => {
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The field of serde's "unknown field `x`, expected …".
@@ -1621,6 +1661,33 @@ mod tests {
                 "{a} {b}"
             );
         }
+    }
+
+    /// Config errors are logged and answered to `POST /admin/reload`: they
+    /// name an `upstream_headers` value's place, never the value.
+    #[test]
+    fn errors_never_show_an_upstream_headers_secret() {
+        let router = "[[routers]]\nname = \"u\"\nupstream = \"http://127.0.0.1:1/mcp\"\n";
+        let all = Config::parse(&format!(
+            "{router}upstream_headers = {{ Authorization = \"Bearer S3CRET\", X = on }}\n"
+        ))
+        .unwrap_err()
+        .0
+        .join("\n");
+        assert!(all.contains("TOML syntax at line 4, column"), "{all}");
+        assert!(!all.contains("S3CRET"), "{all}");
+        let all = Config::parse(&format!(
+            "{router}upstream_headers = \"Authorization: Bearer S3CRET\"\n"
+        ))
+        .unwrap_err()
+        .0
+        .join("\n");
+        assert!(
+            all.contains("routers[0].upstream_headers: invalid type"),
+            "{all}"
+        );
+        assert!(!all.contains("S3CRET"), "{all}");
+        assert_eq!(without_strings(r#"a "x" b "y "z" c"#), r#"a "…" c"#);
     }
 
     /// [`error_keys`] reads toml's `Display`: this pins the form it reads.

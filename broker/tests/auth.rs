@@ -597,6 +597,17 @@ fn the_frame_edge_takes_the_token_in_initialize() {
         names.iter().any(|n| n == "get") && !names.iter().any(|n| n == "put"),
         "{names:?}"
     );
+    // A fractional `exp` (RFC 7519 allows one) lasts as a whole one does:
+    // it was read as 0, and every call after initialize was "expired".
+    let frac = f.sign(&json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "scope": "mcp",
+        "exp": (now() + 300) as f64 + 0.5, "nbf": now() - 10,
+    }));
+    let mut c = f.b.connect();
+    let r = init(&mut c, Some(&frac));
+    assert_eq!(common::error_code(&r), None);
+    let r = c.call("echo_text", &[("text", "\"hi\"")], None);
+    assert_eq!(common::tool_text(&r), "hi", "a fractional exp");
     // A token that expires: the connection stops being served with it.
     let short = f.sign(&json!({
         "iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "scope": "mcp",
