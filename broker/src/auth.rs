@@ -491,6 +491,22 @@ impl Auth {
     /// Verifies a bearer token and the scopes every request needs.
     /// `header` is the `Authorization` value (or gRPC metadata) as sent; a
     /// value that is not UTF-8 text counts as `missing`.
+    /// [`Self::authenticate`] over every `Authorization` header a request
+    /// carries: two or more are malformed (RFC 9110 §5.3 allows it once; a
+    /// proxy reading the last one would judge another credential than this
+    /// broker, which read the first).
+    pub fn authenticate_all<'a>(
+        &self,
+        mut headers: impl Iterator<Item = &'a [u8]>,
+    ) -> Result<Arc<Principal>, Failure> {
+        let first = headers.next();
+        if headers.next().is_some() {
+            self.count(Failure::Malformed);
+            return Err(Failure::Malformed);
+        }
+        self.authenticate(first)
+    }
+
     pub fn authenticate(&self, header: Option<&[u8]>) -> Result<Arc<Principal>, Failure> {
         let r = Self::bearer(header).and_then(|t| self.verify(t));
         let r = r.and_then(|p| {

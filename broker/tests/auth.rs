@@ -443,6 +443,59 @@ fn with<T>(token: Option<&str>, m: T) -> tonic::Request<T> {
     r
 }
 
+/// A second `Authorization` header is refused as malformed on HTTP and
+/// gRPC, whichever comes first: a proxy that reads the other one would
+/// judge another credential than the broker.
+#[test]
+fn two_authorization_headers_are_refused() {
+    use mcp_proto::v1 as pb;
+    let f = Fixture::start("two-headers");
+    let good = format!("Bearer {}", f.token("alice", "mcp"));
+    for pair in [
+        [good.as_str(), "Bearer junk"],
+        ["Bearer junk", good.as_str()],
+    ] {
+        let mut c = Conn::connect(f.b.http);
+        let r = c.request(
+            "POST",
+            "/mcp",
+            &[
+                ("Content-Type", "application/json"),
+                ("Accept", "application/json, text/event-stream"),
+                ("Authorization", pair[0]),
+                ("Authorization", pair[1]),
+            ],
+            initialize_body().as_bytes(),
+        );
+        assert_eq!(r.status, 401, "{pair:?}: {}", r.text());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{}", f.b.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut g = pb::mcp_service_client::McpServiceClient::new(ch);
+        let mut r = with(
+            Some(&f.token("alice", "mcp")),
+            pb::ListToolsRequest::default(),
+        );
+        r.metadata_mut()
+            .append("authorization", "Bearer junk".parse().unwrap());
+        let e = g.list_tools(r).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        let ok = with(
+            Some(&f.token("alice", "mcp")),
+            pb::ListToolsRequest::default(),
+        );
+        g.list_tools(ok).await.expect("one header is served");
+    });
+}
+
 #[test]
 fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
     use mcp_proto::v1 as pb;

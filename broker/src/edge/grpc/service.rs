@@ -179,8 +179,12 @@ impl EdgeState {
         let Some(auth) = &self.shared.auth else {
             return Ok(None);
         };
-        let header = req.metadata().get("authorization").map(|v| v.as_bytes());
-        auth.authenticate(header)
+        let headers = req
+            .metadata()
+            .get_all("authorization")
+            .iter()
+            .map(|v| v.as_bytes());
+        auth.authenticate_all(headers)
             .map(Some)
             .map_err(|f| auth_status(f, auth.base_scopes()))
     }

@@ -659,9 +659,10 @@ impl HttpEdge {
         // `[auth]`: every request to /mcp carries a valid bearer token.
         let who = match &self.ctx.shared.auth {
             None => None,
-            Some(auth) => match auth.authenticate(
+            Some(auth) => match auth.authenticate_all(
                 req.headers()
-                    .get(header::AUTHORIZATION)
+                    .get_all(header::AUTHORIZATION)
+                    .iter()
                     .map(|v| v.as_bytes()),
             ) {
                 Ok(p) => Some(p),
