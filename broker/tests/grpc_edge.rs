@@ -356,6 +356,32 @@ async fn every_rpc_answers_from_the_routers_through_the_shards() {
 /// A resource topic gets the updates a router tells for that URI (the kv
 /// router on `put`), from a call on another connection; another URI's
 /// subscriber gets none of them.
+/// Initialize ignores any session id it carries (proto/README), a broken
+/// one included; a not-found message copying a huge unknown name is cut,
+/// so that its status still fits a client's trailer limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_ignores_a_session_id_and_long_errors_still_arrive() {
+    let b = Broker::start();
+    let mut c = client(&b).await;
+    for bad in ["", &"s".repeat(300)] {
+        let mut req = tonic::Request::new(pb::InitializeRequest {
+            protocol_version: "2025-06-18".into(),
+            capabilities: Some(pb::ClientCapabilities::default()),
+            client_info: None,
+        });
+        req.metadata_mut()
+            .insert(mcp_proto::SESSION_METADATA_KEY, bad.parse().unwrap());
+        let r = c
+            .initialize(req)
+            .await
+            .expect("initialize with a stray session id");
+        assert!(r.metadata().get(mcp_proto::SESSION_METADATA_KEY).is_some());
+    }
+    let name = "工".repeat(2000);
+    let e = c.call_tool(call(&name, "{}")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resource_topic_gets_the_updates_its_router_tells() {
     let b = Broker::start();

@@ -307,6 +307,12 @@ impl CallMeta {
     /// Reads the metadata without checking the session (Initialize ignores
     /// it; every other call goes through [`EdgeState::meta`]).
     fn of<T>(req: &Request<T>) -> Result<Self, Status> {
+        Self::read(req, true)
+    }
+
+    /// `session`: whether to read (and check) the request's session id;
+    /// Initialize ignores any it carries (proto/README).
+    fn read<T>(req: &Request<T>, session: bool) -> Result<Self, Status> {
         // Every connection the edge accepts carries one; a request built
         // elsewhere (none today) gets an identity that owns nothing.
         let conn = req
@@ -315,7 +321,7 @@ impl CallMeta {
             .cloned()
             .unwrap_or_else(ConnInfo::detached);
         let md = req.metadata();
-        let session = match md.get(mcp_proto::SESSION_METADATA_KEY) {
+        let session = match md.get(mcp_proto::SESSION_METADATA_KEY).filter(|_| session) {
             None => None,
             Some(v) => {
                 // Not visible ASCII: refused like an empty one.
@@ -663,7 +669,7 @@ impl McpService for Edge {
         &self,
         req: Request<pb::InitializeRequest>,
     ) -> Result<Response<pb::InitializeResult>, Status> {
-        let mut meta = CallMeta::of(&req)?;
+        let mut meta = CallMeta::read(&req, false)?;
         meta.principal = self.0.authorize(&req)?;
         let r = req.into_inner();
         // Initialize starts a session: a fresh unguessable id bound to this
@@ -869,7 +875,8 @@ impl McpService for Edge {
     ) -> Result<Response<pb::GetPromptResult>, Status> {
         let meta = self.0.meta(&req)?;
         let r = req.get_ref();
-        self.0.authorize_tool(&meta, &r.name)?;
+        // `[[auth.rules]]` name tools (docs/security.md); a prompt is
+        // served as on the other edges, whatever its name.
         let members = request::arguments(r.arguments.as_deref()).map_err(refused)?;
         let op = Op {
             method: "prompts/get",

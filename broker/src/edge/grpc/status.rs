@@ -36,11 +36,29 @@ pub fn from_wire(code: i32, message: &str) -> Status {
         Some(ErrorCode::RouterFault) => format!("router fault: {message}"),
         _ => message.to_string(),
     };
+    let message = bounded(message);
     let mut status = Status::new(grpc, message);
     if let Ok(v) = code.to_string().parse() {
         status.metadata_mut().insert(ERROR_CODE_METADATA_KEY, v);
     }
     status
+}
+
+/// The most characters of a message a status carries. It travels
+/// percent-encoded in the `grpc-message` trailer, up to 12 bytes a
+/// character; clients refuse trailers past 8 KiB (grpc's default), and a
+/// message that copied a client's 12,000-character tool name turned the
+/// NOT_FOUND it explained into RESOURCE_EXHAUSTED.
+pub const MAX_MESSAGE_CHARS: usize = 512;
+
+fn bounded(message: String) -> String {
+    match message.char_indices().nth(MAX_MESSAGE_CHARS) {
+        None => message,
+        Some((cut, _)) => format!(
+            "{}… (cut at {MAX_MESSAGE_CHARS} characters)",
+            &message[..cut]
+        ),
+    }
 }
 
 /// A status for an error the edge detects itself, with the wire code it
@@ -52,6 +70,24 @@ pub fn edge(code: ErrorCode, message: impl Into<String>) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_messages_are_cut_to_fit_a_trailer() {
+        let name = "工".repeat(2000);
+        let s = from_wire(
+            ErrorCode::NotFound.code(),
+            &format!("unknown tool `{name}`"),
+        );
+        assert_eq!(s.code(), Code::NotFound);
+        assert!(
+            s.message().chars().count() < MAX_MESSAGE_CHARS + 40,
+            "{}",
+            s.message().len()
+        );
+        assert!(s.message().ends_with("(cut at 512 characters)"));
+        let short = from_wire(ErrorCode::NotFound.code(), "unknown tool `x`");
+        assert_eq!(short.message(), "unknown tool `x`");
+    }
 
     #[test]
     fn every_wire_code_maps_as_documented() {
