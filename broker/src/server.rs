@@ -97,7 +97,15 @@ impl Running {
         // written the answers to everything they read (and its gRPC calls are
         // done); at the deadline, what still runs is cut short.
         let until = Instant::now() + timeout;
+        let mut watches_open = true;
         while !self.shards.iter().all(|h| h.is_finished()) && Instant::now() < until {
+            // Nothing left to answer: the health watchers, told NOT_SERVING
+            // at the drain's start, are let go, so that their connections
+            // close rather than wait for the deadline.
+            if watches_open && self.shared.in_flight() == 0 {
+                self.grpc_edge.end_health_watches();
+                watches_open = false;
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         self.shared.expire_drain();

@@ -805,6 +805,50 @@ async fn health_reflection_and_gzip_then_drain_flips_health_and_closes_streams()
     assert!(status.success(), "{status:?}");
 }
 
+/// gRPC client-side health checking keeps a Watch open on each connection:
+/// at the drain it gets NOT_SERVING, then its stream ends cleanly once no
+/// call is left, and the broker exits without waiting for the drain's
+/// deadline (set far beyond the test's bound, 120 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_health_watch_does_not_hold_the_drain() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let b = Broker::start_with_config(|c| {
+        c.replace("drain_timeout = \"10s\"", "drain_timeout = \"120s\"")
+    });
+    let mut health = HealthClient::new(channel(&b).await);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+    let mut b = b;
+    b.terminate();
+    let within = Duration::from_secs(60);
+    let next = tokio::time::timeout(within, watch.message())
+        .await
+        .expect("NOT_SERVING at the drain")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
+    let end = tokio::time::timeout(within, watch.message())
+        .await
+        .expect("the watch ends before the drain's deadline");
+    assert!(matches!(end, Ok(None)), "a clean end, got {end:?}");
+    let status = tokio::task::spawn_blocking(move || {
+        let s = b.child.wait().unwrap();
+        drop(b);
+        s
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 /// Polls `cond` every 20 ms until it holds or `within` passes.
 async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let until = std::time::Instant::now() + within;

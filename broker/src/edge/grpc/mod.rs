@@ -162,6 +162,21 @@ impl GrpcEdge {
         self.not_serving();
     }
 
+    /// Ends every open health `Watch` stream (its statuses are forgotten,
+    /// so a later Check finds no service): called once the drain has no
+    /// call left. gRPC client-side health checking keeps one open on each
+    /// connection, which held every drain to its deadline (10 s by
+    /// default) after the watcher had its NOT_SERVING.
+    pub fn end_health_watches(&self) {
+        let mut health = self.health.clone();
+        self.aux.block_on(async move {
+            health
+                .clear_service_status(<McpServiceServer<Edge> as tonic::server::NamedService>::NAME)
+                .await;
+            health.clear_service_status("").await;
+        });
+    }
+
     /// gRPC health reports NOT_SERVING (the drain grace, then the drain);
     /// calls are still served until [`Self::begin_drain`].
     pub fn not_serving(&self) {
