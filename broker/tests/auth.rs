@@ -623,6 +623,13 @@ fn the_frame_edge_takes_the_token_in_initialize() {
             "{name}: still refused"
         );
     }
+    // Told where the token goes on this edge, not of a header it lacks.
+    let r = init(&mut c, None);
+    let (_, said) = mcp_schema::client::ResponseView::parse(&r)
+        .unwrap()
+        .error()
+        .expect("refused");
+    assert!(said.contains("auth_token"), "{said}");
     let r = init(&mut c, Some(&f.token("alice", "mcp")));
     assert_eq!(common::error_code(&r), None, "a valid token");
     let r = c.call("echo_text", &[("text", "\"hi\"")], None);

@@ -659,7 +659,13 @@ fn admit<F>(auth: &crate::auth::Auth, conn: &Conn<F>, req: &VerifiedRequest) -> 
                 }
                 Err(f) => {
                     *conn.principal.borrow_mut() = None;
-                    Err(f.describe(auth.base_scopes()))
+                    // The frame edge has no Authorization header to name.
+                    Err(match f {
+                        Failure::Missing => "authentication required: send the bearer token \
+                                             in this InitializeRequest's auth_token"
+                            .to_owned(),
+                        f => f.describe(auth.base_scopes()),
+                    })
                 }
             }
         }
