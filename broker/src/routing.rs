@@ -161,6 +161,7 @@ pub fn load(host: &WasmHost, config: &Config, r: &RouterConfig) -> Result<Loaded
             tracing::warn!(router = %r.name, %reason, "upstream unavailable at load; retrying with backoff");
             meta = Arc::new(RouterMeta {
                 server: meta.server.clone(),
+                unread: meta.unread.clone(),
                 ..Default::default()
             });
         }

@@ -986,6 +986,44 @@ fn garbage_a_dropped_stream_and_http_errors_get_upstream_unavailable_with_the_re
     assert_eq!(text_of(&r["result"]), "fine");
 }
 
+/// An upstream that answers `initialize` and then never its listing does
+/// not stop the broker from starting (its router starts unavailable, as one
+/// that cannot be reached does), and the listings an upstream did answer at
+/// start-up are not cancelled afterwards.
+#[test]
+fn an_upstream_silent_on_its_listing_at_start_is_unavailable_not_fatal() {
+    let broken = Fixture::broken();
+    let mut toml = mcp_broker::config::DEFAULT_TOML.to_string();
+    for (name, path) in [("silent", "silent"), ("answered", "garbage")] {
+        toml.push_str(&format!(
+            "\n[[routers]]\nname = \"{name}\"\nupstream = \"http://127.0.0.1:{}/{path}\"\ncall_deadline = \"2s\"\n",
+            broken.1
+        ));
+    }
+    let b = Broker::start_with_config(&toml, &[]);
+    let (mut c, s) = session(&b);
+    let r = c.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"echo_text","arguments":{"text":"up"}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "up");
+    let listed = c.call(&s, 2, "tools/list", "{}");
+    let tools = names(&listed, "tools", "name");
+    assert!(tools.iter().any(|t| t == "boom"), "{tools:?}");
+    assert!(!tools.iter().any(|t| t.starts_with("silent")), "{tools:?}");
+    // The upstream that answered its listings was sent no cancellation.
+    let mut u = Conn::connect(format!("127.0.0.1:{}", broken.1).parse().unwrap());
+    let r = u.request(
+        "POST",
+        "/garbage",
+        &[("Content-Type", "application/json")],
+        br#"{"jsonrpc":"2.0","id":1,"method":"test/cancelled"}"#,
+    );
+    assert_eq!(r.json()["result"]["count"], 0, "{}", r.text());
+}
+
 /// How long after the call started each of its notifications and its final
 /// answer arrived: for showing that notifications come while it runs.
 const STEP: Duration = Duration::from_millis(400);

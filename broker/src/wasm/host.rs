@@ -304,13 +304,29 @@ impl WasmHost {
             reports_live,
             meta: Arc::new(RouterMeta::default()),
         };
-        router.meta =
-            Arc::new(
-                block_on(router.read_meta()).map_err(|source| LoadError::Metadata {
+        let upstream = spec
+            .grants
+            .vars
+            .iter()
+            .any(|(k, _)| k == "MCP_UPSTREAM_URL");
+        router.meta = Arc::new(match block_on(router.read_meta()) {
+            Ok(meta) => meta,
+            // An upstream that connects and then does not answer its
+            // listing is not fatal, as one that cannot be reached is not
+            // (docs/upstreams.md): the router starts unavailable, serving
+            // nothing, and its listing is read again with backoff.
+            Err(source @ CallError::DeadlineExceeded(_)) if upstream => RouterMeta {
+                name: spec.name.clone(),
+                unread: Some(format!("its upstream did not answer the listing: {source}")),
+                ..RouterMeta::default()
+            },
+            Err(source) => {
+                return Err(LoadError::Metadata {
                     router: spec.name.clone(),
                     source,
-                })?,
-            );
+                });
+            }
+        });
         Ok(Arc::new(router))
     }
 
@@ -393,6 +409,10 @@ pub struct RouterMeta {
     pub resources: Vec<McpResource>,
     /// `list-prompts()`.
     pub prompts: Vec<Prompt>,
+    /// Why the host could not read the rest (an `upstream` router whose
+    /// upstream did not answer its listing within the call deadline at
+    /// load): it is then unavailable, as one that said so itself.
+    pub unread: Option<String>,
 }
 
 /// The `describe-server` meta entry by which a router says it cannot serve
@@ -408,7 +428,9 @@ pub const UPSTREAM_PROTOCOL_META_KEY: &str = "mcp-broker/upstream-protocol";
 impl RouterMeta {
     /// The reason this router said it cannot serve, if it did.
     pub fn unavailable(&self) -> Option<String> {
-        self.server_meta(UNAVAILABLE_META_KEY)
+        self.unread
+            .clone()
+            .or_else(|| self.server_meta(UNAVAILABLE_META_KEY))
     }
 
     /// The revision an `upstream` router speaks with its upstream, if it
@@ -691,7 +713,13 @@ impl Router {
 
     async fn read_meta(&self) -> Result<RouterMeta, CallError> {
         let mut inst = self.instantiate().await?;
-        self.read_meta_on(&mut inst).await
+        let meta = self.read_meta_on(&mut inst).await?;
+        // Every request it made was answered: dropping it must not cancel
+        // them (an upstream router's outbound hooks cancel what is still
+        // pending, and an upstream was sent notifications/cancelled for
+        // listings it had answered).
+        inst.settled();
+        Ok(meta)
     }
 
     /// The metadata calls on `inst`. An error other than the router's own
@@ -727,6 +755,7 @@ impl Router {
             tools,
             resources,
             prompts,
+            unread: None,
         })
     }
 }

@@ -6,7 +6,12 @@ properly, then answers `tools/call` badly, in the way its path names:
 - `/drop`: 200 `text/event-stream` with one progress event, then the
   connection closes before the response;
 - `/status500`: HTTP 500 with a text body;
-- `/wrongid`: a JSON-RPC response for another request id, then the end.
+- `/wrongid`: a JSON-RPC response for another request id, then the end;
+- `/silent`: answers `initialize`, then opens an SSE answer to
+  `tools/list` and never writes to it (an upstream that hangs at start-up).
+
+Every path counts the `notifications/cancelled` it receives; the method
+`test/cancelled` answers the count (`{"count": N}`) for the path asked.
 
     python broken.py PORT
 
@@ -16,7 +21,12 @@ standard library only: the point is a server no SDK would let us write.
 
 import json
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CANCELLED = {}
+LOCK = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -46,6 +56,9 @@ class Handler(BaseHTTPRequestHandler):
         msg = json.loads(self.rfile.read(n) or b"{}")
         method = msg.get("method", "")
         if "id" not in msg:
+            if method == "notifications/cancelled":
+                with LOCK:
+                    CANCELLED[self.path] = CANCELLED.get(self.path, 0) + 1
             self.reply(202, "", "text/plain")
             return
         rid = msg["id"]
@@ -65,6 +78,17 @@ class Handler(BaseHTTPRequestHandler):
                 ),
                 headers=[("Mcp-Session-Id", "broken-session")],
             )
+        elif method == "test/cancelled":
+            with LOCK:
+                n = CANCELLED.get(self.path, 0)
+            self.reply(200, result({"count": n}))
+        elif method == "tools/list" and self.path.strip("/") == "silent":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(60)
+            self.close_connection = True
         elif method == "tools/list":
             self.reply(
                 200,
