@@ -127,9 +127,19 @@ fn log_frames(enc: &mut ResponseEncoder, out: &mut Vec<u8>, to: &ReplyTo<'_>, tr
     }
 }
 
+/// The LogMessage metadata key that keeps an MCP level the frame's five
+/// cannot name (`notice`, `alert`, `emergency`), so that an edge speaking
+/// MCP filters and shows the level the router gave.
+pub const LOG_LEVEL_META_KEY: &str = "mcp-broker/level";
+
+/// The LogMessage metadata key that keeps structured log `data` (JSON
+/// text other than a string): the frame's `message` holds its text, and an
+/// edge speaking MCP sends the value itself.
+pub const LOG_DATA_META_KEY: &str = "mcp-broker/data";
+
 /// One LogMessage frame: an MCP log `level` name, the `logger`, and `data`
 /// as JSON text (a JSON string is the message itself; anything else is
-/// sent as its JSON text).
+/// sent as its JSON text, and kept as JSON under [`LOG_DATA_META_KEY`]).
 pub fn log_frame<'e>(
     enc: &'e mut ResponseEncoder,
     to: &ReplyTo<'_>,
@@ -137,26 +147,44 @@ pub fn log_frame<'e>(
     logger: Option<&str>,
     data: &str,
 ) -> &'e [u8] {
-    let level = match level {
-        "debug" => p::LogLevel::Debug,
-        "info" | "notice" => p::LogLevel::Info,
-        "warning" => p::LogLevel::Warning,
-        "error" => p::LogLevel::Error,
-        _ => p::LogLevel::Critical,
+    let (wire, exact) = match level {
+        "debug" => (p::LogLevel::Debug, true),
+        "info" => (p::LogLevel::Info, true),
+        "notice" => (p::LogLevel::Info, false),
+        "warning" => (p::LogLevel::Warning, true),
+        "error" => (p::LogLevel::Error, true),
+        "critical" => (p::LogLevel::Critical, true),
+        _ => (p::LogLevel::Critical, false),
     };
-    let data = serde_json::from_str::<String>(data).map_or_else(
-        |_| std::borrow::Cow::Borrowed(data),
-        std::borrow::Cow::Owned,
-    );
+    let text = serde_json::from_str::<String>(data).ok();
     let fbb = enc.begin();
-    let message = fbb.create_string(&data);
+    let message = fbb.create_string(text.as_deref().unwrap_or(data));
     let source = logger.map(|l| fbb.create_string(l));
+    let mut kvs = Vec::new();
+    let mut entry = |fbb: &mut Fbb, key: &str, value: &str| {
+        let (key, value) = (fbb.create_string(key), fbb.create_string(value));
+        kvs.push(KeyValue::create(
+            fbb,
+            &KeyValueArgs {
+                key: Some(key),
+                value: Some(value),
+            },
+        ));
+    };
+    if !exact && crate::edge::http::jsonrpc::level_rank(level).is_some() {
+        entry(fbb, LOG_LEVEL_META_KEY, level);
+    }
+    if text.is_none() && serde_json::from_str::<serde::de::IgnoredAny>(data).is_ok() {
+        entry(fbb, LOG_DATA_META_KEY, data);
+    }
+    let metadata = (!kvs.is_empty()).then(|| fbb.create_vector(&kvs));
     let m = p::LogMessage::create(
         fbb,
         &p::LogMessageArgs {
-            level,
+            level: wire,
             message: Some(message),
             source,
+            metadata,
             ..Default::default()
         },
     );

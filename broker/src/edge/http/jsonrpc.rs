@@ -2159,18 +2159,34 @@ pub fn level_rank(name: &str) -> Option<usize> {
     LOG_LEVELS.iter().position(|l| *l == name)
 }
 
-/// The MCP level of a LogMessage frame (`None` for any other frame).
+/// The MCP level of a LogMessage frame (`None` for any other frame): the
+/// one kept in its metadata when the frame's own five cannot name it.
 pub fn log_level_of(frame: &[u8]) -> Option<&'static str> {
     let l = ResponseView::parse(frame)
         .ok()?
         .response
         .payload_as_log_message()?;
-    Some(log_level_name(l.level()))
+    Some(mcp_level(&l))
 }
 
-/// A LogMessage frame → `notifications/message {level, logger?, data}`,
-/// `data` the message text (the frame's metadata is not carried). Returns
-/// `false` (nothing written) when the frame is not a log message.
+fn mcp_level(l: &p::LogMessage<'_>) -> &'static str {
+    log_meta(l, crate::adapt::LOG_LEVEL_META_KEY)
+        .and_then(|v| LOG_LEVELS.iter().find(|n| **n == v))
+        .copied()
+        .unwrap_or_else(|| log_level_name(l.level()))
+}
+
+fn log_meta<'a>(l: &p::LogMessage<'a>, key: &str) -> Option<&'a str> {
+    l.metadata()?
+        .iter()
+        .find(|kv| kv.key() == key)
+        .and_then(|kv| kv.value())
+}
+
+/// A LogMessage frame → `notifications/message {level, logger?, data}`:
+/// `data` the structured value the router logged when the frame keeps one
+/// (`adapt::LOG_DATA_META_KEY`), else the message text. Returns `false`
+/// (nothing written) when the frame is not a log message.
 pub fn write_log(out: &mut Vec<u8>, frame: &[u8]) -> bool {
     let Some(l) = ResponseView::parse(frame)
         .ok()
@@ -2180,9 +2196,12 @@ pub fn write_log(out: &mut Vec<u8>, frame: &[u8]) -> bool {
     };
     let mut o = notification_start(out, "notifications/message");
     let mut ps = Obj::new(o.key("params"));
-    ps.raw("level", &format!("\"{}\"", log_level_name(l.level())));
+    ps.raw("level", &format!("\"{}\"", mcp_level(&l)));
     ps.opt_str("logger", l.source());
-    ps.str("data", l.message());
+    match log_meta(&l, crate::adapt::LOG_DATA_META_KEY).and_then(json_value) {
+        Some(v) => ps.raw("data", v),
+        None => ps.str("data", l.message()),
+    }
     ps.end();
     o.end();
     true
@@ -4065,6 +4084,36 @@ mod tests {
         assert!(write_log(&mut out, &f));
         // No source: no logger.
         assert_eq!(json_of(&out)["params"], json!({"level":"error","data":"m"}));
+    }
+
+    /// A router's (or an upstream's) log keeps its MCP level, the three the
+    /// frame cannot name included, and structured data as the value it
+    /// logged, through the frame into `notifications/message`.
+    #[test]
+    fn a_routers_log_keeps_its_level_and_structured_data() {
+        let mut enc = ResponseEncoder::new(1);
+        for level in LOG_LEVELS {
+            let f = crate::adapt::log_frame(&mut enc, &TO, level, Some("up"), r#"{"k":[1,2,"ü"]}"#)
+                .to_vec();
+            assert_eq!(log_level_of(&f), Some(level));
+            let mut out = Vec::new();
+            assert!(write_log(&mut out, &f));
+            assert_eq!(
+                json_of(&out)["params"],
+                json!({"level":level,"logger":"up","data":{"k":[1,2,"ü"]}}),
+                "{level}"
+            );
+        }
+        // A string is the message itself; text that is not JSON stays text.
+        for (data, want) in [
+            (r#""plain""#, json!("plain")),
+            ("not json", json!("not json")),
+        ] {
+            let f = crate::adapt::log_frame(&mut enc, &TO, "notice", None, data).to_vec();
+            let mut out = Vec::new();
+            assert!(write_log(&mut out, &f));
+            assert_eq!(json_of(&out)["params"]["data"], want, "{data}");
+        }
     }
 
     #[test]
