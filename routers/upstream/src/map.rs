@@ -488,6 +488,19 @@ mod tests {
         assert!(tool(&json!({"title":"no name"})).is_none());
     }
 
+    /// Numbers pass through as written (serde_json's arbitrary_precision):
+    /// integers past u64, or past what an f64 holds exactly, came back as
+    /// floats (123456789012345678901 as 1.2345678901234567e+20).
+    #[test]
+    fn big_integers_in_arguments_are_kept_as_written() {
+        let args = r#"{"big":123456789012345678901,"neg":-98765432109876543210,"f":0.1}"#;
+        let (v, _) = tool_arguments(args).unwrap();
+        let out = serde_json::to_string(&v).unwrap();
+        for n in ["123456789012345678901", "-98765432109876543210", "0.1"] {
+            assert!(out.contains(n), "{out}");
+        }
+    }
+
     #[test]
     fn resources_and_templates() {
         let r = resource(&json!({"uri":"file:///a","name":"a"}), false).unwrap();
