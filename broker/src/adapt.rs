@@ -13,6 +13,7 @@ use mcp_schema::fb::protocol as p;
 use mcp_schema::fb::{self, KeyValue, KeyValueArgs, UUID};
 use mcp_schema::{ErrorCode, ResponseEncoder};
 
+use crate::edge::http::jsonrpc;
 use crate::route::Listed;
 use crate::wasm::CallError;
 use crate::wasm::types as w;
@@ -127,19 +128,11 @@ fn log_frames(enc: &mut ResponseEncoder, out: &mut Vec<u8>, to: &ReplyTo<'_>, tr
     }
 }
 
-/// The LogMessage metadata key that keeps an MCP level the frame's five
-/// cannot name (`notice`, `alert`, `emergency`), so that an edge speaking
-/// MCP filters and shows the level the router gave.
-pub const LOG_LEVEL_META_KEY: &str = "mcp-broker/level";
-
-/// The LogMessage metadata key that keeps structured log `data` (JSON
-/// text other than a string): the frame's `message` holds its text, and an
-/// edge speaking MCP sends the value itself.
-pub const LOG_DATA_META_KEY: &str = "mcp-broker/data";
-
 /// One LogMessage frame: an MCP log `level` name, the `logger`, and `data`
 /// as JSON text (a JSON string is the message itself; anything else is
-/// sent as its JSON text, and kept as JSON under [`LOG_DATA_META_KEY`]).
+/// sent as its JSON text, and kept as JSON under
+/// [`jsonrpc::LOG_DATA_META_KEY`]; a level the frame's five cannot name
+/// under [`jsonrpc::LOG_LEVEL_META_KEY`]).
 pub fn log_frame<'e>(
     enc: &'e mut ResponseEncoder,
     to: &ReplyTo<'_>,
@@ -171,11 +164,11 @@ pub fn log_frame<'e>(
             },
         ));
     };
-    if !exact && crate::edge::http::jsonrpc::level_rank(level).is_some() {
-        entry(fbb, LOG_LEVEL_META_KEY, level);
+    if !exact && jsonrpc::level_rank(level).is_some() {
+        entry(fbb, jsonrpc::LOG_LEVEL_META_KEY, level);
     }
     if text.is_none() && serde_json::from_str::<serde::de::IgnoredAny>(data).is_ok() {
-        entry(fbb, LOG_DATA_META_KEY, data);
+        entry(fbb, jsonrpc::LOG_DATA_META_KEY, data);
     }
     let metadata = (!kvs.is_empty()).then(|| fbb.create_vector(&kvs));
     let m = p::LogMessage::create(

@@ -434,6 +434,30 @@ fn protected_resource_metadata_is_public_and_names_the_issuer() {
 }
 
 /// `m` with `authorization: Bearer <token>` metadata when `token` is set.
+/// A current-thread runtime and a gRPC client of `f`'s broker on it.
+fn grpc_client(
+    f: &Fixture,
+) -> (
+    tokio::runtime::Runtime,
+    mcp_proto::v1::mcp_service_client::McpServiceClient<tonic::transport::Channel>,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ch = rt.block_on(async {
+        tonic::transport::Channel::from_shared(format!("http://{}", f.b.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    });
+    (
+        rt,
+        mcp_proto::v1::mcp_service_client::McpServiceClient::new(ch),
+    )
+}
+
 fn with<T>(token: Option<&str>, m: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(m);
     if let Some(t) = token {
@@ -469,17 +493,8 @@ fn two_authorization_headers_are_refused() {
         );
         assert_eq!(r.status, 401, "{pair:?}: {}", r.text());
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, mut g) = grpc_client(&f);
     rt.block_on(async {
-        let ch = tonic::transport::Channel::from_shared(format!("http://{}", f.b.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut g = pb::mcp_service_client::McpServiceClient::new(ch);
         let mut r = with(
             Some(&f.token("alice", "mcp")),
             pb::ListToolsRequest::default(),
@@ -500,17 +515,8 @@ fn two_authorization_headers_are_refused() {
 fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
     use mcp_proto::v1 as pb;
     let f = Fixture::start("grpc");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, mut g) = grpc_client(&f);
     rt.block_on(async {
-        let ch = tonic::transport::Channel::from_shared(format!("http://{}", f.b.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut g = pb::mcp_service_client::McpServiceClient::new(ch);
         let e = g
             .list_tools(with(None, pb::ListToolsRequest::default()))
             .await

@@ -789,19 +789,12 @@ async fn health_reflection_and_gzip_then_drain_flips_health_and_closes_streams()
         .await
         .unwrap()
         .into_inner();
-    let mut b = b;
     b.terminate();
     let end = tokio::time::timeout(Duration::from_secs(20), stream.message())
         .await
         .expect("stream ends on drain");
     assert!(matches!(end, Ok(None)), "clean end of stream, got {end:?}");
-    let status = tokio::task::spawn_blocking(move || {
-        let s = b.child.wait().unwrap();
-        drop(b);
-        s
-    })
-    .await
-    .unwrap();
+    let status = exit_status(b).await;
     assert!(status.success(), "{status:?}");
 }
 
@@ -826,7 +819,6 @@ async fn an_open_health_watch_does_not_hold_the_drain() {
         .into_inner();
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!(first.status(), ServingStatus::Serving);
-    let mut b = b;
     b.terminate();
     let within = Duration::from_secs(60);
     let next = tokio::time::timeout(within, watch.message())
@@ -839,14 +831,19 @@ async fn an_open_health_watch_does_not_hold_the_drain() {
         .await
         .expect("the watch ends before the drain's deadline");
     assert!(matches!(end, Ok(None)), "a clean end, got {end:?}");
-    let status = tokio::task::spawn_blocking(move || {
+    let status = exit_status(b).await;
+    assert!(status.success(), "{status:?}");
+}
+
+/// How a terminated broker exited, waited for off the runtime.
+async fn exit_status(mut b: Broker) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || {
         let s = b.child.wait().unwrap();
         drop(b);
         s
     })
     .await
-    .unwrap();
-    assert!(status.success(), "{status:?}");
+    .unwrap()
 }
 
 /// Polls `cond` every 20 ms until it holds or `within` passes.

@@ -2159,6 +2159,16 @@ pub fn level_rank(name: &str) -> Option<usize> {
     LOG_LEVELS.iter().position(|l| *l == name)
 }
 
+/// The LogMessage metadata key that keeps an MCP level the frame's five
+/// cannot name (`notice`, `alert`, `emergency`), so that an edge speaking
+/// MCP filters and shows the level the router gave (`adapt::log_frame`).
+pub const LOG_LEVEL_META_KEY: &str = "mcp-broker/level";
+
+/// The LogMessage metadata key that keeps structured log `data` (JSON
+/// text other than a string): the frame's `message` holds its text, and an
+/// edge speaking MCP sends the value itself.
+pub const LOG_DATA_META_KEY: &str = "mcp-broker/data";
+
 /// The MCP level of a LogMessage frame (`None` for any other frame): the
 /// one kept in its metadata when the frame's own five cannot name it.
 pub fn log_level_of(frame: &[u8]) -> Option<&'static str> {
@@ -2170,7 +2180,7 @@ pub fn log_level_of(frame: &[u8]) -> Option<&'static str> {
 }
 
 fn mcp_level(l: &p::LogMessage<'_>) -> &'static str {
-    log_meta(l, crate::adapt::LOG_LEVEL_META_KEY)
+    log_meta(l, LOG_LEVEL_META_KEY)
         .and_then(|v| LOG_LEVELS.iter().find(|n| **n == v))
         .copied()
         .unwrap_or_else(|| log_level_name(l.level()))
@@ -2185,7 +2195,7 @@ fn log_meta<'a>(l: &p::LogMessage<'a>, key: &str) -> Option<&'a str> {
 
 /// A LogMessage frame → `notifications/message {level, logger?, data}`:
 /// `data` the structured value the router logged when the frame keeps one
-/// (`adapt::LOG_DATA_META_KEY`), else the message text. Returns `false`
+/// ([`LOG_DATA_META_KEY`]), else the message text. Returns `false`
 /// (nothing written) when the frame is not a log message.
 pub fn write_log(out: &mut Vec<u8>, frame: &[u8]) -> bool {
     let Some(l) = ResponseView::parse(frame)
@@ -2198,7 +2208,7 @@ pub fn write_log(out: &mut Vec<u8>, frame: &[u8]) -> bool {
     let mut ps = Obj::new(o.key("params"));
     ps.raw("level", &format!("\"{}\"", mcp_level(&l)));
     ps.opt_str("logger", l.source());
-    match log_meta(&l, crate::adapt::LOG_DATA_META_KEY).and_then(json_value) {
+    match log_meta(&l, LOG_DATA_META_KEY).and_then(json_value) {
         Some(v) => ps.raw("data", v),
         None => ps.str("data", l.message()),
     }
