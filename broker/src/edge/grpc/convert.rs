@@ -433,11 +433,26 @@ pub fn notification(resp: p::Response<'_>) -> Option<pb::notification::Notificat
         }));
     }
     if let Some(l) = resp.payload_as_log_message() {
+        // The MCP level and structured data the frame keeps in its
+        // metadata where its own fields cannot hold them (`adapt::log_frame`).
+        let meta = |key: &str| {
+            l.metadata()?
+                .iter()
+                .find(|kv| kv.key() == key)
+                .and_then(|kv| kv.value())
+        };
+        let level = match meta(crate::edge::http::jsonrpc::LOG_LEVEL_META_KEY) {
+            Some("notice") => pb::LogLevel::Notice,
+            Some("alert") => pb::LogLevel::Alert,
+            Some("emergency") => pb::LogLevel::Emergency,
+            _ => log_level_from_wire(l.level()),
+        };
         return Some(N::Log(pb::LogNotification {
-            level: log_level_from_wire(l.level()) as i32,
+            level: level as i32,
             logger: l.source().unwrap_or("router").to_string(),
             message: l.message().to_string(),
-            data: None,
+            data: meta(crate::edge::http::jsonrpc::LOG_DATA_META_KEY)
+                .map(|d| d.as_bytes().to_vec()),
         }));
     }
     if let Some(u) = resp.payload_as_resource_updated_notification() {
@@ -452,6 +467,28 @@ pub fn notification(resp: p::Response<'_>) -> Option<pb::notification::Notificat
 mod tests {
     use super::super::request::version_from_str;
     use super::*;
+
+    /// A router's notice, alert and emergency keep their level on gRPC
+    /// too, and structured data arrives in `data` as JSON.
+    #[test]
+    fn log_notifications_keep_the_mcp_level_and_data() {
+        let mut enc = mcp_schema::ResponseEncoder::new(1);
+        let to = mcp_schema::encode::ReplyTo::UNKNOWN;
+        for (level, want) in [
+            ("notice", pb::LogLevel::Notice),
+            ("alert", pb::LogLevel::Alert),
+            ("emergency", pb::LogLevel::Emergency),
+            ("info", pb::LogLevel::Info),
+        ] {
+            let f = crate::adapt::log_frame(&mut enc, &to, level, None, r#"{"k":1}"#).to_vec();
+            let v = mcp_schema::client::ResponseView::parse(&f).unwrap();
+            let Some(pb::notification::Notification::Log(l)) = notification(v.response) else {
+                panic!("not a log notification")
+            };
+            assert_eq!(l.level, want as i32, "{level}");
+            assert_eq!(l.data.as_deref(), Some(&br#"{"k":1}"#[..]), "{level}");
+        }
+    }
 
     #[test]
     fn versions_round_trip_and_unknown_ones_negotiate_to_the_latest() {
