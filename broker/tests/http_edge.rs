@@ -1174,6 +1174,45 @@ fn a_batched_call_that_asks_the_client_is_told_it_needs_its_own_stream() {
     }
 }
 
+/// A client that cancels while the broker waits for its answer to the
+/// tool's question ends the request there (-32800): the cancel used to go
+/// unheard, and the tool ran again when the answer came.
+#[test]
+fn a_cancel_while_the_client_is_asked_ends_the_request() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize_with(
+        r#"{"protocolVersion":"2025-06-18","capabilities":{"sampling":{},"elicitation":{}},"clientInfo":{"name":"t","version":"1"}}"#,
+    );
+    for (id, call, asks) in [
+        (
+            9,
+            r#"{"name":"test_sampling","arguments":{"prompt":"Say hi"}}"#,
+            "sampling/createMessage",
+        ),
+        (
+            10,
+            r#"{"name":"test_elicitation","arguments":{"message":"Who?"}}"#,
+            "elicitation/create",
+        ),
+    ] {
+        let mut stream = open_stream(
+            &b,
+            &s,
+            &format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{call}}}"#),
+        );
+        let (_, ended) = stream.read_chunked(Some(&|t: &str| t.contains(asks)));
+        assert!(!ended, "{asks}");
+        let cancel = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id}}}}}"#
+        );
+        assert_eq!(c.post(Some(&s), &cancel).status, 202);
+        let (fin, text) = final_message(&mut stream);
+        assert_eq!(fin["id"], id, "{text}");
+        assert_eq!(fin["error"]["code"], -32800, "{asks}: {text}");
+    }
+}
+
 #[test]
 fn a_sampling_request_round_trip_ends_in_the_tools_result_and_needs_the_capability() {
     let b = conformance("");

@@ -1427,13 +1427,33 @@ impl HttpEdge {
                 let state = asked_by
                     .and_then(jsonrpc::router_state)
                     .map(|s| s.into_owned());
-                let answer = match asking {
-                    Asking::One(ask) => self.ask_client(&session, stream, ask, rounds).await,
-                    Asking::Set(set) => {
-                        let tool = c.name.as_deref().unwrap_or_default();
-                        self.ask_set(&session, stream, tool, set, rounds).await
+                // While it waits for the client's answer the request is
+                // still in flight for the client: its notifications/cancelled
+                // ends it here (-32800), rather than go unheard and let the
+                // tool run again when a late answer comes.
+                let cancel = session.start_call(&c.id);
+                let asked = async {
+                    match asking {
+                        Asking::One(ask) => self.ask_client(&session, stream, ask, rounds).await,
+                        Asking::Set(set) => {
+                            let tool = c.name.as_deref().unwrap_or_default();
+                            self.ask_set(&session, stream, tool, set, rounds).await
+                        }
                     }
                 };
+                let answer = match &cancel {
+                    None => asked.await,
+                    Some(cancel) => monoio::select! {
+                        a = asked => a,
+                        _ = cancel.cancelled() => Err((
+                            REQUEST_CANCELLED,
+                            "request cancelled by the client".to_owned(),
+                        )),
+                    },
+                };
+                if cancel.is_some() {
+                    session.end_call(&c.id);
+                }
                 match answer {
                     Ok(answer) => {
                         let params = c
