@@ -464,7 +464,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         &mut o,
         "mcp_request_duration_seconds",
         "histogram",
-        "End-to-end request latency in the broker, from the read that completed the frame (or the gRPC hand-off) to the final response queued for writing, by router and tool (other: an unknown tool, or one past the label capacity; none: not a tool call).",
+        "End-to-end request latency in the broker, from the read that completed the frame (or the gRPC hand-off, or the HTTP request's head) to the final response queued for writing, by router and tool (other: an unknown tool, or one past the label capacity; none: not a tool call).",
     );
     let mut by_router = vec![HistSnapshot::default(); names.routers.len()];
     for (label, (r, tool)) in names.labels.iter().enumerate() {
@@ -579,7 +579,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         (
             "mcp_router_faults_total",
             "counter",
-            "Calls that ended in a fault of the instance (trap, deadline, out of memory, malformed output), by router.",
+            "Calls that ended in a fault of the router (trap, deadline, out of memory, malformed output; all but the last replace the instance), by router.",
             |p| p.faults,
         ),
         (
@@ -688,7 +688,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         (
             "mcp_in_flight_requests",
             "gauge",
-            "Requests being handled (frame edge, hand-offs and gRPC).",
+            "Requests being handled (frame edge, hand-offs, gRPC and HTTP).",
             |s| s.in_flight.load(Ordering::Relaxed),
         ),
         (

@@ -1174,6 +1174,45 @@ fn a_batched_call_that_asks_the_client_is_told_it_needs_its_own_stream() {
     }
 }
 
+/// A client that drops its connection mid-call takes its request out of
+/// `mcp_in_flight_requests`: the handler is dropped with the connection,
+/// and the gauge used to keep one for each such call for ever.
+#[test]
+fn a_dropped_connection_leaves_nothing_in_flight() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    for id in 0..3 {
+        let mut t = TcpStream::connect(b.http).unwrap();
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"sleep","arguments":{{"ms":30000}}}}}}"#
+        );
+        write!(
+            t,
+            "POST /mcp HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMcp-Session-Id: {s}\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || b
+                .metric_sum("mcp_in_flight_requests")
+                >= 1.0),
+            "the call never started"
+        );
+        drop(t);
+        // Long before the 30 s sleep could end by itself.
+        assert!(
+            eventually(Duration::from_secs(10), || b
+                .metric_sum("mcp_in_flight_requests")
+                == 0.0),
+            "{} in flight after the client left",
+            b.metric_sum("mcp_in_flight_requests")
+        );
+    }
+}
+
 /// A client that cancels while the broker waits for its answer to the
 /// tool's question ends the request there (-32800): the cancel used to go
 /// unheard, and the tool ran again when the answer came.

@@ -172,8 +172,9 @@ fn malformed_structured_content_is_refused_without_replacing_the_instance() {
     let s = pool.stats();
     assert_eq!(
         (s.faults, s.replaced),
-        (0, 0),
-        "a malformed answer is not a fault of the instance"
+        (1, 0),
+        "a malformed answer is the router's fault (mcp_router_faults_total, \
+         which McpRouterFaulting reads), though its instance stays"
     );
 }
 

@@ -65,7 +65,8 @@ pub struct PoolStats {
     pub queued: u32,
     /// Calls that ran in an instance.
     pub calls: u64,
-    /// Calls that ended in a fault of the instance.
+    /// Calls that ended in a fault of the router: of its instance (which is
+    /// replaced), or malformed output (which leaves it).
     pub faults: u64,
     /// Instances discarded (fault or cancelled call) and replaced.
     pub replaced: u64,
@@ -596,8 +597,13 @@ impl Caller<'_> {
             })
             .await?
             .map_err(CallError::Tool)?;
-        if self.pool.inner.router.spec.validate_json {
-            check_response(&response)?;
+        if self.pool.inner.router.spec.validate_json
+            && let Err(e) = check_response(&response)
+        {
+            // Malformed output is a fault of the router (docs/metrics.md),
+            // though its instance stays: nothing in it is broken.
+            Inner::count(&self.pool.inner.faults);
+            return Err(e);
         }
         Ok(response)
     }

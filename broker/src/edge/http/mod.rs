@@ -1041,7 +1041,17 @@ impl HttpEdge {
             }
         };
         let stats = &self.ctx.shared.stats[self.ctx.index];
+        // Counted until dropped: a client that goes away drops this future
+        // mid-call, and the gauge must come down with it (it leaked one a
+        // dropped connection).
+        struct InFlight<'a>(&'a crate::shared::ShardStats);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                crate::shared::ShardStats::sub(&self.0.in_flight, 1);
+            }
+        }
         crate::shared::ShardStats::add(&stats.in_flight, 1);
+        let in_flight = InFlight(stats);
         let mut args = Vec::new();
         let cancelled = {
             let handle = crate::dispatch::handle_live(&self.ctx, &req, &mut args, &mut out, live);
@@ -1056,7 +1066,7 @@ impl HttpEdge {
                 },
             }
         };
-        crate::shared::ShardStats::sub(&stats.in_flight, 1);
+        drop(in_flight);
         if cancelled {
             // Dropping the handler stopped the guest call; the request still
             // gets its one final answer.
