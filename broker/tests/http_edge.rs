@@ -1213,6 +1213,37 @@ fn a_dropped_connection_leaves_nothing_in_flight() {
     }
 }
 
+/// A slow upload is the client's time, not a queue in the broker:
+/// `mcp_queue_wait_seconds` stays at 0 for HTTP requests (it counted the
+/// body's upload, and set McpRequestsQueued off on an idle shard), while
+/// `mcp_request_duration_seconds` includes it, as documented.
+#[test]
+fn a_slow_body_is_no_queue_wait() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let body = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo_text","arguments":{"text":"slow"}}}"#;
+    let mut t = TcpStream::connect(b.http).unwrap();
+    write!(
+        t,
+        "POST /mcp HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMcp-Session-Id: {s}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    t.write_all(body.as_bytes()).unwrap();
+    let mut answer = String::new();
+    t.read_to_string(&mut answer).unwrap();
+    assert!(answer.contains("slow"), "{answer}");
+    assert!(b.metric_sum("mcp_queue_wait_seconds_count") >= 1.0);
+    let queued = b.metric_sum("mcp_queue_wait_seconds_sum");
+    assert!(queued < 0.1, "{queued} s of queue wait for an idle shard");
+    let total = b.metric_sum("mcp_request_duration_seconds_sum");
+    assert!(total >= 0.4, "{total} s: the upload is the request's time");
+}
+
 /// A client that cancels while the broker waits for its answer to the
 /// tool's question ends the request there (-32800): the cancel used to go
 /// unheard, and the tool ran again when the answer came.

@@ -137,7 +137,16 @@ pub fn request(
     );
     let total = elapsed_ns(arrived, now);
     s.duration[tool as usize].record(total);
-    s.queue[router].record(elapsed_ns(arrived, started));
+    // The HTTP edge queues nothing: a request runs in its connection's
+    // task as soon as its body is in, and `arrived` is its head's arrival,
+    // so `arrived → started` would be the client's upload (a slow client
+    // set McpRequestsQueued off on an idle shard).
+    let queued = if edge == Edge::Http {
+        0
+    } else {
+        elapsed_ns(arrived, started)
+    };
+    s.queue[router].record(queued);
     HDR.with_borrow_mut(|h| {
         // Sized on the first request of each router slot (a reload may
         // add slots), never again.
