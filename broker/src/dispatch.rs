@@ -190,6 +190,22 @@ impl Live<'_> {
     }
 }
 
+/// Records a router call's duration (`mcp_wasm_call_duration_seconds`)
+/// unless its pool refused it at once (overloaded: every instance busy and
+/// the queue full): a refusal ran nothing, and its microseconds counted as
+/// calls pulled the histogram down exactly when the router was saturated.
+fn record_call<T>(
+    ctx: &ShardCtx,
+    slot: usize,
+    t0: std::time::Instant,
+    result: &Result<T, crate::wasm::CallError>,
+) {
+    use crate::wasm::CallError::{Overloaded, SessionsFull};
+    if !matches!(result, Err(Overloaded | SessionsFull)) {
+        crate::metrics::record::wasm_call(ctx, slot, t0);
+    }
+}
+
 /// Longest session id a session-affine router accepts (the gRPC edge's own
 /// limit): each live session keeps its id, so the id's length bounds that
 /// memory.
@@ -428,7 +444,7 @@ pub async fn handle_live(
             } else {
                 caller.call_tool_within(&target.name, json, deadline).await
             };
-            crate::metrics::record::wasm_call(ctx, router.slot, t0);
+            record_call(ctx, router.slot, t0, &result);
             if let Ok(w::Response::Completed(tr)) = &result
                 && tr.meta.as_ref().is_some_and(|m| {
                     m.iter()
@@ -460,7 +476,7 @@ pub async fn handle_live(
             let t0 = std::time::Instant::now();
             let session = req.session_key();
             let result = pool.caller(session.as_deref()).read_resource(uri).await;
-            crate::metrics::record::wasm_call(ctx, router.slot, t0);
+            record_call(ctx, router.slot, t0, &result);
             let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -522,7 +538,7 @@ pub async fn handle_live(
                 .caller(req.session_key().as_deref())
                 .get_prompt(&target.name)
                 .await;
-            crate::metrics::record::wasm_call(ctx, router.slot, t0);
+            record_call(ctx, router.slot, t0, &result);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => {
@@ -584,7 +600,7 @@ pub async fn handle_live(
             let t0 = std::time::Instant::now();
             let session = req.session_key();
             let result = pool.caller(session.as_deref()).complete(&request).await;
-            crate::metrics::record::wasm_call(ctx, router.slot, t0);
+            record_call(ctx, router.slot, t0, &result);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::complete_response(&mut enc, out, &to, &r),

@@ -104,6 +104,60 @@ fn outcomes_hand_offs_and_rejections_are_counted_once_with_their_labels() {
     );
 }
 
+/// A call its pool refuses at once (every instance busy, the queue full)
+/// ran nothing: it is counted overloaded, not as a router call's duration,
+/// whose histogram it used to pull down exactly when the router saturated.
+#[test]
+fn calls_refused_as_overloaded_are_no_router_call_durations() {
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"slow\"\nwasm = \"chaos.wasm\"\ninstances_per_shard = 1\nqueue_depth = 1\n",
+        mcp_broker::config::DEFAULT_TOML
+    );
+    let b = Broker::start_with_config(&toml, &["--shards", "1"]);
+    let mut c = b.connect();
+    let n = 6;
+    let mut batch = Vec::new();
+    for i in 0..n {
+        let corr = format!("s-{i}");
+        let h = RequestHeader {
+            message_id: [1; 16],
+            correlation_id: Some(&corr),
+            session_id: None,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        batch.extend_from_slice(c.enc.tool_call(&h, [2; 16], "sleep", &[("ms", "300")]));
+    }
+    c.send_raw(&batch);
+    let (mut ran, mut refused) = (0, 0);
+    for _ in 0..n {
+        match error_code(&c.read_final()) {
+            None => ran += 1,
+            Some(-32000) => refused += 1,
+            Some(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(refused >= 1 && ran >= 1, "ran {ran}, refused {refused}");
+    let count = |b: &Broker| {
+        let m = scrape(b);
+        m.iter()
+            .filter(|(k, _)| k.starts_with("mcp_wasm_call_duration_seconds_count"))
+            .map(|(_, v)| v)
+            .sum::<f64>()
+    };
+    // The shards hand their observations over as scrapes ask.
+    assert!(
+        common::http::eventually(Duration::from_secs(10), || count(&b) >= ran as f64),
+        "{} call durations for {ran} calls that ran",
+        count(&b)
+    );
+    assert_eq!(
+        count(&b),
+        ran as f64,
+        "{refused} refused calls counted as calls"
+    );
+}
+
 #[test]
 fn epoch_ticks_that_find_a_guest_computing_are_counted_by_router() {
     // chaos's `spin` computes for 20 ms: at the default 1 ms tick its guest
