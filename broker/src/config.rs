@@ -1197,7 +1197,7 @@ impl Config {
         };
         if let Some(url) = &r.upstream {
             spec.grants.vars = vec![
-                ("MCP_UPSTREAM_URL".into(), url.clone()),
+                (crate::wasm::UPSTREAM_URL_VAR.into(), url.clone()),
                 ("MCP_UPSTREAM_NAME".into(), r.name.clone()),
             ];
             if let Some(p) = &r.upstream_protocol {

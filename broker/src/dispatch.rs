@@ -240,7 +240,7 @@ async fn answered_elsewhere(
         ));
         return true;
     }
-    match ctx.owner_shard(router, req.session_key().as_deref()) {
+    match ctx.owner_shard(router, req.session_key(view.session_id()).as_deref()) {
         Some(owner) => {
             forward(ctx, owner, req, out).await;
             true
@@ -429,7 +429,7 @@ pub async fn handle_live(
             };
             let deadline = call_deadline(&pool, view.timeout_ms());
             let t0 = std::time::Instant::now();
-            let session = req.session_key();
+            let session = req.session_key(view.session_id());
             let caller = pool.caller(session.as_deref());
             let result = if pool.reports_live() {
                 let id = *tc.id();
@@ -474,7 +474,7 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let t0 = std::time::Instant::now();
-            let session = req.session_key();
+            let session = req.session_key(view.session_id());
             let result = pool.caller(session.as_deref()).read_resource(uri).await;
             record_call(ctx, router.slot, t0, &result);
             let listed = table.listed_resource(uri);
@@ -535,7 +535,7 @@ pub async fn handle_live(
             };
             let t0 = std::time::Instant::now();
             let result = pool
-                .caller(req.session_key().as_deref())
+                .caller(req.session_key(view.session_id()).as_deref())
                 .get_prompt(&target.name)
                 .await;
             record_call(ctx, router.slot, t0, &result);
@@ -598,7 +598,7 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let t0 = std::time::Instant::now();
-            let session = req.session_key();
+            let session = req.session_key(view.session_id());
             let result = pool.caller(session.as_deref()).complete(&request).await;
             record_call(ctx, router.slot, t0, &result);
             let mut enc = ctx.enc.borrow_mut();

@@ -111,11 +111,12 @@ impl VerifiedRequest {
         self
     }
 
-    /// The key of the router session this request names: its header's
-    /// `session_id`, within its scope if it has one (`<scope>` U+001F
-    /// `<id>`, a separator no id or subject printed in JSON carries raw).
-    pub fn session_key(&self) -> Option<std::borrow::Cow<'_, str>> {
-        let id = self.view().session_id()?;
+    /// The key of the router session `id` names (the header's
+    /// `session_id`, from the view the caller holds): the id itself, or
+    /// within this request's scope if it has one (`<scope>` U+001F `<id>`,
+    /// a separator no id or subject printed in JSON carries raw).
+    pub fn session_key<'a>(&self, id: Option<&'a str>) -> Option<std::borrow::Cow<'a, str>> {
+        let id = id?;
         Some(match &self.session_scope {
             None => std::borrow::Cow::Borrowed(id),
             Some(scope) => std::borrow::Cow::Owned(format!("{scope}\u{1f}{id}")),

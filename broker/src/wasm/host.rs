@@ -308,7 +308,7 @@ impl WasmHost {
             .grants
             .vars
             .iter()
-            .any(|(k, _)| k == "MCP_UPSTREAM_URL");
+            .any(|(k, _)| k == super::UPSTREAM_URL_VAR);
         router.meta = Arc::new(match block_on(router.read_meta()) {
             Ok(meta) => meta,
             // An upstream that connects and then does not answer its

@@ -46,7 +46,7 @@ pub use spec::{
     DEFAULT_CALL_DEADLINE, DEFAULT_INSTANCES_PER_SHARD, DEFAULT_MAX_MEMORY_BYTES,
     DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_SESSIONS_PER_SHARD, DEFAULT_MAX_TABLE_ELEMENTS,
     DEFAULT_QUEUE_DEPTH, DEFAULT_SESSION_IDLE_TIMEOUT, DirGrant, Grants, HostConfig,
-    NEVER_WAITS_MAX_RUN, RouterSpec, SessionLimits,
+    NEVER_WAITS_MAX_RUN, RouterSpec, SessionLimits, UPSTREAM_URL_VAR,
 };
 
 /// Environment variable naming the directory of the bundled routers.

@@ -41,6 +41,10 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 4 << 20;
 /// Default table-element cap per instance (function tables of Rust guests
 /// hold a few hundred entries).
 pub const DEFAULT_MAX_TABLE_ELEMENTS: usize = 20_000;
+
+/// The variable that gives the bundled `upstream` router its upstream's
+/// URL ([`Grants::vars`]): a router granted it is an upstream router.
+pub const UPSTREAM_URL_VAR: &str = "MCP_UPSTREAM_URL";
 /// The longest a call of a [`RouterSpec::never_waits`] router may run its
 /// guest code (counted in epoch ticks, so time the shard's thread spends
 /// preempted does not count): it holds its shard's thread the whole time,
