@@ -186,6 +186,12 @@ pub fn log_frame<'e>(
 
 /// One ProgressNotification frame of tool call `id`: `progress` as a
 /// fraction of the whole, step `step` of `steps` (0: unknown).
+///
+/// `mcp`: the progress as MCP has it (value, and total when known), for a
+/// router that reported it so (`mcp-broker:host/call.progress`); the
+/// edges that speak MCP send it as reported, which the fraction cannot
+/// when there is no total.
+#[allow(clippy::too_many_arguments)]
 pub fn progress_frame<'e>(
     enc: &'e mut ResponseEncoder,
     to: &ReplyTo<'_>,
@@ -194,6 +200,7 @@ pub fn progress_frame<'e>(
     message: Option<&str>,
     step: u32,
     steps: u32,
+    mcp: Option<(f64, Option<f64>)>,
 ) -> &'e [u8] {
     let fbb = enc.begin();
     let message = message.map(|m| fbb.create_string(m));
@@ -205,6 +212,8 @@ pub fn progress_frame<'e>(
             message,
             current_step: step,
             total_steps: steps,
+            value: mcp.map(|(v, _)| v),
+            total: mcp.and_then(|(_, t)| t),
         },
     );
     enc.finish(
@@ -345,6 +354,7 @@ pub fn tool_response(
                     pr.message.as_deref(),
                     i as u32 + 1,
                     steps as u32,
+                    None,
                 ));
             }
             let (fbb, blocks) = enc.begin_with_content();

@@ -156,10 +156,15 @@ impl Live<'_> {
                 message,
             } => {
                 *step += 1;
+                // The frame's fraction, for frame clients; with no total
+                // there is none (the value itself once went out as one:
+                // "3 of 1"), and the MCP edges send the value as reported.
                 let fraction = match total {
                     Some(t) if *t > 0.0 => progress / t,
-                    _ => *progress,
+                    _ => 0.0,
                 };
+                let finite = |x: f64| x.is_finite().then_some(x);
+                let mcp = finite(*progress).map(|v| (v, total.and_then(finite)));
                 adapt::progress_frame(
                     &mut enc,
                     self.to,
@@ -168,6 +173,7 @@ impl Live<'_> {
                     message.as_deref(),
                     *step,
                     0,
+                    mcp,
                 )
             }
             crate::wasm::LiveEvent::Log {

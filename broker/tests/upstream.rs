@@ -18,7 +18,7 @@ use common::grpc::{client as grpc_client, rt, with_session};
 use common::http::{ACCEPT_BOTH, Conn, JSON, eventually};
 use common::{Broker, DeadPort};
 use mcp_schema::client::ResponseView;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -473,6 +473,27 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
         .collect();
     assert_eq!(progress.len(), 3, "{msgs:?}");
     assert_eq!(progress[0]["params"]["progressToken"], "tok");
+    // As the upstream reported them: 1, 2, 3 of 3.
+    let reported: Vec<_> = progress
+        .iter()
+        .map(|p| (p["params"]["progress"].clone(), p["params"]["total"].clone()))
+        .collect();
+    assert_eq!(reported, [1, 2, 3].map(|i| (json!(i), json!(3))), "{msgs:?}");
+    // With no total upstream, none here (it once read "3 of 1").
+    let r = c.post(
+        Some(&s),
+        r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"steps","arguments":{"n":3,"open_ended":true},"_meta":{"progressToken":"open"}}}"#,
+    );
+    let open: Vec<_> = r
+        .sse_messages()
+        .into_iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| m["params"].clone())
+        .collect();
+    assert_eq!(
+        open,
+        [1, 2, 3].map(|i| json!({"progressToken": "open", "progress": i, "message": format!("step {i}")})),
+    );
     assert!(
         msgs.iter().any(|m| m["method"] == "notifications/message"
             && m["params"]["data"].to_string().contains("step 2 of 3")),

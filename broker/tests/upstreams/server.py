@@ -18,7 +18,8 @@ Tools:
   (the no-token-passthrough test reads it).
 - `peer()`: the client port of the TCP connection the call arrived on
   (the connection-reuse test reads it).
-- `steps(n, delay=0.01)`: reports progress 1..n of n and logs one message
+- `steps(n, delay=0.01, open_ended=False)`: reports progress 1..n of n
+  (with no total when `open_ended`) and logs one message
   per step, `delay` seconds apart, then returns "done n"; a cancelled
   call is counted in DIR/cancelled.
 - `slow(seconds)`: sleeps, then returns "slept"; a cancelled call is
@@ -78,11 +79,11 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
         return str(request.client.port) if request is not None and request.client else "?"
 
     @server.tool(description="Reports progress n times, logging each step.")
-    async def steps(n: int, ctx: Context, delay: float = 0.01) -> str:
+    async def steps(n: int, ctx: Context, delay: float = 0.01, open_ended: bool = False) -> str:
         try:
             for i in range(1, n + 1):
                 await ctx.info(f"step {i} of {n}")
-                await ctx.report_progress(i, n, f"step {i}")
+                await ctx.report_progress(i, None if open_ended else n, f"step {i}")
                 await asyncio.sleep(delay)
         except asyncio.CancelledError:
             bump_cancelled()

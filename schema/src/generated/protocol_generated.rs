@@ -6181,6 +6181,8 @@ impl<'a> ProgressNotification<'a> {
   pub const VT_MESSAGE: ::flatbuffers::VOffsetT = 8;
   pub const VT_CURRENT_STEP: ::flatbuffers::VOffsetT = 10;
   pub const VT_TOTAL_STEPS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_VALUE: ::flatbuffers::VOffsetT = 14;
+  pub const VT_TOTAL: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -6192,6 +6194,8 @@ impl<'a> ProgressNotification<'a> {
     args: &'args ProgressNotificationArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ProgressNotification<'bldr>> {
     let mut builder = ProgressNotificationBuilder::new(_fbb);
+    if let Some(x) = args.total { builder.add_total(x); }
+    if let Some(x) = args.value { builder.add_value(x); }
     builder.add_total_steps(args.total_steps);
     builder.add_current_step(args.current_step);
     if let Some(x) = args.message { builder.add_message(x); }
@@ -6236,6 +6240,20 @@ impl<'a> ProgressNotification<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(ProgressNotification::VT_TOTAL_STEPS, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn value(&self) -> Option<f64> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f64>(ProgressNotification::VT_VALUE, None)}
+  }
+  #[inline]
+  pub fn total(&self) -> Option<f64> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f64>(ProgressNotification::VT_TOTAL, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ProgressNotification<'_> {
@@ -6249,6 +6267,8 @@ impl ::flatbuffers::Verifiable for ProgressNotification<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("message", Self::VT_MESSAGE, false)?
      .visit_field::<u32>("current_step", Self::VT_CURRENT_STEP, false)?
      .visit_field::<u32>("total_steps", Self::VT_TOTAL_STEPS, false)?
+     .visit_field::<f64>("value", Self::VT_VALUE, false)?
+     .visit_field::<f64>("total", Self::VT_TOTAL, false)?
      .finish();
     Ok(())
   }
@@ -6259,6 +6279,8 @@ pub struct ProgressNotificationArgs<'a> {
     pub message: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub current_step: u32,
     pub total_steps: u32,
+    pub value: Option<f64>,
+    pub total: Option<f64>,
 }
 impl<'a> Default for ProgressNotificationArgs<'a> {
   #[inline]
@@ -6269,6 +6291,8 @@ impl<'a> Default for ProgressNotificationArgs<'a> {
       message: None,
       current_step: 0,
       total_steps: 0,
+      value: None,
+      total: None,
     }
   }
 }
@@ -6299,6 +6323,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProgressNotificationBuilder<'
     self.fbb_.push_slot::<u32>(ProgressNotification::VT_TOTAL_STEPS, total_steps, 0);
   }
   #[inline]
+  pub fn add_value(&mut self, value: f64) {
+    self.fbb_.push_slot_always::<f64>(ProgressNotification::VT_VALUE, value);
+  }
+  #[inline]
+  pub fn add_total(&mut self, total: f64) {
+    self.fbb_.push_slot_always::<f64>(ProgressNotification::VT_TOTAL, total);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ProgressNotificationBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ProgressNotificationBuilder {
@@ -6322,6 +6354,8 @@ impl ::core::fmt::Debug for ProgressNotification<'_> {
       ds.field("message", &self.message());
       ds.field("current_step", &self.current_step());
       ds.field("total_steps", &self.total_steps());
+      ds.field("value", &self.value());
+      ds.field("total", &self.total());
       ds.finish()
   }
 }

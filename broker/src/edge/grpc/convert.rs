@@ -427,8 +427,9 @@ pub fn notification(resp: p::Response<'_>) -> Option<pb::notification::Notificat
         let token = mcp_schema::uuid::hyphenated(&n.operation_id().0, &mut id).to_string();
         return Some(N::Progress(pb::ProgressNotification {
             progress_token: token,
-            progress: f64::from(n.progress()),
-            total: Some(1.0),
+            // As the router reported it, or the fraction of 1.
+            progress: n.value().unwrap_or(f64::from(n.progress())),
+            total: if n.value().is_some() { n.total() } else { Some(1.0) },
             message: opt(n.message()),
         }));
     }

@@ -46,8 +46,8 @@
 //! - an embedded resource's `title` and `description` (MCP's resource
 //!   contents have neither); tool annotations `streaming` and
 //!   `experimental` (no MCP hint);
-//! - a progress frame's `current_step`/`total_steps` (its fraction is sent,
-//!   with `total: 1`); a log frame's `timestamp` and `metadata`; an
+//! - a progress frame's `current_step`/`total_steps` (its value and total
+//!   are sent, or its fraction with `total: 1`); a log frame's `timestamp` and `metadata`; an
 //!   elicitation's `title` and `annotations`;
 //! - for clients of older versions: audio (before 2025-03-26) and resource
 //!   links (before 2025-06-18), rewritten as blocks they know.
@@ -2120,10 +2120,11 @@ fn notification_start<'o>(out: &'o mut Vec<u8>, method: &str) -> Obj<'o> {
 
 /// A progress frame → `notifications/progress` with the client's token.
 ///
-/// The frame's progress is a fraction (0..1); it is sent as is with
-/// `total: 1`, as the gRPC edge does: exact (no rounding of `f32 × 100`)
-/// and increasing whenever the router's fractions are. Returns `false`
-/// (nothing written) when the frame is not a progress notification.
+/// The progress as the router reported it when the frame has it (`value`,
+/// and `total` only when known); else the frame's fraction (0..1) as is
+/// with `total: 1`, as the gRPC edge does: exact (no rounding of
+/// `f32 × 100`) and increasing whenever the router's fractions are. Returns
+/// `false` (nothing written) when the frame is not a progress notification.
 pub fn write_progress(out: &mut Vec<u8>, token: &RawValue, frame: &[u8]) -> bool {
     let Some(n) = ResponseView::parse(frame)
         .ok()
@@ -2134,8 +2135,18 @@ pub fn write_progress(out: &mut Vec<u8>, token: &RawValue, frame: &[u8]) -> bool
     let mut o = notification_start(out, "notifications/progress");
     let mut ps = Obj::new(o.key("params"));
     ps.raw("progressToken", token.get());
-    ps.num("progress", finite(n.progress()));
-    ps.raw("total", "1");
+    match n.value().filter(|v| v.is_finite()) {
+        Some(v) => {
+            ps.num("progress", v);
+            if let Some(t) = n.total().filter(|t| t.is_finite()) {
+                ps.num("total", t);
+            }
+        }
+        None => {
+            ps.num("progress", finite(n.progress()));
+            ps.raw("total", "1");
+        }
+    }
     ps.opt_str("message", n.message());
     ps.end();
     o.end();
@@ -3371,6 +3382,20 @@ mod tests {
             json!({"progressToken":17,"progress":1,"total":1})
         );
         assert!(!write_progress(&mut out, raw("1"), fs[2]));
+        // Live progress keeps the router's value and total, and has no
+        // total when it had none (not "3 of 1").
+        let mut enc = ResponseEncoder::new(1);
+        let id = UUID::new(&[7; 16]);
+        for (mcp, want) in [
+            (Some((3.0, None)), json!({"progressToken":1,"progress":3})),
+            (Some((3.0, Some(8.0))), json!({"progressToken":1,"progress":3,"total":8})),
+            (None, json!({"progressToken":1,"progress":0.5,"total":1})),
+        ] {
+            let f = adapt::progress_frame(&mut enc, &TO, &id, 0.5, None, 1, 0, mcp).to_vec();
+            out.clear();
+            assert!(write_progress(&mut out, raw("1"), &f));
+            assert_eq!(json_of(&out)["params"], want, "{mcp:?}");
+        }
         let v = response("\"r1\"", Method::CallTool, fs[2]);
         assert_eq!(
             v,
