@@ -196,19 +196,42 @@ impl Live<'_> {
     }
 }
 
-/// Records a router call's duration (`mcp_wasm_call_duration_seconds`)
-/// unless its pool refused it at once (overloaded: every instance busy and
-/// the queue full): a refusal ran nothing, and its microseconds counted as
-/// calls pulled the histogram down exactly when the router was saturated.
-fn record_call<T>(
-    ctx: &ShardCtx,
+/// Times a router call for `mcp_wasm_call_duration_seconds`, from asking
+/// the pool for an instance to the result. Dropped unfinished (the request's
+/// future was dropped: a gRPC deadline, a client gone), it records the time
+/// until then, so calls cut short stay in the histogram.
+struct CallTimer<'a> {
+    ctx: &'a ShardCtx,
     slot: usize,
     t0: std::time::Instant,
-    result: &Result<T, crate::wasm::CallError>,
-) {
-    use crate::wasm::CallError::{Overloaded, SessionsFull};
-    if !matches!(result, Err(Overloaded | SessionsFull)) {
-        crate::metrics::record::wasm_call(ctx, slot, t0);
+    armed: bool,
+}
+
+impl<'a> CallTimer<'a> {
+    fn start(ctx: &'a ShardCtx, slot: usize) -> Self {
+        Self {
+            ctx,
+            slot,
+            t0: std::time::Instant::now(),
+            armed: true,
+        }
+    }
+
+    /// Records the call unless its pool refused it at once (overloaded:
+    /// every instance busy and the queue full): a refusal ran nothing, and
+    /// its microseconds counted as calls pulled the histogram down exactly
+    /// when the router was saturated.
+    fn finish<T>(mut self, result: &Result<T, crate::wasm::CallError>) {
+        use crate::wasm::CallError::{Overloaded, SessionsFull};
+        self.armed = !matches!(result, Err(Overloaded | SessionsFull));
+    }
+}
+
+impl Drop for CallTimer<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            crate::metrics::record::wasm_call(self.ctx, self.slot, self.t0);
+        }
     }
 }
 
@@ -434,7 +457,7 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let deadline = call_deadline(&pool, view.timeout_ms());
-            let t0 = std::time::Instant::now();
+            let timer = CallTimer::start(ctx, router.slot);
             let session = req.session_key(view.session_id());
             let caller = pool.caller(session.as_deref());
             let result = if pool.reports_live() {
@@ -450,7 +473,7 @@ pub async fn handle_live(
             } else {
                 caller.call_tool_within(&target.name, json, deadline).await
             };
-            record_call(ctx, router.slot, t0, &result);
+            timer.finish(&result);
             if let Ok(w::Response::Completed(tr)) = &result
                 && tr.meta.as_ref().is_some_and(|m| {
                     m.iter()
@@ -479,10 +502,10 @@ pub async fn handle_live(
             let Some(pool) = ctx.pool(router) else {
                 return retired(ctx, out, &to, router);
             };
-            let t0 = std::time::Instant::now();
+            let timer = CallTimer::start(ctx, router.slot);
             let session = req.session_key(view.session_id());
             let result = pool.caller(session.as_deref()).read_resource(uri).await;
-            record_call(ctx, router.slot, t0, &result);
+            timer.finish(&result);
             let listed = table.listed_resource(uri);
             let mut enc = ctx.enc.borrow_mut();
             match result {
@@ -539,12 +562,12 @@ pub async fn handle_live(
             let Some(pool) = ctx.pool(router) else {
                 return retired(ctx, out, &to, router);
             };
-            let t0 = std::time::Instant::now();
+            let timer = CallTimer::start(ctx, router.slot);
             let result = pool
                 .caller(req.session_key(view.session_id()).as_deref())
                 .get_prompt(&target.name)
                 .await;
-            record_call(ctx, router.slot, t0, &result);
+            timer.finish(&result);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => {
@@ -603,10 +626,10 @@ pub async fn handle_live(
             let Some(pool) = ctx.pool(router) else {
                 return retired(ctx, out, &to, router);
             };
-            let t0 = std::time::Instant::now();
+            let timer = CallTimer::start(ctx, router.slot);
             let session = req.session_key(view.session_id());
             let result = pool.caller(session.as_deref()).complete(&request).await;
-            record_call(ctx, router.slot, t0, &result);
+            timer.finish(&result);
             let mut enc = ctx.enc.borrow_mut();
             match result {
                 Ok(r) => adapt::complete_response(&mut enc, out, &to, &r),

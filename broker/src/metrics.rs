@@ -49,7 +49,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 
 pub use collect::{Collected, Collector};
 pub use record::{ShardSnapshot, SnapshotRequest};
-pub use series::{Edge, Layout, Outcome, Reject, ShardSeries};
+pub use series::{Edge, HTTP_STATUSES, Layout, Outcome, Reject, ShardSeries, http_status_slot};
 
 use crate::shared::Shared;
 use crate::upstream::UpstreamStatus;
@@ -617,7 +617,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         &mut o,
         "mcp_router_instances",
         "gauge",
-        "Router instances by state (idle: free; busy: serving or handed to a call), all shards.",
+        "Router instances by state (idle: free; busy: serving or handed to a call), all shards; a session-affine router adds one per possible session (max_sessions_per_shard).",
     );
     for (router, p) in &pools {
         let router = esc(router);
@@ -740,6 +740,17 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "mcp_frames_rejected_total{{reason=\"{}\"}} {n}",
             reason.as_str()
         );
+    }
+    family(
+        &mut o,
+        "mcp_http_responses_total",
+        "counter",
+        "HTTP-edge responses by status, counted as their head is sent: the edge's own refusals (4xx, 503) included, which never reach mcp_requests_total.",
+    );
+    let statuses = HTTP_STATUSES.iter().map(|s| s.to_string());
+    for (slot, status) in statuses.chain(["other".to_string()]).enumerate() {
+        let n: u64 = stats.iter().map(|s| load(&s.http_responses[slot])).sum();
+        let _ = writeln!(o, "mcp_http_responses_total{{status=\"{status}\"}} {n}");
     }
 
     // The process.

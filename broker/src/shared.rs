@@ -178,6 +178,8 @@ pub struct ShardStats {
     pub write_timeouts: AtomicU64,
     /// HTTP-edge connections closed at `http.write_timeout`.
     pub http_write_timeouts: AtomicU64,
+    /// HTTP-edge responses by status (`metrics::http_status_slot`).
+    pub http_responses: [AtomicU64; crate::metrics::HTTP_STATUSES.len() + 1],
     /// gRPC-edge connections closed at `grpc.write_timeout`.
     pub grpc_write_timeouts: AtomicU64,
     /// Nanoseconds the shard spent in idle-polling windows (`broker.idle_poll`).
@@ -205,6 +207,7 @@ impl ShardStats {
             bytes_out: AtomicU64::new(0),
             write_timeouts: AtomicU64::new(0),
             http_write_timeouts: AtomicU64::new(0),
+            http_responses: std::array::from_fn(|_| AtomicU64::new(0)),
             grpc_write_timeouts: AtomicU64::new(0),
             idle_poll_ns: AtomicU64::new(0),
             ready: AtomicBool::new(false),

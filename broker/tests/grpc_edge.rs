@@ -488,8 +488,12 @@ async fn router_and_input_errors_map_to_grpc_status_codes() {
     // own timer fired first, which it reports as CANCELLED ("Timeout
     // expired"). The metrics then still show the broker's verdict.
     let deadlines = || b.metric("mcp_requests_total", "outcome=\"deadline_exceeded\"");
+    // Both calls are router calls too, though the sleep's was cut short
+    // when the edge answered for it (its future dropped mid-call).
+    let timed = || b.metric("mcp_wasm_call_duration_seconds_count", r#"router="chaos""#);
     for tool in ["spin", "sleep"] {
         let before = deadlines();
+        let timed_before = timed();
         let mut r = Request::new(call(tool, r#"{"ms":2000}"#));
         r.set_timeout(Duration::from_millis(300));
         let t = std::time::Instant::now();
@@ -506,6 +510,10 @@ async fn router_and_input_errors_map_to_grpc_status_codes() {
             deadlines(),
             before + 1.0,
             "{tool}: counted as deadline_exceeded in mcp_requests_total"
+        );
+        assert!(
+            eventually(Duration::from_secs(5), || timed() >= timed_before + 1.0).await,
+            "{tool}: missing from mcp_wasm_call_duration_seconds"
         );
     }
     // And the edge still serves.

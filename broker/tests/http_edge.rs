@@ -389,7 +389,11 @@ fn transport_rules_have_their_statuses() {
         ("GET", "/mcp", vec![("Accept", "text/event-stream")], 400),
         ("DELETE", "/mcp", vec![], 400),
     ];
+    // Every response by status, the edge's own refusals included.
+    // (`initialize` sent `notifications/initialized` too: 202.)
+    let mut statuses = std::collections::BTreeMap::from([(200, 1.0), (202, 1.0)]);
     for (method, path, headers, status) in cases {
+        *statuses.entry(status).or_default() += 1.0;
         let r = c.request(method, path, &headers, ping);
         assert_eq!(
             r.status,
@@ -419,6 +423,20 @@ fn transport_rules_have_their_statuses() {
     assert_eq!(r.status, 404);
     let r = c.request("DELETE", "/mcp", &[sid], b"");
     assert_eq!(r.status, 404);
+    for (status, n) in [(202, 2.0), (200, 1.0), (404, 2.0)] {
+        *statuses.entry(status).or_default() += n;
+    }
+    let (_, metrics) = b.http_get("/metrics");
+    let counted: std::collections::BTreeMap<u16, f64> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("mcp_http_responses_total{status=\""))
+        .filter_map(|l| {
+            let (status, n) = l.split_once("\"} ")?;
+            Some((status.parse().ok()?, n.parse().ok()?))
+        })
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    assert_eq!(counted, statuses, "mcp_http_responses_total");
 }
 
 /// `server/discover` belongs to 2026-07-28 (broker/tests/http_modern.rs has

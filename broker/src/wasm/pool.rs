@@ -55,11 +55,13 @@ use super::spec::SessionLimits;
 /// Counters of one pool, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
-    /// Instances in the pool (`instances_per_shard`).
+    /// Instances in the pool: `instances_per_shard`, plus
+    /// `max_sessions_per_shard` for a session-affine router.
     pub instances: u32,
-    /// Instances free for the next call.
+    /// Instances free for the next call (a session's: for its session's
+    /// next call, or to be evicted for a new session).
     pub idle: u32,
-    /// Instances serving (or handed to) a call.
+    /// Instances serving (or handed to) a call, sessions' included.
     pub busy: u32,
     /// Callers waiting for an instance.
     pub queued: u32,
@@ -365,6 +367,7 @@ impl RouterPool {
     pub fn stats(&self) -> PoolStats {
         let i = &self.inner;
         let mut queued = i.waiters.borrow().len();
+        let (mut instances, mut idle, mut busy) = (i.size, i.idle.borrow().len() as u32, i.busy.get());
         let (mut sessions, mut sessions_evicted) = (0, 0);
         if let Some(s) = &i.sessions {
             let map = s.map.borrow();
@@ -374,11 +377,22 @@ impl RouterPool {
                 .values()
                 .map(|s| s.waiters.borrow().len())
                 .sum::<usize>();
+            // The session instances count as `max_per_shard` slots, made on
+            // a session's first call like the shared ones on first use: busy
+            // while their session has a call, idle otherwise (an idle
+            // session's instance is evicted for a new session at the cap).
+            // So a shard whose sessions all have calls in flight, where a
+            // new session is refused, shows as saturated.
+            let leased = map.values().filter(|s| !s.is_idle()).count() as u32;
+            let cap = s.limits.max_per_shard;
+            instances += cap;
+            busy += leased;
+            idle += cap.saturating_sub(leased);
         }
         PoolStats {
-            instances: i.size,
-            idle: i.idle.borrow().len() as u32,
-            busy: i.busy.get(),
+            instances,
+            idle,
+            busy,
             queued: queued as u32,
             calls: i.calls.get(),
             faults: i.faults.get(),
@@ -1022,6 +1036,11 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(e, CallError::SessionsFull), "{e:?}");
             assert!(e.is_retryable());
+            // The session's instance is busy and the shared one idle: half
+            // the router is busy, and the half that refuses new sessions
+            // shows it (`mcp_router_instances`).
+            let s = pool.stats();
+            assert_eq!((s.instances, s.idle, s.busy), (2, 1, 1));
             // a's own queue holds `queue_depth` (1) waiter; the next is refused.
             let mut queued = std::pin::pin!(a.call_tool_within("print", PRINT, DEADLINE));
             assert!(pending(queued.as_mut()).await);
@@ -1040,6 +1059,7 @@ mod tests {
         });
         let s = pool.stats();
         assert_eq!((s.sessions, s.sessions_evicted, s.overloaded), (1, 1, 2));
+        assert_eq!((s.instances, s.idle, s.busy), (2, 2, 0));
     }
 
     #[test]

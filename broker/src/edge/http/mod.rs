@@ -597,7 +597,17 @@ fn frames(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 impl HttpEdge {
+    /// One HTTP request's response, counted by status
+    /// (`mcp_http_responses_total`).
     async fn serve(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let stats = &self.ctx.shared.stats[self.ctx.index];
+        let r = self.clone().respond(req).await;
+        let slot = metrics::http_status_slot(r.status().as_u16());
+        crate::shared::ShardStats::add(&stats.http_responses[slot], 1);
+        r
+    }
+
+    async fn respond(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
         if let Some(auth) = &self.ctx.shared.auth
             && matches!(
                 req.uri().path(),
