@@ -161,7 +161,7 @@ impl Failure {
 /// Who a valid token speaks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
-    /// `sub` (empty when the token has none).
+    /// `sub`: never empty (a token without one is malformed).
     pub subject: String,
     /// `scope` (space-separated) or `scp` (array).
     pub scopes: Vec<String>,
@@ -597,11 +597,13 @@ impl Auth {
             }
         })?;
         let claims = data.claims;
-        let subject = claims
-            .get("sub")
-            .and_then(|s| s.as_str())
-            .unwrap_or_default()
-            .to_owned();
+        // Required (RFC 9068 §2.2) and a non-empty string: sessions are
+        // bound to it, so tokens without one would all be one subject, each
+        // able to use the others' sessions.
+        let subject = match claims.get("sub") {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+            _ => return Err(Failure::Malformed),
+        };
         let scopes = match (claims.get("scope"), claims.get("scp")) {
             (Some(serde_json::Value::String(s)), _) => {
                 s.split_whitespace().map(str::to_owned).collect()

@@ -114,6 +114,11 @@ fn catalogue(f: &Fixture) -> Vec<(&'static str, Option<String>, &'static str)> {
         c[k] = v;
         format!("Bearer {}", f.sign(&c))
     };
+    let without = |k: &str| {
+        let mut c = good.clone();
+        c.as_object_mut().unwrap().remove(k);
+        format!("Bearer {}", f.sign(&c))
+    };
     let header = |h: Value| b64(h.to_string().as_bytes());
     let body = b64(good.to_string().as_bytes());
     // alg none: no signature at all.
@@ -151,6 +156,10 @@ fn catalogue(f: &Fixture) -> Vec<(&'static str, Option<String>, &'static str)> {
     vec![
         ("missing", None, "missing"),
         ("not a JWT", Some("Bearer not-a-jwt".into()), "malformed"),
+        // RFC 9068 requires `sub`; sessions are bound to it.
+        ("no subject", Some(without("sub")), "malformed"),
+        ("empty subject", Some(with("sub", json!(""))), "malformed"),
+        ("numeric subject", Some(with("sub", json!(7))), "malformed"),
         ("alg none", Some(none), "algorithm"),
         ("HS256 with the RSA public key", Some(hs), "algorithm"),
         ("tampered signature", Some(tampered), "signature"),
@@ -519,6 +528,18 @@ fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
     rt.block_on(async {
         let e = g
             .list_tools(with(None, pb::ListToolsRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        // The client-capability RPCs the broker does not serve say so only
+        // to an authenticated caller.
+        let e = g
+            .elicit(with(None, pb::ElicitRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        let e = g
+            .create_sampling_message(with(None, pb::CreateSamplingMessageRequest::default()))
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");

@@ -282,8 +282,24 @@ async fn every_rpc_answers_from_the_routers_through_the_shards() {
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
     assert!(e.message().contains("client capability"));
+    assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32601");
     let e = c.elicit(pb::ElicitRequest::default()).await.unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
+    assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32601");
+    // Like every RPC, they check the session first.
+    let e = c
+        .elicit(with_session(pb::ElicitRequest::default(), "never-issued"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let e = c
+        .create_sampling_message(with_session(
+            pb::CreateSamplingMessageRequest::default(),
+            "never-issued",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
     let el = c
         .call_tool(call("elicit", "{}"))
         .await

@@ -252,6 +252,20 @@ fn unknown_session() -> Status {
     )
 }
 
+/// UNIMPLEMENTED for a client capability asked of the broker, with the
+/// `mcp-error-code` trailer every error status carries: -32601, what an MCP
+/// server answers a method it does not serve.
+fn client_capability(why: &str) -> Status {
+    // Not `status::edge`: that maps -32601 to NOT_FOUND (an unknown tool or
+    // resource); here the method itself is not served.
+    let mut st = Status::unimplemented(why);
+    st.metadata_mut().insert(
+        status::ERROR_CODE_METADATA_KEY,
+        MetadataValue::from(ErrorCode::NotFound.code()),
+    );
+    st
+}
+
 /// The status for a hand-off a shard refused: a full inbox is overload
 /// (retryable), a stopped shard is shutdown.
 fn submit_status(e: SubmitError) -> Status {
@@ -1031,9 +1045,13 @@ impl McpService for Edge {
 
     async fn create_sampling_message(
         &self,
-        _req: Request<pb::CreateSamplingMessageRequest>,
+        req: Request<pb::CreateSamplingMessageRequest>,
     ) -> Result<Response<pb::CreateSamplingMessageResult>, Status> {
-        Err(Status::unimplemented(
+        // Checked like every other call first: a caller without a valid
+        // token learns UNAUTHENTICATED, not which methods exist, and a bad
+        // session id is NOT_FOUND on every RPC alike.
+        self.0.meta(&req)?;
+        Err(client_capability(
             "sampling/createMessage is a client capability in MCP: a server asks its client's model to sample. \
              This broker is a server with no model of its own, and the WIT router world gives routers no way to \
              ask, so there is nothing to relay the request to",
@@ -1042,9 +1060,10 @@ impl McpService for Edge {
 
     async fn elicit(
         &self,
-        _req: Request<pb::ElicitRequest>,
+        req: Request<pb::ElicitRequest>,
     ) -> Result<Response<pb::ElicitResult>, Status> {
-        Err(Status::unimplemented(
+        self.0.meta(&req)?;
+        Err(client_capability(
             "elicitation/create is a client capability in MCP: a server asks its client's user for input. \
              This broker is a server with no user to ask; a router's own elicitation reaches the CallTool \
              caller as an is_error result carrying its message and schema",
