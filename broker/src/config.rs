@@ -549,6 +549,18 @@ impl std::ops::Deref for Secrets {
 pub const MAX_SESSIONS_PER_SHARD_LIMIT: u32 = 65_536;
 
 impl RouterConfig {
+    /// The pooled instance slots this router can hold at once on `shards`
+    /// shards: its shared instances and, session-affine, one per session on
+    /// every shard; plus two for the transient instances that read its
+    /// metadata (at load, and an upstream router's refreshes).
+    pub fn instance_slots(&self, shards: usize) -> usize {
+        let sessions = self.session_limits().map_or(0, |l| l.max_per_shard as usize);
+        (self.instances_per_shard as usize)
+            .saturating_add(sessions)
+            .saturating_mul(shards)
+            .saturating_add(2)
+    }
+
     /// The per-session instances of a session-affine router; `None` for
     /// any other.
     pub fn session_limits(&self) -> Option<crate::wasm::SessionLimits> {

@@ -398,15 +398,16 @@ impl Control {
                 Err(e) => errors.push(e),
             }
         }
-        if !errors.is_empty() {
-            return self.refused(errors);
-        }
         let removed: Vec<String> = self
             .current
             .iter()
             .map(|c| c.loaded.routed.name.clone())
             .filter(|n| !config.routers.iter().any(|r| &r.name == n))
             .collect();
+        errors.extend(self.slots_short(&config, &changed, &removed));
+        if !errors.is_empty() {
+            return self.refused(errors);
+        }
 
         // The new table, from the kept routers' current listings.
         let routed: Vec<_> = next
@@ -492,6 +493,33 @@ impl Control {
 
     /// Installs pools of `fresh` routers on every shard, waiting for each to
     /// warm them.
+    /// Why `config` cannot run in the pooled instance slots reserved at
+    /// start-up, if it cannot: its routers' slots, plus those of the
+    /// changed and removed routers, whose pools drain beside the new ones.
+    /// Checked before anything is built: a session-affine router's slots
+    /// are taken only as sessions open, so warming the new pools alone
+    /// could succeed and leave new sessions failing to instantiate later.
+    fn slots_short(&self, config: &Config, changed: &[String], removed: &[String]) -> Option<String> {
+        let shards = self.shared.shards();
+        let new: usize = config.routers.iter().map(|r| r.instance_slots(shards)).sum();
+        let draining: usize = self
+            .config
+            .routers
+            .iter()
+            .filter(|r| changed.contains(&r.name) || removed.contains(&r.name))
+            .map(|r| r.instance_slots(shards))
+            .sum();
+        let have = self.host.max_instances() as usize;
+        (new.saturating_add(draining) > have).then(|| {
+            format!(
+                "the routers need {new} pooled instance slots on {shards} shards (instances_per_shard, \
+                 plus max_sessions_per_shard for session-affine ones, plus 2 each), and the changed \
+                 and removed routers keep {draining} while they drain: more than the {have} reserved \
+                 at start-up (twice the starting configuration's need); restart the broker to apply it"
+            )
+        })
+    }
+
     fn install(
         &self,
         fresh: &[(usize, usize, Arc<crate::wasm::Router>)],

@@ -326,18 +326,12 @@ fn host_config(config: &Config) -> HostConfig {
     // replace every router while the old pools drain. A fixed number either
     // refuses start-up for a large deployment (many routers × many shards)
     // or reserves terabytes of address space a small one never touches.
-    let per_shard: usize = config
+    let shards = config.shard_count();
+    let slots = config
         .routers
         .iter()
-        .map(|r| {
-            let sessions = r.session_limits().map_or(0, |l| l.max_per_shard as usize);
-            (r.instances_per_shard as usize).saturating_add(sessions)
-        })
-        .fold(0, usize::saturating_add);
-    let slots = config
-        .shard_count()
-        .saturating_mul(per_shard)
-        .saturating_add(config.routers.len().saturating_mul(2))
+        .map(|r| r.instance_slots(shards))
+        .fold(0, usize::saturating_add)
         .saturating_mul(2)
         .max(16);
     HostConfig {

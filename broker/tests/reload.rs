@@ -854,9 +854,26 @@ fn refused_reload_keeps_the_old_config() {
     );
     still_serving("a duration past the clock's range");
 
+    // (e) More instances than the slots reserved at start-up leave room
+    // for. 200 chaos instances (2 shards) would warm (the new pools fit beside the
+    // running ones), but they would take the slots kept for kv's sessions,
+    // which are instantiated only as sessions open: new sessions then
+    // failed with -32002 while the reload had been applied.
+    let errors = r.refuse(
+        &config(&[ECHO, KV, &CHAOS.replace("instances_per_shard = 2", "instances_per_shard = 100")]),
+        gen0,
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("pooled instance slots") && e.contains("restart")),
+        "{errors:?}"
+    );
+    still_serving("more instances than the reserved slots");
+
     assert_eq!(
         reloads(b, "refused"),
-        5.0,
+        6.0,
         "mcp_config_reloads_total{{result=\"refused\"}}"
     );
     assert_eq!(reloads(b, "applied"), 0.0);

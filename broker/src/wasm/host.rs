@@ -64,6 +64,8 @@ pub struct WasmHost {
     /// The ticker is parked: no guest code has run for
     /// [`ticker::PARK_AFTER`] (`ticker.rs`).
     parked: Arc<AtomicBool>,
+    /// Pooled instance slots ([`HostConfig::max_instances`]).
+    max_instances: u32,
 }
 
 /// What every router and pool of this host needs.
@@ -174,7 +176,14 @@ impl WasmHost {
             ticker: Some(ticker),
             stop,
             parked,
+            max_instances: config.max_instances,
         })
+    }
+
+    /// The pooled instance slots reserved at start-up: every instance of
+    /// every router, on every shard, draining pools' included, must fit.
+    pub fn max_instances(&self) -> u32 {
+        self.max_instances
     }
 
     /// Whether the epoch ticker is parked because no guest code has run for
