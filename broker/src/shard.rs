@@ -411,7 +411,11 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
             .await
         });
     }
-    let http = crate::edge::http::HttpEdge::new(shard.ctx.clone(), shard.draining.clone());
+    let http = crate::edge::http::HttpEdge::new(
+        shard.ctx.clone(),
+        shard.draining.clone(),
+        shard.drain_expired.clone(),
+    );
     monoio::spawn(crate::edge::http::accept_loop(
         http.clone(),
         http_listener,

@@ -829,6 +829,35 @@ fn a_drain_finishes_the_http_call_in_flight_and_refuses_new_work() {
     );
 }
 
+#[test]
+fn a_call_still_running_at_the_drain_deadline_is_answered_shutting_down() {
+    // It once got no answer at all: the shard closed the connection one
+    // second after the deadline, and the Python SDK failed its session with
+    // "Server disconnected without sending a response".
+    let cfg = common::default_with_chaos().replace(
+        "drain_timeout = \"10s\"",
+        "drain_timeout = \"500ms\"",
+    );
+    let mut b = Broker::start_with_config(&cfg, &[]);
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let addr = b.http;
+    let call = std::thread::spawn(move || {
+        let mut c = Conn::connect(addr);
+        c.post(
+            Some(&s),
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":10000}}}"#,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let status = b.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let r = call.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!((v["id"].clone(), v["error"]["code"].clone()), (json!(8), json!(-32004)), "{v}");
+}
+
 /// The broker serving the `conformance` router (which elicits and reports
 /// progress), with `keys` in its `[http]` table.
 fn conformance(keys: &str) -> Broker {

@@ -105,6 +105,9 @@ pub struct HttpEdge {
     ctx: Rc<ShardCtx>,
     cfg: HttpSection,
     draining: Rc<Latch>,
+    /// The drain deadline passed: calls still running are answered with a
+    /// shutting-down error, as on the other edges.
+    drain_expired: Rc<Latch>,
     connections: Cell<usize>,
     builder: hyper::server::conn::http1::Builder,
     enc: RefCell<RequestEncoder>,
@@ -112,7 +115,7 @@ pub struct HttpEdge {
 }
 
 impl HttpEdge {
-    pub fn new(ctx: Rc<ShardCtx>, draining: Rc<Latch>) -> Rc<Self> {
+    pub fn new(ctx: Rc<ShardCtx>, draining: Rc<Latch>, drain_expired: Rc<Latch>) -> Rc<Self> {
         let cfg = ctx.shared.config.http.clone();
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -131,6 +134,7 @@ impl HttpEdge {
             ctx,
             cfg,
             draining,
+            drain_expired,
             connections: Cell::new(0),
             builder,
             enc: RefCell::new(RequestEncoder::new()),
@@ -1063,31 +1067,36 @@ impl HttpEdge {
         crate::shared::ShardStats::add(&stats.in_flight, 1);
         let in_flight = InFlight(stats);
         let mut args = Vec::new();
-        let cancelled = {
+        let cut = {
             let handle = crate::dispatch::handle_live(&self.ctx, &req, &mut args, &mut out, live);
+            let expired = self.drain_expired.wait();
             match cancel {
-                None => {
-                    handle.await;
-                    false
-                }
+                None => monoio::select! {
+                    _ = handle => None,
+                    _ = expired => Some(Cut::DrainExpired),
+                },
                 Some(c) => monoio::select! {
-                    _ = handle => false,
-                    _ = c.cancelled() => true,
+                    _ = handle => None,
+                    _ = c.cancelled() => Some(Cut::Cancelled),
+                    _ = expired => Some(Cut::DrainExpired),
                 },
             }
         };
         drop(in_flight);
-        if cancelled {
+        if let Some(cut) = cut {
             // Dropping the handler stopped the guest call; the request still
-            // gets its one final answer.
+            // gets its one final answer (at the drain deadline, before the
+            // shard closes its connections: it once got none).
+            let (code, message) = match cut {
+                Cut::Cancelled => (ErrorCode::InvalidRequest, "request cancelled by the client"),
+                Cut::DrainExpired => (
+                    ErrorCode::ShuttingDown,
+                    "drain deadline passed before the call finished",
+                ),
+            };
             out.clear();
             let to = req.view().reply_to();
-            out.extend_from_slice(self.ctx.enc.borrow_mut().error(
-                &to,
-                ErrorCode::InvalidRequest,
-                "request cancelled by the client",
-                None,
-            ));
+            out.extend_from_slice(self.ctx.enc.borrow_mut().error(&to, code, message, None));
         }
         metrics::record::request(&self.ctx, metrics::Edge::Http, &req, arrived, started, &out);
         Called {
@@ -1889,6 +1898,12 @@ impl NoSession {
             ),
         }
     }
+}
+
+/// Why a call's handler was dropped before it answered.
+enum Cut {
+    Cancelled,
+    DrainExpired,
 }
 
 /// What the broker asks the client for in the middle of a tool call.
