@@ -609,6 +609,62 @@ fn the_drain_deadline_answers_a_waiting_call_with_shutting_down() {
 }
 
 #[test]
+fn a_client_that_keeps_sending_does_not_hold_the_drain_to_its_deadline() {
+    // A connection is read at the drain only up to what its peer had sent
+    // when the drain began. It was read until the peer stayed quiet for
+    // 100 ms, which a client under steady load never is: every shutdown
+    // took the whole drain_timeout while the broker refused thousands of
+    // new requests, then cut the connection.
+    let cfg = "[broker]\nshards = 1\ndrain_timeout = \"30s\"\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+    let mut b = Broker::start_with_config(cfg, &[]);
+    let mut c = b.connect();
+    let mut writer = c.stream.try_clone().unwrap();
+    let h = RequestHeader {
+        message_id: [8; 16],
+        correlation_id: Some("steady"),
+        session_id: None,
+        timeout_ms: 0,
+        unix_nanos: 0,
+    };
+    let batch = c.enc.tool_call(&h, [8; 16], "echo", &[]).repeat(32);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sending = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            // Until the broker stops reading (the write fails or blocks
+            // past its timeout), or 40 s at most.
+            writer.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && t.elapsed() < Duration::from_secs(40)
+                && writer.write_all(&batch).is_ok()
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let reading = std::thread::spawn(move || {
+        let mut answered = 0u64;
+        while c.read_frame().is_some() {
+            answered += 1;
+        }
+        answered
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let status = b.terminate(Duration::from_secs(60));
+    let took = t.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sending.join().unwrap();
+    assert!(reading.join().unwrap() > 0, "the load was served");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the drain took {took:?}: the connection was read until the 30 s deadline"
+    );
+}
+
+#[test]
 fn instance_slots_are_reserved_for_every_shard_and_router_of_the_config() {
     // 16 shards × 64 instances = 1024 pooled instances: more than a fixed
     // reservation of 1000 slots, which refused to start such a deployment.

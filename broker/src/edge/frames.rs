@@ -269,16 +269,19 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
     let stats = shard.stats();
     shard.connections.set(shard.connections.get() + 1);
     ShardStats::add(&stats.connections_open, 1);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     match shard.ctx.shared.tls.clone() {
         None => {
             let (rd, wr) = stream.into_split();
-            serve_connection(&shard, rd, wr, peer).await;
+            serve_connection(&shard, rd, wr, peer, Some(fd)).await;
         }
         Some(tls) => {
             let draining = &shard.draining;
             let edge = crate::tls::Edge::Frames;
             if let Some((rd, wr)) = tls.accept_on_shard(edge, stream, peer, draining).await {
-                serve_connection(&shard, rd, wr, peer).await;
+                // No byte budget at the drain: the TLS reader holds records
+                // it took from the socket, which FIONREAD does not count.
+                serve_connection(&shard, rd, wr, peer, None).await;
             }
         }
     }
@@ -292,6 +295,7 @@ async fn serve_connection(
     rd: impl CancelableAsyncReadRent,
     wr: impl monoio::io::AsyncWriteRent + 'static,
     peer: SocketAddr,
+    fd: Option<std::os::fd::RawFd>,
 ) {
     let conn = Rc::new(Conn {
         serve,
@@ -310,7 +314,7 @@ async fn serve_connection(
         broken: Cell::new(false),
     });
     let writer = monoio::spawn(write_loop(shard.clone(), conn.clone(), wr));
-    if let Err(reason) = read_loop(shard, &conn, rd).await {
+    if let Err(reason) = read_loop(shard, &conn, rd, fd).await {
         tracing::info!(shard = shard.ctx.index, %peer, "closing connection: {reason}");
     }
     // Every request read gets its answer: wait for the last one (at the
@@ -337,8 +341,22 @@ pub const FRAMES_PER_TURN: usize = 64;
 /// While draining, how long a connection may stay quiet before the broker
 /// stops reading it: what a client sent before the drain is read and
 /// answered, but the connection does not stay open for what it may send
-/// later.
+/// later. A client that goes on sending is read only up to the bytes it had
+/// sent when the connection saw the drain ([`unread_bytes`]): under steady
+/// load it was never quiet that long, and its connection was read, and tens
+/// of thousands of new requests refused, until the drain deadline.
 const DRAIN_QUIET: Duration = Duration::from_millis(100);
+
+/// Bytes received on socket `fd` and not read yet (`FIONREAD`); `None`
+/// when the kernel will not say. (Over TLS the budget is not used: the
+/// TLS reader holds records it already took from the socket.)
+fn unread_bytes(fd: std::os::fd::RawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which is valid
+    // for the call; a closed or foreign fd only makes the call fail.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
 
 /// Whether the connection must wait before serving another frame: at its
 /// in-flight limit, or holding more unwritten answer bytes than allowed.
@@ -353,6 +371,7 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
     shard: &Rc<Shard>,
     conn: &Rc<Conn<F>>,
     mut rd: impl CancelableAsyncReadRent,
+    fd: Option<std::os::fd::RawFd>,
 ) -> Result<(), String> {
     let cfg = &shard.ctx.shared.config.frames;
     let splitter = FrameSplitter::new(cfg.max_frame_bytes);
@@ -377,6 +396,10 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
     // When the idle clock started: when the broker last heard from the peer
     // or last stopped serving, or when it ran out while answers were due.
     let mut idle_from = last_read;
+    // Bytes read so far, and (draining) how many the peer had sent when
+    // this connection saw the drain: it is read up to there at most.
+    let mut bytes_read: u64 = 0;
+    let mut read_until: Option<u64> = None;
     loop {
         // Serve what is buffered, within the connection's bounds and one
         // turn's budget at a time.
@@ -434,6 +457,16 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         let draining = shard.draining.is_set();
         if shard.drain_expired.is_set() {
             return Ok(());
+        }
+        if draining {
+            let until = *read_until.get_or_insert_with(|| {
+                let unread = fd.and_then(unread_bytes);
+                bytes_read.saturating_add(unread.unwrap_or(u64::MAX))
+            });
+            if bytes_read >= until {
+                // All the peer sent before the drain has been read.
+                return Ok(());
+            }
         }
         // `cursor` is the end of the last frame's handling or of a wait: a
         // time already read, not a new clock read per read.
@@ -495,6 +528,7 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
             Ok(0) => return Ok(()),
             Ok(n) => {
                 crate::idle_poll::note_activity();
+                bytes_read += n as u64;
                 ShardStats::add(&stats.bytes_in, n as u64);
                 // One clock read for the whole batch: every frame of it
                 // arrived with this read. Each answered frame's end time is
