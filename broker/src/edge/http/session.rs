@@ -345,9 +345,11 @@ impl Session {
         let (stream, seq) = parse_event_id(last_event_id)?;
         let mut st = lock(&self.state);
         let log = st.logs.iter_mut().find(|l| l.id == stream)?;
-        // Events after `seq` must all still be kept.
+        // An event this stream never sent is unknown; events after `seq`
+        // must all still be kept. (`seq + 1` overflowed on u64::MAX, a
+        // panic that took the shard and with it the process down.)
         let oldest = log.events.front().map_or(log.next_seq, |e| e.0);
-        if seq + 1 < oldest {
+        if seq >= log.next_seq || seq + 1 < oldest {
             return None;
         }
         for (_, ev) in log.events.iter().filter(|(s, _)| *s > seq) {
@@ -723,6 +725,14 @@ mod tests {
         assert_eq!(a.resume(&format!("{}-0", st.0), tx), None);
         let (tx, _rx) = mpsc::unbounded();
         assert_eq!(a.resume("99-1", tx), None);
+        // Events it never sent: unknown (u64::MAX once overflowed `seq + 1`
+        // and panicked the shard). The last one sent resumes with nothing.
+        for never in [5, u64::MAX] {
+            let (tx, _rx) = mpsc::unbounded();
+            assert_eq!(a.resume(&format!("{}-{never}", st.0), tx), None, "{never}");
+        }
+        let (tx, _rx) = mpsc::unbounded();
+        assert_eq!(a.resume(&format!("{}-4", st.0), tx), Some(st));
     }
 
     #[test]
