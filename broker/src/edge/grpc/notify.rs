@@ -107,10 +107,19 @@ pub fn is_resource_topic(t: &str) -> bool {
     t.contains("://")
 }
 
+/// Most resource URIs one Subscribe stream may name (an HTTP session's
+/// bound on `resources/subscribe`).
+pub const MAX_TOPIC_URIS: usize = 64;
+
+/// Longest resource URI a Subscribe topic may be (the HTTP edge's bound).
+pub const MAX_TOPIC_URI_BYTES: usize = 2048;
+
 impl Topics {
     /// Parses the topics of a SubscribeRequest: a kind name (`progress`,
     /// `log`, …; the MCP method names are accepted too) or a resource URI.
     /// Empty means every kind.
+    /// Parses a Subscribe's topics; at most [`MAX_TOPIC_URIS`] distinct
+    /// resource URIs of at most [`MAX_TOPIC_URI_BYTES`] each.
     pub fn parse(topics: &[String]) -> Result<Self, String> {
         if topics.is_empty() {
             return Ok(Topics {
@@ -119,10 +128,26 @@ impl Topics {
             });
         }
         let mut kinds = 0u16;
-        let mut uris = Vec::new();
+        let mut uris: Vec<String> = Vec::new();
         for t in topics {
             if is_resource_topic(t) {
-                uris.push(t.clone());
+                // The HTTP edge's bounds: every update is matched against
+                // every subscriber's URIs, and a 4 MiB message held 4,000
+                // one-KB URIs (+4 MB a stream, each update 10× slower).
+                if t.len() > MAX_TOPIC_URI_BYTES {
+                    return Err(format!(
+                        "resource topic of {} bytes: at most {MAX_TOPIC_URI_BYTES}",
+                        t.len()
+                    ));
+                }
+                if !uris.contains(t) {
+                    if uris.len() == MAX_TOPIC_URIS {
+                        return Err(format!(
+                            "more than {MAX_TOPIC_URIS} resource topics in one Subscribe"
+                        ));
+                    }
+                    uris.push(t.clone());
+                }
                 continue;
             }
             match Kinds::NAMES
@@ -143,6 +168,11 @@ impl Topics {
             kinds: Kinds(kinds),
             uris,
         })
+    }
+
+    /// The distinct resource URIs asked for.
+    pub fn uris(&self) -> &[String] {
+        &self.uris
     }
 
     /// Whether a resource update could be for this subscriber.
@@ -484,5 +514,23 @@ mod tests {
             Topics::parse(&["notifications/message".into()]).unwrap(),
             Topics::parse(&["log".into()]).unwrap()
         );
+    }
+
+    #[test]
+    fn resource_topics_are_bounded_like_an_http_sessions_subscriptions() {
+        let uri = |i: usize| format!("kv://k{i}");
+        let most: Vec<String> = (0..MAX_TOPIC_URIS).map(uri).collect();
+        assert_eq!(Topics::parse(&most).unwrap().uris().len(), MAX_TOPIC_URIS);
+        // Repeats count once.
+        let mut repeated = most.clone();
+        repeated.extend(most.iter().cloned());
+        assert_eq!(Topics::parse(&repeated).unwrap().uris().len(), MAX_TOPIC_URIS);
+        let mut one_more = most;
+        one_more.push(uri(MAX_TOPIC_URIS));
+        let e = Topics::parse(&one_more).unwrap_err();
+        assert!(e.contains("more than 64 resource topics"), "{e}");
+        let long = format!("kv://{}", "k".repeat(MAX_TOPIC_URI_BYTES));
+        let e = Topics::parse(&[long]).unwrap_err();
+        assert!(e.contains("at most 2048"), "{e}");
     }
 }

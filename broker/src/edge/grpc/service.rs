@@ -34,7 +34,7 @@ use tonic::{Request, Response, Status};
 
 use super::conn::{ConnInfo, Identity};
 use super::convert;
-use super::notify::{Hub, SubscribeError, SubscriptionStream, Topics, is_resource_topic};
+use super::notify::{Hub, SubscribeError, SubscriptionStream, Topics};
 use super::request::{self, Refused};
 use super::session::{SessionError, Sessions};
 use super::status;
@@ -945,7 +945,7 @@ impl McpService for Edge {
             .map_err(|e| status::edge(ErrorCode::InvalidParams, e))?;
         // A resource topic is an MCP resources/subscribe: the shard checks
         // that a router serves the URI (NOT_FOUND otherwise).
-        for uri in req.get_ref().topics.iter().filter(|t| is_resource_topic(t)) {
+        for uri in topics.uris() {
             let op = Op {
                 method: "resources/subscribe",
                 target: uri,
