@@ -504,6 +504,18 @@ fn guest_yield() -> crate::wasm::GuestYield {
     }))
 }
 
+/// Lets this shard's sockets and other tasks in, as a computing guest does
+/// at an epoch tick ([`guest_yield`]): for a task with a long run of work
+/// that never waits, such as a big JSON-RPC batch. A plain
+/// [`YieldQueue::yield_now`] runs the tasks already woken, but not the
+/// sockets' completions, which the ring posts only when the shard waits.
+pub(crate) async fn yield_to_sockets() {
+    let shard = HERE.with(|h| h.borrow().clone());
+    if let Some(shard) = shard {
+        yield_through_ring(shard.ring_poke.as_ref(), &shard.yields).await;
+    }
+}
+
 /// [`guest_yield`]'s steps, given the shard's socket and yield queue.
 async fn yield_through_ring(poke: Option<&monoio::net::unix::UnixDatagram>, yields: &YieldQueue) {
     let Some(poke) = poke else {

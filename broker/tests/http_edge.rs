@@ -497,6 +497,45 @@ fn batches_are_served_only_in_a_2025_03_26_session() {
 }
 
 #[test]
+fn a_long_batch_lets_the_shards_other_clients_in() {
+    // One shard: a batch of 10,000 calls and a ping on another connection
+    // share it. The batch ran without a break for seconds, and the ping
+    // waited for all of it.
+    let b = Broker::start(&["--shards", "1"]);
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-03-26");
+    let items: Vec<String> = (0..10_000)
+        .map(|i| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"echo","arguments":{{}}}}}}"#))
+        .collect();
+    let batch = format!("[{}]", items.join(","));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let batching = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let r = c.post(Some(&s), &batch);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        })
+    };
+    // Once the batch's calls run (counted as they end)...
+    assert!(
+        eventually(Duration::from_secs(30), || b.metric_sum("mcp_requests_total") >= 100.0),
+        "the batch's calls did not start"
+    );
+    // ... a ping on another connection is answered before the batch is.
+    let mut other = Conn::connect(b.http);
+    let s2 = other.initialize("2025-06-18");
+    let v = other.call(&s2, 1, "ping", "{}");
+    assert_eq!(v["result"], json!({}));
+    assert!(
+        !done.load(std::sync::atomic::Ordering::SeqCst),
+        "the ping waited for the whole batch"
+    );
+    let r = batching.join().unwrap();
+    assert_eq!(r.json().as_array().map(Vec::len), Some(10_000));
+}
+
+#[test]
 fn an_oversized_body_is_refused_before_it_is_read() {
     let b = with_http("max_body_bytes = 2048\n");
     let mut c = Conn::connect(b.http);
