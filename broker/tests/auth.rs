@@ -531,6 +531,8 @@ fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        // Like every error status, with the wire code.
+        assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32003");
         // The client-capability RPCs the broker does not serve say so only
         // to an authenticated caller.
         let e = g
@@ -555,6 +557,7 @@ fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
                 tonic::Code::Unauthenticated
             };
             assert_eq!(e.code(), code, "{name}: {e:?}");
+            assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32003", "{name}");
         }
         let alice = f.token("alice", "mcp");
         let tools = g

@@ -297,13 +297,19 @@ impl Drop for Issued<'_> {
 }
 
 /// The status of an auth refusal: the reason in the message, never the
-/// token.
+/// token; and, like every error status, the wire code (-32003) in the
+/// `mcp-error-code` trailer.
 fn auth_status(f: crate::auth::Failure, needed: &[String]) -> Status {
-    if f == crate::auth::Failure::InsufficientScope {
+    let mut st = if f == crate::auth::Failure::InsufficientScope {
         Status::permission_denied(f.describe(needed))
     } else {
         Status::unauthenticated(f.message())
-    }
+    };
+    st.metadata_mut().insert(
+        status::ERROR_CODE_METADATA_KEY,
+        MetadataValue::from(ErrorCode::Unauthorized.code()),
+    );
+    st
 }
 
 /// What a call's metadata says.
