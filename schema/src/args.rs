@@ -29,7 +29,7 @@ pub const MAX_JSON_DEPTH: usize = 126;
 
 /// A ToolCall argument whose value is not exactly one JSON value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("argument `{key}` is not exactly one JSON value")]
+#[error("argument `{key}` is not exactly one JSON value (nested at most {MAX_JSON_DEPTH} deep)")]
 pub struct InvalidArgument<'a> {
     /// The offending argument's key.
     pub key: &'a str,
