@@ -664,6 +664,55 @@ fn a_client_that_keeps_sending_does_not_hold_the_drain_to_its_deadline() {
     );
 }
 
+/// Closes `s` with a TCP reset (SO_LINGER 0), as a crashed client's kernel
+/// does.
+fn reset(s: std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    unsafe extern "C" {
+        fn setsockopt(fd: i32, level: i32, name: i32, value: *const i32, len: u32) -> i32;
+    }
+    const SOL_SOCKET: i32 = 1;
+    const SO_LINGER: i32 = 13;
+    let linger = [1i32, 0];
+    // SAFETY: `struct linger` is two ints; the pointer is valid for the call.
+    let rc = unsafe { setsockopt(s.as_raw_fd(), SOL_SOCKET, SO_LINGER, linger.as_ptr(), 8) };
+    assert_eq!(rc, 0, "setsockopt(SO_LINGER)");
+    drop(s);
+}
+
+#[test]
+fn a_reset_connection_stops_its_calls_and_is_no_longer_counted() {
+    // Its calls ran to their end (8 s here) for nobody, and the dead
+    // connection stayed in mcp_connections_open, against the shard's
+    // connection limit, until they did.
+    let cfg = "[broker]\nshards = 1\n\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ncall_deadline = \"20s\"\n";
+    let b = Broker::start_with_config(cfg, &[]);
+    let replaced = || {
+        b.metric_sum("mcp_router_instances_replaced_total")
+    };
+    let before = replaced();
+    let mut c = b.connect();
+    send_tool(&mut c, "long", "sleep", &[("ms", "8000")]);
+    let open = || b.metric_sum("mcp_connections_open");
+    assert!(
+        common::http::eventually(Duration::from_secs(5), || b.metric_sum("mcp_in_flight_requests") >= 1.0),
+        "the call is running"
+    );
+    assert_eq!(open(), 1.0);
+    let t = Instant::now();
+    reset(c.stream);
+    assert!(
+        common::http::eventually(Duration::from_secs(5), || open() == 0.0
+            && b.metric_sum("mcp_in_flight_requests") == 0.0
+            && replaced() >= before + 1.0),
+        "after a reset: {} open, {} in flight, {} replaced",
+        open(),
+        b.metric_sum("mcp_in_flight_requests"),
+        replaced() - before
+    );
+    assert!(t.elapsed() < Duration::from_secs(7), "the call ran to its end");
+}
+
 #[test]
 fn instance_slots_are_reserved_for_every_shard_and_router_of_the_config() {
     // 16 shards × 64 instances = 1024 pooled instances: more than a fixed

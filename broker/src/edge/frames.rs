@@ -224,6 +224,10 @@ struct Conn<F> {
     closed: Latch,
     /// The peer is gone or stopped reading: queued answers are dropped.
     broken: Cell<bool>,
+    /// Set with `broken`: the workers drop the calls still running, whose
+    /// answers nobody can read (their guests stop, their instances are
+    /// replaced), instead of running them to their deadline.
+    gone: Latch,
     /// Registered in the shard's `list_listeners` (it initialized).
     listening: Cell<bool>,
     /// With `[auth]`: whom the token of its `InitializeRequest` speaks for
@@ -259,6 +263,7 @@ impl<F> Conn<F> {
     fn break_off(&self) {
         self.broken.set(true);
         *self.out.borrow_mut() = Vec::new();
+        self.gone.set();
         self.close();
     }
 }
@@ -312,6 +317,7 @@ async fn serve_connection(
         capacity: Notify::default(),
         closed: Latch::default(),
         broken: Cell::new(false),
+        gone: Latch::default(),
     });
     let writer = monoio::spawn(write_loop(shard.clone(), conn.clone(), wr));
     if let Err(reason) = read_loop(shard, &conn, rd, fd).await {
@@ -538,7 +544,13 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
             }
             // Cancelled, with the buffer (and any partial frame) intact.
             Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {}
-            Err(e) => return Err(format!("read error: {e}")),
+            Err(e) => {
+                // Reset (or worse): nobody will read an answer. (A FIN is
+                // `Ok(0)` above: a half-closed peer may still read, so its
+                // calls run on.)
+                conn.break_off();
+                return Err(format!("read error: {e}"));
+            }
         }
         if conn.closed.is_set() {
             // Cut off by the writer (the peer reads nothing).
@@ -813,6 +825,10 @@ async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
                 slot.poll()
             }) => Some(job),
             _ = shard.drain_expired.wait() => None,
+            _ = conn.gone.wait() => {
+                abandon(&shard, &conn, slot);
+                continue;
+            }
         };
         match done {
             Some(Ok(job)) => {
@@ -823,6 +839,17 @@ async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
         }
     }
     conn.workers.set(conn.workers.get() - 1);
+}
+
+/// Drops a waiting request whose peer is gone (reset, or cut off for
+/// reading nothing): its future is dropped, which stops its guest, and
+/// nothing is answered, since nobody would read it.
+fn abandon<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
+    drop_future(&mut slot.fut);
+    slot.req = None;
+    conn.pending.set(conn.pending.get() - 1);
+    ShardStats::sub(&shard.stats().in_flight, 1);
+    conn.capacity.notify();
 }
 
 /// Answers a waiting request the drain deadline overtook, with a
