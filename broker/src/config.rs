@@ -244,6 +244,9 @@ pub struct HttpSection {
     pub sse_keepalive: Duration,
     /// Events kept per SSE stream for `Last-Event-ID` resumption.
     pub sse_replay_events: usize,
+    /// Bytes of SSE events kept per session (all its streams) for
+    /// resumption; the oldest go first.
+    pub sse_replay_bytes: usize,
     /// How long the broker waits for a client's answer to a request it sent
     /// (elicitation) before the call fails with a deadline error.
     #[serde(with = "duration")]
@@ -279,6 +282,7 @@ impl Default for HttpSection {
             session_idle_timeout: Duration::from_secs(1800),
             sse_keepalive: Duration::from_secs(15),
             sse_replay_events: 64,
+            sse_replay_bytes: crate::edge::http::session::DEFAULT_REPLAY_BYTES,
             client_answer_timeout: Duration::from_secs(300),
             request_state_key_file: PathBuf::new(),
             request_state_ttl: Duration::from_secs(600),
@@ -972,6 +976,7 @@ impl Config {
             ),
             ("http.max_sessions", h.max_sessions),
             ("http.sse_replay_events", h.sse_replay_events),
+            ("http.sse_replay_bytes", h.sse_replay_bytes),
         ] {
             if n == 0 {
                 errors.push(format!("{name}: must be at least 1"));

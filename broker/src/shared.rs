@@ -352,7 +352,8 @@ impl Shared {
             config.http.max_sessions,
             config.http.session_idle_timeout,
             config.http.sse_replay_events,
-        );
+        )
+        .with_replay_bytes(config.http.sse_replay_bytes);
         Self {
             http_sessions,
             config,

@@ -37,6 +37,10 @@ use futures_channel::{mpsc, oneshot};
 /// oldest finished one is forgotten first.
 pub const MAX_STREAM_LOGS: usize = 16;
 
+/// `http.sse_replay_bytes`' default: what one session keeps of its SSE
+/// events for resumption, over all its streams.
+pub const DEFAULT_REPLAY_BYTES: usize = 1 << 20;
+
 /// Longest session id accepted in `Mcp-Session-Id` (ours are at most 37).
 pub const MAX_ID_LEN: usize = 64;
 
@@ -104,6 +108,8 @@ struct State {
     /// broker gave them: where the client's answer goes.
     asks: HashMap<String, oneshot::Sender<Bytes>>,
     logs: VecDeque<StreamLog>,
+    /// Bytes of the events `logs` keep, bounded by `replay_bytes`.
+    kept_bytes: usize,
     next_stream: u64,
     /// `resources/subscribe`d URIs, sorted: their updates go to the GET
     /// stream.
@@ -139,6 +145,7 @@ pub struct Session {
     ended: AtomicBool,
     next_ask: AtomicU64,
     replay_events: usize,
+    replay_bytes: usize,
     epoch: Instant,
     state: Mutex<State>,
 }
@@ -252,7 +259,9 @@ impl Session {
         while st.logs.len() >= MAX_STREAM_LOGS {
             // Oldest finished first; else the oldest.
             let at = st.logs.iter().position(|l| l.done).unwrap_or(0);
-            st.logs.remove(at);
+            if let Some(gone) = st.logs.remove(at) {
+                st.kept_bytes -= gone.events.iter().map(|(_, e)| e.len()).sum::<usize>();
+            }
         }
         st.logs.push_back(StreamLog {
             id,
@@ -269,24 +278,40 @@ impl Session {
     /// event with empty data) to `stream`, sends it to the attached client,
     /// and returns whether a client is attached.
     pub fn emit(&self, stream: StreamId, message: Option<&[u8]>) -> bool {
-        let mut st = lock(&self.state);
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
         let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0) else {
             return false;
         };
         let seq = log.next_seq;
         log.next_seq += 1;
         let event = sse_event(stream.0, seq, message);
-        if log.events.len() >= self.replay_events {
-            log.events.pop_front();
+        if log.events.len() >= self.replay_events
+            && let Some((_, old)) = log.events.pop_front()
+        {
+            st.kept_bytes -= old.len();
         }
+        st.kept_bytes += event.len();
         log.events.push_back((seq, event.clone()));
-        match &log.live {
+        let attached = match &log.live {
             Some(tx) if tx.unbounded_send(event).is_ok() => true,
             _ => {
                 log.live = None;
                 false
             }
+        };
+        // The session's events past `http.sse_replay_bytes` go, oldest
+        // stream first: whole answers of up to a frame each, kept after
+        // their client left, once held ~40 MB a session. (This one too,
+        // if it alone is larger: it went out live, and a client resuming
+        // its stream then gets 404.)
+        while st.kept_bytes > self.replay_bytes {
+            let Some((_, old)) = st.logs.iter_mut().find_map(|l| l.events.pop_front()) else {
+                break;
+            };
+            st.kept_bytes -= old.len();
         }
+        attached
     }
 
     /// Appends a server notification to the session's standalone GET
@@ -439,6 +464,7 @@ pub struct Sessions {
     max: usize,
     ttl: Duration,
     replay_events: usize,
+    replay_bytes: usize,
     epoch: Instant,
 }
 
@@ -452,8 +478,16 @@ impl Sessions {
             max,
             ttl,
             replay_events,
+            replay_bytes: DEFAULT_REPLAY_BYTES,
             epoch: Instant::now(),
         }
+    }
+
+    /// At most `bytes` of SSE events kept per session for resumption
+    /// (`http.sse_replay_bytes`).
+    pub fn with_replay_bytes(mut self, bytes: usize) -> Self {
+        self.replay_bytes = bytes;
+        self
     }
 
     /// The open `subscriptions/listen` streams.
@@ -494,6 +528,7 @@ impl Sessions {
             ended: AtomicBool::new(false),
             next_ask: AtomicU64::new(1),
             replay_events: self.replay_events,
+            replay_bytes: self.replay_bytes,
             epoch: self.epoch,
             state: Mutex::default(),
         });
@@ -733,6 +768,48 @@ mod tests {
         }
         let (tx, _rx) = mpsc::unbounded();
         assert_eq!(a.resume(&format!("{}-4", st.0), tx), Some(st));
+    }
+
+    #[test]
+    fn a_sessions_kept_events_are_bounded_in_bytes_oldest_stream_first() {
+        let s = Sessions::new(1, 2, Duration::from_secs(60), 100).with_replay_bytes(1000);
+        let a = s.create(0, "2025-11-25", false, false, false).unwrap();
+        let body = [b'x'; 200];
+        let mut streams = Vec::new();
+        for _ in 0..3 {
+            let (tx, rx) = mpsc::unbounded();
+            let st = a.open_stream(tx, false);
+            drop(rx); // its client left
+            for _ in 0..3 {
+                a.emit(st, Some(&body));
+            }
+            a.close_stream(st);
+            streams.push(st);
+        }
+        let kept = lock(&a.state).kept_bytes;
+        let counted: usize = lock(&a.state)
+            .logs
+            .iter()
+            .flat_map(|l| l.events.iter().map(|(_, e)| e.len()))
+            .sum();
+        assert_eq!(kept, counted);
+        assert!(kept <= 1000, "{kept}");
+        // The first stream lost its events, the last keeps all three.
+        let (tx, _rx) = mpsc::unbounded();
+        assert_eq!(a.resume(&format!("{}-0", streams[0].0), tx), None);
+        let (tx, mut rx) = mpsc::unbounded();
+        assert_eq!(a.resume(&format!("{}-0", streams[2].0), tx), Some(streams[2]));
+        let mut n = 0;
+        while rx.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 3);
+        // An event larger than the whole budget goes out but is not kept.
+        let (tx, mut live) = mpsc::unbounded();
+        let big = a.open_stream(tx, false);
+        assert!(a.emit(big, Some(&[b'y'; 2000])));
+        assert!(live.try_recv().is_ok());
+        assert!(lock(&a.state).kept_bytes <= 1000);
     }
 
     #[test]
