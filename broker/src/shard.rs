@@ -313,6 +313,9 @@ pub(crate) struct Shard {
     /// Frame connections that sent an `InitializeRequest`: told when the
     /// route table changes (`ListChangedNotification`).
     pub(crate) list_listeners: RefCell<Vec<std::rc::Weak<dyn crate::dispatch::LiveOut>>>,
+    /// Frame connections' resource subscriptions: told when the resource
+    /// changes (`ResourceUpdatedNotification`).
+    pub(crate) resource_subs: RefCell<Vec<ResourceSub>>,
     pub(crate) yields: YieldQueue,
     /// What a yielding guest waits on to let the ring in ([`guest_yield`]):
     /// `None` if the socket could not be made.
@@ -382,6 +385,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         drain_expired: Rc::default(),
         connections: Cell::new(0),
         list_listeners: RefCell::default(),
+        resource_subs: RefCell::default(),
         yields: YieldQueue::default(),
         ring_poke: monoio::net::unix::UnixDatagram::unbound()
             .inspect_err(|e| {
@@ -788,6 +792,7 @@ async fn inbox_loop(shard: Rc<Shard>) {
             }
             ShardMsg::Snapshot(req) => metrics::record::answer_snapshot(&shard.ctx, req),
             ShardMsg::ListChanged(kinds) => tell_list_changed(&shard, kinds),
+            ShardMsg::ResourceUpdated(uri) => tell_resource_updated(&shard, &uri),
             ShardMsg::AddPools(add) => {
                 monoio::spawn(add_pools(shard.ctx.clone(), add));
             }
@@ -854,6 +859,53 @@ fn tell_list_changed(shard: &Shard, kinds: crate::shared::ListKinds) {
             }
             None => false,
         });
+}
+
+/// A frame connection's subscription: the resource URI, the connection.
+pub(crate) type ResourceSub = (Box<str>, std::rc::Weak<dyn crate::dispatch::LiveOut>);
+
+/// Sends a `ResourceUpdatedNotification` frame (with an empty correlation
+/// id, as list changes have) to every frame connection of this shard
+/// subscribed to `uri`, forgetting the subscriptions of closed ones.
+fn tell_resource_updated(shard: &Shard, uri: &str) {
+    use mcp_schema::fb::protocol as p;
+    let mut frame = None;
+    let mut dropped = 0;
+    shard.resource_subs.borrow_mut().retain(|(u, l)| {
+        let Some(conn) = l.upgrade() else {
+            dropped += 1;
+            return false;
+        };
+        if &**u == uri {
+            let f = frame.get_or_insert_with(|| {
+                let mut enc = shard.ctx.enc.borrow_mut();
+                let fbb = enc.begin();
+                let uri = fbb.create_string(uri);
+                let n = p::ResourceUpdatedNotification::create(
+                    fbb,
+                    &p::ResourceUpdatedNotificationArgs { uri: Some(uri) },
+                );
+                let to = mcp_schema::encode::ReplyTo {
+                    correlation: mcp_schema::encode::Correlation::Text(""),
+                    session_id: None,
+                };
+                enc.finish(
+                    &to,
+                    p::ResponsePayload::ResourceUpdatedNotification,
+                    n.as_union_value(),
+                    true,
+                )
+                .to_vec()
+            });
+            conn.frame(f);
+        }
+        true
+    });
+    shard
+        .ctx
+        .shared
+        .frame_subscriptions
+        .fetch_sub(dropped, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// A handed-over request's live channel (`Job::live`) as the dispatcher

@@ -9,7 +9,7 @@
 //!   count), never a copy.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -105,6 +105,9 @@ pub enum ShardMsg {
     /// The route table changed: tell the shard's frame connections that
     /// initialized.
     ListChanged(ListKinds),
+    /// A resource changed: tell the shard's frame connections subscribed
+    /// to it.
+    ResourceUpdated(Box<str>),
     /// A reload brings routers: make and warm their pools, then answer.
     AddPools(AddPools),
     /// A reload removed or replaced these routers (by uid): drop their
@@ -288,6 +291,9 @@ pub struct Shared {
     /// Told of every resource update: read lock-free on each update (a
     /// router's write), written once per edge at start.
     resource_observers: arc_swap::ArcSwap<Vec<ResourceObserver>>,
+    /// Frame connections' resource subscriptions, over all shards: while
+    /// none, an update sends the shards nothing.
+    pub frame_subscriptions: AtomicUsize,
 }
 
 /// Told of every route table change (the gRPC edge's Subscribe hub).
@@ -375,6 +381,7 @@ impl Shared {
             deaths: crossbeam_channel::unbounded(),
             list_observers: std::sync::Mutex::default(),
             resource_observers: arc_swap::ArcSwap::default(),
+            frame_subscriptions: AtomicUsize::new(0),
         }
     }
 
@@ -583,6 +590,11 @@ impl Shared {
     /// sessions that `resources/subscribe`d to it (on their GET stream), and
     /// the observers the other edges registered (gRPC resource topics).
     pub fn notify_resource_updated(&self, uri: &str) {
+        if self.frame_subscriptions.load(Ordering::Relaxed) > 0 {
+            for i in 0..self.shards() {
+                let _ = self.send(i, ShardMsg::ResourceUpdated(uri.into()));
+            }
+        }
         self.http_sessions.listeners().resource_updated(uri);
         self.http_sessions.resource_updated(uri);
         for o in self.resource_observers.load().iter() {

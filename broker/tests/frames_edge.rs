@@ -664,6 +664,40 @@ fn a_client_that_keeps_sending_does_not_hold_the_drain_to_its_deadline() {
     );
 }
 
+#[test]
+fn a_subscribed_frame_client_hears_of_the_resources_updates() {
+    // A SubscribeRequest was answered, and the resource's updates then went
+    // to HTTP and gRPC subscribers only.
+    let b = Broker::start(&["--shards", "2"]);
+    let mut w = b.connect();
+    let put = |w: &mut Client, v: &str| {
+        tool_text(&w.call("put", &[("key", "\"color\""), ("value", v)], Some("writer")));
+    };
+    put(&mut w, "\"red\"");
+    let mut sub = b.connect();
+    let r = sub.request(None, |e, h| e.subscribe(h, "kv://color", true).to_vec());
+    assert_eq!(ResponseView::parse(&r).unwrap().error(), None);
+    // Written from another connection, in a session whose instance may be
+    // on the other shard.
+    put(&mut w, "\"blue\"");
+    let updated = |f: &[u8]| {
+        ResponseView::parse(f)
+            .unwrap()
+            .response
+            .payload_as_resource_updated_notification()
+            .map(|n| n.uri().to_string())
+    };
+    let f = sub.read_frame().expect("a notification");
+    assert_eq!(updated(&f).as_deref(), Some("kv://color"));
+    // Unsubscribed: the next write says nothing; the next frame is the
+    // answer to a ping sent after it.
+    let r = sub.request(None, |e, h| e.subscribe(h, "kv://color", false).to_vec());
+    assert_eq!(ResponseView::parse(&r).unwrap().error(), None);
+    put(&mut w, "\"green\"");
+    let pong = sub.request(None, |e, h| e.ping(h).to_vec());
+    assert_eq!(updated(&pong), None);
+}
+
 /// Closes `s` with a TCP reset (SO_LINGER 0), as a crashed client's kernel
 /// does.
 fn reset(s: std::net::TcpStream) {

@@ -741,7 +741,13 @@ fn admit<F>(auth: &crate::auth::Auth, conn: &Conn<F>, req: &VerifiedRequest) -> 
 
 /// Answers a served request: records it, queues its frames for the writer,
 /// frees its slot. Returns the end time read for the metrics.
-fn finish<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, job: Job) -> Instant {
+fn finish<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, mut job: Job) -> Instant {
+    if matches!(
+        job.req.view().kind(),
+        mcp_schema::RequestKind::Subscribe | mcp_schema::RequestKind::Unsubscribe
+    ) {
+        track_subscription(shard, conn, &mut job);
+    }
     let ended = metrics::record::request(
         &shard.ctx,
         metrics::Edge::Frames,
@@ -764,6 +770,57 @@ fn finish<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, job: Job)
     slot.out = out;
     release(shard, conn, slot);
     ended
+}
+
+/// Most resource subscriptions one frame connection may hold (an HTTP
+/// session's bound): each is kept and compared on every update.
+pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 64;
+
+/// Records an answered `SubscribeRequest` (or drops the subscription of an
+/// `UnsubscribeRequest`) in the shard's list, so that the resource's
+/// updates reach this connection. Past [`MAX_SUBSCRIPTIONS_PER_CONNECTION`]
+/// the answer becomes -32602. (They were answered, and their updates went
+/// nowhere.)
+fn track_subscription<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, job: &mut Job) {
+    use mcp_schema::RequestKind;
+    let view = job.req.view();
+    let mcp_schema::RouteKey::Resource(uri) = view.route_key() else {
+        return;
+    };
+    let answered = mcp_schema::client::ResponseView::parse(&job.out)
+        .is_ok_and(|r| r.error().is_none());
+    if !answered {
+        return;
+    }
+    let me = Rc::downgrade(conn) as Weak<Conn<F>>;
+    let mine = |w: &Weak<dyn LiveOut>| std::ptr::addr_eq(w.as_ptr(), me.as_ptr());
+    let counter = &shard.ctx.shared.frame_subscriptions;
+    let mut subs = shard.resource_subs.borrow_mut();
+    let at = subs.iter().position(|(u, w)| &**u == uri && mine(w));
+    match (view.kind(), at) {
+        (RequestKind::Subscribe, None) => {
+            if subs.iter().filter(|(_, w)| mine(w)).count() >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
+                let to = view.reply_to();
+                job.out.clear();
+                job.out.extend_from_slice(shard.ctx.enc.borrow_mut().error(
+                    &to,
+                    mcp_schema::ErrorCode::InvalidParams,
+                    &format!(
+                        "at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} resource subscriptions per connection"
+                    ),
+                    None,
+                ));
+                return;
+            }
+            subs.push((uri.into(), me as Weak<dyn LiveOut>));
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        (RequestKind::Unsubscribe, Some(i)) => {
+            subs.swap_remove(i);
+            counter.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        _ => {}
+    }
 }
 
 /// Gives a slot whose request has been answered back to the connection.
@@ -803,7 +860,7 @@ fn fail_panicked<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, pa
 /// or yielding at an epoch tick, a session-affinity hand-off), parking when
 /// there are none, until the connection closes. Only waiting requests race
 /// the drain deadline: the ones answered inline cannot outlive it.
-async fn worker<F: Future<Output = Job>>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
+async fn worker<F: Future<Output = Job> + 'static>(shard: Rc<Shard>, conn: Rc<Conn<F>>) {
     loop {
         let next = poll_fn(|cx| {
             if let Some(s) = conn.queue.borrow_mut().pop_front() {
