@@ -153,6 +153,18 @@ fn main() -> ExitCode {
         }
     }
     running.drain();
+    // A `POST /admin/reload` still waiting is answered 503 once it sees the
+    // drain (within 50 ms); give it that, and its write, before the exit
+    // cuts it off with no reply.
+    let waiting = || shared.reloads_waiting.load(std::sync::atomic::Ordering::Acquire) > 0;
+    if waiting() {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while waiting() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // The count falls as the answer is made; its write follows at once.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     if died || shared.any_shard_dead() {
         return ExitCode::from(EXIT_SHARD_DIED);
     }

@@ -355,8 +355,42 @@ async fn reload(
             "too many reloads queued; try again\n",
         );
     }
-    let outcome = tokio::task::spawn_blocking(move || rx.recv_timeout(RELOAD_ANSWER_TIMEOUT)).await;
+    // Counted until answered: the process waits for these at exit.
+    struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    admin.shared.reloads_waiting.fetch_add(1, Ordering::AcqRel);
+    let _waiting = Waiting(&admin.shared.reloads_waiting);
+    let shared = admin.shared.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + RELOAD_ANSWER_TIMEOUT;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                // The drain began while the reload ran: the shards may be
+                // gone before it ends. Answered now, not cut off at exit.
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) if shared.is_draining() => {
+                    return Err(None);
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                    if std::time::Instant::now() < deadline => {}
+                other => return other.map_err(Some),
+            }
+        }
+    })
+    .await;
     match outcome {
+        Ok(Err(None)) => {
+            tracing::warn!("a reload still running when the drain began is abandoned with the process");
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                "draining: the broker began shutting down while this reload ran, and it is \
+                 abandoned with the process\n",
+            )
+        }
         Ok(Ok(o)) => {
             let status = if o.is_applied() {
                 StatusCode::OK
@@ -365,14 +399,14 @@ async fn reload(
             };
             text(status, JSON, o.to_json())
         }
-        Ok(Err(crossbeam_channel::RecvTimeoutError::Timeout)) => text(
+        Ok(Err(Some(crossbeam_channel::RecvTimeoutError::Timeout))) => text(
             StatusCode::GATEWAY_TIMEOUT,
             PLAIN,
             "the reload did not finish in time; it goes on, and its outcome will be logged \
              and counted in mcp_config_reloads_total\n",
         ),
         // The reload's answer was dropped unsent: not a slow reload.
-        Ok(Err(crossbeam_channel::RecvTimeoutError::Disconnected)) | Err(_) => text(
+        Ok(Err(Some(crossbeam_channel::RecvTimeoutError::Disconnected))) | Err(_) => text(
             StatusCode::INTERNAL_SERVER_ERROR,
             PLAIN,
             "the reload was lost without an outcome (see the broker's log)\n",

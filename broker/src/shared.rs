@@ -294,6 +294,9 @@ pub struct Shared {
     /// Frame connections' resource subscriptions, over all shards: while
     /// none, an update sends the shards nothing.
     pub frame_subscriptions: AtomicUsize,
+    /// `POST /admin/reload` requests waiting for their outcome: the
+    /// process answers them before it exits.
+    pub reloads_waiting: AtomicUsize,
 }
 
 /// Told of every route table change (the gRPC edge's Subscribe hub).
@@ -382,6 +385,7 @@ impl Shared {
             list_observers: std::sync::Mutex::default(),
             resource_observers: arc_swap::ArcSwap::default(),
             frame_subscriptions: AtomicUsize::new(0),
+            reloads_waiting: AtomicUsize::new(0),
         }
     }
 

@@ -1091,6 +1091,30 @@ fn reload_while_draining_is_503() {
     assert!(common::tool_text(&resp).starts_with("slept"));
 }
 
+#[test]
+fn a_reload_still_running_at_sigterm_gets_an_answer() {
+    // Six routers to compile keep the reload busy past the signal. The
+    // process used to exit while it ran, and the POST got no reply at all.
+    let r = Reloadable::start("term-during-reload", &config(&[ECHO]));
+    let routers: Vec<String> = (0..6)
+        .map(|i| format!("[[routers]]\nname = \"chaos{i}\"\nwasm = \"chaos.wasm\"\n"))
+        .collect();
+    let mut all = vec![ECHO];
+    all.extend(routers.iter().map(String::as_str));
+    r.write(&config(&all));
+    let addr = r.b.metrics;
+    let posting = std::thread::spawn(move || {
+        let mut c = common::http::Conn::connect(addr);
+        c.request("POST", "/admin/reload", &[], b"").status
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let t = std::time::Instant::now();
+    r.b.sigterm();
+    let status = posting.join().expect("POST /admin/reload got no reply");
+    assert!([200, 422, 503].contains(&status), "{status}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
 const SIGHUP: i32 = 1;
 
 unsafe extern "C" {
