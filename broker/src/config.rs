@@ -151,6 +151,11 @@ pub struct GrpcSection {
     /// frees every answer held for it.
     #[serde(with = "duration")]
     pub write_timeout: Duration,
+    /// A call's request message must have arrived whole (to the end of its
+    /// stream) this long after its headers, or the call fails and its
+    /// buffered part is freed.
+    #[serde(with = "duration")]
+    pub body_timeout: Duration,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: open calls per connection.
     pub max_concurrent_streams_per_connection: u32,
     /// Age at which a connection is asked to go away (GOAWAY, graceful).
@@ -192,6 +197,7 @@ impl Default for GrpcSection {
             keepalive_interval: Duration::from_secs(60),
             keepalive_timeout: Duration::from_secs(20),
             write_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
             max_concurrent_streams_per_connection: 256,
             max_connection_age: Duration::from_secs(3600),
             max_connection_age_grace: Duration::from_secs(30),
@@ -942,6 +948,7 @@ impl Config {
             ("grpc.keepalive_interval", g.keepalive_interval),
             ("grpc.keepalive_timeout", g.keepalive_timeout),
             ("grpc.write_timeout", g.write_timeout),
+            ("grpc.body_timeout", g.body_timeout),
             ("grpc.max_connection_age", g.max_connection_age),
             ("grpc.max_connection_age_grace", g.max_connection_age_grace),
             ("grpc.session_idle_timeout", g.session_idle_timeout),

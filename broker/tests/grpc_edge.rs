@@ -1414,3 +1414,77 @@ mod prost_types_like {
         pub package: Option<String>,
     }
 }
+
+/// A request body that sends `first` and then nothing, ever (a peer that
+/// stopped mid-message but keeps its connection alive).
+struct StalledBody(Option<bytes::Bytes>);
+
+impl hyper::body::Body for StalledBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(b) => std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(b)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_message_that_never_arrives_whole_fails_at_the_body_timeout() {
+    // A stream that announced a 4 MB message, sent part of it and idled
+    // held that part until max_connection_age (an hour): +285 MB for 56 s
+    // in the audit that found it.
+    let b = Broker::start_with_config(|c| {
+        c.replacen(
+            "body_timeout = \"30s\"\n# Calls open at once",
+            "body_timeout = \"1s\"\n# Calls open at once",
+            1,
+        )
+    });
+    let tcp = tokio::net::TcpStream::connect(b.grpc).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    // The gRPC message header: uncompressed, 4,000,000 bytes; then 1,000.
+    let mut part = vec![0u8];
+    part.extend_from_slice(&4_000_000u32.to_be_bytes());
+    part.extend_from_slice(&[0; 1000]);
+    let req = hyper::Request::post(format!(
+        "http://{}/turbomcp.mcp.v1.McpService/ListTools",
+        b.grpc
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(StalledBody(Some(part.into())))
+    .unwrap();
+    let t = std::time::Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("no answer within 10 s: the half-sent message was held")
+        .unwrap();
+    let status = |h: &hyper::HeaderMap| {
+        h.get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let mut code = status(resp.headers());
+    if code.is_none() {
+        use http_body_util::BodyExt;
+        let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+            .await
+            .expect("the answer's trailers within 10 s")
+            .unwrap();
+        code = body.trailers().and_then(status);
+    }
+    // INVALID_ARGUMENT, as HTTP answers a body past its timeout with -32600.
+    assert_eq!(code.as_deref(), Some("3"), "grpc-status");
+    assert!(t.elapsed() >= Duration::from_millis(900), "{:?}", t.elapsed());
+}

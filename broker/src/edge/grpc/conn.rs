@@ -47,6 +47,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::Incoming;
+use hyper::rt::Timer;
 use mcp_proto::v1::LogLevel;
 use monoio::net::{TcpListener, TcpStream};
 use tonic::codegen::Service;
@@ -255,15 +256,94 @@ enum Callee {
 
 /// Calls `service` once it is ready (tonic's services always are; asking
 /// keeps tower's contract).
-async fn ready_call<S>(
-    mut service: S,
-    req: hyper::Request<Incoming>,
-) -> Result<S::Response, S::Error>
+async fn ready_call<S, B>(mut service: S, req: hyper::Request<B>) -> Result<S::Response, S::Error>
 where
-    S: Service<hyper::Request<Incoming>>,
+    S: Service<hyper::Request<B>>,
 {
     std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
     service.call(req).await
+}
+
+/// A call's request body that must end by a deadline (`grpc.body_timeout`):
+/// every MCP RPC takes one request message, and a stream that sent part of
+/// a 4 MiB one and then idled, answering PINGs, held what it had sent (and
+/// tonic's buffer for the rest) until `max_connection_age`. Past the
+/// deadline the body fails, which fails the call and frees both.
+pub struct TimedBody {
+    inner: Incoming,
+    deadline: std::time::Instant,
+    limit: Duration,
+    /// Armed at the first wait for the peer.
+    sleep: Option<Pin<Box<dyn hyper::rt::Sleep>>>,
+    ended: bool,
+}
+
+impl TimedBody {
+    fn new(inner: Incoming, limit: Duration) -> Self {
+        Self {
+            inner,
+            deadline: crate::coarse::now() + limit,
+            limit,
+            sleep: None,
+            ended: false,
+        }
+    }
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if this.ended {
+            return polled.map_err(Into::into);
+        }
+        match polled {
+            Poll::Ready(r) => {
+                if r.is_none() || this.inner.is_end_stream() {
+                    this.ended = true;
+                    this.sleep = None;
+                }
+                Poll::Ready(r.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let deadline = this.deadline;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| rt::ShardTimer.sleep_until(deadline));
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.ended = true;
+                        // A Status in the error: tonic answers the call with
+                        // it (INVALID_ARGUMENT, -32600, as HTTP's 408 has),
+                        // not an UNKNOWN that says nothing.
+                        let st = super::status::edge(
+                            mcp_schema::ErrorCode::InvalidRequest,
+                            format!(
+                                "the request message did not arrive whole within grpc.body_timeout ({:?})",
+                                this.limit
+                            ),
+                        );
+                        Poll::Ready(Some(Err(Box::new(st))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Marks the connection closed (for its sessions) however it ends.
@@ -400,8 +480,10 @@ where
     let tokio = edge.edge.tokio();
     let unsent = Arc::new(Unsent::default());
     let answers = unsent.clone();
+    let body_timeout = edge.cfg.body_timeout;
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(info.clone());
+        let req = req.map(|b| TimedBody::new(b, body_timeout));
         let method = req.uri().path().strip_prefix(MCP_PATH);
         let track = method.is_some_and(is_unary).then(|| answers.clone());
         // The MCP service's calls go to it straight: tonic's router (axum)
