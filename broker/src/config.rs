@@ -564,7 +564,9 @@ impl RouterConfig {
     /// every shard; plus two for the transient instances that read its
     /// metadata (at load, and an upstream router's refreshes).
     pub fn instance_slots(&self, shards: usize) -> usize {
-        let sessions = self.session_limits().map_or(0, |l| l.max_per_shard as usize);
+        let sessions = self
+            .session_limits()
+            .map_or(0, |l| l.max_per_shard as usize);
         (self.instances_per_shard as usize)
             .saturating_add(sessions)
             .saturating_mul(shards)

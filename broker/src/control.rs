@@ -499,9 +499,18 @@ impl Control {
     /// Checked before anything is built: a session-affine router's slots
     /// are taken only as sessions open, so warming the new pools alone
     /// could succeed and leave new sessions failing to instantiate later.
-    fn slots_short(&self, config: &Config, changed: &[String], removed: &[String]) -> Option<String> {
+    fn slots_short(
+        &self,
+        config: &Config,
+        changed: &[String],
+        removed: &[String],
+    ) -> Option<String> {
         let shards = self.shared.shards();
-        let new: usize = config.routers.iter().map(|r| r.instance_slots(shards)).sum();
+        let new: usize = config
+            .routers
+            .iter()
+            .map(|r| r.instance_slots(shards))
+            .sum();
         let draining: usize = self
             .config
             .routers

@@ -156,7 +156,12 @@ fn main() -> ExitCode {
     // A `POST /admin/reload` still waiting is answered 503 once it sees the
     // drain (within 50 ms); give it that, and its write, before the exit
     // cuts it off with no reply.
-    let waiting = || shared.reloads_waiting.load(std::sync::atomic::Ordering::Acquire) > 0;
+    let waiting = || {
+        shared
+            .reloads_waiting
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
+    };
     if waiting() {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
         while waiting() && std::time::Instant::now() < until {

@@ -383,7 +383,9 @@ async fn reload(
     .await;
     match outcome {
         Ok(Err(None)) => {
-            tracing::warn!("a reload still running when the drain began is abandoned with the process");
+            tracing::warn!(
+                "a reload still running when the drain began is abandoned with the process"
+            );
             text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 PLAIN,

@@ -557,7 +557,11 @@ fn grpc_needs_a_token_and_the_scopes_of_each_tool() {
                 tonic::Code::Unauthenticated
             };
             assert_eq!(e.code(), code, "{name}: {e:?}");
-            assert_eq!(e.metadata().get("mcp-error-code").unwrap(), "-32003", "{name}");
+            assert_eq!(
+                e.metadata().get("mcp-error-code").unwrap(),
+                "-32003",
+                "{name}"
+            );
         }
         let alice = f.token("alice", "mcp");
         let tools = g

@@ -634,7 +634,9 @@ fn a_client_that_keeps_sending_does_not_hold_the_drain_to_its_deadline() {
             let t = Instant::now();
             // Until the broker stops reading (the write fails or blocks
             // past its timeout), or 40 s at most.
-            writer.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+            writer
+                .set_write_timeout(Some(Duration::from_secs(1)))
+                .unwrap();
             while !stop.load(std::sync::atomic::Ordering::Relaxed)
                 && t.elapsed() < Duration::from_secs(40)
                 && writer.write_all(&batch).is_ok()
@@ -721,15 +723,15 @@ fn a_reset_connection_stops_its_calls_and_is_no_longer_counted() {
     // connection limit, until they did.
     let cfg = "[broker]\nshards = 1\n\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ncall_deadline = \"20s\"\n";
     let b = Broker::start_with_config(cfg, &[]);
-    let replaced = || {
-        b.metric_sum("mcp_router_instances_replaced_total")
-    };
+    let replaced = || b.metric_sum("mcp_router_instances_replaced_total");
     let before = replaced();
     let mut c = b.connect();
     send_tool(&mut c, "long", "sleep", &[("ms", "8000")]);
     let open = || b.metric_sum("mcp_connections_open");
     assert!(
-        common::http::eventually(Duration::from_secs(5), || b.metric_sum("mcp_in_flight_requests") >= 1.0),
+        common::http::eventually(Duration::from_secs(5), || b
+            .metric_sum("mcp_in_flight_requests")
+            >= 1.0),
         "the call is running"
     );
     assert_eq!(open(), 1.0);
@@ -744,7 +746,10 @@ fn a_reset_connection_stops_its_calls_and_is_no_longer_counted() {
         b.metric_sum("mcp_in_flight_requests"),
         replaced() - before
     );
-    assert!(t.elapsed() < Duration::from_secs(7), "the call ran to its end");
+    assert!(
+        t.elapsed() < Duration::from_secs(7),
+        "the call ran to its end"
+    );
 }
 
 #[test]

@@ -1486,5 +1486,9 @@ async fn a_request_message_that_never_arrives_whole_fails_at_the_body_timeout() 
     }
     // INVALID_ARGUMENT, as HTTP answers a body past its timeout with -32600.
     assert_eq!(code.as_deref(), Some("3"), "grpc-status");
-    assert!(t.elapsed() >= Duration::from_millis(900), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
 }

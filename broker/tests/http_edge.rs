@@ -519,7 +519,9 @@ fn a_long_batch_lets_the_shards_other_clients_in() {
     };
     // Once the batch's calls run (counted as they end)...
     assert!(
-        eventually(Duration::from_secs(30), || b.metric_sum("mcp_requests_total") >= 100.0),
+        eventually(Duration::from_secs(30), || b
+            .metric_sum("mcp_requests_total")
+            >= 100.0),
         "the batch's calls did not start"
     );
     // ... a ping on another connection is answered before the batch is.
@@ -873,10 +875,8 @@ fn a_call_still_running_at_the_drain_deadline_is_answered_shutting_down() {
     // It once got no answer at all: the shard closed the connection one
     // second after the deadline, and the Python SDK failed its session with
     // "Server disconnected without sending a response".
-    let cfg = common::default_with_chaos().replace(
-        "drain_timeout = \"10s\"",
-        "drain_timeout = \"500ms\"",
-    );
+    let cfg = common::default_with_chaos()
+        .replace("drain_timeout = \"10s\"", "drain_timeout = \"500ms\"");
     let mut b = Broker::start_with_config(&cfg, &[]);
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-06-18");
@@ -894,7 +894,11 @@ fn a_call_still_running_at_the_drain_deadline_is_answered_shutting_down() {
     let r = call.join().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
-    assert_eq!((v["id"].clone(), v["error"]["code"].clone()), (json!(8), json!(-32004)), "{v}");
+    assert_eq!(
+        (v["id"].clone(), v["error"]["code"].clone()),
+        (json!(8), json!(-32004)),
+        "{v}"
+    );
 }
 
 /// The broker serving the `conformance` router (which elicits and reports

@@ -860,7 +860,11 @@ fn refused_reload_keeps_the_old_config() {
     // which are instantiated only as sessions open: new sessions then
     // failed with -32002 while the reload had been applied.
     let errors = r.refuse(
-        &config(&[ECHO, KV, &CHAOS.replace("instances_per_shard = 2", "instances_per_shard = 100")]),
+        &config(&[
+            ECHO,
+            KV,
+            &CHAOS.replace("instances_per_shard = 2", "instances_per_shard = 100"),
+        ]),
         gen0,
     );
     assert!(

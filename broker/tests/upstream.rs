@@ -476,9 +476,18 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
     // As the upstream reported them: 1, 2, 3 of 3.
     let reported: Vec<_> = progress
         .iter()
-        .map(|p| (p["params"]["progress"].clone(), p["params"]["total"].clone()))
+        .map(|p| {
+            (
+                p["params"]["progress"].clone(),
+                p["params"]["total"].clone(),
+            )
+        })
         .collect();
-    assert_eq!(reported, [1, 2, 3].map(|i| (json!(i), json!(3))), "{msgs:?}");
+    assert_eq!(
+        reported,
+        [1, 2, 3].map(|i| (json!(i), json!(3))),
+        "{msgs:?}"
+    );
     // With no total upstream, none here (it once read "3 of 1").
     let r = c.post(
         Some(&s),
@@ -492,7 +501,9 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
         .collect();
     assert_eq!(
         open,
-        [1, 2, 3].map(|i| json!({"progressToken": "open", "progress": i, "message": format!("step {i}")})),
+        [1, 2, 3].map(
+            |i| json!({"progressToken": "open", "progress": i, "message": format!("step {i}")})
+        ),
     );
     assert!(
         msgs.iter().any(|m| m["method"] == "notifications/message"

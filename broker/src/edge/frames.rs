@@ -741,7 +741,12 @@ fn admit<F>(auth: &crate::auth::Auth, conn: &Conn<F>, req: &VerifiedRequest) -> 
 
 /// Answers a served request: records it, queues its frames for the writer,
 /// frees its slot. Returns the end time read for the metrics.
-fn finish<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, mut job: Job) -> Instant {
+fn finish<F: 'static>(
+    shard: &Rc<Shard>,
+    conn: &Rc<Conn<F>>,
+    mut slot: Slot<F>,
+    mut job: Job,
+) -> Instant {
     if matches!(
         job.req.view().kind(),
         mcp_schema::RequestKind::Subscribe | mcp_schema::RequestKind::Unsubscribe
@@ -787,8 +792,8 @@ fn track_subscription<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, job: &m
     let mcp_schema::RouteKey::Resource(uri) = view.route_key() else {
         return;
     };
-    let answered = mcp_schema::client::ResponseView::parse(&job.out)
-        .is_ok_and(|r| r.error().is_none());
+    let answered =
+        mcp_schema::client::ResponseView::parse(&job.out).is_ok_and(|r| r.error().is_none());
     if !answered {
         return;
     }

@@ -367,7 +367,8 @@ impl RouterPool {
     pub fn stats(&self) -> PoolStats {
         let i = &self.inner;
         let mut queued = i.waiters.borrow().len();
-        let (mut instances, mut idle, mut busy) = (i.size, i.idle.borrow().len() as u32, i.busy.get());
+        let (mut instances, mut idle, mut busy) =
+            (i.size, i.idle.borrow().len() as u32, i.busy.get());
         let (mut sessions, mut sessions_evicted) = (0, 0);
         if let Some(s) = &i.sessions {
             let map = s.map.borrow();

@@ -32,6 +32,10 @@
 //!   that, freeing every answer held for it ([`Unsent`]). Keepalive alone
 //!   let a non-reading peer pin `max_concurrent_streams_per_connection`
 //!   answers for 80 s, and a window-0 peer that answers PINGs for ever.
+//! - A call's request message arrives whole within `grpc.body_timeout` of
+//!   its headers, or the call fails and what it sent is freed
+//!   ([`TimedBody`]): keepalive alone let a stream that stopped mid-message
+//!   hold its part (up to 4 MiB) until `max_connection_age`.
 //! - At `grpc.max_connection_age` a connection is asked to go away (GOAWAY)
 //!   and closed `grpc.max_connection_age_grace` later; at the drain it is
 //!   asked to go away, and closed when its calls are answered or the drain

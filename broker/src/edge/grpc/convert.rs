@@ -429,7 +429,11 @@ pub fn notification(resp: p::Response<'_>) -> Option<pb::notification::Notificat
             progress_token: token,
             // As the router reported it, or the fraction of 1.
             progress: n.value().unwrap_or(f64::from(n.progress())),
-            total: if n.value().is_some() { n.total() } else { Some(1.0) },
+            total: if n.value().is_some() {
+                n.total()
+            } else {
+                Some(1.0)
+            },
             message: opt(n.message()),
         }));
     }

@@ -524,7 +524,10 @@ mod tests {
         // Repeats count once.
         let mut repeated = most.clone();
         repeated.extend(most.iter().cloned());
-        assert_eq!(Topics::parse(&repeated).unwrap().uris().len(), MAX_TOPIC_URIS);
+        assert_eq!(
+            Topics::parse(&repeated).unwrap().uris().len(),
+            MAX_TOPIC_URIS
+        );
         let mut one_more = most;
         one_more.push(uri(MAX_TOPIC_URIS));
         let e = Topics::parse(&one_more).unwrap_err();

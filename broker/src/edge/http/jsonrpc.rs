@@ -3388,7 +3388,10 @@ mod tests {
         let id = UUID::new(&[7; 16]);
         for (mcp, want) in [
             (Some((3.0, None)), json!({"progressToken":1,"progress":3})),
-            (Some((3.0, Some(8.0))), json!({"progressToken":1,"progress":3,"total":8})),
+            (
+                Some((3.0, Some(8.0))),
+                json!({"progressToken":1,"progress":3,"total":8}),
+            ),
             (None, json!({"progressToken":1,"progress":0.5,"total":1})),
         ] {
             let f = adapt::progress_frame(&mut enc, &TO, &id, 0.5, None, 1, 0, mcp).to_vec();

@@ -798,7 +798,10 @@ mod tests {
         let (tx, _rx) = mpsc::unbounded();
         assert_eq!(a.resume(&format!("{}-0", streams[0].0), tx), None);
         let (tx, mut rx) = mpsc::unbounded();
-        assert_eq!(a.resume(&format!("{}-0", streams[2].0), tx), Some(streams[2]));
+        assert_eq!(
+            a.resume(&format!("{}-0", streams[2].0), tx),
+            Some(streams[2])
+        );
         let mut n = 0;
         while rx.try_recv().is_ok() {
             n += 1;
