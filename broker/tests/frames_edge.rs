@@ -609,6 +609,54 @@ fn the_drain_deadline_answers_a_waiting_call_with_shutting_down() {
 }
 
 #[test]
+fn a_burst_written_before_sigterm_is_answered_whole() {
+    // 5,000 frames in one write: more than the kernel holds on the broker's
+    // side, so part of it is still in the client's socket when the drain
+    // begins. Reading only what the broker's side held left 4,271 of them
+    // unanswered.
+    let mut b = Broker::start(&["--shards", "1"]);
+    let mut c = b.connect();
+    let mut writer = c.stream.try_clone().unwrap();
+    let mut burst = Vec::new();
+    let n = 5000;
+    for i in 0..n {
+        let corr = format!("burst-{i}");
+        let h = RequestHeader {
+            message_id: [9; 16],
+            correlation_id: Some(&corr),
+            session_id: None,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        burst.extend_from_slice(
+            c.enc
+                .tool_call(&h, [9; 16], "echo", &[("pad", &"7".repeat(120))]),
+        );
+    }
+    let reading = std::thread::spawn(move || {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(f) = c.read_frame() {
+            let r = ResponseView::parse(&f).unwrap();
+            if r.is_final() {
+                assert!(
+                    seen.insert(r.correlation_id().to_string()),
+                    "answered twice"
+                );
+            }
+        }
+        seen.len()
+    });
+    writer.write_all(&burst).unwrap();
+    let status = b.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        reading.join().unwrap(),
+        n,
+        "every request written before the signal answered"
+    );
+}
+
+#[test]
 fn a_client_that_keeps_sending_does_not_hold_the_drain_to_its_deadline() {
     // A connection is read at the drain only up to what its peer had sent
     // when the drain began. It was read until the peer stayed quiet for
@@ -698,6 +746,10 @@ fn a_subscribed_frame_client_hears_of_the_resources_updates() {
     put(&mut w, "\"green\"");
     let pong = sub.request(None, |e, h| e.ping(h).to_vec());
     assert_eq!(updated(&pong), None);
+    // A URI longer than HTTP and gRPC take is refused, not kept.
+    let long = format!("kv://{}", "k".repeat(3000));
+    let r = sub.request(None, |e, h| e.subscribe(h, &long, true).to_vec());
+    assert_eq!(error_code(&r), Some(-32602));
 }
 
 /// Closes `s` with a TCP reset (SO_LINGER 0), as a crashed client's kernel

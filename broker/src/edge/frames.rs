@@ -334,6 +334,9 @@ async fn serve_connection(
     // `write_timeout`), then shuts the socket down.
     conn.close();
     let _ = writer.await;
+    if !shard.resource_subs.borrow().is_empty() {
+        forget_subscriptions(shard, &conn);
+    }
 }
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -347,11 +350,18 @@ pub const FRAMES_PER_TURN: usize = 64;
 /// While draining, how long a connection may stay quiet before the broker
 /// stops reading it: what a client sent before the drain is read and
 /// answered, but the connection does not stay open for what it may send
-/// later. A client that goes on sending is read only up to the bytes it had
-/// sent when the connection saw the drain ([`unread_bytes`]): under steady
-/// load it was never quiet that long, and its connection was read, and tens
-/// of thousands of new requests refused, until the drain deadline.
+/// later.
 const DRAIN_QUIET: Duration = Duration::from_millis(100);
+
+/// While draining, how long after the drain began a connection that is
+/// never quiet is still read: long enough for a burst a client wrote
+/// before the drain (still in its own socket buffer, which the kernel's
+/// count here does not see) to arrive and be answered, and no longer.
+/// Under steady load a client was never quiet for [`DRAIN_QUIET`]: its
+/// connection was read, tens of thousands of new requests refused, until
+/// the drain deadline. What the kernel held for it when the drain began
+/// ([`unread_bytes`]) is read in any case.
+const DRAIN_READ_MAX: Duration = Duration::from_secs(1);
 
 /// Bytes received on socket `fd` and not read yet (`FIONREAD`); `None`
 /// when the kernel will not say. (Over TLS the budget is not used: the
@@ -406,6 +416,8 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
     // this connection saw the drain: it is read up to there at most.
     let mut bytes_read: u64 = 0;
     let mut read_until: Option<u64> = None;
+    let mut drain_seen: Option<Instant> = None;
+    let mut drain_frame_extended = false;
     loop {
         // Serve what is buffered, within the connection's bounds and one
         // turn's budget at a time.
@@ -459,19 +471,37 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
         };
         // Draining: go on reading what the peer already sent (answered with
         // shutting-down errors, as dispatch does while draining), until it
-        // has been quiet for DRAIN_QUIET; then stop, answer, flush, close.
+        // has been quiet for DRAIN_QUIET, or for DRAIN_READ_MAX once what
+        // the kernel held at the drain is read; then stop, answer, flush,
+        // close.
         let draining = shard.draining.is_set();
         if shard.drain_expired.is_set() {
             return Ok(());
         }
         if draining {
-            let until = *read_until.get_or_insert_with(|| {
-                let unread = fd.and_then(unread_bytes);
-                bytes_read.saturating_add(unread.unwrap_or(u64::MAX))
+            let seen = *drain_seen.get_or_insert_with(Instant::now);
+            let until = read_until.get_or_insert_with(|| {
+                // Without the kernel's count (TLS), the quiet rule and the
+                // time bound alone.
+                let unread = fd.and_then(unread_bytes).unwrap_or(0);
+                bytes_read.saturating_add(unread)
             });
-            if bytes_read >= until {
-                // All the peer sent before the drain has been read.
-                return Ok(());
+            if bytes_read >= *until && Instant::now() >= seen + DRAIN_READ_MAX {
+                // All the peer sent before the drain has been read, but
+                // perhaps not all of a frame it had begun: that one is read
+                // to its end (its length prefix first) and answered, once.
+                if buf.is_empty() || drain_frame_extended {
+                    return Ok(());
+                }
+                let held = buf.len() as u64;
+                *until = match buf.get(..4) {
+                    Some(p) => {
+                        drain_frame_extended = true;
+                        let len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+                        bytes_read - held + 4 + u64::from(len)
+                    }
+                    None => bytes_read + (4 - held),
+                };
             }
         }
         // `cursor` is the end of the last frame's handling or of a wait: a
@@ -482,6 +512,8 @@ async fn read_loop<F: Future<Output = Job> + 'static>(
             None => idle_from + cfg.idle_timeout,
         };
         if draining {
+            // Quiet this long: all it sent before the drain is read. (A
+            // peer that keeps sending is stopped by DRAIN_READ_MAX above.)
             deadline = deadline.min(Instant::now() + DRAIN_QUIET);
         }
         // Checked here as well as by the timer: monoio advances its timers
@@ -781,51 +813,78 @@ fn finish<F: 'static>(
 /// session's bound): each is kept and compared on every update.
 pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 64;
 
-/// Records an answered `SubscribeRequest` (or drops the subscription of an
-/// `UnsubscribeRequest`) in the shard's list, so that the resource's
-/// updates reach this connection. Past [`MAX_SUBSCRIPTIONS_PER_CONNECTION`]
-/// the answer becomes -32602. (They were answered, and their updates went
-/// nowhere.)
+/// Longest resource URI a frame connection may subscribe to (the HTTP and
+/// gRPC edges' bound): each is kept for the connection's life.
+pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
+
+/// Records an answered `SubscribeRequest` in the shard's list, so that the
+/// resource's updates reach this connection, or drops the subscription an
+/// `UnsubscribeRequest` names (whatever its answer: a router removed by a
+/// reload answers not-found). Past [`MAX_SUBSCRIPTIONS_PER_CONNECTION`], or
+/// for a URI over [`MAX_SUBSCRIBED_URI_BYTES`], the answer becomes -32602.
+/// (They were answered, and their updates went nowhere.)
 fn track_subscription<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, job: &mut Job) {
     use mcp_schema::RequestKind;
     let view = job.req.view();
     let mcp_schema::RouteKey::Resource(uri) = view.route_key() else {
         return;
     };
-    let answered =
-        mcp_schema::client::ResponseView::parse(&job.out).is_ok_and(|r| r.error().is_none());
-    if !answered {
-        return;
-    }
     let me = Rc::downgrade(conn) as Weak<Conn<F>>;
     let mine = |w: &Weak<dyn LiveOut>| std::ptr::addr_eq(w.as_ptr(), me.as_ptr());
-    let counter = &shard.ctx.shared.frame_subscriptions;
+    let counts = &shard.ctx.shared.frame_subscriptions;
     let mut subs = shard.resource_subs.borrow_mut();
     let at = subs.iter().position(|(u, w)| &**u == uri && mine(w));
-    match (view.kind(), at) {
-        (RequestKind::Subscribe, None) => {
-            if subs.iter().filter(|(_, w)| mine(w)).count() >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
-                let to = view.reply_to();
-                job.out.clear();
-                job.out.extend_from_slice(shard.ctx.enc.borrow_mut().error(
-                    &to,
-                    mcp_schema::ErrorCode::InvalidParams,
-                    &format!(
-                        "at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} resource subscriptions per connection"
-                    ),
-                    None,
-                ));
-                return;
-            }
-            subs.push((uri.into(), me as Weak<dyn LiveOut>));
-            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        (RequestKind::Unsubscribe, Some(i)) => {
+    if view.kind() == RequestKind::Unsubscribe {
+        if let Some(i) = at {
             subs.swap_remove(i);
-            counter.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            counts.remove(uri, shard.ctx.index);
         }
-        _ => {}
+        return;
     }
+    let answered =
+        mcp_schema::client::ResponseView::parse(&job.out).is_ok_and(|r| r.error().is_none());
+    if !answered || at.is_some() {
+        return;
+    }
+    let refused = if uri.len() > MAX_SUBSCRIBED_URI_BYTES {
+        Some(format!(
+            "a resource URI of at most {MAX_SUBSCRIBED_URI_BYTES} bytes may be subscribed to"
+        ))
+    } else if subs.iter().filter(|(_, w)| mine(w)).count() >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
+        Some(format!(
+            "at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} resource subscriptions per connection"
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = refused {
+        let to = view.reply_to();
+        job.out.clear();
+        job.out.extend_from_slice(shard.ctx.enc.borrow_mut().error(
+            &to,
+            mcp_schema::ErrorCode::InvalidParams,
+            &why,
+            None,
+        ));
+        return;
+    }
+    subs.push((uri.into(), me as Weak<dyn LiveOut>));
+    counts.add(uri, shard.ctx.index, shard.ctx.shared.shards());
+}
+
+/// Drops a closing connection's resource subscriptions (a client that
+/// subscribed and left, again and again, grew the shard's list, which was
+/// pruned only by the next update of each URI).
+fn forget_subscriptions<F: 'static>(shard: &Shard, conn: &Rc<Conn<F>>) {
+    let me = Rc::as_ptr(conn);
+    let counts = &shard.ctx.shared.frame_subscriptions;
+    shard.resource_subs.borrow_mut().retain(|(u, w)| {
+        let mine = std::ptr::addr_eq(w.as_ptr(), me);
+        if mine {
+            counts.remove(u, shard.ctx.index);
+        }
+        !mine
+    });
 }
 
 /// Gives a slot whose request has been answered back to the connection.
@@ -879,6 +938,13 @@ async fn worker<F: Future<Output = Job> + 'static>(shard: Rc<Shard>, conn: Rc<Co
         })
         .await;
         let Some(mut slot) = next else { break };
+        // A call in a session runs to its end even for a peer that is gone:
+        // dropping it mid-call would replace the session's instance, and
+        // the session's state with it, which the client may come back for.
+        let in_session = slot
+            .req
+            .as_ref()
+            .is_some_and(|r| r.view().session_id().is_some());
         let done = monoio::select! {
             job = poll_fn(|cx| {
                 // Register before polling: a wake-up that came while the slot
@@ -887,7 +953,7 @@ async fn worker<F: Future<Output = Job> + 'static>(shard: Rc<Shard>, conn: Rc<Co
                 slot.poll()
             }) => Some(job),
             _ = shard.drain_expired.wait() => None,
-            _ = conn.gone.wait() => {
+            _ = conn.gone.wait(), if !in_session => {
                 abandon(&shard, &conn, slot);
                 continue;
             }
@@ -905,7 +971,8 @@ async fn worker<F: Future<Output = Job> + 'static>(shard: Rc<Shard>, conn: Rc<Co
 
 /// Drops a waiting request whose peer is gone (reset, or cut off for
 /// reading nothing): its future is dropped, which stops its guest, and
-/// nothing is answered, since nobody would read it.
+/// nothing is answered, since nobody would read it. (Not a call in a
+/// session: see [`worker`].)
 fn abandon<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
     drop_future(&mut slot.fut);
     slot.req = None;
