@@ -870,42 +870,47 @@ pub(crate) type ResourceSub = (Box<str>, std::rc::Weak<dyn crate::dispatch::Live
 fn tell_resource_updated(shard: &Shard, uri: &str) {
     use mcp_schema::fb::protocol as p;
     let mut frame = None;
-    let mut dropped = 0;
+    let mut closed = Vec::new();
     shard.resource_subs.borrow_mut().retain(|(u, l)| {
+        if &**u != uri {
+            return true;
+        }
         let Some(conn) = l.upgrade() else {
-            dropped += 1;
+            closed.push(u.clone());
             return false;
         };
-        if &**u == uri {
-            let f = frame.get_or_insert_with(|| {
-                let mut enc = shard.ctx.enc.borrow_mut();
-                let fbb = enc.begin();
-                let uri = fbb.create_string(uri);
-                let n = p::ResourceUpdatedNotification::create(
-                    fbb,
-                    &p::ResourceUpdatedNotificationArgs { uri: Some(uri) },
-                );
-                let to = mcp_schema::encode::ReplyTo {
-                    correlation: mcp_schema::encode::Correlation::Text(""),
-                    session_id: None,
-                };
-                enc.finish(
-                    &to,
-                    p::ResponsePayload::ResourceUpdatedNotification,
-                    n.as_union_value(),
-                    true,
-                )
-                .to_vec()
-            });
-            conn.frame(f);
-        }
+        let f = frame.get_or_insert_with(|| {
+            let mut enc = shard.ctx.enc.borrow_mut();
+            let fbb = enc.begin();
+            let uri = fbb.create_string(uri);
+            let n = p::ResourceUpdatedNotification::create(
+                fbb,
+                &p::ResourceUpdatedNotificationArgs { uri: Some(uri) },
+            );
+            let to = mcp_schema::encode::ReplyTo {
+                correlation: mcp_schema::encode::Correlation::Text(""),
+                session_id: None,
+            };
+            enc.finish(
+                &to,
+                p::ResponsePayload::ResourceUpdatedNotification,
+                n.as_union_value(),
+                true,
+            )
+            .to_vec()
+        });
+        conn.frame(f);
         true
     });
-    shard
-        .ctx
-        .shared
-        .frame_subscriptions
-        .fetch_sub(dropped, std::sync::atomic::Ordering::Relaxed);
+    // A connection forgets its own when it closes (`frames.rs`); these are
+    // only a safety net.
+    for u in closed {
+        shard
+            .ctx
+            .shared
+            .frame_subscriptions
+            .remove(&u, shard.ctx.index);
+    }
 }
 
 /// A handed-over request's live channel (`Job::live`) as the dispatcher

@@ -91,6 +91,53 @@ impl EdgeDeadline {
 /// A thread-safe [`crate::dispatch::LiveOut`] for requests handed to a shard.
 pub type LiveSender = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
+/// How many frame connections of each shard subscribe to each resource
+/// URI (`frames.rs`): a resource update is sent to those shards only.
+#[derive(Default)]
+pub struct FrameSubscriptions {
+    any: AtomicUsize,
+    by_uri: std::sync::Mutex<std::collections::HashMap<Box<str>, Vec<u32>>>,
+}
+
+impl FrameSubscriptions {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Box<str>, Vec<u32>>> {
+        self.by_uri.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A connection of `shard` (of `shards`) subscribed to `uri`.
+    pub fn add(&self, uri: &str, shard: usize, shards: usize) {
+        let mut m = self.map();
+        let counts = m.entry(uri.into()).or_insert_with(|| vec![0; shards]);
+        if let Some(n) = counts.get_mut(shard) {
+            *n += 1;
+            self.any.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A connection of `shard` no longer subscribes to `uri`.
+    pub fn remove(&self, uri: &str, shard: usize) {
+        let mut m = self.map();
+        let Some(counts) = m.get_mut(uri) else { return };
+        if let Some(n) = counts.get_mut(shard).filter(|n| **n > 0) {
+            *n -= 1;
+            self.any.fetch_sub(1, Ordering::Relaxed);
+        }
+        if counts.iter().all(|n| *n == 0) {
+            m.remove(uri);
+        }
+    }
+
+    /// The shards with a connection subscribed to `uri`.
+    pub fn shards_for(&self, uri: &str) -> Vec<usize> {
+        if self.any.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        self.map().get(uri).map_or_else(Vec::new, |counts| {
+            (0..counts.len()).filter(|&i| counts[i] > 0).collect()
+        })
+    }
+}
+
 /// Messages a shard receives from other threads.
 pub enum ShardMsg {
     Job(Job),
@@ -291,9 +338,10 @@ pub struct Shared {
     /// Told of every resource update: read lock-free on each update (a
     /// router's write), written once per edge at start.
     resource_observers: arc_swap::ArcSwap<Vec<ResourceObserver>>,
-    /// Frame connections' resource subscriptions, over all shards: while
-    /// none, an update sends the shards nothing.
-    pub frame_subscriptions: AtomicUsize,
+    /// Frame connections' resource subscriptions, by URI and shard: an
+    /// update goes to the shards with a subscriber, and while there is
+    /// none anywhere it costs one load.
+    pub frame_subscriptions: FrameSubscriptions,
     /// `POST /admin/reload` requests waiting for their outcome: the
     /// process answers them before it exits.
     pub reloads_waiting: AtomicUsize,
@@ -384,7 +432,7 @@ impl Shared {
             deaths: crossbeam_channel::unbounded(),
             list_observers: std::sync::Mutex::default(),
             resource_observers: arc_swap::ArcSwap::default(),
-            frame_subscriptions: AtomicUsize::new(0),
+            frame_subscriptions: FrameSubscriptions::default(),
             reloads_waiting: AtomicUsize::new(0),
         }
     }
@@ -594,10 +642,8 @@ impl Shared {
     /// sessions that `resources/subscribe`d to it (on their GET stream), and
     /// the observers the other edges registered (gRPC resource topics).
     pub fn notify_resource_updated(&self, uri: &str) {
-        if self.frame_subscriptions.load(Ordering::Relaxed) > 0 {
-            for i in 0..self.shards() {
-                let _ = self.send(i, ShardMsg::ResourceUpdated(uri.into()));
-            }
+        for i in self.frame_subscriptions.shards_for(uri) {
+            let _ = self.send(i, ShardMsg::ResourceUpdated(uri.into()));
         }
         self.http_sessions.listeners().resource_updated(uri);
         self.http_sessions.resource_updated(uri);
@@ -657,5 +703,28 @@ mod tests {
         assert!(shard.claim_answer());
         assert!(!edge.fire());
         assert!(!shard.fired());
+    }
+
+    #[test]
+    fn frame_subscriptions_send_an_update_to_the_subscribed_shards_only() {
+        use super::FrameSubscriptions;
+        use std::sync::atomic::Ordering;
+        let f = FrameSubscriptions::default();
+        assert!(f.shards_for("kv://a").is_empty());
+        f.add("kv://a", 1, 3);
+        f.add("kv://a", 1, 3);
+        f.add("kv://a", 2, 3);
+        f.add("kv://b", 0, 3);
+        assert_eq!(f.shards_for("kv://a"), [1, 2]);
+        assert_eq!(f.shards_for("kv://b"), [0]);
+        f.remove("kv://a", 1);
+        assert_eq!(f.shards_for("kv://a"), [1, 2]);
+        f.remove("kv://a", 1);
+        f.remove("kv://a", 1); // one too many: no underflow
+        f.remove("kv://a", 2);
+        assert!(f.shards_for("kv://a").is_empty());
+        f.remove("kv://b", 0);
+        assert_eq!(f.any.load(Ordering::Relaxed), 0);
+        assert!(f.map().is_empty());
     }
 }
