@@ -653,15 +653,23 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         &mut o,
         "mcp_router_instances",
         "gauge",
-        "Router instances by state (idle: free; busy: serving or handed to a call), all shards; a session-affine router adds one per possible session (max_sessions_per_shard).",
+        "Router instances by pool (shared; session: a session-affine router's max_sessions_per_shard slots) and state (idle: free; busy: serving or handed to a call), all shards.",
     );
     for (router, p) in &pools {
         let router = esc(router);
         let _ = writeln!(
             o,
-            "mcp_router_instances{{router=\"{router}\",state=\"idle\"}} {}\nmcp_router_instances{{router=\"{router}\",state=\"busy\"}} {}",
+            "mcp_router_instances{{router=\"{router}\",pool=\"shared\",state=\"idle\"}} {}\nmcp_router_instances{{router=\"{router}\",pool=\"shared\",state=\"busy\"}} {}",
             p.idle, p.busy
         );
+        if p.session_slots > 0 {
+            let _ = writeln!(
+                o,
+                "mcp_router_instances{{router=\"{router}\",pool=\"session\",state=\"idle\"}} {}\nmcp_router_instances{{router=\"{router}\",pool=\"session\",state=\"busy\"}} {}",
+                p.session_slots.saturating_sub(p.sessions_busy),
+                p.sessions_busy
+            );
+        }
     }
     for (name, kind, help, get) in pool_families {
         family(&mut o, name, kind, help);

@@ -55,14 +55,18 @@ use super::spec::SessionLimits;
 /// Counters of one pool, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
-    /// Instances in the pool: `instances_per_shard`, plus
-    /// `max_sessions_per_shard` for a session-affine router.
+    /// Shared instances in the pool (`instances_per_shard`).
     pub instances: u32,
-    /// Instances free for the next call (a session's: for its session's
-    /// next call, or to be evicted for a new session).
+    /// Shared instances free for the next call.
     pub idle: u32,
-    /// Instances serving (or handed to) a call, sessions' included.
+    /// Shared instances serving (or handed to) a call.
     pub busy: u32,
+    /// A session-affine router's session slots (`max_sessions_per_shard`),
+    /// each an instance made on a session's first call; 0 for others.
+    pub session_slots: u32,
+    /// Session slots whose session has a call in flight: at the cap, with
+    /// every one busy, a new session is refused.
+    pub sessions_busy: u32,
     /// Callers waiting for an instance.
     pub queued: u32,
     /// Calls that ran in an instance.
@@ -91,6 +95,8 @@ impl PoolStats {
         self.instances += o.instances;
         self.idle += o.idle;
         self.busy += o.busy;
+        self.session_slots += o.session_slots;
+        self.sessions_busy += o.sessions_busy;
         self.queued += o.queued;
         self.calls += o.calls;
         self.faults += o.faults;
@@ -367,8 +373,7 @@ impl RouterPool {
     pub fn stats(&self) -> PoolStats {
         let i = &self.inner;
         let mut queued = i.waiters.borrow().len();
-        let (mut instances, mut idle, mut busy) =
-            (i.size, i.idle.borrow().len() as u32, i.busy.get());
+        let (mut session_slots, mut sessions_busy) = (0, 0);
         let (mut sessions, mut sessions_evicted) = (0, 0);
         if let Some(s) = &i.sessions {
             let map = s.map.borrow();
@@ -378,22 +383,18 @@ impl RouterPool {
                 .values()
                 .map(|s| s.waiters.borrow().len())
                 .sum::<usize>();
-            // The session instances count as `max_per_shard` slots, made on
-            // a session's first call like the shared ones on first use: busy
-            // while their session has a call, idle otherwise (an idle
-            // session's instance is evicted for a new session at the cap).
-            // So a shard whose sessions all have calls in flight, where a
-            // new session is refused, shows as saturated.
-            let leased = map.values().filter(|s| !s.is_idle()).count() as u32;
-            let cap = s.limits.max_per_shard;
-            instances += cap;
-            busy += leased;
-            idle += cap.saturating_sub(leased);
+            // Kept apart from the shared instances: summed with them, the
+            // session slots (64 by default) hid a saturated shared pool,
+            // as the shared pool alone had hidden saturated sessions.
+            session_slots = s.limits.max_per_shard;
+            sessions_busy = map.values().filter(|s| !s.is_idle()).count() as u32;
         }
         PoolStats {
-            instances,
-            idle,
-            busy,
+            instances: i.size,
+            idle: i.idle.borrow().len() as u32,
+            busy: i.busy.get(),
+            session_slots,
+            sessions_busy,
             queued: queued as u32,
             calls: i.calls.get(),
             faults: i.faults.get(),
@@ -1037,11 +1038,11 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(e, CallError::SessionsFull), "{e:?}");
             assert!(e.is_retryable());
-            // The session's instance is busy and the shared one idle: half
-            // the router is busy, and the half that refuses new sessions
-            // shows it (`mcp_router_instances`).
+            // The one session slot is busy (so new sessions are refused),
+            // the shared instance idle: `mcp_router_instances` shows each.
             let s = pool.stats();
-            assert_eq!((s.instances, s.idle, s.busy), (2, 1, 1));
+            assert_eq!((s.instances, s.idle, s.busy), (1, 1, 0));
+            assert_eq!((s.session_slots, s.sessions_busy), (1, 1));
             // a's own queue holds `queue_depth` (1) waiter; the next is refused.
             let mut queued = std::pin::pin!(a.call_tool_within("print", PRINT, DEADLINE));
             assert!(pending(queued.as_mut()).await);
@@ -1060,7 +1061,8 @@ mod tests {
         });
         let s = pool.stats();
         assert_eq!((s.sessions, s.sessions_evicted, s.overloaded), (1, 1, 2));
-        assert_eq!((s.instances, s.idle, s.busy), (2, 2, 0));
+        assert_eq!((s.instances, s.idle, s.busy), (1, 1, 0));
+        assert_eq!((s.session_slots, s.sessions_busy), (1, 0));
     }
 
     #[test]
