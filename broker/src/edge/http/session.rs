@@ -286,13 +286,21 @@ impl Session {
         let seq = log.next_seq;
         log.next_seq += 1;
         let event = sse_event(stream.0, seq, message);
-        if log.events.len() >= self.replay_events
-            && let Some((_, old)) = log.events.pop_front()
-        {
-            st.kept_bytes -= old.len();
+        if event.len() > self.replay_bytes {
+            // Larger than the session may keep at all: sent, not kept, and
+            // its stream's earlier events go too, so that a resumption
+            // across it gets 404 rather than a gap. (Kept, it pushed out
+            // every other stream's events first.)
+            st.kept_bytes -= log.events.drain(..).map(|(_, e)| e.len()).sum::<usize>();
+        } else {
+            if log.events.len() >= self.replay_events
+                && let Some((_, old)) = log.events.pop_front()
+            {
+                st.kept_bytes -= old.len();
+            }
+            st.kept_bytes += event.len();
+            log.events.push_back((seq, event.clone()));
         }
-        st.kept_bytes += event.len();
-        log.events.push_back((seq, event.clone()));
         let attached = match &log.live {
             Some(tx) if tx.unbounded_send(event).is_ok() => true,
             _ => {
@@ -302,9 +310,7 @@ impl Session {
         };
         // The session's events past `http.sse_replay_bytes` go, oldest
         // stream first: whole answers of up to a frame each, kept after
-        // their client left, once held ~40 MB a session. (This one too,
-        // if it alone is larger: it went out live, and a client resuming
-        // its stream then gets 404.)
+        // their client left, once held ~40 MB a session.
         while st.kept_bytes > self.replay_bytes {
             let Some((_, old)) = st.logs.iter_mut().find_map(|l| l.events.pop_front()) else {
                 break;
@@ -807,12 +813,24 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 3);
-        // An event larger than the whole budget goes out but is not kept.
+        // An event larger than the whole budget goes out but is not kept,
+        // and pushes out nobody else's.
         let (tx, mut live) = mpsc::unbounded();
         let big = a.open_stream(tx, false);
+        a.emit(big, Some(b"{}"));
         assert!(a.emit(big, Some(&[b'y'; 2000])));
-        assert!(live.try_recv().is_ok());
-        assert!(lock(&a.state).kept_bytes <= 1000);
+        assert!(live.try_recv().is_ok() && live.try_recv().is_ok());
+        assert_eq!(lock(&a.state).kept_bytes, kept);
+        let (tx, _rx) = mpsc::unbounded();
+        assert_eq!(
+            a.resume(&format!("{}-0", streams[2].0), tx),
+            Some(streams[2])
+        );
+        // Resuming across it would skip it: 404; after it, nothing is lost.
+        let (tx, _rx) = mpsc::unbounded();
+        assert_eq!(a.resume(&format!("{}-1", big.0), tx), None);
+        let (tx, _rx) = mpsc::unbounded();
+        assert_eq!(a.resume(&format!("{}-2", big.0), tx), Some(big));
     }
 
     #[test]
