@@ -269,7 +269,7 @@ where
 }
 
 /// A call's request body that must end by a deadline (`grpc.body_timeout`):
-/// every MCP RPC takes one request message, and a stream that sent part of
+/// every MCP and health RPC takes one request message, and a stream that sent part of
 /// a 4 MiB one and then idled, answering PINGs, held what it had sent (and
 /// tonic's buffer for the rest) until `max_connection_age`. Past the
 /// deadline the body fails, which fails the call and frees both.
@@ -283,13 +283,15 @@ pub struct TimedBody {
 }
 
 impl TimedBody {
-    fn new(inner: Incoming, limit: Duration) -> Self {
+    /// `limit` `None`: no deadline (a bidirectional stream, whose client
+    /// sends as long as the call lasts).
+    fn new(inner: Incoming, limit: Option<Duration>) -> Self {
         Self {
             inner,
-            deadline: crate::coarse::now() + limit,
-            limit,
+            deadline: crate::coarse::now() + limit.unwrap_or_default(),
+            limit: limit.unwrap_or_default(),
             sleep: None,
-            ended: false,
+            ended: limit.is_none(),
         }
     }
 }
@@ -487,7 +489,10 @@ where
     let body_timeout = edge.cfg.body_timeout;
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(info.clone());
-        let req = req.map(|b| TimedBody::new(b, body_timeout));
+        // Reflection is the one bidirectional service: its client sends for
+        // as long as the stream lasts. Every other call sends one message.
+        let limit = (!req.uri().path().starts_with("/grpc.reflection.")).then_some(body_timeout);
+        let req = req.map(|b| TimedBody::new(b, limit));
         let method = req.uri().path().strip_prefix(MCP_PATH);
         let track = method.is_some_and(is_unary).then(|| answers.clone());
         // The MCP service's calls go to it straight: tonic's router (axum)
