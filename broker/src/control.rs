@@ -369,26 +369,50 @@ impl Control {
             _ => None,
         };
 
-        // Keep, or compile anew.
-        let mut next: Vec<Result<Loaded, usize>> = Vec::with_capacity(config.routers.len());
+        // Keep, or compile anew: which, first.
         let (mut added, mut changed, mut unchanged) = (Vec::new(), Vec::new(), Vec::new());
-        for r in &config.routers {
-            let old = self
-                .current
-                .iter()
-                .position(|c| c.loaded.routed.name == r.name);
-            let spec = config.router_spec(r);
-            if let Some(i) = old {
+        let kept: Vec<Option<usize>> = config
+            .routers
+            .iter()
+            .map(|r| {
+                let old = self
+                    .current
+                    .iter()
+                    .position(|c| c.loaded.routed.name == r.name);
+                let Some(i) = old else {
+                    added.push(r.name.clone());
+                    return None;
+                };
                 let cur = &self.current[i].loaded;
+                let spec = config.router_spec(r);
                 let same_file = crate::routing::file_digest(&spec.wasm).ok() == Some(cur.digest);
                 if cur.config == *r && cur.spec == spec && same_file {
                     unchanged.push(r.name.clone());
-                    next.push(Err(i));
-                    continue;
+                    Some(i)
+                } else {
+                    changed.push(r.name.clone());
+                    None
                 }
-                changed.push(r.name.clone());
-            } else {
-                added.push(r.name.clone());
+            })
+            .collect();
+        let removed: Vec<String> = self
+            .current
+            .iter()
+            .map(|c| c.loaded.routed.name.clone())
+            .filter(|n| !config.routers.iter().any(|r| &r.name == n))
+            .collect();
+        // Before compiling (seconds for a few routers, and a metrics slot
+        // for each new name): a configuration that cannot run is refused
+        // as it is.
+        errors.extend(self.slots_short(&config, &changed, &removed));
+        if !errors.is_empty() {
+            return self.refused(errors);
+        }
+        let mut next: Vec<Result<Loaded, usize>> = Vec::with_capacity(config.routers.len());
+        for (r, kept) in config.routers.iter().zip(kept) {
+            if let Some(i) = kept {
+                next.push(Err(i));
+                continue;
             }
             match crate::routing::load(&self.host, &config, r) {
                 Ok(mut l) => match l.assign_slot(&self.shared.layout) {
@@ -398,13 +422,6 @@ impl Control {
                 Err(e) => errors.push(e),
             }
         }
-        let removed: Vec<String> = self
-            .current
-            .iter()
-            .map(|c| c.loaded.routed.name.clone())
-            .filter(|n| !config.routers.iter().any(|r| &r.name == n))
-            .collect();
-        errors.extend(self.slots_short(&config, &changed, &removed));
         if !errors.is_empty() {
             return self.refused(errors);
         }
@@ -491,11 +508,11 @@ impl Control {
         }
     }
 
-    /// Installs pools of `fresh` routers on every shard, waiting for each to
-    /// warm them.
     /// Why `config` cannot run in the pooled instance slots reserved at
     /// start-up, if it cannot: its routers' slots, plus those of the
     /// changed and removed routers, whose pools drain beside the new ones.
+    /// (Pools an earlier reload retired and that still finish calls are not
+    /// counted: they hold their instances only while those calls run.)
     /// Checked before anything is built: a session-affine router's slots
     /// are taken only as sessions open, so warming the new pools alone
     /// could succeed and leave new sessions failing to instantiate later.
@@ -523,12 +540,16 @@ impl Control {
             format!(
                 "the routers need {new} pooled instance slots on {shards} shards (instances_per_shard, \
                  plus max_sessions_per_shard for session-affine ones, plus 2 each), and the changed \
-                 and removed routers keep {draining} while they drain: more than the {have} reserved \
-                 at start-up (twice the starting configuration's need); restart the broker to apply it"
+                 and removed routers keep {draining} while they drain: {} in all, more than the \
+                 {have} reserved at start-up (twice the starting configuration's need); restart the \
+                 broker to apply it",
+                new + draining
             )
         })
     }
 
+    /// Installs pools of `fresh` routers on every shard, waiting for each to
+    /// warm them.
     fn install(
         &self,
         fresh: &[(usize, usize, Arc<crate::wasm::Router>)],
