@@ -164,7 +164,10 @@ impl Live<'_> {
                     _ => 0.0,
                 };
                 let finite = |x: f64| x.is_finite().then_some(x);
-                let mcp = finite(*progress).map(|v| (v, total.and_then(finite)));
+                // A total of 0 or less is none (no fraction was made of it
+                // either).
+                let total = total.and_then(finite).filter(|t| *t > 0.0);
+                let mcp = finite(*progress).map(|v| (v, total));
                 adapt::progress_frame(
                     &mut enc,
                     self.to,

@@ -15,8 +15,8 @@ pub enum ErrorCode {
     /// The frame is not a valid FlatBuffer `Request` (failed verification,
     /// a missing required field such as `payload` included).
     ParseError = -32700,
-    /// A valid FlatBuffer that is not an acceptable request (a missing
-    /// routing key, an empty name).
+    /// A valid FlatBuffer that is not an acceptable request (a payload of
+    /// type `NONE`, a missing routing key, an empty name).
     InvalidRequest = -32600,
     /// No router serves the tool, resource, prompt or request kind asked for.
     NotFound = -32601,
