@@ -837,17 +837,11 @@ fn tell_list_changed(shard: &Shard, kinds: crate::shared::ListKinds) {
                 prompts: kinds.prompts,
             },
         );
-        let to = mcp_schema::encode::ReplyTo {
-            correlation: mcp_schema::encode::Correlation::Text(""),
-            session_id: None,
-        };
-        enc.finish(
-            &to,
+        unsolicited(
+            &mut enc,
             p::ResponsePayload::ListChangedNotification,
             n.as_union_value(),
-            true,
         )
-        .to_vec()
     };
     shard
         .list_listeners
@@ -859,6 +853,20 @@ fn tell_list_changed(shard: &Shard, kinds: crate::shared::ListKinds) {
             }
             None => false,
         });
+}
+
+/// Finishes a notification the broker sends unasked (a list change, a
+/// resource update): its correlation id is empty, which no request's is.
+fn unsolicited(
+    enc: &mut mcp_schema::ResponseEncoder,
+    kind: mcp_schema::fb::protocol::ResponsePayload,
+    payload: flatbuffers::WIPOffset<flatbuffers::UnionWIPOffset>,
+) -> Vec<u8> {
+    let to = mcp_schema::encode::ReplyTo {
+        correlation: mcp_schema::encode::Correlation::Text(""),
+        session_id: None,
+    };
+    enc.finish(&to, kind, payload, true).to_vec()
 }
 
 /// A frame connection's subscription: the resource URI, the connection.
@@ -887,17 +895,11 @@ fn tell_resource_updated(shard: &Shard, uri: &str) {
                 fbb,
                 &p::ResourceUpdatedNotificationArgs { uri: Some(uri) },
             );
-            let to = mcp_schema::encode::ReplyTo {
-                correlation: mcp_schema::encode::Correlation::Text(""),
-                session_id: None,
-            };
-            enc.finish(
-                &to,
+            unsolicited(
+                &mut enc,
                 p::ResponsePayload::ResourceUpdatedNotification,
                 n.as_union_value(),
-                true,
             )
-            .to_vec()
         });
         conn.frame(f);
         true

@@ -842,20 +842,31 @@ fn sessions_are_capped_and_idle_ones_expire() {
     c.initialize("2025-06-18");
 }
 
-#[test]
-fn a_drain_finishes_the_http_call_in_flight_and_refuses_new_work() {
-    let mut b = broker();
+/// A `sleep` of `ms` called as request `id` in a new session, on a
+/// connection of its own in a thread: its reply, once it comes.
+fn sleep_in_background(
+    b: &Broker,
+    id: u32,
+    ms: u32,
+) -> std::thread::JoinHandle<common::http::Reply> {
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-06-18");
     let addr = b.http;
-    let sid = s.clone();
-    let call = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         let mut c = Conn::connect(addr);
         c.post(
-            Some(&sid),
-            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":500}}}"#,
+            Some(&s),
+            &format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"sleep","arguments":{{"ms":{ms}}}}}}}"#
+            ),
         )
-    });
+    })
+}
+
+#[test]
+fn a_drain_finishes_the_http_call_in_flight_and_refuses_new_work() {
+    let mut b = broker();
+    let call = sleep_in_background(&b, 7, 500);
     std::thread::sleep(Duration::from_millis(150));
     let status = b.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
@@ -878,16 +889,7 @@ fn a_call_still_running_at_the_drain_deadline_is_answered_shutting_down() {
     let cfg = common::default_with_chaos()
         .replace("drain_timeout = \"10s\"", "drain_timeout = \"500ms\"");
     let mut b = Broker::start_with_config(&cfg, &[]);
-    let mut c = Conn::connect(b.http);
-    let s = c.initialize("2025-06-18");
-    let addr = b.http;
-    let call = std::thread::spawn(move || {
-        let mut c = Conn::connect(addr);
-        c.post(
-            Some(&s),
-            r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":10000}}}"#,
-        )
-    });
+    let call = sleep_in_background(&b, 8, 10_000);
     std::thread::sleep(Duration::from_millis(300));
     let status = b.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
