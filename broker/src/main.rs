@@ -152,17 +152,19 @@ fn main() -> ExitCode {
             default(grace) => {}
         }
     }
-    running.drain();
     // A `POST /admin/reload` still waiting is answered 503 once it sees the
     // drain (within 50 ms); give it that, and its write, before the exit
-    // cuts it off with no reply.
+    // cuts it off with no reply. (Looked at before the drain too: it may be
+    // answered while the shards drain, its write still to come.)
     let waiting = || {
         shared
             .reloads_waiting
             .load(std::sync::atomic::Ordering::Acquire)
             > 0
     };
-    if waiting() {
+    let reload_pending = waiting();
+    running.drain();
+    if reload_pending || waiting() {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
         while waiting() && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(10));
