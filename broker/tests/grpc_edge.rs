@@ -1492,3 +1492,60 @@ async fn a_request_message_that_never_arrives_whole_fails_at_the_body_timeout() 
         t.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflections_stream_outlives_the_body_timeout() {
+    // Reflection is bidirectional: its client sends on the stream for as
+    // long as it lasts. The body timeout once cut it at grpc.body_timeout.
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    struct Rx(tokio::sync::mpsc::UnboundedReceiver<ServerReflectionRequest>);
+    impl tonic::codegen::tokio_stream::Stream for Rx {
+        type Item = ServerReflectionRequest;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx)
+        }
+    }
+
+    let b = Broker::start_with_config(|c| {
+        c.replacen(
+            "body_timeout = \"30s\"\n# Calls open at once",
+            "body_timeout = \"1s\"\n# Calls open at once",
+            1,
+        )
+    });
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let list = || ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut refl = ServerReflectionClient::new(channel(&b).await);
+    tx.send(list()).unwrap();
+    let mut answers = refl
+        .server_reflection_info(Rx(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for round in 0..2 {
+        let a = tokio::time::timeout(Duration::from_secs(10), answers.message())
+            .await
+            .expect("an answer within 10 s");
+        assert!(
+            matches!(
+                a.as_ref()
+                    .map(|m| m.as_ref().and_then(|m| m.message_response.as_ref())),
+                Ok(Some(MessageResponse::ListServicesResponse(_)))
+            ),
+            "round {round}: {a:?}"
+        );
+        // Past the body timeout before the next question.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tx.send(list()).unwrap();
+    }
+}

@@ -490,7 +490,11 @@ where
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(info.clone());
         // Reflection is the one bidirectional service: its client sends for
-        // as long as the stream lasts. Every other call sends one message.
+        // as long as the stream lasts, and tonic reads that stream from a
+        // task on the edge's tokio runtime, off the shard, where the shard's
+        // timer must not be touched (`ShardBound` panics there: the test
+        // `reflections_stream_outlives_the_body_timeout` saw it). Every
+        // other call sends one message, read on the shard.
         let limit = (!req.uri().path().starts_with("/grpc.reflection.")).then_some(body_timeout);
         let req = req.map(|b| TimedBody::new(b, limit));
         let method = req.uri().path().strip_prefix(MCP_PATH);
