@@ -809,13 +809,9 @@ fn finish<F: 'static>(
     ended
 }
 
-/// Most resource subscriptions one frame connection may hold (an HTTP
-/// session's bound): each is kept and compared on every update.
-pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 64;
-
-/// Longest resource URI a frame connection may subscribe to (the HTTP and
-/// gRPC edges' bound): each is kept for the connection's life.
-pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
+use crate::edge::{
+    MAX_RESOURCE_SUBSCRIPTIONS as MAX_SUBSCRIPTIONS_PER_CONNECTION, MAX_SUBSCRIBED_URI_BYTES,
+};
 
 /// Records an answered `SubscribeRequest` in the shard's list, so that the
 /// resource's updates reach this connection, or drops the subscription an

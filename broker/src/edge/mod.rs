@@ -13,4 +13,13 @@
 pub mod frames;
 pub mod grpc;
 pub mod http;
+
+/// Most resource URIs one subscriber may name, on every edge (an HTTP
+/// session or `subscriptions/listen`, a gRPC Subscribe stream, a frame
+/// connection): each is kept and compared on every resource update.
+pub const MAX_RESOURCE_SUBSCRIPTIONS: usize = 64;
+
+/// Longest resource URI a subscriber may name, on every edge: each is kept
+/// for as long as the subscription.
+pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
 pub(crate) mod rt;

@@ -107,12 +107,9 @@ pub fn is_resource_topic(t: &str) -> bool {
     t.contains("://")
 }
 
-/// Most resource URIs one Subscribe stream may name (an HTTP session's
-/// bound on `resources/subscribe`).
-pub const MAX_TOPIC_URIS: usize = 64;
-
-/// Longest resource URI a Subscribe topic may be (the HTTP edge's bound).
-pub const MAX_TOPIC_URI_BYTES: usize = 2048;
+use crate::edge::{
+    MAX_RESOURCE_SUBSCRIPTIONS as MAX_TOPIC_URIS, MAX_SUBSCRIBED_URI_BYTES as MAX_TOPIC_URI_BYTES,
+};
 
 impl Topics {
     /// Parses the topics of a SubscribeRequest: a kind name (`progress`,

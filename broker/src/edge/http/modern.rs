@@ -869,11 +869,7 @@ pub fn check_param_headers(
     Ok(())
 }
 
-/// Most resource URIs one `subscriptions/listen` may name: each is kept
-/// and compared on every update while the stream is open.
-pub const MAX_RESOURCE_SUBSCRIPTIONS: usize = 64;
-/// Longest resource URI a listen may name.
-pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
+use crate::edge::{MAX_RESOURCE_SUBSCRIPTIONS, MAX_SUBSCRIBED_URI_BYTES};
 
 /// The change notifications a `subscriptions/listen` asked for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

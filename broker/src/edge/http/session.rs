@@ -116,9 +116,7 @@ struct State {
     resources: Vec<String>,
 }
 
-/// Most resource URIs one session may subscribe to: each is kept and
-/// compared on every update.
-pub const MAX_RESOURCE_SUBSCRIPTIONS: usize = 64;
+pub use crate::edge::MAX_RESOURCE_SUBSCRIPTIONS;
 
 /// One live session.
 pub struct Session {
