@@ -154,6 +154,7 @@ async fn handle_on(
         &req,
         arrived,
         arrived,
+        arrived,
         &out,
     );
     out
@@ -176,7 +177,8 @@ fn record_edge_deadline(ctx: &ShardCtx, req: &VerifiedRequest, arrived: Instant,
             None,
         )
         .to_vec();
-    let _ended = metrics::record::request(ctx, metrics::Edge::Grpc, req, arrived, started, &frame);
+    let edge = metrics::Edge::Grpc;
+    let _ended = metrics::record::request(ctx, edge, req, arrived, arrived, started, &frame);
 }
 
 /// The shard the calling thread runs (`None` off the shards).
@@ -778,6 +780,7 @@ async fn inbox_loop(shard: Rc<Shard>) {
                                 &shard.ctx,
                                 metrics::Edge::Grpc,
                                 &req,
+                                arrived,
                                 arrived,
                                 started,
                                 &out,

@@ -127,6 +127,17 @@ fn an_argument_value_that_adds_keys_is_invalid_params_naming_it() {
         assert_eq!(error_code(&r), Some(-32602), "{value}");
         let msg = error_message(&r);
         assert!(msg.contains(&format!("`{key}`")), "{msg}");
+        assert!(msg.ends_with("is not exactly one JSON value"), "{msg}");
+    }
+    // Too deep is told apart from malformed, so that a client knows which
+    // to fix: one level past the bound, with a fault after it still says
+    // depth (the scan stops there).
+    let deep = "[".repeat(127) + &"]".repeat(127);
+    for value in [deep.clone(), deep.replace("[]", "[1,]")] {
+        let r = c.call("echo", &[("t", &value)], None);
+        assert_eq!(error_code(&r), Some(-32602));
+        let msg = error_message(&r);
+        assert_eq!(msg, "argument `t` nests arrays and objects deeper than 126");
     }
     // Values that are one JSON value each, spaced or empty, pass as before.
     let r = c.call("echo", &[("a", " [1, {\"b\": null}] "), ("e", "")], None);

@@ -27,13 +27,32 @@ use crate::fb::KeyValue;
 /// object, whose own braces are one more level.
 pub const MAX_JSON_DEPTH: usize = 126;
 
-/// A ToolCall argument whose value is not exactly one JSON value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("argument `{key}` is not exactly one JSON value (nested at most {MAX_JSON_DEPTH} deep)")]
+/// A ToolCall argument whose value is not exactly one JSON value, or is one
+/// nested deeper than [`MAX_JSON_DEPTH`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InvalidArgument<'a> {
     /// The offending argument's key.
     pub key: &'a str,
+    /// Refused for its nesting: the scan stopped at an array or object
+    /// opened deeper than [`MAX_JSON_DEPTH`], before any other fault.
+    pub too_deep: bool,
 }
+
+impl std::fmt::Display for InvalidArgument<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = self.key;
+        if self.too_deep {
+            write!(
+                f,
+                "argument `{key}` nests arrays and objects deeper than {MAX_JSON_DEPTH}"
+            )
+        } else {
+            write!(f, "argument `{key}` is not exactly one JSON value")
+        }
+    }
+}
+
+impl std::error::Error for InvalidArgument<'_> {}
 
 /// Writes the arguments as one JSON object into `out` (cleared first),
 /// refusing the first value that is not exactly one JSON value
@@ -79,7 +98,10 @@ fn write_object<'a>(
             match kv.value() {
                 Some(v) if !v.trim_ascii().is_empty() => {
                     if !accept(v.as_bytes()) {
-                        return Err(InvalidArgument { key: kv.key() });
+                        return Err(InvalidArgument {
+                            key: kv.key(),
+                            too_deep: refused_for_depth(v.as_bytes()),
+                        });
                     }
                     out.extend_from_slice(v.as_bytes());
                 }
@@ -97,7 +119,16 @@ fn write_object<'a>(
 /// for paired surrogates in `\u` escapes (as `serde_json` when it skips a
 /// value). One pass, no allocation, no recursion.
 pub fn is_one_json_value(text: &[u8]) -> bool {
-    Scanner { s: text, i: 0 }.one_value()
+    Scanner::new(text).one_value()
+}
+
+/// Whether [`is_one_json_value`] refuses `text` for its nesting: the scan
+/// found no fault before an array or object opened deeper than
+/// [`MAX_JSON_DEPTH`]. Scans again, so that the check itself keeps one
+/// result; only a refusal's message asks.
+fn refused_for_depth(text: &[u8]) -> bool {
+    let mut scan = Scanner::new(text);
+    !scan.one_value() && scan.too_deep
 }
 
 /// The containers open at each depth: bit `d` set = an object at depth `d`.
@@ -127,9 +158,19 @@ impl Nesting {
 struct Scanner<'a> {
     s: &'a [u8],
     i: usize,
+    /// Set where the scan stops at an array or object one level too deep.
+    too_deep: bool,
 }
 
-impl Scanner<'_> {
+impl<'a> Scanner<'a> {
+    fn new(s: &'a [u8]) -> Self {
+        Scanner {
+            s,
+            i: 0,
+            too_deep: false,
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.s.get(self.i).copied()
     }
@@ -245,6 +286,7 @@ impl Scanner<'_> {
                     self.i += 1;
                     let object = c == b'{';
                     if !open.push(object) {
+                        self.too_deep = true;
                         return false;
                     }
                     self.ws();
@@ -479,6 +521,11 @@ mod tests {
         let nested = |d: usize| format!("{}{}", "[".repeat(d), "]".repeat(d));
         assert!(is_one_json_value(nested(MAX_JSON_DEPTH).as_bytes()));
         assert!(!is_one_json_value(nested(MAX_JSON_DEPTH + 1).as_bytes()));
+        // A refusal says which it was: too deep, or not one value.
+        assert!(refused_for_depth(nested(MAX_JSON_DEPTH + 1).as_bytes()));
+        assert!(!refused_for_depth(nested(MAX_JSON_DEPTH).as_bytes()));
+        assert!(!refused_for_depth(b"[[1,]]"));
+        assert!(!refused_for_depth(b"[1,\"admin\":true"));
         // Inside the arguments object, the deepest accepted value is the
         // deepest that serde_json parses into a `Value`.
         let object = |d: usize| format!("{{\"a\":{}}}", nested(d));

@@ -790,6 +790,7 @@ fn finish<F: 'static>(
         metrics::Edge::Frames,
         &job.req,
         job.arrived,
+        job.arrived,
         job.started,
         &job.out,
     );

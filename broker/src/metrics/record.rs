@@ -75,15 +75,20 @@ fn elapsed_ns(from: Instant, to: Instant) -> u64 {
 
 /// Records one finished request: its count by edge, router, kind and
 /// outcome; its end-to-end latency (`arrived` → now) and queue wait
-/// (`arrived` → `started`). `frames` are its response frames (the last is
-/// the final one). Returns the end time it read (or `started` when metrics
-/// are off and no clock was read), so that a caller serving a batch reads
-/// the clock once per request.
+/// (`queued` → `started`). `queued` is when it joined the shard's queue:
+/// `arrived` where the edge queues requests as they arrive (frames, gRPC);
+/// `started` where it runs them in the connection's own task as soon as
+/// they are read (HTTP, whose `arrived` is the head's arrival, so that
+/// `arrived → started` would be the client's upload). `frames` are its
+/// response frames (the last is the final one). Returns the end time it
+/// read (or `started` when metrics are off and no clock was read), so that
+/// a caller serving a batch reads the clock once per request.
 pub fn request(
     ctx: &ShardCtx,
     edge: Edge,
     req: &VerifiedRequest,
     arrived: Instant,
+    queued: Instant,
     started: Instant,
     frames: &[u8],
 ) -> Instant {
@@ -137,16 +142,7 @@ pub fn request(
     );
     let total = elapsed_ns(arrived, now);
     s.duration[tool as usize].record(total);
-    // The HTTP edge queues nothing: a request runs in its connection's
-    // task as soon as its body is in, and `arrived` is its head's arrival,
-    // so `arrived → started` would be the client's upload (a slow client
-    // set McpRequestsQueued off on an idle shard).
-    let queued = if edge == Edge::Http {
-        0
-    } else {
-        elapsed_ns(arrived, started)
-    };
-    s.queue[router].record(queued);
+    s.queue[router].record(elapsed_ns(queued, started));
     HDR.with_borrow_mut(|h| {
         // Sized on the first request of each router slot (a reload may
         // add slots), never again.

@@ -1102,7 +1102,9 @@ impl HttpEdge {
             let to = req.view().reply_to();
             out.extend_from_slice(self.ctx.enc.borrow_mut().error(&to, code, message, None));
         }
-        metrics::record::request(&self.ctx, metrics::Edge::Http, &req, arrived, started, &out);
+        // Nothing queues it: the wait is zero (`queued` = `started`).
+        let edge = metrics::Edge::Http;
+        metrics::record::request(&self.ctx, edge, &req, arrived, started, started, &out);
         Called {
             frames: out,
             arrived,
