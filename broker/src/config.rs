@@ -646,11 +646,14 @@ const NO_ROUTERS: &str = "routers: at least one [[routers]] entry is needed";
 
 /// Whether two listen addresses would take the same connections: the same
 /// port (not 0, which the kernel picks apart) on the same address, or on
-/// one side the unspecified address, which takes every local one.
+/// one side the unspecified address, which takes every local one. An
+/// IPv4-mapped IPv6 address (`[::ffff:127.0.0.1]`) is its IPv4 address, as
+/// it is to the kernel.
 pub fn addrs_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let (ia, ib) = (a.ip().to_canonical(), b.ip().to_canonical());
     a.port() != 0
         && a.port() == b.port()
-        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+        && (ia == ib || ia.is_unspecified() || ib.is_unspecified())
 }
 
 /// Every duration in the configuration: humantime's syntax (`30s`, `5m`,
@@ -1680,6 +1683,11 @@ mod tests {
             ("[::]:1", "127.0.0.1:1", true),
             ("127.0.0.1:1", "127.0.0.1:2", false),
             ("127.0.0.1:0", "127.0.0.1:0", false),
+            // The kernel takes an IPv4-mapped address as the IPv4 one.
+            ("[::ffff:127.0.0.1]:1", "127.0.0.1:1", true),
+            ("127.0.0.1:1", "[::ffff:127.0.0.1]:1", true),
+            ("[::ffff:0.0.0.0]:1", "127.0.0.1:1", true),
+            ("[::ffff:127.0.0.2]:1", "127.0.0.1:1", false),
         ] {
             assert_eq!(
                 addrs_overlap(a.parse().unwrap(), b.parse().unwrap()),

@@ -782,9 +782,18 @@ impl Moves {
                 return Err(errors);
             }
         }
-        let per_shard = |addr| crate::server::bind_per_shard(addr, shards);
+        // An edge moving onto an address its own listeners overlap binds
+        // beside them; any other move claims its port first, so that a
+        // port another process listens on is refused.
+        let per_shard = |addr, own: Option<std::net::SocketAddr>| {
+            if own.is_some_and(|own| crate::config::addrs_overlap(addr, own)) {
+                crate::server::bind_per_shard_beside_own(addr, shards)
+            } else {
+                crate::server::bind_per_shard(addr, shards)
+            }
+        };
         if new.frames.listen != old.frames.listen {
-            match per_shard(new.frames.listen) {
+            match per_shard(new.frames.listen, running.map(|r| r.frames)) {
                 Ok(l) => m.frames = l,
                 Err(e) => errors.push(format!(
                     "[frames] listen: cannot bind {}: {e}",
@@ -793,7 +802,7 @@ impl Moves {
             }
         }
         if new.http.listen != old.http.listen {
-            match per_shard(new.http.listen) {
+            match per_shard(new.http.listen, running.map(|r| r.http)) {
                 Ok(l) => m.http = l,
                 Err(e) => errors.push(format!(
                     "[http] listen: cannot bind {}: {e}",
@@ -802,7 +811,7 @@ impl Moves {
             }
         }
         if new.grpc.listen != old.grpc.listen {
-            match per_shard(new.grpc.listen) {
+            match per_shard(new.grpc.listen, running.map(|r| r.grpc)) {
                 Ok(l) => m.grpc = l,
                 Err(e) => errors.push(format!(
                     "[grpc] listen: cannot bind {}: {e}",

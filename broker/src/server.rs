@@ -1,6 +1,6 @@
 //! Start-up and shutdown: configuration → WASM host → routers → route table
-//! → listeners → shards → admin endpoint → the ready line; then signals →
-//! drain → exit.
+//! → keys (JWK Set, TLS, request-state) → listeners → shards → admin
+//! endpoint → the ready line; then signals → drain → exit.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,9 +31,25 @@ pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     Ok(s.into())
 }
 
-/// One [`bind_reuseport`] listener per shard on `addr`: the first resolves
-/// port 0, the others bind to the address it got.
+/// One [`bind_reuseport`] listener per shard on `addr`, bound while a
+/// [`claim`] holds the address: it resolves port 0 and refuses a port that
+/// any other socket listens on. `SO_REUSEPORT` alone would let the shards'
+/// listeners join another process's (another broker's) listeners on a busy
+/// port, and the kernel would split the connections between the two.
 pub fn bind_per_shard(
+    addr: SocketAddr,
+    shards: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let claim = claim(addr)?;
+    let resolved = claim.local_addr()?.as_socket().unwrap_or(addr);
+    (0..shards).map(|_| bind_reuseport(resolved)).collect()
+}
+
+/// [`bind_per_shard`] without the claim, for a reload that moves an edge to
+/// an address its own listeners overlap (`127.0.0.1:7400` to
+/// `0.0.0.0:7400`): they hold the port until they close, so a claim would
+/// fail on them.
+pub fn bind_per_shard_beside_own(
     addr: SocketAddr,
     shards: usize,
 ) -> std::io::Result<Vec<std::net::TcpListener>> {
@@ -44,6 +60,29 @@ pub fn bind_per_shard(
         all.push(bind_reuseport(resolved)?);
     }
     Ok(all)
+}
+
+/// A socket bound to `addr` without `SO_REUSEPORT` and never listening:
+/// the bind fails if anything listens there, and while it is held, the
+/// broker's own `SO_REUSEPORT` listeners may still bind (`SO_REUSEADDR` on
+/// both, and it does not listen), so nothing else takes the port between
+/// the check and the listeners.
+fn claim(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            std::io::Error::new(
+                e.kind(),
+                "the address is in use by another listener (another process, or \
+                 another broker: each broker needs its own ports)",
+            )
+        } else {
+            e
+        }
+    })?;
+    Ok(s)
 }
 
 /// The running broker: what `main` waits on.
@@ -195,23 +234,10 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
     let shards = config.shard_count();
     let names: Vec<String> = config.routers.iter().map(|r| r.name.clone()).collect();
 
-    // Bind everything before reporting ready, so port 0 resolves and a busy
-    // port fails start-up with its address in the message.
-    let listeners = bind_per_shard(config.frames.listen, shards)
-        .with_context(|| format!("binding the frame edge on {}", config.frames.listen))?;
-    let frames = listeners[0].local_addr()?;
-    let http_listeners = bind_per_shard(config.http.listen, shards)
-        .with_context(|| format!("binding the HTTP edge on {}", config.http.listen))?;
-    let http = http_listeners[0].local_addr()?;
-    let grpc_listeners = bind_per_shard(config.grpc.listen, shards)
-        .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
-    let grpc = grpc_listeners[0].local_addr()?;
-    let metrics_listener = std::net::TcpListener::bind(config.metrics.listen)
-        .with_context(|| format!("binding the metrics endpoint on {}", config.metrics.listen))?;
-    let metrics = metrics_listener.local_addr()?;
-
     // Fails start-up, never serves open: a key file that cannot be read
-    // is the operator's to fix.
+    // is the operator's to fix. Read (and the JWK Set fetched) before any
+    // listener is bound, so that no connection is accepted only to be
+    // reset by the failure.
     let auth = match &config.auth {
         Some(a) => Some(Arc::new(
             crate::auth::Auth::new(a).map_err(anyhow::Error::msg)?,
@@ -235,6 +261,21 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         config.http.request_state_ttl,
     )
     .map_err(anyhow::Error::msg)?;
+    // Bind everything before reporting ready, so port 0 resolves and a busy
+    // port fails start-up with its address in the message.
+    let metrics_listener = std::net::TcpListener::bind(config.metrics.listen)
+        .with_context(|| format!("binding the metrics endpoint on {}", config.metrics.listen))?;
+    let metrics = metrics_listener.local_addr()?;
+    let listeners = bind_per_shard(config.frames.listen, shards)
+        .with_context(|| format!("binding the frame edge on {}", config.frames.listen))?;
+    let frames = listeners[0].local_addr()?;
+    let http_listeners = bind_per_shard(config.http.listen, shards)
+        .with_context(|| format!("binding the HTTP edge on {}", config.http.listen))?;
+    let http = http_listeners[0].local_addr()?;
+    let grpc_listeners = bind_per_shard(config.grpc.listen, shards)
+        .with_context(|| format!("binding the gRPC edge on {}", config.grpc.listen))?;
+    let grpc = grpc_listeners[0].local_addr()?;
+
     let shared = Arc::new(Shared::new(
         config.clone(),
         routing,

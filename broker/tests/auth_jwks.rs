@@ -229,3 +229,49 @@ fn plain_http_to_a_remote_host_is_a_config_error() {
         "{stderr}"
     );
 }
+
+/// The JWK Set is fetched before any listener is bound: while the fetch
+/// waits, the broker's ports refuse connections, rather than accepting
+/// ones that the failure then resets.
+#[test]
+fn no_port_listens_while_the_keys_are_fetched() {
+    // A JWK Set server that accepts, holds the fetch for 2 s, then closes.
+    let jwks = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/jwks.json", jwks.local_addr().unwrap());
+    let (fetching, fetched) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok((conn, _)) = jwks.accept() {
+            let _ = fetching.send(());
+            std::thread::sleep(Duration::from_secs(2));
+            drop(conn);
+        }
+    });
+    let port = common::DeadPort::any();
+    let frames = format!("127.0.0.1:{}", port.port);
+    let broker = {
+        let (toml, frames) = (config(&url), frames.clone());
+        std::thread::spawn(move || {
+            let any = "127.0.0.1:0";
+            common::fails_to_start_with(
+                &toml,
+                &[
+                    "--listen",
+                    &frames,
+                    "--grpc-listen",
+                    any,
+                    "--http-listen",
+                    any,
+                    "--metrics-listen",
+                    any,
+                ],
+            )
+        })
+    };
+    fetched
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the broker fetches its keys");
+    let refused = std::net::TcpStream::connect(&frames).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    let stderr = broker.join().unwrap();
+    assert!(stderr.contains("auth.jwks_url"), "{stderr}");
+}

@@ -1210,11 +1210,50 @@ fn a_reload_may_not_move_an_edge_onto_another_edges_address() {
         text.contains("http.listen") && text.contains(&frames.to_string()),
         "{text}"
     );
+    // The same address written IPv4-mapped is the same to the kernel.
+    let mapped = std::net::SocketAddr::from((
+        std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped(),
+        frames.port(),
+    ));
+    std::fs::write(&path, onto(mapped)).unwrap();
+    let r = admin(&b, "POST", "/admin/reload");
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(
+        r.text().contains("is the frames edge's address"),
+        "{}",
+        r.text()
+    );
+    // Another process's listener (another broker's, SO_REUSEPORT as well)
+    // is as busy as any: the bind alone would have joined it.
+    let other = Broker::start(&[]);
+    std::fs::write(&path, onto(other.http)).unwrap();
+    let r = admin(&b, "POST", "/admin/reload");
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(
+        r.text().contains("cannot bind") && r.text().contains("in use"),
+        "{}",
+        r.text()
+    );
     // Every connection to the frame edge's address is still the frame edge's.
     for _ in 0..8 {
         let f = common::Client::connect(frames).call("echo_text", &[("text", "\"mine\"")], None);
         assert_eq!(common::tool_text(&f), "mine");
     }
+    // An edge may move onto another spelling of its own address: its own
+    // listeners, which hold the port until they close, do not make it busy.
+    let own = start.replace(
+        "[frames]\nlisten = \"127.0.0.1:0\"",
+        &format!("[frames]\nlisten = \"{mapped}\""),
+    );
+    std::fs::write(&path, own).unwrap();
+    let r = admin(&b, "POST", "/admin/reload");
+    assert_eq!(r.status, 200, "{}", r.text());
+    std::thread::sleep(Duration::from_secs(1));
+    for _ in 0..8 {
+        let f = common::Client::connect(frames).call("echo_text", &[("text", "\"moved\"")], None);
+        assert_eq!(common::tool_text(&f), "moved");
+    }
+    std::fs::write(&path, &start).unwrap();
     // Two edges on one address in the file itself: refused by the checks.
     let [a] = free_addrs::<1>();
     let both = onto(a).replace(
@@ -1230,6 +1269,74 @@ fn a_reload_may_not_move_an_edge_onto_another_edges_address() {
         r.text()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A second broker started on a running broker's ports fails to start,
+/// naming the edge and the address: its `SO_REUSEPORT` listeners would have
+/// joined the first broker's, and the kernel would have split the clients
+/// between two brokers.
+#[test]
+fn a_second_broker_on_a_running_brokers_port_fails_to_start() {
+    let first = Broker::start(&[]);
+    let any = "127.0.0.1:0";
+    let (frames, grpc, http) = (
+        first.frames.to_string(),
+        first.grpc.to_string(),
+        first.http.to_string(),
+    );
+    for (flags, edge, addr) in [
+        (
+            [
+                "--listen",
+                &frames,
+                "--grpc-listen",
+                any,
+                "--http-listen",
+                any,
+            ],
+            "frame edge",
+            &frames,
+        ),
+        (
+            [
+                "--listen",
+                any,
+                "--grpc-listen",
+                &grpc,
+                "--http-listen",
+                any,
+            ],
+            "gRPC edge",
+            &grpc,
+        ),
+        (
+            [
+                "--listen",
+                any,
+                "--grpc-listen",
+                any,
+                "--http-listen",
+                &http,
+            ],
+            "HTTP edge",
+            &http,
+        ),
+    ] {
+        let mut args = flags.to_vec();
+        args.extend(["--metrics-listen", any]);
+        let stderr = common::fails_to_start_with(&config(&[ECHO]), &args);
+        assert!(
+            stderr.contains(&format!("binding the {edge} on {addr}")) && stderr.contains("in use"),
+            "{stderr}"
+        );
+    }
+    // Every client of the first broker's frame port is its own.
+    for _ in 0..8 {
+        let f = first
+            .connect()
+            .call("echo_text", &[("text", "\"first\"")], None);
+        assert_eq!(common::tool_text(&f), "first");
+    }
 }
 
 /// A reload that moves every edge: the answer names the new addresses, new

@@ -344,6 +344,11 @@ impl Drop for Broker {
 /// Runs the broker on `toml` (port 0 everywhere) expecting it to exit
 /// without becoming ready; returns its stderr.
 pub fn fails_to_start(toml: &str) -> String {
+    fails_to_start_with(toml, &PORT_ZERO)
+}
+
+/// [`fails_to_start`] with `args` in place of the port 0 flags.
+pub fn fails_to_start_with(toml: &str, args: &[&str]) -> String {
     let path = std::env::temp_dir().join(format!(
         "mcp-broker-fails-{}-{}.toml",
         std::process::id(),
@@ -357,7 +362,7 @@ pub fn fails_to_start(toml: &str) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
         .arg("--config")
         .arg(&path)
-        .args(PORT_ZERO)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
