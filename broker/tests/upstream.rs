@@ -567,7 +567,7 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
     // A client listening on the session's GET stream.
     let mut listen = listen(&b, &s);
 
-    let _up = Upstream::start_on("late", port, dir, &[]);
+    let up = Upstream::start_on("late", port, dir, &[]);
     // Retried with backoff (1 s, 2 s): the tools appear, and the listening
     // client is told.
     let (events, _) = listen.read_chunked(Some(&|t: &str| {
@@ -597,6 +597,30 @@ fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed()
     );
     let (_, body) = b.http_get("/readyz");
     assert_eq!(body, "ready\n");
+
+    // The upstream goes away after its listings were read: a re-read finds
+    // it unavailable (the refresh instance's session alone said nothing of
+    // it), and its tools stay listed, their calls saying why, rather than
+    // vanish from the listings.
+    drop(up);
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            b.metric_sum("mcp_upstream_available") == 0.0
+        }),
+        "the gone upstream still reads available"
+    );
+    assert!(b.metric_sum("mcp_upstream_refresh_failures_total") >= 1.0);
+    let (_, body) = b.http_get("/readyz");
+    assert!(body.contains("upstream late unavailable"), "{body}");
+    let tools = names(&c.call(&s, 5, "tools/list", "{}"), "tools", "name");
+    assert!(tools.contains(&"late_only".to_string()), "{tools:?}");
+    let r = c.call(
+        &s,
+        6,
+        "tools/call",
+        r#"{"name":"late_only","arguments":{}}"#,
+    );
+    assert!(r.to_string().contains("upstream unavailable"), "{r}");
 }
 
 #[test]

@@ -633,16 +633,35 @@ impl Guest for Upstream {
     }
 
     fn describe_server() -> ServerDescription {
-        // The reason reads `POST <url>: <why>` (or the configuration error).
-        let opened = match endpoint("initialize") {
-            Err(Failure::Unavailable(m)) => Err(m
-                .strip_prefix(rpc::UNAVAILABLE)
+        let reason = |m: String| {
+            m.strip_prefix(rpc::UNAVAILABLE)
                 .map(str::to_owned)
-                .unwrap_or(m)),
+                .unwrap_or(m)
+        };
+        // The reason reads `POST <url>: <why>` (or the configuration error,
+        // or `ping to <url>: <why>`).
+        let opened = match endpoint("initialize") {
+            Err(Failure::Unavailable(m)) => Err(reason(m)),
             Err(Failure::Rpc(e)) => Err(e.message),
-            Ok(ep) => ensure(&ep)
-                .map(|_| session_init())
-                .map_err(|r| format!("POST {}: {r}", ep.url)),
+            Ok(ep) => {
+                // The broker re-reads the listings through one instance,
+                // whose session outlives the upstream: ask the upstream
+                // itself, or one that went away since would read as
+                // available with nothing listed. A session-era upstream is
+                // pinged (an error answer is an upstream that answers; a
+                // lost session is opened again); a 2026-07-28 one, which
+                // has no session, is discovered again.
+                let open = STATE.with_borrow(|s| s.session.as_ref().map(|s| s.modern));
+                if open == Some(true) {
+                    STATE.with_borrow_mut(|s| s.session = None);
+                }
+                match (open == Some(false)).then(|| call("ping", None)) {
+                    Some(Err(Failure::Unavailable(m))) => Err(reason(m)),
+                    _ => ensure(&ep)
+                        .map(|_| session_init())
+                        .map_err(|r| format!("POST {}: {r}", ep.url)),
+                }
+            }
         };
         let (title, capabilities, meta) = match opened {
             Ok(init) => {
@@ -966,14 +985,16 @@ mod tests {
         assert!(d.capabilities.resources.is_none());
         log(|l| {
             let methods: Vec<_> = l.iter().map(Req::method).collect();
-            // One handshake for the whole instance.
+            // One handshake for the whole instance; describing it again
+            // asks the upstream whether it is still there.
             assert_eq!(
                 methods,
                 [
                     "initialize",
                     "notifications/initialized",
                     "tools/list",
-                    "tools/list"
+                    "tools/list",
+                    "ping"
                 ]
             );
             assert_eq!(l[0].header("mcp-session-id"), None);
@@ -995,7 +1016,7 @@ mod tests {
             assert!(l[1].body.get("id").is_none());
             // Ids are a per-instance counter.
             let ids: Vec<_> = l.iter().filter_map(|r| r.body["id"].as_u64()).collect();
-            assert_eq!(ids, [1, 2, 3]);
+            assert_eq!(ids, [1, 2, 3, 4]);
         });
     }
 
@@ -1135,6 +1156,40 @@ mod tests {
             <Upstream as Guest>::read_resource("x://1".into()),
             Err(ResourceError::ExecutionError(m)) if m.starts_with("upstream unavailable: resources/read to ")
         ));
+    }
+
+    /// An upstream that goes away after its listings were read is
+    /// unavailable at the next re-read, not an upstream that lists nothing.
+    #[test]
+    fn an_upstream_gone_after_its_session_opened_reads_unavailable() {
+        serve(Some("s1"), |req| match req.method() {
+            "ping" => Ok(json_answer(&result(req, json!({})))),
+            _ => Ok(json_answer(&result(req, json!({"tools": []})))),
+        });
+        let d = <Upstream as Guest>::describe_server();
+        assert!(d.meta.unwrap()[0].key != "mcp-broker/unavailable");
+        // The second read asks the upstream, which is still there.
+        let d = <Upstream as Guest>::describe_server();
+        assert!(d.meta.unwrap()[0].key != "mcp-broker/unavailable");
+        log(|l| assert_eq!(l.iter().filter(|r| r.method() == "ping").count(), 1));
+        SERVER.with_borrow_mut(|s| *s = Some(Box::new(|_| Err("connection refused".into()))));
+        let d = <Upstream as Guest>::describe_server();
+        let meta = d.meta.unwrap();
+        assert_eq!(meta[0].key, "mcp-broker/unavailable");
+        assert_eq!(
+            meta[0].value,
+            r#""ping to http://up.test/mcp: connection refused""#
+        );
+        assert!(d.capabilities.tools.is_none());
+        // An upstream that refuses `ping` answers, so it is available.
+        serve(Some("s1"), |req| {
+            Ok(json_answer(&json!({
+                "jsonrpc": "2.0", "id": req.body["id"],
+                "error": {"code": -32601, "message": "no ping here"}
+            })))
+        });
+        let d = <Upstream as Guest>::describe_server();
+        assert!(d.capabilities.tools.is_some());
     }
 
     #[test]
@@ -1295,7 +1350,11 @@ mod tests {
         assert!(matches!(&r.content[0], ContentBlock::Text(t) if t.text == "ok"));
         log(|l| {
             let methods: Vec<_> = l.iter().map(Req::method).collect();
-            assert_eq!(methods, ["server/discover", "tools/list", "tools/call"]);
+            // Describing it again discovers it again: there is no session.
+            assert_eq!(
+                methods,
+                ["server/discover", "server/discover", "tools/list", "tools/call"]
+            );
         });
     }
 
