@@ -648,6 +648,10 @@ impl Router {
                 } else {
                     Ok(UpdateDeadline::Continue(1))
                 }
+            } else if !ticker::ticked_in_this_poll() {
+                // The epoch moved while the guest waited in a host call,
+                // not while it ran: it has only just resumed.
+                Ok(UpdateDeadline::Continue(1))
             } else {
                 // Counted for `mcp_router_compute_ticks_total`; no limit.
                 let data = ctx.data_mut();

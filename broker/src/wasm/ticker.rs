@@ -51,7 +51,16 @@ pub const PARK_AFTER: Duration = Duration::from_millis(50);
 struct Slot {
     depth: AtomicU64,
     entries: AtomicU64,
+    /// [`TICKS`] when the innermost poll under way began; read by this
+    /// thread only ([`ticked_in_this_poll`]).
+    entered_at: AtomicU64,
 }
+
+/// Ticks made, by every ticker of the process (a test process may run
+/// several hosts), each counted before its engine's epoch moves: a guest
+/// that sees its epoch deadline passed, and this count where it was when
+/// its poll began, was suspended, not running, when the epoch moved.
+static TICKS: AtomicU64 = AtomicU64::new(0);
 
 /// Every live thread's slot (dead threads' are pruned at the next read).
 static SLOTS: Mutex<Vec<Weak<Slot>>> = Mutex::new(Vec::new());
@@ -78,7 +87,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Marks guest code running on this thread until dropped. Taken around
 /// every poll of a guest future ([`super::host::drive`]). Not `Send` (it
 /// points at this thread's slot), and never outlives the poll it marks.
-pub(crate) struct GuestRunning(*const Slot);
+/// Keeps the outer poll's [`Slot::entered_at`], restored at its drop.
+pub(crate) struct GuestRunning(*const Slot, u64);
 
 impl GuestRunning {
     #[inline]
@@ -95,6 +105,9 @@ impl GuestRunning {
         slot.depth.store(depth + 1, Ordering::Relaxed);
         let entries = slot.entries.load(Ordering::Relaxed);
         slot.entries.store(entries + 1, Ordering::Relaxed);
+        let outer = slot.entered_at.load(Ordering::Relaxed);
+        slot.entered_at
+            .store(TICKS.load(Ordering::Relaxed), Ordering::Relaxed);
         // The stores above come before the load below in program order;
         // the ticker's `membarrier` supplies the hardware half of the fence
         // (module doc).
@@ -102,8 +115,18 @@ impl GuestRunning {
         if PARKED.load(Ordering::Relaxed) {
             wake_sleepers();
         }
-        Self(ptr)
+        Self(ptr, outer)
     }
+}
+
+/// Whether a tick was made since the innermost guest poll under way on
+/// this thread began. Asked by the epoch callback: a guest suspended in
+/// an async host call while the epoch moved finds its deadline passed as
+/// soon as it resumes, though it has not run for a tick; such a callback
+/// neither counts a tick nor yields.
+pub(crate) fn ticked_in_this_poll() -> bool {
+    let entered = SLOT.with(|s| s.entered_at.load(Ordering::Relaxed));
+    TICKS.load(Ordering::Relaxed) != entered
 }
 
 impl Drop for GuestRunning {
@@ -111,6 +134,7 @@ impl Drop for GuestRunning {
     fn drop(&mut self) {
         // SAFETY: as in `enter`; this is still the thread that took it.
         let slot = unsafe { &*self.0 };
+        slot.entered_at.store(self.1, Ordering::Relaxed);
         let depth = slot.depth.load(Ordering::Relaxed);
         slot.depth.store(depth - 1, Ordering::Release);
     }
@@ -188,7 +212,12 @@ pub(crate) fn run(
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(tick);
         match engine.upgrade() {
-            Some(engine) => engine.increment_epoch(),
+            Some(engine) => {
+                // Before the epoch: a guest that sees the new epoch sees
+                // this count too (`ticked_in_this_poll`).
+                TICKS.fetch_add(1, Ordering::Release);
+                engine.increment_epoch();
+            }
             None => break,
         }
         let now = read_slots();
