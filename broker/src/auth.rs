@@ -738,7 +738,7 @@ pub fn check_jwks_url(url: &str) -> Result<hyper::Uri, String> {
 }
 
 /// 127.0.0.0/8, `::1` (as `[::1]` in a URL) or `localhost`.
-fn is_loopback_host(host: &str) -> bool {
+pub(crate) fn is_loopback_host(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     match bare.parse::<IpAddr>() {
         Ok(IpAddr::V4(a)) => a.is_loopback(),

@@ -642,6 +642,117 @@ pub struct ConfigErrors(pub Vec<String>);
 /// would panic there instead of failing here.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// Longest `naming.separator`, and longest router `prefix`: both go into
+/// every qualified tool name, which must stay within MCP's 128 characters
+/// with room for the router's own name for the tool.
+pub const MAX_SEPARATOR_LEN: usize = 16;
+pub const MAX_PREFIX_LEN: usize = 64;
+
+/// Why `part` (a router's `prefix` or `naming.separator`) cannot go into a
+/// qualified tool name `<prefix><separator><name>`: a character outside the
+/// MCP tool-name alphabet (A-Z a-z 0-9 `_` `-` `.`), or longer than `max`.
+/// A router's name, the default prefix, is held to a subset of it.
+fn check_name_part(part: &str, max: usize) -> Result<(), String> {
+    if let Some(c) = part
+        .chars()
+        .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "has `{}`: tool names take letters, digits, '_', '-' and '.' only",
+            c.escape_debug()
+        ));
+    }
+    if part.len() > max {
+        return Err(format!(
+            "is {} characters long, more than {max} (tool names take 128 at most)",
+            part.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `s` is a scope-token (RFC 6749 §3.3: `1*( %x21 / %x23-5B /
+/// %x5D-7E )`), the only form a token's `scope` can carry.
+fn is_scope_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| matches!(b, 0x21 | 0x23..=0x5B | 0x5D..=0x7E))
+}
+
+/// Why `value` is not an authorization server's issuer identifier (RFC
+/// 8414 §2: an https URL with a host and no query or fragment), published
+/// as it is in the RFC 9728 metadata. `http://` passes for a loopback host
+/// only, as for `auth.jwks_url` ([`crate::auth::check_jwks_url`]): a client
+/// would fetch the server's metadata in clear, where it could be forged.
+fn check_authorization_server(value: &str) -> Result<(), String> {
+    let url = url::Url::parse(value).map_err(|e| format!("is not a URL ({e})"))?;
+    let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
+        return Err("is not a URL with a host (https://host[/path])".into());
+    };
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("has user information (an issuer identifier has none)".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("has a query or fragment (an issuer identifier has neither)".into());
+    }
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if crate::auth::is_loopback_host(host) => Ok(()),
+        "http" => Err(
+            "is http:// to a host that is not loopback (127.0.0.0/8, ::1, localhost): use https://"
+                .into(),
+        ),
+        _ => Err("is not an https:// URL".into()),
+    }
+}
+
+/// `value` as a browser sends it in an `Origin` header (the URL standard's
+/// ASCII serialisation of an origin: scheme and host in lower case, a name
+/// outside ASCII in its `xn--` form, no port when it is the scheme's
+/// default), or why it is no http(s) origin.
+fn ascii_origin(value: &str) -> Result<String, String> {
+    // Refused on purpose: `null` is the Origin of sandboxed frames and
+    // `file:` or `data:` documents, which any page can make, so allowing
+    // it would allow every site; and no browser sends `*`, which would
+    // only look like a wildcard.
+    match value {
+        "null" => {
+            return Err(
+                "`null` is the Origin any sandboxed page sends: allowing it would allow every site"
+                    .into(),
+            );
+        }
+        "*" => return Err("there is no wildcard: list each origin".into()),
+        _ => {}
+    }
+    // The URL parser forgives what an origin may not have: a missing `//`
+    // (`https:app.example`), and a trailing `/`, which it reads as the
+    // root path. Nothing may follow the host and port.
+    let Some((_, after_scheme)) = value.split_once("://") else {
+        return Err("no scheme (http:// or https://)".into());
+    };
+    if after_scheme.contains(['/', '?', '#']) {
+        return Err(
+            "it has a path, query or fragment (nothing follows the host or port, not even '/')"
+                .into(),
+        );
+    }
+    let url = url::Url::parse(value).map_err(|e| format!("{e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "the scheme `{}` is not http or https",
+            url.scheme()
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("it has user information".into());
+    }
+    if url.port() == Some(0) {
+        return Err("port 0 is no port a browser sends".into());
+    }
+    Ok(url.origin().ascii_serialization())
+}
+
 const NO_ROUTERS: &str = "routers: at least one [[routers]] entry is needed";
 
 /// Whether two listen addresses would take the same connections: the same
@@ -817,7 +928,10 @@ impl Config {
         ]
     }
 
-    fn validate(&self, errors: &mut Vec<String>) {
+    /// Checks the whole configuration, adding one error per problem; and
+    /// stores `http.allowed_origins` in the form browsers send them, since
+    /// the HTTP edge compares them with the Origin header as strings.
+    fn validate(&mut self, errors: &mut Vec<String>) {
         let tick = self.broker.epoch_tick;
         if !(MIN_EPOCH_TICK..=MAX_EPOCH_TICK).contains(&tick) {
             errors.push(format!(
@@ -879,6 +993,34 @@ impl Config {
                     errors.push("auth.jwks_ca_file: only for an https:// auth.jwks_url".into());
                 } else if let Err(e) = crate::tls::client_config(Some(ca)) {
                     errors.push(format!("auth.jwks_ca_file: {e}"));
+                }
+            }
+            // A scope no token can carry would refuse every request (or
+            // every call of the rule's tools) instead of failing here.
+            let rule_scopes = a.rules.iter().enumerate().flat_map(|(i, r)| {
+                r.scopes
+                    .iter()
+                    .enumerate()
+                    .map(move |(j, s)| (format!("auth.rules[{i}].scopes[{j}]"), s))
+            });
+            let scopes = a.scopes.iter().enumerate();
+            for (key, s) in scopes
+                .map(|(i, s)| (format!("auth.scopes[{i}]"), s))
+                .chain(rule_scopes)
+            {
+                if !is_scope_token(s) {
+                    errors.push(format!(
+                        "{key}: `{}` is not a scope token (RFC 6749 §3.3: one or more printable ASCII characters, no space, '\"' or '\\'); no token could carry it",
+                        s.escape_debug()
+                    ));
+                }
+            }
+            for (i, u) in a.authorization_servers.iter().enumerate() {
+                if let Err(why) = check_authorization_server(u) {
+                    errors.push(format!(
+                        "auth.authorization_servers[{i}]: `{}` {why}",
+                        u.escape_debug()
+                    ));
                 }
             }
             for (i, r) in a.rules.iter().enumerate() {
@@ -1012,11 +1154,15 @@ impl Config {
                 h.request_state_ttl
             ));
         }
-        for (i, o) in h.allowed_origins.iter().enumerate() {
-            if o.is_empty() || o.ends_with('/') {
-                errors.push(format!(
-                    "http.allowed_origins[{i}]: `{o}` is not an origin (scheme://host[:port], no path)"
-                ));
+        // Stored as a browser serialises the origin, so that another
+        // spelling of it (`https://App.Example:443`) still matches.
+        for (i, o) in self.http.allowed_origins.iter_mut().enumerate() {
+            match ascii_origin(o) {
+                Ok(ascii) => *o = ascii,
+                Err(why) => errors.push(format!(
+                    "http.allowed_origins[{i}]: `{}` is not an origin (http[s]://host[:port]): {why}",
+                    o.escape_debug()
+                )),
             }
         }
         // Every listener is SO_REUSEPORT (one per shard): a second edge on
@@ -1038,8 +1184,11 @@ impl Config {
                 self.broker.shards
             ));
         }
-        if self.naming.separator.is_empty() {
+        let sep = &self.naming.separator;
+        if sep.is_empty() {
             errors.push("naming.separator: must not be empty".into());
+        } else if let Err(why) = check_name_part(sep, MAX_SEPARATOR_LEN) {
+            errors.push(format!("naming.separator: `{}` {why}", sep.escape_debug()));
         }
         if self.routers.is_empty() {
             errors.push(NO_ROUTERS.into());
@@ -1142,8 +1291,14 @@ impl Config {
             {
                 errors.push(format!("{at}.refresh_interval: must be at least 1s"));
             }
-            if r.prefix.as_deref() == Some("") {
-                errors.push(format!("{at}.prefix: must not be empty when set"));
+            match r.prefix.as_deref() {
+                Some("") => errors.push(format!("{at}.prefix: must not be empty when set")),
+                Some(p) => {
+                    if let Err(why) = check_name_part(p, MAX_PREFIX_LEN) {
+                        errors.push(format!("{at}.prefix: `{}` {why}", p.escape_debug()));
+                    }
+                }
+                None => {}
             }
             if r.affinity != Affinity::Session {
                 for (key, set) in [
@@ -1790,6 +1945,229 @@ mod tests {
         ] {
             assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
         }
+    }
+
+    /// The HTTP edge compares the Origin header with each value as a
+    /// string: another spelling of an origin is stored as browsers send
+    /// it, and what is no origin (it would never match) is refused.
+    #[test]
+    fn allowed_origins_are_stored_as_browsers_send_them() {
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let origins = |list: &[&str]| {
+            let list: Vec<String> = list.iter().map(|o| format!("{o:?}")).collect();
+            format!("[http]\nallowed_origins = [{}]\n{router}", list.join(", "))
+        };
+        for (written, sent) in [
+            ("https://app.example", "https://app.example"),
+            ("https://App.Example:443", "https://app.example"),
+            ("HTTPS://APP.EXAMPLE", "https://app.example"),
+            ("http://app.example:80", "http://app.example"),
+            ("https://app.example:0443", "https://app.example"),
+            ("https://app.example:8443", "https://app.example:8443"),
+            ("http://app.example:443", "http://app.example:443"),
+            ("https://app.example:80", "https://app.example:80"),
+            (
+                "https://xn--bcher-kva.example",
+                "https://xn--bcher-kva.example",
+            ),
+            ("https://Bücher.example", "https://xn--bcher-kva.example"),
+            ("http://10.0.0.1:8080", "http://10.0.0.1:8080"),
+            (
+                "https://[2001:DB8:0:0:1:0:0:1]:443",
+                "https://[2001:db8::1:0:0:1]",
+            ),
+            ("https://[0:0:0:0:0:0:0:1]:8080", "https://[::1]:8080"),
+            ("http://[::FFFF:127.0.0.1]", "http://[::ffff:7f00:1]"),
+            ("http://[1:0:0:2:0:0:0:3]", "http://[1:0:0:2::3]"),
+            ("http://[1:0:0:2:0:0:3:4]", "http://[1::2:0:0:3:4]"),
+            ("http://[1:2:3:4:5:6:7:0]", "http://[1:2:3:4:5:6:7:0]"),
+        ] {
+            let c = Config::parse(&origins(&[written])).unwrap();
+            assert_eq!(c.http.allowed_origins, [sent], "{written}");
+        }
+        // `load` validates what `parse` normalised again: it stays put.
+        let dir = std::env::temp_dir().join(format!("mcp-broker-origins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("broker.toml");
+        std::fs::write(&file, origins(&["https://App.Example:443"])).unwrap();
+        let c = Config::load(Some(&file), &Overrides::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(c.unwrap().http.allowed_origins, ["https://app.example"]);
+
+        let bad = [
+            ("", "no scheme"),
+            ("app.example", "no scheme"),
+            ("//app.example", "no scheme"),
+            ("https:app.example", "no scheme"),
+            ("ftp://app.example", "the scheme `ftp` is not http or https"),
+            ("https://app.example/", "path, query or fragment"),
+            ("https://app.example/mcp", "path, query or fragment"),
+            ("https://app.example?x=1", "path, query or fragment"),
+            ("https://app.example#top", "path, query or fragment"),
+            ("https://user@app.example", "user information"),
+            ("https://", "empty host"),
+            ("https://:443", "empty host"),
+            ("https://app example", "invalid international domain name"),
+            ("https://app.example:99999", "invalid port number"),
+            ("https://app.example:0", "port 0"),
+            ("https://app.example:+443", "invalid port number"),
+            ("https://app.example:8x", "invalid port number"),
+            ("https://[::1", "invalid IPv6 address"),
+            ("https://[app.example]", "invalid IPv6 address"),
+            ("null", "allowing it would allow every site"),
+            ("*", "there is no wildcard"),
+        ];
+        let list: Vec<&str> = bad.iter().map(|(o, _)| *o).collect();
+        let err = Config::parse(&origins(&list)).unwrap_err();
+        // All at once, one each.
+        assert_eq!(err.0.len(), bad.len(), "{:#?}", err.0);
+        for (i, (o, why)) in bad.iter().enumerate() {
+            let start = format!(
+                "http.allowed_origins[{i}]: `{}` is not an origin (http[s]://host[:port]): ",
+                o.escape_debug()
+            );
+            assert!(
+                err.0
+                    .iter()
+                    .any(|e| e.starts_with(&start) && e.contains(why)),
+                "{o:?}: want {why:?} in {:#?}",
+                err.0
+            );
+        }
+    }
+
+    const AUTH: &str = "[auth]\nissuer = \"https://issuer.example\"\n\
+        audience = \"https://mcp.example/mcp\"\n\
+        jwks_url = \"https://issuer.example/jwks.json\"\n";
+
+    /// A scope no token can carry (RFC 6749 §3.3) would refuse every
+    /// request it applies to.
+    #[test]
+    fn scopes_must_be_scope_tokens() {
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let text = format!(
+            r#"{AUTH}scopes = ["mcp", "mcp read", "", "a\"b", "a\\b", "é", "tab	x", "!#[]~:/"]
+            [[auth.rules]]
+            tools = ["put"]
+            scopes = ["kv:write", "kv write"]
+            {router}"#
+        );
+        let err = Config::parse(&text).unwrap_err();
+        let all = err.0.join("\n");
+        for needle in [
+            "auth.scopes[1]: `mcp read` is not a scope token (RFC 6749 §3.3",
+            "auth.scopes[2]: `` is not a scope token",
+            "auth.scopes[3]: `a\\\"b` is not a scope token",
+            "auth.scopes[4]: `a\\\\b` is not a scope token",
+            "auth.scopes[5]: `é` is not a scope token",
+            "auth.scopes[6]: `tab\\tx` is not a scope token",
+            "auth.rules[0].scopes[1]: `kv write` is not a scope token",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+        assert_eq!(err.0.len(), 7, "{all}");
+        let c = Config::parse(&format!(
+            "{AUTH}scopes = [\"mcp\", \"!#[]~:/\"]\n[[auth.rules]]\ntools = [\"put\"]\nscopes = [\"kv:write\"]\n{router}"
+        ))
+        .unwrap();
+        assert_eq!(c.auth.unwrap().scopes, ["mcp", "!#[]~:/"]);
+    }
+
+    /// They are published as they are in the RFC 9728 metadata, where a
+    /// client takes each for an issuer identifier (RFC 8414 §2).
+    #[test]
+    fn authorization_servers_must_be_issuer_urls() {
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let servers = |list: &[&str]| {
+            let list: Vec<String> = list.iter().map(|o| format!("{o:?}")).collect();
+            format!(
+                "{AUTH}authorization_servers = [{}]\n{router}",
+                list.join(", ")
+            )
+        };
+        let good = [
+            "https://as.example",
+            "https://login.example/tenant/v2.0",
+            "http://127.0.0.1:8080",
+            "http://localhost:9000/realms/x",
+            "http://[::1]:1",
+        ];
+        let c = Config::parse(&servers(&good)).unwrap();
+        assert_eq!(c.auth.unwrap().authorization_servers, good);
+        let bad = [
+            ("as.example", "is not a URL"),
+            ("/as", "is not a URL"),
+            ("not a url", "is not a URL"),
+            ("https://", "is not a URL (empty host)"),
+            ("ftp://as.example", "is not an https:// URL"),
+            (
+                "http://as.example",
+                "is http:// to a host that is not loopback",
+            ),
+            ("https://as.example?tenant=1", "has a query"),
+            ("https://as.example/#x", "has a query or fragment"),
+            ("https://user@as.example", "has user information"),
+        ];
+        let list: Vec<&str> = bad.iter().map(|(u, _)| *u).collect();
+        let err = Config::parse(&servers(&list)).unwrap_err();
+        assert_eq!(err.0.len(), bad.len(), "{:#?}", err.0);
+        for (i, (u, why)) in bad.iter().enumerate() {
+            let want = format!("auth.authorization_servers[{i}]: `{u}` {why}");
+            assert!(
+                err.0.iter().any(|e| e.starts_with(&want)),
+                "{u:?}: want {want:?} in {:#?}",
+                err.0
+            );
+        }
+    }
+
+    /// The separator and a prefix go into tool names: MCP's alphabet and
+    /// length (SEP-986: 1-128 of A-Z a-z 0-9 _ - .) hold for them too.
+    #[test]
+    fn separator_and_prefix_keep_to_the_tool_name_alphabet() {
+        let with = |separator: &str, prefix: &str| {
+            format!(
+                "[naming]\nseparator = {separator:?}\n\
+                 [[routers]]\nname = \"a\"\nwasm = \"a.wasm\"\nprefix = {prefix:?}\n"
+            )
+        };
+        for (separator, prefix) in [
+            ("__", "a"),
+            (".", "my.tools-1_"),
+            ("-", "X"),
+            ("_x_", &"p".repeat(MAX_PREFIX_LEN)),
+            (&"s".repeat(MAX_SEPARATOR_LEN), "a"),
+        ] {
+            let c = Config::parse(&with(separator, prefix)).unwrap();
+            assert_eq!(c.naming.separator, separator);
+            assert_eq!(c.routers[0].prefix.as_deref(), Some(prefix));
+        }
+        for (separator, prefix, sep_why, prefix_why) in [
+            (" ", "my tools", "has ` `", "has ` `"),
+            ("/", "a/b", "has `/`", "has `/`"),
+            ("::", "a:b", "has `:`", "has `:`"),
+            ("→", "ü", "has `→`", "has `ü`"),
+            (
+                &"s".repeat(MAX_SEPARATOR_LEN + 1),
+                &"p".repeat(MAX_PREFIX_LEN + 1),
+                "is 17 characters long, more than 16",
+                "is 65 characters long, more than 64",
+            ),
+        ] {
+            let err = Config::parse(&with(separator, prefix)).unwrap_err();
+            let all = err.0.join("\n");
+            let sep = format!("naming.separator: `{separator}` {sep_why}");
+            let pre = format!("routers[0] (a).prefix: `{prefix}` {prefix_why}");
+            assert!(all.contains(&sep), "missing {sep:?} in:\n{all}");
+            assert!(all.contains(&pre), "missing {pre:?} in:\n{all}");
+            assert_eq!(err.0.len(), 2, "{all}");
+        }
+        let all = Config::parse(&with("", "")).unwrap_err().0.join("\n");
+        assert!(all.contains("naming.separator: must not be empty"), "{all}");
+        assert!(
+            all.contains("routers[0] (a).prefix: must not be empty when set"),
+            "{all}"
+        );
     }
 
     #[test]
