@@ -787,9 +787,58 @@ fn notifications_cancelled_stops_the_call_in_the_guest() {
     let v = r.json();
     assert_eq!(v["id"], "slow");
     assert_eq!(v["error"]["code"], -32800, "{v}");
+    // Counted as the client was answered: cancelled (it read
+    // invalid_request, the run's own frame).
+    let calls = |outcome: &str| {
+        let o = format!("outcome=\"{outcome}\"");
+        b.metric_where(
+            "mcp_requests_total",
+            &["edge=\"http\"", "kind=\"call_tool\"", &o],
+        )
+    };
+    assert_eq!((calls("cancelled"), calls("invalid_request")), (1.0, 0.0));
     // The session goes on.
     let v = c.call(&s, 2, "ping", "{}");
     assert_eq!(v["result"], json!({}));
+}
+
+/// A client that resets its connection mid-call leaves no id in flight:
+/// the id was taken for the session's life, and each one leaked memory.
+#[test]
+fn a_call_whose_client_went_away_leaves_its_id_free() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let call = r#"{"jsonrpc":"2.0","id":"gone","method":"tools/call","params":{"name":"sleep","arguments":{"ms":1500}}}"#;
+    let mut gone = std::net::TcpStream::connect(b.http).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMcp-Session-Id: {s}\r\n\
+         MCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n",
+        call.len()
+    );
+    std::io::Write::write_all(&mut gone, format!("{head}{call}").as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // A reset, not a close: SO_LINGER 0.
+    socket2::SockRef::from(&gone)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(gone);
+    // The id is free again once the broker has seen the reset (well before
+    // the abandoned sleep would have ended).
+    let t0 = Instant::now();
+    let quick = r#"{"jsonrpc":"2.0","id":"gone","method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            c.post(Some(&s), quick).json()["result"].is_object()
+        }),
+        "the id stayed in flight"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        t0.elapsed()
+    );
 }
 
 #[test]
@@ -817,6 +866,15 @@ fn an_elicitation_without_the_client_capability_is_refused_clearly() {
             .contains("elicitation"),
         "{last}"
     );
+    // Counted with the refusal the client got, not the router's question.
+    let calls = |outcome: &str| {
+        let o = format!("outcome=\"{outcome}\"");
+        b.metric_where(
+            "mcp_requests_total",
+            &["edge=\"http\"", "kind=\"call_tool\"", &o],
+        )
+    };
+    assert_eq!((calls("invalid_request"), calls("ok")), (1.0, 0.0));
 }
 
 #[test]
@@ -831,6 +889,14 @@ fn sessions_are_capped_and_idle_ones_expire() {
     );
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.header("retry-after").is_some());
+    let inits = |outcome: &str| {
+        let o = format!("outcome=\"{outcome}\"");
+        b.metric_where(
+            "mcp_requests_total",
+            &["edge=\"http\"", "kind=\"initialize\"", &o],
+        )
+    };
+    assert_eq!((inits("ok"), inits("overloaded")), (2.0, 1.0));
     // Polled less often than the timeout: each request keeps it alive.
     assert!(eventually(Duration::from_secs(10), || {
         std::thread::sleep(Duration::from_millis(600));
@@ -967,6 +1033,73 @@ fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
     let (fin, _) = final_message(&mut stream);
     assert_eq!(fin["id"], 5, "{fin}");
     assert!(fin["result"].to_string().contains("accept"), "{fin}");
+}
+
+/// A call that asks the client twice runs its tool three times, and is one
+/// request: counted once, with the answer that ended it (each round was
+/// counted, and an answer the edge wrote itself never was).
+#[test]
+fn a_call_that_asks_the_client_counts_once_with_its_final_answer() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let calls = |outcome: &str| {
+        let o = format!("outcome=\"{outcome}\"");
+        b.metric_where(
+            "mcp_requests_total",
+            &["edge=\"http\"", "kind=\"call_tool\"", &o],
+        )
+    };
+    let body = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"test_input_required_result_multi_round","arguments":{}}}"#;
+    let mut stream = open_stream(&b, &s, body);
+    for answer in [json!({"name": "Ada"}), json!({"color": "blue"})] {
+        let ask = next_ask(&mut stream, "elicitation/create");
+        let reply =
+            json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":answer}});
+        assert_eq!(c.post(Some(&s), &reply.to_string()).status, 202);
+    }
+    let (fin, _) = final_message(&mut stream);
+    assert!(fin["result"].is_object(), "{fin}");
+    assert_eq!(calls("ok"), 1.0);
+    // Ended by the edge, on the client's refusal to answer: counted once,
+    // as that answer.
+    let mut stream = open_stream(&b, &s, &body.replace(":9,", ":10,"));
+    let ask = next_ask(&mut stream, "elicitation/create");
+    let refusal = json!({"jsonrpc":"2.0","id":ask["id"],"error":{"code":-1,"message":"no"}});
+    assert_eq!(c.post(Some(&s), &refusal.to_string()).status, 202);
+    let (fin, _) = final_message(&mut stream);
+    let code = fin["error"]["code"].as_i64().expect("an error");
+    assert_eq!(calls("ok"), 1.0, "{fin}");
+    let all = b.metric_where(
+        "mcp_requests_total",
+        &["edge=\"http\"", "kind=\"call_tool\""],
+    );
+    assert_eq!(all, 2.0, "{fin}: code {code}");
+}
+
+/// A call waiting for the client's answer when the drain deadline passes
+/// gets its final answer, -32004, before the broker exits: its stream once
+/// closed with none.
+#[test]
+fn a_question_unanswered_at_the_drain_deadline_ends_its_request() {
+    let toml = format!(
+        "[broker]\ndrain_grace = \"0s\"\ndrain_timeout = \"500ms\"\n\n{}",
+        include_str!("fixtures/conformance.toml")
+    );
+    let mut b = Broker::start_with_config(&toml, &[]);
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
+    );
+    next_ask(&mut stream, "elicitation/create");
+    let status = b.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let (fin, _) = final_message(&mut stream);
+    assert_eq!(fin["id"], 11, "{fin}");
+    stream_error(&fin, -32004, "drain deadline");
 }
 
 /// A router's state (`mcp-broker/state` on its question) comes back with

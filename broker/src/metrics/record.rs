@@ -29,7 +29,7 @@ use mcp_schema::{RequestKind, RouteKey};
 
 use super::hist::bump;
 use super::peek;
-use super::series::{BROKER, BROKER_NONE, BROKER_OTHER, Edge, kind_index};
+use super::series::{BROKER, BROKER_NONE, BROKER_OTHER, Edge, Outcome, kind_index};
 use crate::dispatch::ShardCtx;
 use crate::wasm::PoolStats;
 
@@ -92,6 +92,24 @@ pub fn request(
     started: Instant,
     frames: &[u8],
 ) -> Instant {
+    if !ctx.shared.stats[ctx.index].layout.recording {
+        return started;
+    }
+    let outcome = peek::outcome(frames);
+    request_as(ctx, edge, req, arrived, queued, started, outcome)
+}
+
+/// [`request`] with the outcome given: for an edge that answered the client
+/// otherwise than the frames it ran (the HTTP edge's rewrites).
+pub fn request_as(
+    ctx: &ShardCtx,
+    edge: Edge,
+    req: &VerifiedRequest,
+    arrived: Instant,
+    queued: Instant,
+    started: Instant,
+    outcome: Outcome,
+) -> Instant {
     let stats = &ctx.shared.stats[ctx.index];
     let layout = &*stats.layout;
     if !layout.recording {
@@ -134,7 +152,6 @@ pub fn request(
         }
         _ => (BROKER, BROKER_NONE),
     };
-    let outcome = peek::outcome(frames);
     let s = &stats.series;
     bump(
         &s.requests[layout.request_slot(edge, router, kind_index(kind), outcome)],

@@ -60,12 +60,15 @@ pub enum Outcome {
     ShuttingDown,
     ExecutionError,
     UpstreamUnavailable,
+    /// The client cancelled the request, and was answered so (MCP's
+    /// -32800, `edge::http::REQUEST_CANCELLED`).
+    Cancelled,
     /// An error code the broker does not define (or an unreadable frame).
     OtherError,
 }
 
 impl Outcome {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
     pub const ALL: [Outcome; Outcome::COUNT] = [
         Outcome::Ok,
         Outcome::ParseError,
@@ -80,6 +83,7 @@ impl Outcome {
         Outcome::ShuttingDown,
         Outcome::ExecutionError,
         Outcome::UpstreamUnavailable,
+        Outcome::Cancelled,
         Outcome::OtherError,
     ];
 
@@ -98,11 +102,15 @@ impl Outcome {
             Outcome::ShuttingDown => "shutting_down",
             Outcome::ExecutionError => "execution_error",
             Outcome::UpstreamUnavailable => "upstream_unavailable",
+            Outcome::Cancelled => "cancelled",
             Outcome::OtherError => "other_error",
         }
     }
 
     pub fn from_code(code: i32) -> Outcome {
+        if code == -32800 {
+            return Outcome::Cancelled;
+        }
         match ErrorCode::from_code(code) {
             Some(ErrorCode::ParseError) => Outcome::ParseError,
             Some(ErrorCode::InvalidRequest) => Outcome::InvalidRequest,

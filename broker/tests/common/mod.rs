@@ -309,6 +309,24 @@ impl Broker {
             .sum()
     }
 
+    /// The sum of the samples of `name` whose labels include every one of
+    /// `labels` (each written `key="value"`).
+    pub fn metric_where(&self, name: &str, labels: &[&str]) -> f64 {
+        let (status, body) = self.http_get("/metrics");
+        assert_eq!(status, 200);
+        body.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+                let (set, value) = rest.split_once("} ")?;
+                let wanted = labels.iter().all(|want| {
+                    set.split(',')
+                        .any(|pair| pair.trim_start_matches('{') == *want)
+                });
+                wanted.then(|| value.parse::<f64>().ok()).flatten()
+            })
+            .sum()
+    }
+
     pub fn http_get(&self, path: &str) -> (u16, String) {
         let mut s = TcpStream::connect(self.metrics).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

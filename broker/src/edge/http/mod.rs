@@ -53,7 +53,7 @@ use serde_json::value::RawValue;
 
 use self::jsonrpc::{Body as RpcBody, FrameKind, Id, Message, Method, RpcError};
 use self::request_state::Asked;
-use self::session::{Cancel, Session, StreamId};
+use self::session::{CallInFlight, Cancel, Session, StreamId};
 use crate::auth::Principal;
 use crate::config::HttpSection;
 use crate::dispatch::{LiveOut, ShardCtx};
@@ -577,9 +577,70 @@ struct Called {
     /// never changed after, which is what [`Called::answer`] relies on.
     frames: Vec<u8>,
     arrived: Instant,
+    /// The request's record, written when its last handle goes (`None`:
+    /// the frame was no request, an empty name the JSON allowed).
+    record: Option<Record>,
+}
+
+/// One request's record in the request metrics (`metrics::record`),
+/// written when its last handle goes: by then the answer the client got is
+/// known. The edge answers some requests otherwise than the frames their
+/// run wrote (an `initialize` whose session cannot be made, a call the
+/// client cancelled, a question the client cannot take), and a session-era
+/// call that asks the client runs its tool once a round: the rounds share
+/// the first round's record, so that the request counts once, with the
+/// answer that ended it.
+#[derive(Clone)]
+struct Record(Rc<Recorded>);
+
+struct Recorded {
+    ctx: Rc<ShardCtx>,
+    req: VerifiedRequest,
+    arrived: Instant,
+    started: Instant,
+    outcome: Cell<metrics::Outcome>,
+}
+
+impl Record {
+    /// The client was answered with the error `code`, whatever the run's
+    /// frames said. The 2026-07-28 transport refusals are the client's
+    /// request (`invalid_request`), not an error of the broker's.
+    fn answered(&self, code: i32) {
+        let outcome = match code {
+            modern::HEADER_MISMATCH | modern::MISSING_CAPABILITY | modern::UNSUPPORTED_VERSION => {
+                metrics::Outcome::InvalidRequest
+            }
+            code => metrics::Outcome::from_code(code),
+        };
+        self.0.outcome.set(outcome);
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        // Nothing queues it: the wait is zero (`queued` = `started`).
+        let (edge, started) = (metrics::Edge::Http, self.started);
+        let outcome = self.outcome.get();
+        metrics::record::request_as(
+            &self.ctx,
+            edge,
+            &self.req,
+            self.arrived,
+            started,
+            started,
+            outcome,
+        );
+    }
 }
 
 impl Called {
+    /// The client was answered with the error `code` ([`Record::answered`]).
+    fn answered(&self, code: i32) {
+        if let Some(r) = &self.record {
+            r.answered(code);
+        }
+    }
+
     /// The call's last frame, which ends it (its answer), and that frame
     /// read without the verifier: the edge's own answer, built by the
     /// encoder (`verify::built_response`; debug builds still verify it).
@@ -954,7 +1015,11 @@ impl HttpEdge {
                         info.client_sampling,
                         info.client_roots,
                     );
-                    (version, caps, self.run(frame, arrived, None, None).await)
+                    (
+                        version,
+                        caps,
+                        self.run(frame, arrived, None, None, None).await,
+                    )
                 }
             }
         };
@@ -979,6 +1044,7 @@ impl HttpEdge {
             {
                 Ok(s) => s,
                 Err(e @ session::SessionError::Full(_)) => {
+                    called.answered(ErrorCode::Overloaded.code());
                     let mut r = refuse(
                         StatusCode::SERVICE_UNAVAILABLE,
                         ErrorCode::Overloaded.code(),
@@ -989,6 +1055,7 @@ impl HttpEdge {
                     return r;
                 }
                 Err(e) => {
+                    called.answered(ErrorCode::Internal.code());
                     return refuse(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         ErrorCode::Internal.code(),
@@ -1027,12 +1094,17 @@ impl HttpEdge {
     /// `frame` is always a copy of what `self.enc` (a `RequestEncoder`)
     /// returned for the request this edge parsed: every caller (here and
     /// in `modern.rs`) builds it so, and nothing else reaches this.
+    /// `first`: the record of the request's first round, when this run is
+    /// a later round of it (the tool called again with the client's
+    /// answer); it then takes this run's outcome, and no record of its own
+    /// is made.
     async fn run(
         &self,
         frame: Bytes,
         arrived: Instant,
         cancel: Option<&Cancel>,
         live: Option<&dyn LiveOut>,
+        first: Option<&Record>,
     ) -> Called {
         let started = Instant::now();
         let mut out = Vec::new();
@@ -1041,7 +1113,7 @@ impl HttpEdge {
             Ok(r) => r,
             Err(e) => {
                 // An empty name the JSON allowed, answered as the frame edge
-                // answers one.
+                // answers one. Not a request: it is in no request metric.
                 let to = mcp_schema::encode::ReplyTo {
                     correlation: mcp_schema::encode::Correlation::Text(""),
                     session_id: None,
@@ -1055,6 +1127,7 @@ impl HttpEdge {
                 return Called {
                     frames: out,
                     arrived,
+                    record: None,
                 };
             }
         };
@@ -1102,12 +1175,28 @@ impl HttpEdge {
             let to = req.view().reply_to();
             out.extend_from_slice(self.ctx.enc.borrow_mut().error(&to, code, message, None));
         }
-        // Nothing queues it: the wait is zero (`queued` = `started`).
-        let edge = metrics::Edge::Http;
-        metrics::record::request(&self.ctx, edge, &req, arrived, started, started, &out);
+        let outcome = match cut {
+            Some(Cut::Cancelled) => metrics::Outcome::Cancelled,
+            _ if stats.layout.recording => metrics::peek::outcome(&out),
+            _ => metrics::Outcome::Ok,
+        };
+        let record = match first {
+            Some(first) => {
+                first.0.outcome.set(outcome);
+                first.clone()
+            }
+            None => Record(Rc::new(Recorded {
+                ctx: self.ctx.clone(),
+                req,
+                arrived,
+                started,
+                outcome: Cell::new(outcome),
+            })),
+        };
         Called {
             frames: out,
             arrived,
+            record: Some(record),
         }
     }
 
@@ -1231,6 +1320,8 @@ impl HttpEdge {
                     With {
                         extra: &[],
                         live: Some(&live),
+                        first: None,
+                        call: None,
                     },
                 )
                 .await;
@@ -1256,7 +1347,12 @@ impl HttpEdge {
         arrived: Instant,
         with: With<'_>,
     ) -> Answer {
-        let With { extra, live } = with;
+        let With {
+            extra,
+            live,
+            first,
+            call,
+        } = with;
         let mut out = Vec::with_capacity(256);
         let Some(m) = Method::from_name(method) else {
             jsonrpc::write_error(
@@ -1287,6 +1383,11 @@ impl HttpEdge {
         let (frame, info) = match built {
             Ok(b) => b,
             Err(e) => {
+                // A later round whose repeated call cannot be built ends
+                // its request with this answer.
+                if let Some(first) = first {
+                    first.answered(e.code);
+                }
                 jsonrpc::write_error(&mut out, Some(id), e.code, &e.message, e.data.as_deref());
                 return Answer::Json(out);
             }
@@ -1295,8 +1396,11 @@ impl HttpEdge {
         // own answers (ping, listings, log level) are done before any
         // notification could arrive, and need no registration (a lock and
         // an id copy) on their path.
+        // A later round runs under its request's registration, which the
+        // stream holds from the first round to the final answer, so that
+        // a cancel between rounds is heard too.
         let id_text = id.0.get();
-        let cancel = if routed(m) {
+        let own = if routed(m) && call.is_none() {
             let Some(c) = session.start_call(id_text) else {
                 jsonrpc::write_error(
                     &mut out,
@@ -1311,19 +1415,20 @@ impl HttpEdge {
         } else {
             None
         };
-        let called = self.run(frame, arrived, cancel.as_deref(), live).await;
-        if let Some(c) = &cancel {
-            session.end_call(id_text);
-            if c.is_cancelled() {
-                jsonrpc::write_error(
-                    &mut out,
-                    Some(id),
-                    REQUEST_CANCELLED,
-                    "request cancelled by the client",
-                    None,
-                );
-                return Answer::Json(out);
-            }
+        let cancel = call.or(own.as_ref()).map(CallInFlight::cancel);
+        let called = self.run(frame, arrived, cancel, live, first).await;
+        if cancel.is_some_and(Cancel::is_cancelled) {
+            // Also when the call had finished: the client is told -32800,
+            // and counted so.
+            called.answered(REQUEST_CANCELLED);
+            jsonrpc::write_error(
+                &mut out,
+                Some(id),
+                REQUEST_CANCELLED,
+                "request cancelled by the client",
+                None,
+            );
+            return Answer::Json(out);
         }
         let progress_token = info.progress_token;
         if let Some(level) = info.log_level {
@@ -1341,6 +1446,7 @@ impl HttpEdge {
                 .sessions()
                 .set_subscription(session, uri, m == Method::Subscribe)
         {
+            called.answered(ErrorCode::InvalidParams.code());
             jsonrpc::write_error(
                 &mut out,
                 Some(id),
@@ -1393,6 +1499,8 @@ impl HttpEdge {
             uri: info.uri.map(Cow::into_owned),
             frames: called.frames,
             arrived: called.arrived,
+            record: called.record,
+            call: own,
         })
     }
 
@@ -1466,7 +1574,7 @@ impl HttpEdge {
                 // still in flight for the client: its notifications/cancelled
                 // ends it here (-32800), rather than go unheard and let the
                 // tool run again when a late answer comes.
-                let cancel = session.start_call(&c.id);
+                let cancel = c.call.as_ref().map(CallInFlight::cancel);
                 let asked = async {
                     match asking {
                         Asking::One(ask) => self.ask_client(&session, stream, ask, rounds).await,
@@ -1476,7 +1584,7 @@ impl HttpEdge {
                         }
                     }
                 };
-                let answer = match &cancel {
+                let answer = match cancel {
                     None => asked.await,
                     Some(cancel) => monoio::select! {
                         a = asked => a,
@@ -1486,9 +1594,6 @@ impl HttpEdge {
                         )),
                     },
                 };
-                if cancel.is_some() {
-                    session.end_call(&c.id);
-                }
                 match answer {
                     Ok(answer) => {
                         let params = c
@@ -1510,6 +1615,8 @@ impl HttpEdge {
                                         None => vec![(arg, answer.as_str())],
                                     },
                                     live: None,
+                                    first: c.record.as_ref(),
+                                    call: c.call.as_ref(),
                                 },
                             )
                             .await;
@@ -1521,6 +1628,7 @@ impl HttpEdge {
                             Answer::Stream(next) => {
                                 c = Continuation {
                                     progress_token: c.progress_token.take(),
+                                    call: c.call.take(),
                                     ..next
                                 };
                                 continue;
@@ -1528,6 +1636,9 @@ impl HttpEdge {
                         }
                     }
                     Err((code, msg)) => {
+                        if let Some(r) = &c.record {
+                            r.answered(code);
+                        }
                         jsonrpc::write_error(&mut buf, Some(&id), code, &msg, None);
                         session.emit(stream, Some(&buf));
                         break;
@@ -1588,20 +1699,31 @@ impl HttpEdge {
             }
         }
         session.emit(stream, Some(&buf));
-        let answer = monoio::time::timeout(self.cfg.client_answer_timeout, rx).await;
+        // The drain's deadline ends the wait as it ends a running call: the
+        // request still gets its final answer before the shard closes.
+        let answer = monoio::select! {
+            a = monoio::time::timeout(self.cfg.client_answer_timeout, rx) => Some(a),
+            _ = self.drain_expired.wait() => None,
+        };
         session.forget_ask(&ask_id);
         let message = match answer {
-            Ok(Ok(m)) => m,
-            Ok(Err(_)) => {
+            Some(Ok(Ok(m))) => m,
+            Some(Ok(Err(_))) => {
                 return Err((
                     ErrorCode::ShuttingDown.code(),
                     "the session ended while waiting for the client's answer".into(),
                 ));
             }
-            Err(_) => {
+            Some(Err(_)) => {
                 return Err((
                     ErrorCode::DeadlineExceeded.code(),
                     "the client did not answer within http.client_answer_timeout".into(),
+                ));
+            }
+            None => {
+                return Err((
+                    ErrorCode::ShuttingDown.code(),
+                    "drain deadline passed while waiting for the client's answer".into(),
                 ));
             }
         };
@@ -1913,6 +2035,7 @@ impl NoSession {
 }
 
 /// Why a call's handler was dropped before it answered.
+#[derive(Clone, Copy)]
 enum Cut {
     Cancelled,
     DrainExpired,
@@ -1989,6 +2112,12 @@ struct Continuation {
     uri: Option<String>,
     frames: Vec<u8>,
     arrived: Instant,
+    /// The request's record: the stream's rounds share it, and it is
+    /// written when the stream has sent the final answer.
+    record: Option<Record>,
+    /// Its id in flight in the session (a routed call's), until the final
+    /// answer: a cancel is heard between rounds too.
+    call: Option<CallInFlight>,
 }
 
 impl Continuation {
@@ -2010,6 +2139,11 @@ struct With<'a> {
     extra: &'a [(&'a str, &'a str)],
     /// Where its notifications go while it runs.
     live: Option<&'a dyn LiveOut>,
+    /// The record of the request's first round, for a later round
+    /// ([`HttpEdge::run`]).
+    first: Option<&'a Record>,
+    /// A later round's registration in flight, held by its stream.
+    call: Option<&'a CallInFlight>,
 }
 
 /// A running call's progress and log frames, sent on its SSE stream as

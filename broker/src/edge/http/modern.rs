@@ -1298,7 +1298,7 @@ impl HttpEdge {
                 d.client_version.as_deref().unwrap_or(""),
             ))
         };
-        let called = self.run(frame, arrived, None, None).await;
+        let called = self.run(frame, arrived, None, None, None).await;
         let mut out = Vec::with_capacity(384);
         match frames(&called.frames).last() {
             // list_changed is delivered on `subscriptions/listen` (the
@@ -1478,7 +1478,7 @@ impl HttpEdge {
         if reports_live && (info.progress_token.is_some() || wants.log_level.is_some()) {
             return self.modern_live(id, frame, &info, wants, arrived, subject);
         }
-        let called = self.run(frame, arrived, None, None).await;
+        let called = self.run(frame, arrived, None, None, None).await;
         let mut events = Vec::new();
         let mut out = Vec::with_capacity(256);
         let seal = Seal {
@@ -1486,6 +1486,7 @@ impl HttpEdge {
             subject,
         };
         if let Err(r) = conclude(&mut events, &mut out, id, &info, &wants, &called, &seal) {
+            called.answered(r.code);
             return refusal_response(Some(id), r);
         }
         if events.is_empty() {
@@ -1524,9 +1525,13 @@ impl HttpEdge {
                 progress_token: token,
                 log_level: wants.log_level,
             };
-            let called = edge.run(frame, arrived, Some(&cancel), Some(&live)).await;
+            let called = edge
+                .run(frame, arrived, Some(&cancel), Some(&live), None)
+                .await;
             if cancel.is_cancelled() {
-                // The stream is gone: there is no one to answer.
+                // The stream is gone: there is no one to answer. Closing
+                // it cancelled the call, and it counts so.
+                called.answered(super::REQUEST_CANCELLED);
                 return;
             }
             let mut info = jsonrpc::RequestInfo::new(method);
@@ -1541,6 +1546,7 @@ impl HttpEdge {
             };
             if let Err(r) = conclude(&mut events, &mut out, &id, &info, &wants, &called, &seal) {
                 // The status line is sent: the refusal is the answer.
+                called.answered(r.code);
                 out.clear();
                 jsonrpc::write_error(&mut out, Some(&id), r.code, &r.message, r.data.as_deref());
             }

@@ -193,18 +193,19 @@ impl Session {
 
     /// Registers request `id` as cancellable; `None` when a request with the
     /// same id is already in flight in this session (ids must be unique).
-    pub fn start_call(&self, id: &str) -> Option<Arc<Cancel>> {
+    /// The id stays registered until the returned guard drops.
+    pub fn start_call(self: &Arc<Self>, id: &str) -> Option<CallInFlight> {
         let mut st = lock(&self.state);
         if st.calls.contains_key(id) {
             return None;
         }
-        let c = Arc::new(Cancel::default());
-        st.calls.insert(id.to_string(), c.clone());
-        Some(c)
-    }
-
-    pub fn end_call(&self, id: &str) {
-        lock(&self.state).calls.remove(id);
+        let cancel = Arc::new(Cancel::default());
+        st.calls.insert(id.to_string(), cancel.clone());
+        Some(CallInFlight {
+            session: self.clone(),
+            id: id.to_string(),
+            cancel,
+        })
     }
 
     /// `notifications/cancelled` for `id`: `true` if it was in flight.
@@ -423,6 +424,35 @@ impl Drop for Busy {
     fn drop(&mut self) {
         self.0.touch();
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A request id in flight in its session ([`Session::start_call`]),
+/// released when this drops: when the request was answered, after its
+/// last round trip to the client, or when its client went away and its
+/// future was dropped (which left the id taken for the session's life).
+pub struct CallInFlight {
+    session: Arc<Session>,
+    id: String,
+    cancel: Arc<Cancel>,
+}
+
+impl CallInFlight {
+    pub fn cancel(&self) -> &Cancel {
+        &self.cancel
+    }
+}
+
+impl Drop for CallInFlight {
+    fn drop(&mut self) {
+        let mut st = lock(&self.session.state);
+        if st
+            .calls
+            .get(&self.id)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.cancel))
+        {
+            st.calls.remove(&self.id);
+        }
     }
 }
 
@@ -838,9 +868,11 @@ mod tests {
         let c = a.start_call("7").unwrap();
         assert!(a.start_call("7").is_none(), "duplicate ids are refused");
         assert!(a.cancel_call("7"));
-        assert!(c.is_cancelled());
-        a.end_call("7");
+        assert!(c.cancel().is_cancelled());
+        // Released with its guard, however the request ended.
+        drop(c);
         assert!(!a.cancel_call("7"));
+        assert!(a.start_call("7").is_some());
         let (id, mut rx) = a.ask();
         assert!(a.answer(&id, Bytes::from_static(b"{}")));
         assert_eq!(rx.try_recv().unwrap().unwrap(), Bytes::from_static(b"{}"));
