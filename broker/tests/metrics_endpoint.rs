@@ -173,13 +173,16 @@ fn epoch_ticks_that_find_a_guest_computing_are_counted_by_router() {
     assert_eq!(ticks(&scrape(&b), "chaos"), 0.0);
     // chaos's `sleep` waits in a host call (WASI clocks): the epoch moves
     // while it waits, and the deadline it finds passed as it resumes is no
-    // computing (it counted about a tick a call).
-    for _ in 0..10 {
-        let r = c.call("sleep", &[("ms", "20")], None);
+    // computing. That counted at least a tick a call; now only a tick the
+    // shard spends inside the resumed poll counts, which on a quiet
+    // machine is none (0 in 10 calls), and under load (three busy loops on
+    // two CPUs: 4 and 8 in 10) what the kernel takes from the poll.
+    for _ in 0..20 {
+        let r = c.call("sleep", &[("ms", "10")], None);
         assert!(tool_text(&r).starts_with("slept"), "{}", tool_text(&r));
     }
     let slept = ticks(&scrape(&b), "chaos");
-    assert!(slept <= 2.0, "10 sleeps: {slept} ticks");
+    assert!(slept < 20.0, "20 sleeps: {slept} ticks");
     let r = c.call("spin", &[("ms", "20")], None);
     assert!(tool_text(&r).starts_with("spun"), "{}", tool_text(&r));
     for _ in 0..10 {
