@@ -716,7 +716,11 @@ async fn inbox_loop(shard: Rc<Shard>) {
                     let live = live.map(SentLive);
                     let started = Instant::now();
                     let stats = shard.stats();
-                    ShardStats::add(&stats.in_flight, 1);
+                    // A frame connection's request counts in flight on its
+                    // connection's shard, which counted it before the hand-off.
+                    if !forwarded {
+                        ShardStats::add(&stats.in_flight, 1);
+                    }
                     let mut args = Vec::new();
                     let mut out = Vec::new();
                     // A panic in the handler fails this request, not the
@@ -787,7 +791,9 @@ async fn inbox_loop(shard: Rc<Shard>) {
                             );
                         }
                     }
-                    ShardStats::sub(&stats.in_flight, 1);
+                    if !forwarded {
+                        ShardStats::sub(&stats.in_flight, 1);
+                    }
                     if answered {
                         let _ = reply.send(out);
                     }

@@ -279,3 +279,31 @@ async fn a_grpc_sessions_concurrent_calls_and_its_frame_calls_share_one_instance
         assert_eq!(listed, want.join("\n"), "session {s}");
     }
 }
+
+/// A frame request handed to its session's owner shard is in flight once:
+/// on its connection's shard (both shards counted it: 8 calls read 12).
+#[test]
+fn a_handed_off_frame_call_is_in_flight_once() {
+    let cfg = "[broker]\nshards = 2\n\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\naffinity = \"session\"\n";
+    let b = common::Broker::start_with_config(cfg, &[]);
+    assert_eq!(b.shards, 2);
+    // Eight sessions, each on a connection of its own: the kernel spreads
+    // the connections and the ids' hash the owners, so some calls cross.
+    let mut conns: Vec<Client> = (0..8).map(|_| Client::connect(b.frames)).collect();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let session: &'static str = Box::leak(format!("inflight-{i}").into_boxed_str());
+        let (_, f) = c.tool_call_frame("sleep", &[("ms", "1500")], Some(session));
+        c.send_raw(&f);
+    }
+    let in_flight = || b.metric_sum("mcp_in_flight_requests");
+    assert!(
+        common::http::eventually(std::time::Duration::from_secs(5), || in_flight() >= 8.0),
+        "{} in flight",
+        in_flight()
+    );
+    assert_eq!(in_flight(), 8.0);
+    for c in &mut conns {
+        assert!(tool_text(&c.read_final()).starts_with("slept"));
+    }
+    assert_eq!(in_flight(), 0.0);
+}

@@ -159,6 +159,9 @@ struct Slot<F> {
     /// before its first poll: the future owns the `Job`, and a request that
     /// waits must still be answerable if the drain deadline cancels it.
     req: Option<VerifiedRequest>,
+    /// When the request in the slot arrived and began: the drain
+    /// deadline's answer ([`expire`]) is recorded with them.
+    times: (Instant, Instant),
 }
 
 impl<F: Future<Output = Job>> Slot<F> {
@@ -171,6 +174,7 @@ impl<F: Future<Output = Job>> Slot<F> {
             args: Vec::with_capacity(1024),
             out: Vec::with_capacity(1024),
             req: None,
+            times: (Instant::now(), Instant::now()),
         }
     }
 
@@ -666,7 +670,7 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
         // listings change.
         conn.listening.set(true);
         let me: Weak<dyn LiveOut> = Rc::downgrade(conn) as Weak<Conn<F>>;
-        shard.list_listeners.borrow_mut().push(me);
+        push_pruned(&mut shard.list_listeners.borrow_mut(), me);
     }
     conn.pending.set(conn.pending.get() + 1);
     ShardStats::add(&stats.in_flight, 1);
@@ -674,6 +678,7 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
     // Kept (a reference count, not a copy) to answer the request should the
     // drain deadline cancel its future while it waits, or its handler panic.
     slot.req = Some(req.clone());
+    slot.times = (arrived, started);
     let job = Job {
         req,
         arrived,
@@ -896,6 +901,18 @@ fn release<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
     conn.capacity.notify();
 }
 
+/// Adds `me` to a shard's list-change listeners. Closed connections leave
+/// their entry until a list change prunes it, and each entry holds its
+/// connection's allocation: the dead are pruned before the list grows, so
+/// that it stays within twice the most listeners open at once (it grew by
+/// one entry, ~0.6 KiB, per connection ever made).
+fn push_pruned<T: ?Sized>(listeners: &mut Vec<Weak<T>>, me: Weak<T>) {
+    if listeners.len() == listeners.capacity() {
+        listeners.retain(|l| l.strong_count() > 0);
+    }
+    listeners.push(me);
+}
+
 /// Answers a request whose handler panicked with an internal error; the
 /// shard and the connection go on serving.
 fn fail_panicked<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>, panic: &Panicked) {
@@ -984,13 +1001,22 @@ fn expire<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
     drop_future(&mut slot.fut);
     if let Some(req) = slot.req.take() {
         let to = req.view().reply_to();
-        let mut enc = shard.ctx.enc.borrow_mut();
-        conn.push_out(enc.error(
-            &to,
-            mcp_schema::ErrorCode::ShuttingDown,
-            "drain deadline passed before the call finished",
-            None,
-        ));
+        let answer = shard
+            .ctx
+            .enc
+            .borrow_mut()
+            .error(
+                &to,
+                mcp_schema::ErrorCode::ShuttingDown,
+                "drain deadline passed before the call finished",
+                None,
+            )
+            .to_vec();
+        // Counted as the HTTP and gRPC edges' drain answers are.
+        let (arrived, started) = slot.times;
+        let edge = metrics::Edge::Frames;
+        metrics::record::request(&shard.ctx, edge, &req, arrived, arrived, started, &answer);
+        conn.push_out(&answer);
     }
     // The slot is not reused: the connection is closing.
     conn.pending.set(conn.pending.get() - 1);
@@ -1080,4 +1106,26 @@ async fn write_loop<F>(
         conn.capacity.notify();
     }
     let _ = wr.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_listeners_are_pruned_before_the_list_grows() {
+        let mut listeners: Vec<Weak<u32>> = Vec::new();
+        let open: Vec<Rc<u32>> = (0..3).map(Rc::new).collect();
+        for o in &open {
+            push_pruned(&mut listeners, Rc::downgrade(o));
+        }
+        // 10,000 connections that come and go beside the three open ones.
+        for i in 0..10_000 {
+            let gone = Rc::new(i);
+            push_pruned(&mut listeners, Rc::downgrade(&gone));
+        }
+        assert!(listeners.capacity() <= 16, "{}", listeners.capacity());
+        let live = listeners.iter().filter(|l| l.strong_count() > 0).count();
+        assert_eq!(live, 3);
+    }
 }
