@@ -755,6 +755,11 @@ fn ascii_origin(value: &str) -> Result<String, String> {
 
 const NO_ROUTERS: &str = "routers: at least one [[routers]] entry is needed";
 
+/// How an error in the `[tls]` files begins (after the file's path, in
+/// `Config::load`): a reload refused for one counts as a failed certificate
+/// reload (`control.rs`).
+pub const TLS_FILE_ERROR: &str = "tls: ";
+
 /// Whether two listen addresses would take the same connections: the same
 /// port (not 0, which the kernel picks apart) on the same address, or on
 /// one side the unspecified address, which takes every local one. An
@@ -1038,7 +1043,7 @@ impl Config {
             // The files are read here, so that a bad certificate or key is
             // a start-up error (and a refused reload) naming the file.
             if let Err(e) = crate::tls::ServerConfigs::load(t) {
-                errors.extend(e.into_iter().map(|e| format!("tls: {e}")));
+                errors.extend(e.into_iter().map(|e| format!("{TLS_FILE_ERROR}{e}")));
             }
         }
         let f = &self.frames;

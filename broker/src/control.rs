@@ -329,7 +329,22 @@ impl Control {
     fn reload(&mut self) -> ReloadOutcome {
         let config = match Config::load(self.source.path.as_deref(), &self.source.overrides) {
             Ok(c) => c,
-            Err(e) => return self.refused(e.0),
+            Err(e) => {
+                // The configuration's checks read the certificate files: files
+                // that cannot be used refuse the reload there, and count as a
+                // failed certificate reload, as the file watcher's do (or
+                // `McpTlsReloadFailed` never fired on SIGHUP's path).
+                let tls_files = |m: &String| {
+                    m.starts_with(crate::config::TLS_FILE_ERROR)
+                        || m.contains(&format!(": {}", crate::config::TLS_FILE_ERROR))
+                };
+                if let Some(t) = &self.shared.tls
+                    && e.0.iter().any(tls_files)
+                {
+                    t.reload_failed();
+                }
+                return self.refused(e.0);
+            }
         };
         // Every error is reported: the sections that need a restart, the
         // listeners that cannot be bound, and each router that does not
@@ -362,7 +377,10 @@ impl Control {
                     if let Some(t) = &self.shared.tls {
                         t.reload_failed();
                     }
-                    errors.extend(e.into_iter().map(|e| format!("tls: {e}")));
+                    errors.extend(
+                        e.into_iter()
+                            .map(|e| format!("{}{e}", crate::config::TLS_FILE_ERROR)),
+                    );
                     None
                 }
             },

@@ -881,3 +881,23 @@ fn a_bad_certificate_or_key_file_is_a_start_up_error_naming_it() {
         );
     }
 }
+
+/// A reload refused for its certificate files (here a key of another
+/// pair) counts as a failed certificate reload, as the file watcher's
+/// failures do: the configuration's own checks refused it first, and
+/// `McpTlsReloadFailed` never fired on SIGHUP's or the admin's path.
+#[test]
+fn a_reload_refused_for_its_certificate_files_counts_as_failed() {
+    let dir = Dir::new("reload-failed");
+    let (live, other) = (dir.path("live"), dir.path("other"));
+    dev_certs(&live);
+    dev_certs(&other);
+    // No watcher: only the reload reads the files.
+    let b = Broker::start_with_config(&tls_toml(&live, "watch_interval = \"0s\""), &[]);
+    let failed = || b.metric_where("mcp_tls_reloads_total", &["result=\"failed\""]);
+    assert_eq!(failed(), 0.0);
+    std::fs::copy(other.join("server.key"), live.join("server.key")).unwrap();
+    let refused = common::http::Conn::connect(b.metrics).request("POST", "/admin/reload", &[], b"");
+    assert_eq!(refused.status, 422, "{}", refused.text());
+    assert_eq!(failed(), 1.0);
+}
