@@ -193,7 +193,25 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         }
     }
     let host_config = host_config(&config);
-    let host = Arc::new(WasmHost::new(&host_config).context("starting the WASM host")?);
+    let host = Arc::new(WasmHost::new(&host_config).map_err(|e| {
+        // The pool reserves the address space of every slot up front
+        // (about 4 GiB each): a sum of pool sizes that validation accepts
+        // key by key can still fail here, and the operator needs to know
+        // which keys make it.
+        let slots = host_config.max_instances;
+        let hint = if e.to_string().contains("mmap") {
+            format!(
+                "; the {slots} pooled instance slots (every router's instances_per_shard, \
+                 plus max_sessions_per_shard for a session-affine one, times {} shard(s), \
+                 twice so that a reload can replace them) each reserve about 4 GiB of \
+                 address space: lower those keys",
+                config.shard_count()
+            )
+        } else {
+            String::new()
+        };
+        anyhow::anyhow!("starting the WASM host with {slots} instance slots: {e}{hint}")
+    })?);
     // Every router that cannot load is named, not only the first, as a
     // reload of the same file would.
     let mut loaded = Vec::new();

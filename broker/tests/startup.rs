@@ -242,6 +242,21 @@ fn every_router_that_cannot_load_is_named_at_start_up() {
     );
 }
 
+/// Pool sizes that pass validation key by key can sum to more address
+/// space than a process has: start-up fails naming the keys that make the
+/// sum, where it showed only wasmtime's mmap error.
+#[test]
+fn instance_pools_larger_than_the_address_space_fail_naming_their_keys() {
+    let stderr = common::fails_to_start(
+        "[broker]\nshards = 1\n\n[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n\
+         instances_per_shard = 100000\n",
+    );
+    assert!(
+        stderr.contains("instance slots") && stderr.contains("instances_per_shard"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn soft_descriptor_limit_is_raised_to_the_hard_limit() {
     let hard = our_hard_nofile().min(1 << 20);
