@@ -827,8 +827,11 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         (
             "mcp_draining",
             "gauge",
-            "1 once the broker has started draining.",
-            shared.is_draining().into(),
+            "1 from the shutdown signal on: the drain grace (not ready, still serving) and the drain.",
+            // From the signal, not the drain: McpBrokerNotReady tells a
+            // broker that cannot start from one that is leaving, and the
+            // grace may be longer than the alert's 2 minutes.
+            (shared.is_leaving() || shared.is_draining()).into(),
         ),
         (
             "mcp_metrics_recording",

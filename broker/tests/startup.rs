@@ -304,6 +304,12 @@ fn the_drain_grace_reports_not_ready_while_still_serving_and_a_second_signal_end
     }));
     let (_, body) = b.http_get("/readyz");
     assert!(body.contains("still serving"), "{body}");
+    // Leaving, not failing: McpBrokerNotReady (not ready and not
+    // draining) stays quiet through a grace longer than its 2 minutes.
+    assert_eq!(
+        (b.metric_sum("mcp_ready"), b.metric_sum("mcp_draining")),
+        (0.0, 1.0)
+    );
     // ...while everything is still served, new connections and sessions too.
     let mut c = b.connect();
     assert_eq!(
