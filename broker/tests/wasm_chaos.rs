@@ -24,6 +24,9 @@ fn chaos_pool() -> RouterPool {
     spec.queue_depth = 4;
     // Small, so that `alloc` reaches the limit in a few steps.
     spec.max_memory_bytes = 16 << 20;
+    // The router's own deadline, so that a call cut at it is the router's
+    // fault (a shorter one is the client's).
+    spec.call_deadline = Duration::from_millis(300);
     RouterPool::new(load(&spec))
 }
 
@@ -150,6 +153,24 @@ fn wasi_sleep_past_the_deadline_is_cut_by_the_host_timer() {
         started.elapsed() < Duration::from_secs(30),
         "cut long before the sleep ends"
     );
+}
+
+/// A call cut at a deadline shorter than the router's own (the client's)
+/// replaces its instance but is no fault of the router's: a client with
+/// short deadlines could otherwise fire McpRouterFaulting. The router's
+/// own deadline is its fault.
+#[test]
+fn a_clients_deadline_is_no_fault_of_the_router() {
+    let pool = chaos_pool();
+    let e = on_shard(pool.call_tool_within("spin", r#"{"ms":60000}"#, Duration::from_millis(50)))
+        .unwrap_err();
+    assert!(matches!(e, CallError::DeadlineExceeded(_)), "{e:?}");
+    let s = pool.stats();
+    assert_eq!((s.faults, s.replaced), (0, 1));
+    let e = on_shard(pool.call_tool("spin", r#"{"ms":60000}"#)).unwrap_err();
+    assert!(matches!(e, CallError::DeadlineExceeded(_)), "{e:?}");
+    let s = pool.stats();
+    assert_eq!((s.faults, s.replaced), (1, 2));
 }
 
 #[test]

@@ -521,7 +521,15 @@ impl RouterPool {
         if r.is_ok() {
             inst.settled();
         }
-        lease.finish(r).await
+        // A deadline shorter than the router's own is the client's: cut
+        // there, the call is no fault of the router's (a client could
+        // otherwise fire McpRouterFaulting with short deadlines), though
+        // its instance, stopped mid-call, is replaced all the same.
+        // (A never-waits router's run limit is its own, whatever the
+        // deadline: its error names the limit, not the deadline.)
+        let clients = deadline < inner.router.spec.call_deadline;
+        let fault = !(clients && matches!(r, Err(CallError::DeadlineExceeded(d)) if d == deadline));
+        lease.finish(r, fault).await
     }
 
     /// Asks for an instance. Synchronous up to the returned future, so that
@@ -777,15 +785,18 @@ impl Lease {
         }
     }
 
-    /// Ends the call: on a fault the instance is discarded and replaced.
-    async fn finish<T>(&mut self, r: Result<T, CallError>) -> Result<T, CallError> {
+    /// Ends the call: on an error the instance is discarded and replaced,
+    /// and counted as the router's fault if `fault`.
+    async fn finish<T>(&mut self, r: Result<T, CallError>, fault: bool) -> Result<T, CallError> {
         self.armed = false;
         let e = match r {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
         if let Some(slot) = self.slot.as_mut() {
-            Inner::count(&self.pool.faults);
+            if fault {
+                Inner::count(&self.pool.faults);
+            }
             Inner::count(&self.pool.replaced);
             slot.0 = None;
             // Replace now, so the next caller finds a ready instance; if this
