@@ -66,7 +66,7 @@ def main():
             name, binary = spec.split("=", 1)
             cfg = os.path.join(wd, f"{name}.toml")
             with open(cfg, "w") as f:
-                f.write(B.broker_toml(1, [1], False, http=True))
+                f.write(B.broker_toml(1, [1], False))
             servers[name] = B.Server(name, [binary, "--config", cfg], wd)
         res = {(e, k): {"rps": [], "cpu": []} for e in EDGES for k in servers}
         pairs = [(e, k) for e in EDGES for k in sorted(servers)]

@@ -38,7 +38,7 @@ QUANTILES = ("p50", "p90", "p99", "p999", "max")
 
 
 def config(cpus, tick, tool, edge):
-    toml = B.broker_toml(1, cpus, False, http=edge == "http")
+    toml = B.broker_toml(1, cpus, False)
     if tick != "1ms":
         toml = toml.replace("[broker]\n", f'[broker]\nepoch_tick = "{tick}"\n', 1)
     deadline = "20ms" if tool == "loop" else "5s"

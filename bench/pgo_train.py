@@ -77,7 +77,7 @@ def drive(target, lg_cpus, seconds, tool="echo", rate=None, extra=()):
 
 
 def plain_config(cpus, never_waits):
-    return B.broker_toml(1, cpus, False, http=True, never_waits=never_waits)
+    return B.broker_toml(1, cpus, False, never_waits=never_waits)
 
 
 def main():

@@ -805,9 +805,22 @@ impl Moves {
         // port another process listens on is refused.
         let per_shard = |addr, own: Option<std::net::SocketAddr>| {
             if own.is_some_and(|own| crate::config::addrs_overlap(addr, own)) {
-                crate::server::bind_per_shard_beside_own(addr, shards)
-            } else {
-                crate::server::bind_per_shard(addr, shards)
+                return crate::server::bind_per_shard_beside_own(addr, shards);
+            }
+            // An edge moved away keeps its old listeners for LISTENER_LINGER,
+            // so a reload that moves it back at once finds its own port
+            // busy: wait that out before calling the port another's.
+            let until =
+                Instant::now() + crate::shared::LISTENER_LINGER + Duration::from_millis(500);
+            loop {
+                match crate::server::bind_per_shard(addr, shards) {
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < until =>
+                    {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    r => return r,
+                }
             }
         };
         if new.frames.listen != old.frames.listen {

@@ -1440,3 +1440,31 @@ fn moved_listeners_take_new_connections_and_keep_established_ones() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reload that moves the edges back at once, while their old listeners
+/// still linger, is applied: the broker's own lingering listeners hold
+/// those ports, not another process (it was refused, blaming one).
+#[test]
+fn edges_moved_back_at_once_take_their_old_ports_again() {
+    let old = free_addrs::<4>();
+    let mut new = free_addrs::<4>();
+    // The admin endpoint stays, so that both reloads are asked of it.
+    new[3] = old[3];
+    let dir = std::env::temp_dir().join(format!("mcp-reload-back-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broker.toml");
+    std::fs::write(&path, config_listening(&[ECHO], &old)).unwrap();
+    let b = Broker::start_on_file_listeners(&["--config", path.to_str().unwrap()]);
+    std::fs::write(&path, config_listening(&[ECHO], &new)).unwrap();
+    let r = admin(&b, "POST", "/admin/reload");
+    assert_eq!(r.status, 200, "{}", r.text());
+    std::fs::write(&path, config_listening(&[ECHO], &old)).unwrap();
+    let r = admin(&b, "POST", "/admin/reload");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Served there once the linger is over, by the new listeners.
+    std::thread::sleep(Duration::from_secs(1));
+    let f = common::Client::connect(old[0]).call("echo_text", &[("text", "\"back\"")], None);
+    assert_eq!(common::tool_text(&f), "back");
+    let _ = std::fs::remove_dir_all(&dir);
+}

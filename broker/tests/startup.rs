@@ -160,6 +160,8 @@ fn explicit_cpus_outside_the_mask_fail_start_up_naming_them() {
         "127.0.0.1:0",
         "--grpc-listen",
         "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
         "--metrics-listen",
         "127.0.0.1:0",
     ])

@@ -75,6 +75,8 @@ impl Broker {
             "127.0.0.1:0",
             "--grpc-listen",
             "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
             "--metrics-listen",
             "127.0.0.1:0",
             "--shards",
