@@ -555,8 +555,12 @@ impl std::ops::Deref for Secrets {
 }
 
 /// Largest `max_sessions_per_shard`: each session may hold a pooled
-/// instance slot on every shard, all reserved at start-up.
-pub const MAX_SESSIONS_PER_SHARD_LIMIT: u32 = 65_536;
+/// instance slot on every shard, all reserved at start-up, twice (for a
+/// reload), at about 4 GiB of address space each. 8,192 on one shard is
+/// 64 TiB, which starts within x86-64's 128 TiB; the 65,536 allowed
+/// before could never start (an audit found 16,000 fail). The pool's sum
+/// over routers and shards is checked when the host starts.
+pub const MAX_SESSIONS_PER_SHARD_LIMIT: u32 = 8_192;
 
 impl RouterConfig {
     /// The pooled instance slots this router can hold at once on `shards`

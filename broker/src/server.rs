@@ -199,7 +199,10 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         // key by key can still fail here, and the operator needs to know
         // which keys make it.
         let slots = host_config.max_instances;
-        let hint = if e.to_string().contains("mmap") {
+        // (`mmap`: the reservation refused; `overflow`: a count whose
+        // bytes do not fit a word.)
+        let text = e.to_string();
+        let hint = if text.contains("mmap") || text.contains("overflow") {
             format!(
                 "; the {slots} pooled instance slots (every router's instances_per_shard, \
                  plus max_sessions_per_shard for a session-affine one, times {} shard(s), \

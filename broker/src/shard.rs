@@ -950,20 +950,20 @@ async fn run_or_expire(
     };
     if !finished {
         out.truncate(start);
-        let to = req.view().reply_to();
-        let frame = shard
-            .ctx
-            .enc
-            .borrow_mut()
-            .error(
-                &to,
-                mcp_schema::ErrorCode::ShuttingDown,
-                "drain deadline passed before the call finished",
-                None,
-            )
-            .to_vec();
-        out.extend_from_slice(&frame);
+        drain_deadline_answer(&shard.ctx, req, out);
     }
+}
+
+/// Appends to `out` the answer of a call still running at the drain
+/// deadline (-32004), which every edge gives.
+pub(crate) fn drain_deadline_answer(ctx: &ShardCtx, req: &VerifiedRequest, out: &mut Vec<u8>) {
+    let to = req.view().reply_to();
+    out.extend_from_slice(ctx.enc.borrow_mut().error(
+        &to,
+        mcp_schema::ErrorCode::ShuttingDown,
+        "drain deadline passed before the call finished",
+        None,
+    ));
 }
 
 /// A caught panic of a request's handler, with its message.

@@ -1000,18 +1000,8 @@ fn abandon<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
 fn expire<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
     drop_future(&mut slot.fut);
     if let Some(req) = slot.req.take() {
-        let to = req.view().reply_to();
-        let answer = shard
-            .ctx
-            .enc
-            .borrow_mut()
-            .error(
-                &to,
-                mcp_schema::ErrorCode::ShuttingDown,
-                "drain deadline passed before the call finished",
-                None,
-            )
-            .to_vec();
+        let mut answer = Vec::new();
+        crate::shard::drain_deadline_answer(&shard.ctx, &req, &mut answer);
         // Counted as the HTTP and gRPC edges' drain answers are.
         let (arrived, started) = slot.times;
         let edge = metrics::Edge::Frames;

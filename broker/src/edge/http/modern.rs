@@ -1727,13 +1727,19 @@ fn conclude(
         }
     }
     let tool = info.tool_name.as_deref().unwrap_or_default();
+    // The client gets -32603 where the question cannot be sealed: the
+    // request counts so, not as the router's question (`Record`).
+    let internal = |out: &mut Vec<u8>, m: &str| {
+        called.answered(ErrorCode::Internal.code());
+        jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), m, None);
+    };
     if let Some(f) = elicit {
         capable(wants, Asked::Elicitation)?;
         match seal.question(tool, f, Asked::Elicitation) {
             Ok((key, token)) => {
                 jsonrpc::write_input_required_elicitation(out, id, &key, f, token.as_deref());
             }
-            Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
+            Err(m) => internal(out, &m),
         }
     } else if let Some((f, set)) = fin
         .filter(|f| jsonrpc::result_asks(f))
@@ -1749,18 +1755,10 @@ fn conclude(
                 }
                 match seal.set(tool, f, &set) {
                     Ok(token) => jsonrpc::write_input_required_set(out, id, &set, &token),
-                    Err(m) => jsonrpc::write_error(
-                        out,
-                        Some(id),
-                        ErrorCode::Internal.code(),
-                        &cannot(m),
-                        None,
-                    ),
+                    Err(m) => internal(out, &cannot(m)),
                 }
             }
-            Err(m) => {
-                jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &cannot(m), None)
-            }
+            Err(m) => internal(out, &cannot(m)),
         }
     } else if let Some((f, asked, params)) = fin.filter(|f| jsonrpc::result_asks(f)).and_then(|f| {
         // A result asks one question: sampling before roots.
@@ -1785,7 +1783,7 @@ fn conclude(
                 params,
                 token.as_deref(),
             ),
-            Err(m) => jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), &m, None),
+            Err(m) => internal(out, &m),
         }
     } else if let Some(f) = fin {
         match called.answer() {
@@ -1798,7 +1796,7 @@ fn conclude(
         }
         jsonrpc::mark_complete(out, id, wants.cache_scope);
     } else {
-        jsonrpc::write_error(out, Some(id), ErrorCode::Internal.code(), "no answer", None);
+        internal(out, "no answer");
     }
     Ok(())
 }
