@@ -941,6 +941,19 @@ impl Config {
     /// stores `http.allowed_origins` in the form browsers send them, since
     /// the HTTP edge compares them with the Origin header as strings.
     fn validate(&mut self, errors: &mut Vec<String>) {
+        // Two shards pinned to one CPU only take turns on it.
+        let mut seen = std::collections::BTreeSet::new();
+        let twice: std::collections::BTreeSet<_> = self
+            .broker
+            .cpus
+            .iter()
+            .filter(|c| !seen.insert(**c))
+            .collect();
+        for c in twice {
+            errors.push(format!(
+                "broker.cpus: CPU {c} is listed more than once (each shard needs a CPU of its own)"
+            ));
+        }
         let tick = self.broker.epoch_tick;
         if !(MIN_EPOCH_TICK..=MAX_EPOCH_TICK).contains(&tick) {
             errors.push(format!(
@@ -2195,5 +2208,15 @@ mod tests {
         let c = Config::load(None, &o).unwrap();
         assert_eq!(c.frames.listen.port(), 0);
         assert_eq!(c.shard_count(), 2);
+    }
+    #[test]
+    fn a_cpu_listed_twice_is_refused() {
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let err = Config::parse(&format!("[broker]\ncpus = [0, 1, 0]\n{router}")).unwrap_err();
+        assert_eq!(
+            err.0,
+            ["broker.cpus: CPU 0 is listed more than once (each shard needs a CPU of its own)"]
+        );
+        assert!(Config::parse(&format!("[broker]\ncpus = [1, 0]\n{router}")).is_ok());
     }
 }

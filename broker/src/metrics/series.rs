@@ -267,7 +267,8 @@ impl Layout {
     pub fn new(routers: usize, tools: usize) -> Self {
         let router_capacity = 1 + routers + RELOAD_ROUTER_HEADROOM;
         let label_capacity = tools + 2 * router_capacity + RELOAD_LABEL_HEADROOM;
-        let recording = std::env::var(RECORDING_ENV).map_or(true, |v| v != "off");
+        let recording =
+            std::env::var(RECORDING_ENV).map_or(true, |v| !v.trim().eq_ignore_ascii_case("off"));
         let layout = Self {
             router_capacity,
             label_capacity,
