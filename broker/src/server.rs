@@ -42,7 +42,7 @@ pub fn bind_per_shard(
 ) -> std::io::Result<Vec<std::net::TcpListener>> {
     let claim = claim(addr)?;
     let resolved = claim.local_addr()?.as_socket().unwrap_or(addr);
-    (0..shards).map(|_| bind_reuseport(resolved)).collect()
+    bind_per_shard_beside_own(resolved, shards)
 }
 
 /// [`bind_per_shard`] without the claim, for a reload that moves an edge to

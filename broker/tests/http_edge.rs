@@ -789,13 +789,7 @@ fn notifications_cancelled_stops_the_call_in_the_guest() {
     assert_eq!(v["error"]["code"], -32800, "{v}");
     // Counted as the client was answered: cancelled (it read
     // invalid_request, the run's own frame).
-    let calls = |outcome: &str| {
-        let o = format!("outcome=\"{outcome}\"");
-        b.metric_where(
-            "mcp_requests_total",
-            &["edge=\"http\"", "kind=\"call_tool\"", &o],
-        )
-    };
+    let calls = |outcome: &str| b.requests("http", "call_tool", outcome);
     assert_eq!((calls("cancelled"), calls("invalid_request")), (1.0, 0.0));
     // The session goes on.
     let v = c.call(&s, 2, "ping", "{}");
@@ -867,13 +861,7 @@ fn an_elicitation_without_the_client_capability_is_refused_clearly() {
         "{last}"
     );
     // Counted with the refusal the client got, not the router's question.
-    let calls = |outcome: &str| {
-        let o = format!("outcome=\"{outcome}\"");
-        b.metric_where(
-            "mcp_requests_total",
-            &["edge=\"http\"", "kind=\"call_tool\"", &o],
-        )
-    };
+    let calls = |outcome: &str| b.requests("http", "call_tool", outcome);
     assert_eq!((calls("invalid_request"), calls("ok")), (1.0, 0.0));
 }
 
@@ -889,13 +877,7 @@ fn sessions_are_capped_and_idle_ones_expire() {
     );
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.header("retry-after").is_some());
-    let inits = |outcome: &str| {
-        let o = format!("outcome=\"{outcome}\"");
-        b.metric_where(
-            "mcp_requests_total",
-            &["edge=\"http\"", "kind=\"initialize\"", &o],
-        )
-    };
+    let inits = |outcome: &str| b.requests("http", "initialize", outcome);
     assert_eq!((inits("ok"), inits("overloaded")), (2.0, 1.0));
     // Polled less often than the timeout: each request keeps it alive.
     assert!(eventually(Duration::from_secs(10), || {
@@ -1043,13 +1025,7 @@ fn a_call_that_asks_the_client_counts_once_with_its_final_answer() {
     let b = conformance("");
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-06-18");
-    let calls = |outcome: &str| {
-        let o = format!("outcome=\"{outcome}\"");
-        b.metric_where(
-            "mcp_requests_total",
-            &["edge=\"http\"", "kind=\"call_tool\"", &o],
-        )
-    };
+    let calls = |outcome: &str| b.requests("http", "call_tool", outcome);
     let body = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"test_input_required_result_multi_round","arguments":{}}}"#;
     let mut stream = open_stream(&b, &s, body);
     for answer in [json!({"name": "Ada"}), json!({"color": "blue"})] {

@@ -1249,13 +1249,7 @@ fn a_state_or_key_too_large_to_travel_fails_the_call_naming_the_limit() {
     assert_eq!(b.metric_sum("mcp_http_request_states_issued_total"), 2.0);
     // Counted as the client was answered: two questions asked (ok), three
     // internal errors (each read `ok`, the router's question).
-    let calls = |outcome: &str| {
-        let o = format!("outcome=\"{outcome}\"");
-        b.metric_where(
-            "mcp_requests_total",
-            &["edge=\"http\"", "kind=\"call_tool\"", &o],
-        )
-    };
+    let calls = |outcome: &str| b.requests("http", "call_tool", outcome);
     assert_eq!((calls("ok"), calls("internal")), (2.0, 3.0));
 }
 

@@ -298,15 +298,7 @@ impl Broker {
 
     /// The sum of every sample of `name` (any labels) in `/metrics`.
     pub fn metric_sum(&self, name: &str) -> f64 {
-        let (status, body) = self.http_get("/metrics");
-        assert_eq!(status, 200);
-        body.lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        self.metric_where(name, &[])
     }
 
     /// The sum of the samples of `name` whose labels include every one of
@@ -316,15 +308,29 @@ impl Broker {
         assert_eq!(status, 200);
         body.lines()
             .filter_map(|l| {
-                let rest = l.strip_prefix(name)?.strip_prefix('{')?;
-                let (set, value) = rest.split_once("} ")?;
-                let wanted = labels.iter().all(|want| {
-                    set.split(',')
-                        .any(|pair| pair.trim_start_matches('{') == *want)
-                });
+                let rest = l.strip_prefix(name)?;
+                let (set, value) = match rest.strip_prefix('{') {
+                    Some(labelled) => labelled.split_once("} ")?,
+                    None => ("", rest.strip_prefix(' ')?),
+                };
+                let wanted = labels
+                    .iter()
+                    .all(|want| set.split(',').any(|pair| pair == *want));
                 wanted.then(|| value.parse::<f64>().ok()).flatten()
             })
             .sum()
+    }
+
+    /// `mcp_requests_total` of `edge`'s requests of `kind` that ended in
+    /// `outcome`.
+    pub fn requests(&self, edge: &str, kind: &str, outcome: &str) -> f64 {
+        let labels = [
+            format!("edge=\"{edge}\""),
+            format!("kind=\"{kind}\""),
+            format!("outcome=\"{outcome}\""),
+        ];
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        self.metric_where("mcp_requests_total", &labels)
     }
 
     pub fn http_get(&self, path: &str) -> (u16, String) {

@@ -1164,16 +1164,20 @@ impl HttpEdge {
             // Dropping the handler stopped the guest call; the request still
             // gets its one final answer (at the drain deadline, before the
             // shard closes its connections: it once got none).
-            let (code, message) = match cut {
-                Cut::Cancelled => (ErrorCode::InvalidRequest, "request cancelled by the client"),
-                Cut::DrainExpired => (
-                    ErrorCode::ShuttingDown,
-                    "drain deadline passed before the call finished",
-                ),
-            };
             out.clear();
-            let to = req.view().reply_to();
-            out.extend_from_slice(self.ctx.enc.borrow_mut().error(&to, code, message, None));
+            match cut {
+                // Its callers answer the client -32800 (or no one, when the
+                // stream it would go on is gone); the frame only ends it.
+                Cut::Cancelled => {
+                    let to = req.view().reply_to();
+                    let message = "request cancelled by the client";
+                    let code = ErrorCode::InvalidRequest;
+                    out.extend_from_slice(
+                        self.ctx.enc.borrow_mut().error(&to, code, message, None),
+                    );
+                }
+                Cut::DrainExpired => crate::shard::drain_deadline_answer(&self.ctx, &req, &mut out),
+            }
         }
         let outcome = match cut {
             Some(Cut::Cancelled) => metrics::Outcome::Cancelled,
