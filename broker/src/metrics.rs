@@ -1013,6 +1013,15 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         for (result, n) in [("applied", applied), ("failed", failed)] {
             let _ = writeln!(o, "mcp_tls_reloads_total{{result=\"{result}\"}} {n}");
         }
+        if let Some(expiry) = tls.certificate_expiry() {
+            family(
+                &mut o,
+                "mcp_tls_certificate_expiry_timestamp_seconds",
+                "gauge",
+                "When the certificate chain new TLS connections get (tls.cert_file) stops being valid: the earliest notAfter of its certificates, as a Unix time. Absent if their dates could not be read (logged).",
+            );
+            let _ = writeln!(o, "mcp_tls_certificate_expiry_timestamp_seconds {expiry}");
+        }
     }
     // Reloads.
     family(

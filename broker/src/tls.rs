@@ -13,6 +13,13 @@
 //! - A handshake is bounded by `tls.handshake_timeout` and runs in the
 //!   connection's own task, never in an accept loop.
 //! - The shards' streams are in [`uring`]; the gRPC edge uses tokio-rustls.
+//! - rustls does not look at the served certificates' dates. Each load
+//!   reads them ([`Validity`]): an expired or not yet valid certificate is
+//!   served all the same (refusing to start would turn a renewal that came
+//!   late into an outage of every client, the ones that do not check dates
+//!   included), but it is logged as a warning, and the chain's expiry is a
+//!   metric, `mcp_tls_certificate_expiry_timestamp_seconds`, which the
+//!   shipped alerts watch.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +59,70 @@ impl Edge {
 /// The rustls configuration of each edge, built from one `[tls]`.
 pub struct ServerConfigs {
     edges: [Arc<ServerConfig>; 3],
+    /// The served chain's dates; `None` if they could not be read (rustls
+    /// accepted the chain, so this is logged, not refused).
+    validity: Option<Validity>,
+}
+
+/// When every certificate of a chain is valid: from the latest notBefore
+/// to the earliest notAfter, as Unix times. A client that checks dates
+/// refuses the chain outside this window, whichever certificate is out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+impl Validity {
+    /// The window of `certs` (DER), or why a certificate's dates could not
+    /// be read.
+    pub fn of_chain(certs: &[CertificateDer<'_>]) -> Result<Validity, String> {
+        let mut window = Validity {
+            not_before: i64::MIN,
+            not_after: i64::MAX,
+        };
+        for (i, der) in certs.iter().enumerate() {
+            let (_, cert) = x509_parser::parse_x509_certificate(der)
+                .map_err(|e| format!("certificate {} of the chain: {e}", i + 1))?;
+            let v = cert.validity();
+            window.not_before = window.not_before.max(v.not_before.timestamp());
+            window.not_after = window.not_after.min(v.not_after.timestamp());
+        }
+        Ok(window)
+    }
+
+    /// What is wrong with the window at `now` (Unix seconds), worded for
+    /// the log; `None` when `now` is inside it.
+    pub fn problem(&self, now: i64) -> Option<String> {
+        let at = |t: i64| {
+            let when = if t >= 0 {
+                std::time::UNIX_EPOCH + Duration::from_secs(t as u64)
+            } else {
+                std::time::UNIX_EPOCH - Duration::from_secs(t.unsigned_abs())
+            };
+            humantime_serde::re::humantime::format_rfc3339_seconds(when).to_string()
+        };
+        if now > self.not_after {
+            Some(format!(
+                "expired at {}: clients that check dates refuse every handshake",
+                at(self.not_after)
+            ))
+        } else if now < self.not_before {
+            Some(format!(
+                "not valid until {} (is the clock right?): clients that check dates refuse every handshake until then",
+                at(self.not_before)
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+/// Now, in Unix seconds.
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 impl ServerConfigs {
@@ -78,6 +149,14 @@ impl ServerConfigs {
         if !errors.is_empty() {
             return Err(errors);
         }
+        let validity = Validity::of_chain(&certs)
+            .map_err(|e| {
+                tracing::warn!(
+                    cert_file = %section.cert_file.display(),
+                    "cannot read the certificates' dates ({e}); they are served, but mcp_tls_certificate_expiry_timestamp_seconds is not reported"
+                )
+            })
+            .ok();
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| vec![format!("TLS settings: {e}")])?;
@@ -107,11 +186,20 @@ impl ServerConfigs {
                 with_alpn(&[b"h2"]),
                 with_alpn(&[b"http/1.1"]),
             ],
+            validity,
         })
     }
 
     pub fn get(&self, edge: Edge) -> &Arc<ServerConfig> {
         &self.edges[edge as usize]
+    }
+
+    /// Logs a warning if the served chain is out of date now; called when
+    /// the configurations go into effect.
+    fn warn_if_out_of_date(&self, cert_file: &Path) {
+        if let Some(problem) = self.validity.and_then(|v| v.problem(unix_now())) {
+            tracing::warn!(cert_file = %cert_file.display(), "the TLS certificate is {problem}");
+        }
     }
 }
 
@@ -234,6 +322,7 @@ impl ServerTls {
     pub fn new(section: &TlsSection) -> Result<Self, Vec<String>> {
         let stamps = stamps(section);
         let configs = ServerConfigs::load(section)?;
+        configs.warn_if_out_of_date(&section.cert_file);
         Ok(Self {
             configs: ArcSwap::from_pointee(configs),
             state: Mutex::new((
@@ -270,6 +359,7 @@ impl ServerTls {
 
     /// Puts what [`Self::prepare`] loaded in effect for new connections.
     pub fn install(&self, section: &TlsSection, (configs, stamps): (ServerConfigs, Stamps)) {
+        configs.warn_if_out_of_date(&section.cert_file);
         self.configs.store(Arc::new(configs));
         *self.lock() = (
             section.clone(),
@@ -299,6 +389,7 @@ impl ServerTls {
         };
         match ServerConfigs::load(&section) {
             Ok(c) => {
+                c.warn_if_out_of_date(&section.cert_file);
                 self.configs.store(Arc::new(c));
                 self.reloads.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
@@ -362,6 +453,12 @@ impl ServerTls {
         None
     }
 
+    /// The earliest notAfter of the chain new connections get (Unix
+    /// seconds), if its dates could be read.
+    pub fn certificate_expiry(&self) -> Option<i64> {
+        self.configs.load().validity.map(|v| v.not_after)
+    }
+
     pub fn handshake_failures(&self, edge: Edge) -> u64 {
         self.handshake_failures[edge as usize].load(Ordering::Relaxed)
     }
@@ -400,4 +497,47 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, Str
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS settings: {e}"))
         .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Validity;
+
+    #[test]
+    fn a_window_is_out_of_date_only_outside_its_bounds_and_says_which_way() {
+        // 2026-01-01T00:00:00Z to 2026-04-01T00:00:00Z.
+        let v = Validity {
+            not_before: 1_767_225_600,
+            not_after: 1_775_001_600,
+        };
+        for inside in [v.not_before, v.not_before + 1, v.not_after] {
+            assert_eq!(v.problem(inside), None, "{inside}");
+        }
+        let late = v.problem(v.not_after + 1).unwrap();
+        assert!(
+            late.starts_with("expired at 2026-04-01T00:00:00Z"),
+            "{late}"
+        );
+        let early = v.problem(v.not_before - 1).unwrap();
+        assert!(
+            early.starts_with("not valid until 2026-01-01T00:00:00Z"),
+            "{early}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_no_certificate_are_an_error_naming_their_place() {
+        let not_a_certificate =
+            rustls_pki_types::CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x01]);
+        let err = Validity::of_chain(&[not_a_certificate]).unwrap_err();
+        assert!(err.starts_with("certificate 1 of the chain"), "{err}");
+        assert_eq!(
+            Validity::of_chain(&[]),
+            Ok(Validity {
+                not_before: i64::MIN,
+                not_after: i64::MAX
+            }),
+            "no certificate bounds nothing (rustls refuses an empty chain first)"
+        );
+    }
 }

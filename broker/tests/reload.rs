@@ -19,7 +19,6 @@ mod common;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Broker;
@@ -896,24 +895,10 @@ fn refused_reload_keeps_the_old_config() {
 /// SIGHUP reloads like `POST /admin/reload` and says how it went on stderr.
 #[test]
 fn sighup_reloads() {
-    let log = Arc::new(Mutex::new(String::new()));
     let mut r = Reloadable::start_with("sighup", &config(&[ECHO]), |c| {
         c.stderr(Stdio::piped());
     });
-    // Keep the broker's stderr flowing (on to ours) and keep a copy.
-    let mut child_stderr = r.b.child.stderr.take().expect("stderr is piped");
-    let log2 = log.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = child_stderr.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            let s = String::from_utf8_lossy(&buf[..n]);
-            eprint!("{s}");
-            log2.lock().unwrap().push_str(&s);
-        }
-    });
+    let log = common::Log::of(&mut r.b);
     let b = &r.b;
     let hup = || {
         // SAFETY: kill(2) on our own child's pid; no memory is involved.
@@ -930,12 +915,9 @@ fn sighup_reloads() {
         tools(b)
     );
     assert!(
-        eventually(Duration::from_secs(5), || log
-            .lock()
-            .unwrap()
-            .contains("reload applied")),
+        log.shows("reload applied", Duration::from_secs(5)),
         "no `reload applied` on stderr:\n{}",
-        log.lock().unwrap()
+        log.text()
     );
     assert_eq!(reloads(b, "applied"), 1.0);
     assert_eq!(generation(b), gen0 + 1);
@@ -944,12 +926,9 @@ fn sighup_reloads() {
     r.write("[[routers]\nbroken");
     hup();
     assert!(
-        eventually(Duration::from_secs(15), || log
-            .lock()
-            .unwrap()
-            .contains("reload refused")),
+        log.shows("reload refused", Duration::from_secs(15)),
         "no `reload refused` on stderr:\n{}",
-        log.lock().unwrap()
+        log.text()
     );
     assert_eq!(reloads(b, "refused"), 1.0);
     assert_eq!(generation(b), gen0 + 1);

@@ -901,3 +901,197 @@ fn a_reload_refused_for_its_certificate_files_counts_as_failed() {
     assert_eq!(refused.status, 422, "{}", refused.text());
     assert_eq!(failed(), 1.0);
 }
+
+/// A certificate for localhost signed by `ca`'s authority (made by
+/// [`dev_certs`]), valid from `start` to `end` (openssl's `YYYYMMDDHHMMSSZ`):
+/// `openssl ca` sets any dates, past and future, where `openssl x509 -req`
+/// sets only a number of days from now. Written as `dir/NAME.pem` and
+/// `dir/NAME.key`.
+fn dated_certificate(ca: &Path, dir: &Path, name: &str, start: &str, end: &str) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (scripts/setup installs it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("ca.cnf"),
+        "[ca]\ndefault_ca = dev\n[dev]\ndatabase = index.txt\nnew_certs_dir = .\n\
+         serial = serial.txt\ndefault_md = sha256\npolicy = any\ncopy_extensions = copy\n\
+         [any]\ncommonName = supplied\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("index.txt"), "").unwrap();
+    std::fs::write(dir.join("serial.txt"), "1000\n").unwrap();
+    let key = format!("{name}.key");
+    let csr = format!("{name}.csr");
+    let ca_pem = ca.join("ca.pem");
+    let ca_key = ca.join("ca.key");
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        &key,
+    ]);
+    run(&[
+        "req",
+        "-new",
+        "-key",
+        &key,
+        "-subj",
+        "/CN=localhost",
+        "-addext",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1",
+        "-out",
+        &csr,
+    ]);
+    run(&[
+        "ca",
+        "-batch",
+        "-notext",
+        "-config",
+        "ca.cnf",
+        "-cert",
+        ca_pem.to_str().unwrap(),
+        "-keyfile",
+        ca_key.to_str().unwrap(),
+        "-startdate",
+        start,
+        "-enddate",
+        end,
+        "-in",
+        &csr,
+        "-out",
+        &format!("{name}.pem"),
+    ]);
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// rustls does not look at the served certificate's dates; the broker
+/// does. Its chain's earliest notAfter is a metric (the one the shipped
+/// alerts watch), and a chain out of date is served all the same (so that
+/// a late renewal does not stop clients that do not check) but logged as
+/// a warning: at start-up, on a reload and when the file watcher loads it.
+#[test]
+fn the_certificates_expiry_is_a_metric_and_one_out_of_date_is_served_with_a_warning() {
+    const EXPIRY: &str = "mcp_tls_certificate_expiry_timestamp_seconds";
+    let dir = Dir::new("dates");
+    let live = dir.path("live");
+    dev_certs(&live);
+    let ca = live.clone();
+    let dated = dir.path("dated");
+    // Expired on 2020-01-02, and valid from 2099-12-31 on.
+    dated_certificate(&ca, &dated, "expired", "20200101000000Z", "20200102000000Z");
+    dated_certificate(&ca, &dated, "future", "20991231000000Z", "21000101000000Z");
+    let (b, log) = Broker::start_logged(&tls_toml(&live, "watch_interval = \"1s\""), &[]);
+
+    // scripts/dev-certs makes a certificate valid for 30 days from now.
+    let thirty_days = unix_now() + 30.0 * 86400.0;
+    let valid = b.metric_sum(EXPIRY);
+    assert!(
+        (valid - thirty_days).abs() < 3600.0,
+        "{EXPIRY} {valid}, 30 days from now is {thirty_days}"
+    );
+    assert!(
+        !log.text().contains("the TLS certificate is"),
+        "{}",
+        log.text()
+    );
+
+    let install = |name: &str| {
+        for (from, to) in [("key", "server.key"), ("pem", "server.pem")] {
+            let tmp = live.join(format!("{to}.tmp"));
+            std::fs::copy(dated.join(format!("{name}.{from}")), &tmp).unwrap();
+            std::fs::rename(&tmp, live.join(to)).unwrap();
+        }
+    };
+    let reload =
+        || common::http::Conn::connect(b.metrics).request("POST", "/admin/reload", &[], b"");
+
+    // Expired, by a reload: applied, served, logged, and the metric in the past.
+    install("expired");
+    let applied = reload();
+    assert_eq!(applied.status, 200, "{}", applied.text());
+    assert_eq!(
+        b.metric_sum(EXPIRY),
+        1_577_923_200.0,
+        "2020-01-02T00:00:00Z"
+    );
+    assert!(
+        log.shows(
+            "the TLS certificate is expired at 2020-01-02T00:00:00Z",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        log.text()
+    );
+    let err = frames_client(b.frames, &client_config(&ca.join("ca.pem"), None, &[]))
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("certificate expired")),
+        "a client that checks dates refuses the certificate the broker serves: {err:?}"
+    );
+
+    // Not yet valid, by the file watcher alone.
+    install("future");
+    assert!(
+        common::http::eventually(Duration::from_secs(15), || {
+            b.metric_sum(EXPIRY) == 4_102_444_800.0
+        }),
+        "the watcher loads the next files: {EXPIRY} {}",
+        b.metric_sum(EXPIRY)
+    );
+    assert!(
+        log.shows(
+            "the TLS certificate is not valid until 2099-12-31T00:00:00Z",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        log.text()
+    );
+
+    // A chain: the leaf above with an authority that runs out sooner (30
+    // days). The chain is out of date when its first certificate is.
+    let chain = format!(
+        "{}{}",
+        std::fs::read_to_string(dated.join("future.pem")).unwrap(),
+        std::fs::read_to_string(ca.join("ca.pem")).unwrap()
+    );
+    std::fs::write(live.join("server.pem.tmp"), chain).unwrap();
+    std::fs::rename(live.join("server.pem.tmp"), live.join("server.pem")).unwrap();
+    let applied = reload();
+    assert_eq!(applied.status, 200, "{}", applied.text());
+    let earliest = b.metric_sum(EXPIRY);
+    assert!(
+        (earliest - thirty_days).abs() < 3600.0,
+        "the authority's notAfter: {EXPIRY} {earliest}"
+    );
+
+    // At start-up: an expired certificate starts the broker, with the warning.
+    install("expired");
+    let (started, start_log) = Broker::start_logged(&tls_toml(&live, ""), &[]);
+    assert_eq!(started.metric_sum(EXPIRY), 1_577_923_200.0);
+    assert!(
+        start_log.shows("the TLS certificate is expired at", Duration::from_secs(5)),
+        "{}",
+        start_log.text()
+    );
+}

@@ -252,6 +252,16 @@ impl Broker {
         }
     }
 
+    /// Starts the broker like [`Broker::start_with_config`], keeping a copy
+    /// of its stderr (the log) while passing it on to the test's own.
+    pub fn start_logged(toml: &str, args: &[&str]) -> (Broker, Log) {
+        let mut b = Self::start_inner(Some(toml), args, |c| {
+            c.stderr(Stdio::piped());
+        });
+        let log = Log::of(&mut b);
+        (b, log)
+    }
+
     /// `http://HOST:PORT/mcp`: the URL a stock MCP client connects to.
     pub fn mcp_url(&self) -> String {
         format!("http://{}/mcp", self.http)
@@ -367,6 +377,41 @@ impl Drop for Broker {
 
 /// Runs the broker on `toml` (port 0 everywhere) expecting it to exit
 /// without becoming ready; returns its stderr.
+/// What a broker started with a piped stderr has logged so far, copied
+/// by a thread that also passes it on to the test's stderr.
+#[derive(Clone, Default)]
+pub struct Log(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl Log {
+    /// Takes `b`'s piped stderr (`c.stderr(Stdio::piped())` at its start).
+    pub fn of(b: &mut Broker) -> Log {
+        let mut stderr = b.child.stderr.take().expect("the broker's stderr is piped");
+        let log = Log::default();
+        let copy = log.0.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let s = String::from_utf8_lossy(&buf[..n]);
+                eprint!("{s}");
+                copy.lock().unwrap().push_str(&s);
+            }
+        });
+        log
+    }
+
+    pub fn text(&self) -> String {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Whether `needle` is logged within `within`.
+    pub fn shows(&self, needle: &str, within: Duration) -> bool {
+        http::eventually(within, || self.0.lock().unwrap().contains(needle))
+    }
+}
+
 pub fn fails_to_start(toml: &str) -> String {
     fails_to_start_with(toml, &PORT_ZERO)
 }
