@@ -422,7 +422,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         shard.draining.clone(),
         shard.drain_expired.clone(),
     );
-    monoio::spawn(crate::edge::http::accept_loop(
+    let http_accepting = monoio::spawn(crate::edge::http::accept_loop(
         http.clone(),
         http_listener,
         http_rebinds,
@@ -435,7 +435,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         shard.draining.clone(),
         shard.drain_expired.clone(),
     );
-    monoio::spawn(crate::edge::grpc::accept_loop(
+    let grpc_accepting = monoio::spawn(crate::edge::grpc::accept_loop(
         grpc.clone(),
         grpc_listener,
         grpc_rebinds,
@@ -456,6 +456,12 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
     drop(ready);
 
     crate::edge::frames::accept_loop(&shard, listener, frames_rebinds).await;
+    // The other edges' loops stop listening too before anything else: an
+    // idle shard's drain below ends at once, and a spawned task not run
+    // before the runtime ends would leave its listener taking connections
+    // until the process exits.
+    http_accepting.await;
+    grpc_accepting.await;
     // Draining: every connection stops reading, waits for the answers to
     // what it read, and flushes them; gRPC connections are asked to go
     // away and their calls finish. The shard ends when all of that is done,
@@ -611,9 +617,35 @@ pub(crate) async fn accept_loop(
                     tracing::error!(what, error = %e, "cannot take a reload's new listener; keeping the old one")
                 }
             },
-            Next::OldDone => old = None,
-            Next::Drain => return,
+            Next::OldDone => {
+                if let Some((l, _)) = old.take() {
+                    stop_listening(&l, what);
+                }
+            }
+            Next::Drain => {
+                stop_listening(&listener, what);
+                if let Some((l, _)) = &old {
+                    stop_listening(l, what);
+                }
+                return;
+            }
         }
+    }
+}
+
+/// Takes `listener` out of listening now, for the drain: `shutdown(2)` on a
+/// listening socket closes it and fails the accept waiting on it. Dropping
+/// the listener is not enough: the ring's accept, whose cancel monoio
+/// queues but only submits at the ring's next entry, holds the socket open
+/// until it completes. Meanwhile the kernel kept completing handshakes
+/// into its backlog, which nobody read: new clients hung until the drain
+/// deadline or the exit, instead of being refused and trying elsewhere.
+fn stop_listening(listener: &TcpListener, what: &'static str) {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    // SAFETY: the fd is `listener`'s own, open for as long as the borrow.
+    let fd = unsafe { BorrowedFd::borrow_raw(listener.as_raw_fd()) };
+    if let Err(e) = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Read) {
+        tracing::debug!(what, error = %e, "cannot shut the listener down; it closes when dropped");
     }
 }
 

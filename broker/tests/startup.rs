@@ -358,3 +358,44 @@ fn after_the_drain_grace_the_broker_drains_and_exits_by_itself() {
         t0.elapsed()
     );
 }
+
+/// Once the drain begins, every shard's listeners stop listening: new
+/// connections to every edge are refused at once, on a broker that still
+/// finishes a call on one shard. Idle shards once left theirs listening
+/// until the process exited (their ring's pending accept held the socket
+/// open after the listener was dropped): with two shards about half of
+/// the new connections were taken into a backlog nobody read, and hung
+/// until the drain deadline, a second after it, or the exit.
+#[test]
+fn a_draining_broker_refuses_new_connections_on_every_shard_and_edge() {
+    let mut b = Broker::start(&["--shards", "2"]);
+    let frames = b.frames;
+    let call = std::thread::spawn(move || {
+        let mut c = common::Client::connect(frames);
+        tool_text(&c.call("sleep", &[("ms", "1500")], None))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    b.sigterm();
+    std::thread::sleep(Duration::from_millis(300));
+    for (edge, addr) in [("frames", b.frames), ("grpc", b.grpc), ("http", b.http)] {
+        let taken: Vec<_> = (0..16)
+            .filter_map(|_| {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                    .ok()
+                    .map(|s| s.local_addr().unwrap())
+            })
+            .collect();
+        assert!(
+            taken.is_empty(),
+            "{edge}: {} of 16 new connections were taken by a draining broker (from {taken:?})",
+            taken.len()
+        );
+    }
+    let status = b.terminate(Duration::from_secs(15));
+    assert!(status.success(), "{status:?}");
+    let text = call.join().unwrap();
+    assert!(
+        text.contains("slept"),
+        "the call in flight finishes: {text}"
+    );
+}
