@@ -68,7 +68,7 @@ fn main() {
         e.list(&bare, Listing::Resources, None).to_vec(),
         e.list(&bare, Listing::ResourceTemplates, None).to_vec(),
         e.list(&bare, Listing::Prompts, None).to_vec(),
-        e.complete(&with_corr, CompletionRefKind::Prompt, "greet", "name", "A")
+        e.complete(&with_corr, CompletionRefKind::Prompt, "greet", "name", "A", &[])
             .to_vec(),
         e.set_log_level(&bare, LogLevel::Warning).to_vec(),
         e.subscribe(&with_corr, "file:///tmp/x", true).to_vec(),

@@ -105,8 +105,15 @@ fn every_payload_kind_is_answered_by_the_bundled_routers() {
     );
 
     let r = c.request(None, |e, h| {
-        e.complete(h, CompletionRefKind::Prompt, "summarize_book", "style", "")
-            .to_vec()
+        e.complete(
+            h,
+            CompletionRefKind::Prompt,
+            "summarize_book",
+            "style",
+            "",
+            &[],
+        )
+        .to_vec()
     });
     let cr = ResponseView::parse(&r)
         .unwrap()

@@ -67,7 +67,6 @@ impl Upstream {
     /// arguments.
     fn start_on(name: &str, port: DeadPort, state: &Path, extra: &[OsString]) -> Upstream {
         use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
         std::fs::create_dir_all(state).unwrap();
         let fd = port.sock.as_raw_fd();
         let mut cmd = Command::new(python());
@@ -79,17 +78,7 @@ impl Upstream {
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        // SAFETY: between fork and exec, only fcntl (async-signal-safe) on
-        // a descriptor this process owns; cleared in the child alone, so no
-        // other test's child inherits the socket.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        hand_over(&mut cmd, &port);
         let mut child = cmd.spawn().expect("start server.py");
         // The server holds the socket now; ours must go, or the port would
         // stay listening (with no one accepting) after the server is killed.
@@ -136,6 +125,87 @@ impl Upstream {
 }
 
 impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lets the child `cmd` starts inherit `port`'s socket, under its own
+/// descriptor number.
+fn hand_over(cmd: &mut Command, port: &DeadPort) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = port.sock.as_raw_fd();
+    // SAFETY: between fork and exec, only fcntl (async-signal-safe) on
+    // a descriptor this process owns; cleared in the child alone, so no
+    // other test's child inherits the socket.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The reference MCP server of the TypeScript SDK's authors,
+/// `@modelcontextprotocol/server-everything` (tools/node, pinned), in its
+/// Streamable HTTP mode on `port`'s socket (`upstreams/listen-fd.mjs`);
+/// killed on drop.
+struct Everything {
+    child: Child,
+    port: u16,
+}
+
+impl Everything {
+    fn start_on(port: DeadPort) -> Everything {
+        use std::os::fd::AsRawFd;
+        let node = repo().join(".tools/node/bin/node");
+        let server = repo()
+            .join("tools/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+        assert!(
+            node.exists() && server.exists(),
+            "{} or {} is missing: run scripts/setup",
+            node.display(),
+            server.display()
+        );
+        let mut cmd = Command::new(node);
+        cmd.arg("--import")
+            .arg(repo().join("broker/tests/upstreams/listen-fd.mjs"))
+            .arg(server)
+            .arg("streamableHttp")
+            .env("MCP_TEST_LISTEN_FD", port.sock.as_raw_fd().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        hand_over(&mut cmd, &port);
+        let child = cmd.spawn().expect("start server-everything");
+        let n = port.port;
+        drop(port);
+        // Listening once it answers: the socket was bound before, so a
+        // connection is refused until node has called listen().
+        let up = common::http::eventually(Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", n)).is_ok()
+        });
+        assert!(up, "server-everything did not listen within 30 s");
+        Everything { child, port: n }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Kills it, holding its port until it starts again on it.
+    fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let port = DeadPort::reclaim(self.port);
+        *self = Everything::start_on(port);
+    }
+}
+
+impl Drop for Everything {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -1653,5 +1723,146 @@ fn a_python_sdk_2x_upstream_is_spoken_to_in_2026_07_28_and_its_questions_pass_th
     assert_eq!(
         fin["result"]["content"][0]["text"], "Hello, Bo! Roots: 1",
         "{fin}"
+    );
+}
+
+/// The reference server answers a session it does not know (it restarted)
+/// with 400 and a JSON-RPC error for no request, where the transport asks
+/// for 404, as servers built on the TypeScript SDK's examples do. The
+/// router once re-initialized on 404 only: after the upstream restarted,
+/// every call and every readiness ping failed with that 400 until the
+/// broker itself restarted. It now takes such a 400 as the session gone.
+/// A completion that depends on the arguments the client already chose
+/// (`context.arguments`, MCP 2025-06-18) reaches the upstream with them.
+/// The HTTP edge once dropped them: the reference server's names by
+/// department came back empty through the broker.
+#[test]
+fn a_completions_context_reaches_the_reference_server() {
+    let everything = Everything::start_on(DeadPort::any());
+    let b = Broker::start_with_config(&config(&[("ev", &everything.url(), "")]), &[]);
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let complete = |c: &mut Conn, id: u64, department: &str| {
+        let r = c.call(
+            &s,
+            id,
+            "completion/complete",
+            &json!({
+                "ref": {"type": "ref/prompt", "name": "completable-prompt"},
+                "argument": {"name": "name", "value": ""},
+                "context": {"arguments": {"department": department}},
+            })
+            .to_string(),
+        );
+        r["result"]["completion"]["values"].clone()
+    };
+    assert_eq!(
+        complete(&mut c, 1, "Engineering"),
+        json!(["Alice", "Bob", "Charlie"])
+    );
+    assert_eq!(
+        complete(&mut c, 2, "Sales"),
+        json!(["David", "Eve", "Frank"])
+    );
+    // A context that is not the documented object is the client's error.
+    let r = c.call(
+        &s,
+        3,
+        "completion/complete",
+        r#"{"ref":{"type":"ref/prompt","name":"completable-prompt"},"argument":{"name":"name","value":""},"context":{"arguments":["Sales"]}}"#,
+    );
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("context.arguments")),
+        "{r}"
+    );
+}
+
+/// gRPC's CallToolResult has no structured content: the edge appends it
+/// as a text block unless one holds it already. The reference server's
+/// text block is its structured content as JSON.stringify wrote it; the
+/// upstream router passes that content on parsed and written again, with
+/// its keys in another order, and the edge once appended it a second time.
+#[test]
+fn the_reference_servers_structured_content_reaches_grpc_once() {
+    let everything = Everything::start_on(DeadPort::any());
+    let b = Broker::start_with_config(&config(&[("ev", &everything.url(), "")]), &[]);
+    let r = rt().block_on(async {
+        grpc_client(&b)
+            .await
+            .call_tool(mcp_proto::v1::CallToolRequest {
+                name: "get-structured-content".into(),
+                arguments: Some(br#"{"location":"Chicago"}"#.to_vec()),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let texts: Vec<Value> = r
+        .content
+        .iter()
+        .filter_map(|c| match &c.content {
+            Some(mcp_proto::v1::content::Content::Text(t)) => serde_json::from_str(&t.text).ok(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [json!({"temperature": 36, "conditions": "Light rain / drizzle", "humidity": 82})],
+        "{r:?}"
+    );
+}
+
+#[test]
+fn the_reference_server_restarted_is_served_again_without_restarting_the_broker() {
+    let mut everything = Everything::start_on(DeadPort::any());
+    let b = Broker::start_with_config(&config(&[("ev", &everything.url(), "")]), &[]);
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let sum = |c: &mut Conn, id: u64| {
+        c.call(
+            &s,
+            id,
+            "tools/call",
+            r#"{"name":"get-sum","arguments":{"a":2,"b":3}}"#,
+        )
+    };
+    let r = sum(&mut c, 1);
+    assert_eq!(
+        r["result"]["content"][0]["text"], "The sum of 2 and 3 is 5.",
+        "{r}"
+    );
+    // A tool that must be called as a task (the broker offers no tasks) is
+    // not listed: every plain call of it would fail.
+    let listed = c.call(&s, 10, "tools/list", "{}");
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"get-sum") && !names.contains(&"simulate-research-query"),
+        "{names:?}"
+    );
+
+    everything.restart();
+    // The first call after the restart finds the session gone and
+    // re-initializes: it is answered, not refused.
+    let r = sum(&mut c, 2);
+    assert_eq!(
+        r["result"]["content"][0]["text"], "The sum of 2 and 3 is 5.",
+        "{r}"
+    );
+    // And the readiness pings that follow find it available.
+    assert!(
+        common::http::eventually(Duration::from_secs(15), || {
+            b.http_get("/readyz").0 == 200
+                && b.metric_where("mcp_upstream_available", &["router=\"ev\""]) == 1.0
+        }),
+        "readyz: {:?}",
+        b.http_get("/readyz")
     );
 }

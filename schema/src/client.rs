@@ -273,12 +273,14 @@ impl RequestEncoder {
         ref_name: &str,
         argument_name: &str,
         argument_value: &str,
+        context: &[(&str, &str)],
     ) -> &[u8] {
         self.fbb.reset();
         let fbb = &mut self.fbb;
         let ref_name = fbb.create_string(ref_name);
         let argument_name = fbb.create_string(argument_name);
         let argument_value = fbb.create_string(argument_value);
+        let context = (!context.is_empty()).then(|| key_values(fbb, &mut self.scratch, context));
         let p = CompleteRequest::create(
             fbb,
             &CompleteRequestArgs {
@@ -286,7 +288,7 @@ impl RequestEncoder {
                 ref_name: Some(ref_name),
                 argument_name: Some(argument_name),
                 argument_value: Some(argument_value),
-                context: None,
+                context,
             },
         );
         self.finish(h, RequestPayload::CompleteRequest, p.as_union_value())

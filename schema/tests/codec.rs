@@ -109,8 +109,15 @@ fn every_request_kind_classifies_with_its_route_key() {
             RouteKey::Broker,
         ),
         (
-            enc.complete(&h, CompletionRefKind::Prompt, "greet", "name", "al")
-                .to_vec(),
+            enc.complete(
+                &h,
+                CompletionRefKind::Prompt,
+                "greet",
+                "name",
+                "al",
+                &[("lang", "\"en\"")],
+            )
+            .to_vec(),
             RequestKind::Complete,
             RouteKey::Completion {
                 kind: CompletionRefKind::Prompt,

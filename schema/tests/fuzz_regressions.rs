@@ -50,8 +50,15 @@ fn every_request_kind() -> Vec<Vec<u8>> {
         e.ping(&bare).to_vec(),
         e.list(&corr, Listing::Tools, Some("c")).to_vec(),
         e.list(&bare, Listing::ResourceTemplates, None).to_vec(),
-        e.complete(&corr, CompletionRefKind::Resource, "file:///{x}", "x", "")
-            .to_vec(),
+        e.complete(
+            &corr,
+            CompletionRefKind::Resource,
+            "file:///{x}",
+            "x",
+            "",
+            &[],
+        )
+        .to_vec(),
         e.set_log_level(&bare, LogLevel::Error).to_vec(),
         e.subscribe(&corr, "file:///a", true).to_vec(),
         e.subscribe(&corr, "file:///a", false).to_vec(),

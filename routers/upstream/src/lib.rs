@@ -25,8 +25,10 @@
 //!   which opens nothing on the server; else `initialize`, then
 //!   `notifications/initialized`). Requests carry `Mcp-Session-Id` (when the
 //!   server gave one) and `MCP-Protocol-Version` (the negotiated one). A 404
-//!   while holding a session id means the server forgot it: the session is
-//!   dropped, re-opened, and that request retried once.
+//!   while holding a session id means the server forgot it, and so does a
+//!   400 that answers no request (servers built on the TypeScript SDK's
+//!   examples): the session is dropped, re-opened, and that request retried
+//!   once.
 //! - A failed `initialize` is not remembered: the next call tries again, so
 //!   an upstream that comes up later is picked up without replacing the
 //!   instance.
@@ -46,6 +48,7 @@
 //! | `tools/list`, `resources/list`, `resources/templates/list`, `prompts/list` | whole lists | pagination is flattened (at most 100 pages each); a list that fails reads as empty |
 //! | resource template | an `mcp-resource` whose `uri` is the `uriTemplate` (README "Resource templates") | — |
 //! | tool `annotations` | `read-only`, `destructive`; `title` used when the tool has none | `idempotentHint`, `openWorldHint` |
+//! | tool `execution.taskSupport` | a tool that requires to be called as a task (`"required"`) is not listed: the broker does not offer the tasks extension, and such a tool refuses every plain call | `"optional"` tools are listed and called plainly |
 //! | `tools/call` result | content, `structuredContent` (JSON text), `isError`, `_meta` entries | resource_link `name` (its title, else name, is the title); an embedded blob without MIME type is labelled `application/octet-stream` so the broker reads it as binary; a blob with a textual MIME type (or text with a binary one) is misread by the broker, which picks text/blob from the MIME type |
 //! | `notifications/progress` on the call's stream | passed to the host at once (`mcp-broker:host/call.progress`, `../../wit/host/host.wit`), which sends it to the client while the call runs | — |
 //! | `notifications/message` on a stream | passed to the host at once (`call.log`) | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped by the host |
@@ -53,8 +56,8 @@
 //! | server→client requests (`elicitation/create`, `sampling/createMessage`, `roots/list`, …) on a stream (2025-06-18) | refused: error -32601 POSTed back at once (`ping` is answered `{}`) | a session-era upstream cannot elicit, sample or list roots through the broker |
 //! | 2026-07-28 `InputRequiredResult` of `tools/call` | a result asking the broker's client the same `inputRequests` (meta `mcp-broker/input-requests`), the upstream's `requestState` in this router's state (`mcp-broker/state`); the retry's `_inputs` and `_request_state` become `inputResponses` and `requestState` | more than 8 questions, or a `requestState` over about 4 KB, fail the call (the broker's bounds); an `InputRequiredResult` of `prompts/get` or `resources/read` is an error |
 //! | 2026-07-28 errors with a 4xx status | the JSON-RPC error they carry | — |
-//! | `prompts/get` arguments | called with each declared argument = `{{name}}`; the broker substitutes (README "Prompt arguments") | an upstream that computes on the values (not just formats them) sees the placeholders; audio/link prompt content becomes text |
-//! | `completion/complete` | one text block per value | `total`, `hasMore` |
+//! | `prompts/get` arguments | called with each declared argument = `{{name}}`; the broker substitutes (README "Prompt arguments") | an upstream that computes on the values (not just formats them) sees the placeholders; an optional argument left out becomes an empty string in the text; audio/link prompt content becomes text; the prompt's `title` (the WIT prompt has none) |
+//! | `completion/complete` | the client's params as they come (`ref`, `argument`, `context.arguments`); one text block per value | `total`, `hasMore` |
 //! | `resources/subscribe`, `notifications/resources/updated` | not forwarded | the `subscribe` capability flag is reported as the upstream gives it |
 //! | `notifications/cancelled` | not sent by the guest (a call's end is invisible to it); each request but `initialize` carries `mcp-broker-request-id: <id>`, which the host strips and uses to send `notifications/cancelled` in the same session when it abandons the call | cancellation needs that host support |
 //! | broker arguments `_elicitation`, `_sampling`, `_roots`, `_inputs`, `_request_state` | stripped before `tools/call` | — |
@@ -220,8 +223,13 @@ impl Hdr {
 // variant would allocate on every request to save a move of ~200 bytes.
 #[allow(clippy::large_enum_variant)]
 enum Sent {
-    /// HTTP 404 while holding a session: the server dropped it.
-    SessionGone,
+    /// The server does not know the session it was sent (it restarted, or
+    /// expired it): HTTP 404, as the transport asks, or a 400 that answers
+    /// no request, as servers built on the TypeScript SDK's examples send
+    /// (the reference server `server-everything` among them:
+    /// `{"id":null,"error":{"message":"Bad Request: No valid session ID
+    /// provided"}}`). The status, for the failure's wording.
+    SessionGone(u16),
     Done {
         outcome: Result<Value, RpcError>,
         collected: Collected,
@@ -268,8 +276,20 @@ fn send(
     }
     headers.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let mut a = post(ep, &headers, payload)?;
-    if a.status == 404 && hdr.session.is_some() {
-        return Ok(Sent::SessionGone);
+    if hdr.session.is_some() && a.status == 404 {
+        return Ok(Sent::SessionGone(404));
+    }
+    if hdr.session.is_some() && a.status == 400 {
+        // A 400 that answers this request is the request's own failure
+        // (read below as before); one that answers none refused the
+        // session. Either way nothing ran, so a retry is safe.
+        let body = a.all().unwrap_or_default();
+        let answers_this = serde_json::from_slice::<Value>(&body)
+            .is_ok_and(|m| m.get("id").and_then(Value::as_u64) == Some(id));
+        if !answers_this {
+            return Ok(Sent::SessionGone(400));
+        }
+        return Err(format!("HTTP 400{}", snippet(&body)));
     }
     let ct = a.content_type.to_ascii_lowercase();
     let mut collected = Collected {
@@ -390,7 +410,7 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
     };
     let (init, session_id) = match send(ep, &bare, id, &payload, false, &[]) {
         Err(reason) => return Err(fail("", &reason)),
-        Ok(Sent::SessionGone) => return Err(fail("initialize", "HTTP 404")),
+        Ok(Sent::SessionGone(status)) => return Err(fail("initialize", &format!("HTTP {status}"))),
         Ok(Sent::Done {
             outcome: Err(e), ..
         }) => {
@@ -457,7 +477,7 @@ fn discover(ep: &Endpoint) -> Result<Value, String> {
         Sent::Done {
             outcome: Err(e), ..
         } => Err(format!("upstream error {}: {}", e.code, e.message)),
-        Sent::SessionGone => Err("HTTP 404".into()),
+        Sent::SessionGone(status) => Err(format!("HTTP {status}")),
     }
 }
 
@@ -527,15 +547,15 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
                     method, &ep.url, &reason,
                 )));
             }
-            Ok(Sent::SessionGone) if !retried => {
+            Ok(Sent::SessionGone(_)) if !retried => {
                 retried = true;
                 STATE.with_borrow_mut(|s| s.session = None);
             }
-            Ok(Sent::SessionGone) => {
+            Ok(Sent::SessionGone(status)) => {
                 return Err(Failure::Unavailable(rpc::unavailable(
                     method,
                     &ep.url,
-                    "HTTP 404 again after re-initializing the session",
+                    &format!("HTTP {status} again after re-initializing the session"),
                 )));
             }
             Ok(Sent::Done {
@@ -1353,7 +1373,12 @@ mod tests {
             // Describing it again discovers it again: there is no session.
             assert_eq!(
                 methods,
-                ["server/discover", "server/discover", "tools/list", "tools/call"]
+                [
+                    "server/discover",
+                    "server/discover",
+                    "tools/list",
+                    "tools/call"
+                ]
             );
         });
     }

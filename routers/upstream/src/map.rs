@@ -67,8 +67,14 @@ pub fn annotations(v: &Value) -> Option<Annotations> {
     })
 }
 
+/// A listed tool, or `None` for one without a name or one that must be
+/// called as a task (`execution.taskSupport: "required"`, MCP 2025-11-25):
+/// the broker does not offer tasks, so every call of it would be refused.
 pub fn tool(v: &Value) -> Option<Tool> {
     let name = s(v, "name")?;
+    if v.pointer("/execution/taskSupport").and_then(Value::as_str) == Some("required") {
+        return None;
+    }
     let ann = v.get("annotations");
     let annotations = ann.and_then(|a| {
         let read_only = flag(a, "readOnlyHint");
@@ -486,6 +492,10 @@ mod tests {
         assert!(bare.annotations.is_none());
         assert_eq!(bare.input_schema, r#"{"type":"object"}"#);
         assert!(tool(&json!({"title":"no name"})).is_none());
+        let task = |support: &str| json!({"name":"t","execution":{"taskSupport":support}});
+        assert!(tool(&task("required")).is_none());
+        assert!(tool(&task("optional")).is_some());
+        assert!(tool(&task("forbidden")).is_some());
     }
 
     /// Numbers pass through as written (serde_json's arbitrary_precision):

@@ -152,9 +152,25 @@ pub unsafe fn tool_result(tr: p::ToolResult<'_>) -> pb::CallToolResult {
     let blocks = unsafe { mcp_schema::content_vec::content_unchecked(&tr) };
     let mut content: Vec<pb::Content> = blocks.iter().filter_map(content).collect();
     if let Some(s) = tr.structured_content() {
-        let already = content
-            .iter()
-            .any(|c| matches!(&c.content, Some(pb::content::Content::Text(t)) if t.text == s));
+        let texts = || {
+            content.iter().filter_map(|c| match &c.content {
+                Some(pb::content::Content::Text(t)) => Some(t.text.as_str()),
+                _ => None,
+            })
+        };
+        // Byte for byte first (a router that wrote both from one string);
+        // else as JSON values: a router that parsed the tool's output and
+        // wrote it again (the upstream router, with its keys in another
+        // order or indented) holds the same content in other bytes.
+        let already = texts().any(|t| t == s) || {
+            let value = serde_json::from_str::<serde_json::Value>(s).ok();
+            value.is_some_and(|v| {
+                texts().any(|t| {
+                    t.trim_start().as_bytes().first() == s.trim_start().as_bytes().first()
+                        && serde_json::from_str::<serde_json::Value>(t).is_ok_and(|t| t == v)
+                })
+            })
+        };
         if !already {
             content.push(text_block(s.to_string()));
         }

@@ -195,7 +195,9 @@ pub fn complete<'e>(
     name: &str,
     arg: &pb::CompletionArgument,
 ) -> &'e [u8] {
-    e.complete(h, kind, name, &arg.name, &arg.value)
+    // The proto's CompleteRequest has no context: the arguments already
+    // chosen do not reach the router from gRPC (proto/README.md).
+    e.complete(h, kind, name, &arg.name, &arg.value, &[])
 }
 
 #[cfg(test)]

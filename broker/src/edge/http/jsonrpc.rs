@@ -544,6 +544,8 @@ struct Params<'a> {
     reference: Option<&'a RawValue>,
     #[serde(borrow, default)]
     argument: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    context: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "_meta")]
     meta: Option<&'a RawValue>,
 }
@@ -601,6 +603,15 @@ struct CompletionRef<'a> {
     name: Option<&'a RawValue>,
     #[serde(borrow, default)]
     uri: Option<&'a RawValue>,
+}
+
+/// `completion/complete`'s `context`: the arguments the client already
+/// chose (`{"arguments": {name: value}}`), for completions that depend on
+/// them.
+#[derive(Deserialize, Default)]
+struct CompletionContext<'a> {
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1106,12 +1117,21 @@ pub fn request_frame<'e, 'a>(
             };
             let arg_name = required_string(a.name, "argument.name")?;
             let arg_value = opt_string(a.value, "argument.value")?;
+            let context: CompletionContext<'a> = object(ps.context, "context")?;
+            let chosen = match context.arguments {
+                Some(raw) => {
+                    object_members(raw, "`context.arguments`").map_err(RpcError::invalid_params)?
+                }
+                None => Vec::new(),
+            };
+            let chosen: Vec<(&str, &str)> = chosen.iter().map(|(k, v)| (&**k, v.get())).collect();
             enc.complete(
                 h,
                 kind,
                 &target,
                 &arg_name,
                 arg_value.as_deref().unwrap_or(""),
+                &chosen,
             )
         }
         Method::SetLevel => {
