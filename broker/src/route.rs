@@ -94,6 +94,11 @@ pub struct RouteTable {
     pub prompt_list: Vec<Listed<Prompt>>,
     pub resource_list: Vec<Listed<McpResource>>,
     pub template_list: Vec<Listed<McpResource>>,
+    /// Listed items this table does not serve, each worded for the log:
+    /// a resource URI (or template) another router, listed first, serves
+    /// (a prefix never applies to a URI), and a name or URI a router lists
+    /// twice (its first entry is served).
+    pub shadowed: Vec<String>,
 }
 
 fn scheme(uri: &str) -> Option<&str> {
@@ -129,6 +134,7 @@ impl RouteTable {
             .enumerate()
             .flat_map(|(i, e)| e.meta.tools.iter().map(move |x| (i, x, x.name.as_str())))
             .collect();
+        let tools = first_of_each(tools, "tool", &t.routers, &mut t.shadowed);
         let (map, list) = qualify("tool", &tools, &t.routers, &prefix, separator)?;
         t.tools = map;
         t.tool_list = list;
@@ -137,12 +143,18 @@ impl RouteTable {
             .enumerate()
             .flat_map(|(i, e)| e.meta.prompts.iter().map(move |x| (i, x, x.name.as_str())))
             .collect();
+        let prompts = first_of_each(prompts, "prompt", &t.routers, &mut t.shadowed);
         let (map, list) = qualify("prompt", &prompts, &t.routers, &prefix, separator)?;
         t.prompts = map;
         t.prompt_list = list;
 
-        // Resources: URIs are global names; the same URI from two routers is
-        // ambiguous and refused.
+        // Resources: URIs are global names, which no prefix qualifies. The
+        // same URI (or template) from two routers goes to the one listed
+        // first; the other's entry is left out. Refusing the table instead
+        // would refuse every listing of both routers, tools included, for
+        // one URI two upstreams happen to share (two replicas, or two
+        // instances of one server).
+        let mut template_owner: HashMap<&str, RouterId> = HashMap::new();
         let mut scheme_owner: HashMap<&str, Option<RouterId>> = HashMap::new();
         for (i, e) in entries.iter().enumerate() {
             let id = i as RouterId;
@@ -158,25 +170,37 @@ impl RouteTable {
                     exposed: r.uri.clone().into(),
                     item: r.clone(),
                 };
+                let owner = if is_template(&r.uri) {
+                    *template_owner.entry(r.uri.as_str()).or_insert(id)
+                } else {
+                    t.resources.get(r.uri.as_str()).map_or(id, |&(o, _)| o)
+                };
+                let seen = if is_template(&r.uri) {
+                    t.template_list.iter().any(|l| *l.exposed == *r.uri)
+                } else {
+                    t.resources.contains_key(r.uri.as_str())
+                };
+                if seen {
+                    t.shadowed.push(if owner == id {
+                        format!(
+                            "router `{}` lists resource `{}` twice; its first entry is served",
+                            e.name, r.uri
+                        )
+                    } else {
+                        format!(
+                            "resource `{}` of router `{}` is not served: router `{}`, listed first, serves that URI (a prefix never applies to URIs)",
+                            r.uri, e.name, t.routers[owner as usize]
+                        )
+                    });
+                    continue;
+                }
                 if is_template(&r.uri) {
                     let literal = &r.uri[..r.uri.find('{').unwrap_or(r.uri.len())];
                     t.templates.push((literal.into(), id));
                     t.template_list.push(listed);
                 } else {
-                    if let Some(&(other, _)) = t.resources.get(r.uri.as_str())
-                        && other != id
-                    {
-                        return Err(RouteError::Collision {
-                            kind: "resource",
-                            name: r.uri.clone(),
-                            a: t.routers[other as usize].clone(),
-                            b: e.name.clone(),
-                        });
-                    }
-                    // A router listing a URI twice keeps its first entry.
                     t.resources
-                        .entry(r.uri.clone().into())
-                        .or_insert((id, t.resource_list.len()));
+                        .insert(r.uri.clone().into(), (id, t.resource_list.len()));
                     t.resource_list.push(listed);
                 }
             }
@@ -237,6 +261,31 @@ impl RouteTable {
 }
 
 type Qualified<T> = (Names<Target>, Vec<Listed<T>>);
+
+/// `items` without a router's second entry of a name it already listed
+/// (noted in `shadowed`): such a router's names would otherwise count as
+/// a collision with itself, qualified with one prefix into the same name.
+fn first_of_each<'a, T>(
+    items: Vec<(usize, &'a T, &'a str)>,
+    kind: &str,
+    routers: &[String],
+    shadowed: &mut Vec<String>,
+) -> Vec<(usize, &'a T, &'a str)> {
+    let mut seen: std::collections::HashSet<(usize, &str)> = Default::default();
+    items
+        .into_iter()
+        .filter(|&(i, _, name)| {
+            let first = seen.insert((i, name));
+            if !first {
+                shadowed.push(format!(
+                    "router `{}` lists {kind} `{name}` twice; its first entry is served",
+                    routers[i]
+                ));
+            }
+            first
+        })
+        .collect()
+}
 
 fn qualify<T: Clone>(
     kind: &'static str,
@@ -381,6 +430,41 @@ mod tests {
                 a: "a".into(),
                 b: "b".into()
             }
+        );
+    }
+
+    #[test]
+    fn a_uri_two_routers_list_goes_to_the_first_and_the_rest_is_served() {
+        let t = RouteTable::build(
+            &[
+                entry("one", None, &["echo"], &["demo://r/1", "demo://t/{id}"]),
+                entry(
+                    "two",
+                    None,
+                    &["echo", "echo"],
+                    &["demo://r/1", "demo://t/{id}", "demo://r/2", "demo://r/2"],
+                ),
+            ],
+            "__",
+        )
+        .unwrap();
+        assert_eq!(t.resource("demo://r/1"), Some(0));
+        assert_eq!(t.resource("demo://t/7"), Some(0));
+        assert_eq!(t.resource("demo://r/2"), Some(1));
+        let uris: Vec<_> = t.resource_list.iter().map(|l| &*l.exposed).collect();
+        assert_eq!(uris, ["demo://r/1", "demo://r/2"]);
+        assert_eq!(t.template_list.len(), 1);
+        // The second router's tools are served, its own duplicate once.
+        let names: Vec<_> = t.tool_list.iter().map(|l| &*l.exposed).collect();
+        assert_eq!(names, ["one__echo", "two__echo"]);
+        assert_eq!(
+            t.shadowed,
+            [
+                "router `two` lists tool `echo` twice; its first entry is served",
+                "resource `demo://r/1` of router `two` is not served: router `one`, listed first, serves that URI (a prefix never applies to URIs)",
+                "resource `demo://t/{id}` of router `two` is not served: router `one`, listed first, serves that URI (a prefix never applies to URIs)",
+                "router `two` lists resource `demo://r/2` twice; its first entry is served",
+            ]
         );
     }
 

@@ -65,6 +65,10 @@ impl Routing {
         layout: &Layout,
     ) -> Result<Self, RouteError> {
         let table = RouteTable::build(entries, separator)?;
+        // Once per table: at start-up, a reload, or a change of listings.
+        for note in &table.shadowed {
+            tracing::warn!("{note}");
+        }
         let mut capabilities = Capabilities::default();
         let mut instructions = Vec::new();
         for e in entries {

@@ -1866,3 +1866,74 @@ fn the_reference_server_restarted_is_served_again_without_restarting_the_broker(
         b.http_get("/readyz")
     );
 }
+
+/// Two instances of one server list the same resource URIs, which no
+/// prefix qualifies. The router listed first serves them; the other's
+/// tools and prompts are served all the same, qualified. The broker once
+/// refused to start, advising a prefix they already had, and refused
+/// every listing of an instance that came up later, tools included, while
+/// reporting it available.
+#[test]
+fn two_instances_of_the_reference_server_share_resource_uris_and_both_serve_tools() {
+    let one = Everything::start_on(DeadPort::any());
+    let later = DeadPort::any();
+    let later_url = format!("http://127.0.0.1:{}/mcp", later.port);
+    let b = Broker::start_with_config(
+        &config(&[("one", &one.url(), ""), ("two", &later_url, "")]),
+        &[],
+    );
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let tools = |c: &mut Conn, id: u64| -> Vec<String> {
+        c.call(&s, id, "tools/list", "{}")["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str().map(String::from))
+            .collect()
+    };
+    assert!(tools(&mut c, 1).contains(&"get-sum".to_string()));
+
+    let _two = Everything::start_on(later);
+    let mut id = 10;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            id += 1;
+            tools(&mut c, id).contains(&"two__get-sum".to_string())
+        }),
+        "the instance that came up later is listed: {:?}",
+        tools(&mut c, 100)
+    );
+    for (n, name) in ["one__get-sum", "two__get-sum"].into_iter().enumerate() {
+        let r = c.call(
+            &s,
+            200 + n as u64,
+            "tools/call",
+            &json!({"name": name, "arguments": {"a": 1, "b": 2}}).to_string(),
+        );
+        assert_eq!(
+            r["result"]["content"][0]["text"], "The sum of 1 and 2 is 3.",
+            "{name}: {r}"
+        );
+    }
+    // Each URI is listed once, and read from the instance listed first.
+    let listed = c.call(&s, 300, "resources/list", "{}");
+    let uris: Vec<&str> = listed["result"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["uri"].as_str())
+        .collect();
+    let mut unique = uris.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert!(!uris.is_empty() && uris.len() == unique.len(), "{uris:?}");
+    let read = c.call(
+        &s,
+        301,
+        "resources/read",
+        &json!({"uri": uris[0]}).to_string(),
+    );
+    assert!(read["result"]["contents"].is_array(), "{read}");
+    assert_eq!(b.http_get("/readyz").0, 200);
+}
