@@ -118,6 +118,33 @@ fn router_without_a_directory_grant_cannot_read_files() {
     });
 }
 
+/// Every router may import `wasi:http/types` (its data types: headers,
+/// requests, responses), which sends nothing: `outgoing-handler` is linked
+/// for routers granted an upstream only (`upstream.rs` shows a router that
+/// imports it refused without one). Toolchains import the types whether a
+/// router sends requests or not: every componentize-js build did, and no
+/// JavaScript router could load.
+#[test]
+fn any_router_may_use_wasi_http_types_which_send_nothing() {
+    let pool = RouterPool::new(load(&bundled("chaos")));
+    on_shard(async {
+        let r = pool
+            .call_tool("http_fields", r#"{"name":"x-probe","value":"yes"}"#)
+            .await
+            .unwrap();
+        assert_eq!(first_text(&r), "yes");
+        // The host's rules for headers still hold.
+        let e = pool
+            .call_tool("http_fields", r#"{"name":"bad name","value":"x"}"#)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, CallError::Tool(ToolError::ExecutionError(_))),
+            "{e:?}"
+        );
+    });
+}
+
 #[test]
 fn router_with_a_read_only_directory_grant_reads_it_and_nothing_else() {
     let scratch = data_dir();

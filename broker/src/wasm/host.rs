@@ -131,9 +131,26 @@ impl WasmHost {
         // The broker's own imports (wit/host): every router may use them.
         host_call::add_to_linker::<_, wasmtime::component::HasSelf<StoreState>>(&mut linker, |s| s)
             .map_err(engine_err)?;
+        // `wasi:http/types` for every router: its data types (headers,
+        // requests, responses) send nothing without `outgoing-handler`,
+        // which only routers granted an upstream get (below). Toolchains
+        // import it whether a router sends requests or not: every
+        // componentize-js (StarlingMonkey) build does, and was refused.
+        wasmtime_wasi_http::p2::bindings::http::types::add_to_linker::<
+            _,
+            wasmtime_wasi_http::WasiHttp,
+        >(
+            &mut linker,
+            &wasmtime_wasi_http::p2::bindings::LinkOptions::default().into(),
+            StoreState::http,
+        )
+        .map_err(engine_err)?;
         let mut linker_http = linker.clone();
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker_http)
-            .map_err(engine_err)?;
+        wasmtime_wasi_http::p2::bindings::http::outgoing_handler::add_to_linker::<
+            _,
+            wasmtime_wasi_http::WasiHttp,
+        >(&mut linker_http, StoreState::http)
+        .map_err(engine_err)?;
         let linker_sync = sync_linker(&engine).map_err(engine_err)?;
 
         // One worker: WASI timers, the blocking pool's completions and
@@ -896,6 +913,15 @@ fn sync_linker(engine: &Engine) -> wasmtime::Result<Linker<StoreState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
     host_call::add_to_linker::<_, wasmtime::component::HasSelf<StoreState>>(&mut linker, |s| s)?;
+    // As in the async linker: data types only, nothing that sends.
+    wasmtime_wasi_http::p2::bindings::sync::http::types::add_to_linker::<
+        _,
+        wasmtime_wasi_http::WasiHttp,
+    >(
+        &mut linker,
+        &wasmtime_wasi_http::p2::bindings::LinkOptions::default().into(),
+        StoreState::http,
+    )?;
     linker.allow_shadowing(true);
     let mut clock = linker.instance(CLOCK_SUBSCRIPTIONS)?;
     for name in ["subscribe-duration", "subscribe-instant"] {
@@ -1189,6 +1215,27 @@ fn cut(mut s: String) -> String {
     s
 }
 
+/// A log's `data` (JSON text) bounded as [`cut`] bounds a string, but
+/// still JSON: text cut at a byte count is no JSON value, and the edges
+/// would pass it on as a string that starts like the value and ends
+/// anywhere. Over the bound, the data becomes a JSON string that says so:
+/// the first KiB of the text and the size the router logged.
+fn cut_json(data: String) -> String {
+    if data.len() <= MAX_LIVE_EVENT_BYTES {
+        return data;
+    }
+    let mut at = 1 << 10;
+    while !data.is_char_boundary(at) {
+        at -= 1;
+    }
+    let note = format!(
+        "{}… [cut: the router logged {} bytes of JSON; at most {MAX_LIVE_EVENT_BYTES} are passed on]",
+        &data[..at],
+        data.len()
+    );
+    serde_json::Value::String(note).to_string()
+}
+
 impl StoreState {
     fn report(&mut self, event: impl FnOnce() -> LiveEvent) {
         let Some(live) = &self.live else { return };
@@ -1215,7 +1262,7 @@ impl host_call::Host for StoreState {
         self.report(|| LiveEvent::Log {
             level: cut(level),
             logger: logger.map(cut),
-            data: cut(data),
+            data: cut_json(data),
         });
     }
 
@@ -1321,15 +1368,25 @@ mod tests {
     fn a_call_reports_a_bounded_number_of_bounded_events() {
         let (tx, mut rx) = futures_channel::mpsc::unbounded();
         let mut s = state(Some(tx));
-        let long = "é".repeat(MAX_LIVE_EVENT_BYTES); // 2 bytes each
-        s.log("info".into(), None, long);
+        let long = format!("\"{}\"", "é".repeat(MAX_LIVE_EVENT_BYTES)); // 2 bytes each
+        s.log("info".into(), None, long.clone());
         for i in 0..1000 {
             s.progress(f64::from(i), None, None);
         }
         let mut n = 0;
         while let Ok(ev) = rx.try_recv() {
             if let LiveEvent::Log { data, .. } = &ev {
-                assert_eq!(data.len(), MAX_LIVE_EVENT_BYTES, "cut at a char boundary");
+                // Still JSON: a string with the text's head and its size.
+                let said: String = serde_json::from_str(data).unwrap();
+                assert!(said.starts_with("\"éé"), "{said}");
+                assert!(
+                    said.ends_with(&format!(
+                        "[cut: the router logged {} bytes of JSON; at most 4096 are passed on]",
+                        long.len()
+                    )),
+                    "{said}"
+                );
+                assert!(data.len() < MAX_LIVE_EVENT_BYTES, "{}", data.len());
             }
             n += 1;
         }

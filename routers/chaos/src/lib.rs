@@ -17,6 +17,7 @@
 //! | `read_file {"path"}` | `std::fs::read_to_string` | text, or `ToolError` without a grant |
 //! | `env {"name"}` | `std::env::var` | value, or `ToolError` when not granted |
 //! | `print {"text"}` | writes to stdout and stderr | completes (output discarded unless granted) |
+//! | `http_fields {"name", "value"}` | builds a `wasi:http/types` header list and reads `name` back (it imports the types alone: no request can be sent) | the value, on any router; a forbidden header is a `ToolError` |
 //! | `fanout {"blocks", "bytes"}` | `blocks` text blocks that all point at one string of `bytes` bytes | `ResultTooLarge` past `max_result_bytes`, instance replaced |
 //! | `big_state {"bytes", "key_bytes"?}` | elicits with a state (`mcp-broker/state`) of a `bytes`-byte string and an input key of `key_bytes` bytes | HTTP 2026-07-28: -32603 past 4 KiB of state or 64 bytes of key |
 //! | `bad_set {"set"}` | asks the set of questions `set` (`mcp-broker/input-requests`), the string's text as it is | HTTP: -32603 naming the fault of a set that cannot be asked |
@@ -31,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use exports::wasix::mcp::router::{
     CompletionError, CompletionRequest, CompletionResponse, ContentBlock, ElicitationRequest,
-    GetPromptResult, Guest, McpResource, Prompt, PromptError, ReadResourceResult, ResourceError,
-    MetaEntry, Response, ServerCapabilities, ServerDescription, TextContent, Tool, ToolError,
+    GetPromptResult, Guest, McpResource, MetaEntry, Prompt, PromptError, ReadResourceResult,
+    ResourceError, Response, ServerCapabilities, ServerDescription, TextContent, Tool, ToolError,
     ToolResult, ToolsCapability,
 };
 
@@ -173,6 +174,10 @@ impl Guest for Chaos {
             tool("env", "Reads the environment variable `name`."),
             tool("print", "Writes `text` to stdout and stderr."),
             tool(
+                "http_fields",
+                "Builds a wasi:http header list holding `name`: `value` and reads it back.",
+            ),
+            tool(
                 "fanout",
                 "Returns `blocks` text blocks that all point at one string of `bytes` bytes.",
             ),
@@ -254,6 +259,20 @@ impl Guest for Chaos {
                 out.and(err)
                     .map(|()| completed("printed".into(), None))
                     .map_err(|e| ToolError::ExecutionError(format!("print: {e}")))
+            }
+            "http_fields" => {
+                let (name, value) = (str_arg(&args, "name")?, str_arg(&args, "value")?);
+                let fields = wasi::http::types::Fields::from_list(&[(
+                    name.to_owned(),
+                    value.as_bytes().to_vec(),
+                )])
+                .map_err(|e| ToolError::ExecutionError(format!("fields: {e:?}")))?;
+                let read: Vec<String> = fields
+                    .get(&name.to_owned())
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .collect();
+                Ok(completed(read.join(", "), None))
             }
             "fanout" => {
                 let count = |name| {
