@@ -398,6 +398,26 @@ async fn initialize_ignores_a_session_id_and_long_errors_still_arrive() {
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 }
 
+/// A call's metadata is bounded at 16 KiB (proto/README.md, Connections):
+/// one past it is refused with HTTP 431 before it reaches the broker, and
+/// the connection serves the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_over_16_kib_is_refused_and_the_connection_goes_on() {
+    let b = Broker::start();
+    let mut c = client(&b).await;
+    let mut big = Request::new(call("echo_text", r#"{"text":"x"}"#));
+    big.metadata_mut()
+        .insert("x-big", "v".repeat(17 << 10).parse().unwrap());
+    let e = c.call_tool(big).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unknown, "{e:?}");
+    assert!(e.message().contains("431"), "{e:?}");
+    let mut fits = Request::new(call("echo_text", r#"{"text":"after"}"#));
+    fits.metadata_mut()
+        .insert("x-big", "v".repeat(8 << 10).parse().unwrap());
+    let r = c.call_tool(fits).await.unwrap().into_inner();
+    assert_eq!(texts(&r), ["after"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resource_topic_gets_the_updates_its_router_tells() {
     let b = Broker::start();

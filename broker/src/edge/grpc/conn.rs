@@ -377,6 +377,10 @@ pub struct ShardGrpc {
     builder: hyper::server::conn::http2::Builder<rt::ShardExec>,
 }
 
+/// The largest header list (a call's metadata) a connection takes, as
+/// advertised in SETTINGS_MAX_HEADER_LIST_SIZE; past it, HTTP 431.
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
 impl ShardGrpc {
     pub fn new(
         index: usize,
@@ -391,7 +395,10 @@ impl ShardGrpc {
             .timer(rt::ShardTimer)
             .keep_alive_interval(cfg.keepalive_interval)
             .keep_alive_timeout(cfg.keepalive_timeout)
-            .max_concurrent_streams(cfg.max_concurrent_streams_per_connection);
+            .max_concurrent_streams(cfg.max_concurrent_streams_per_connection)
+            // hyper's default, stated: proto/README.md documents it, and a
+            // change in hyper must not move it silently.
+            .max_header_list_size(MAX_HEADER_LIST_BYTES);
         Rc::new(Self {
             index,
             shared: shared.clone(),
