@@ -524,6 +524,12 @@ pub struct RouterConfig {
     /// past it the call fails as a router fault (see `RouterSpec`).
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
+    /// Linear memory one instance may grow to; past it, the guest's
+    /// allocation is refused (most runtimes then trap: -32002, instance
+    /// replaced). A router whose language runtime runs in the guest
+    /// (componentize-py's CPython, a JavaScript engine) has it as its heap.
+    #[serde(default = "default_max_memory_bytes")]
+    pub max_memory_bytes: usize,
     /// The router never waits (no sleeps, outgoing requests or file
     /// reads): its calls run without a fiber, and since each holds its
     /// shard while it runs, its guest may run `wasm::NEVER_WAITS_MAX_RUN`
@@ -606,6 +612,11 @@ fn default_deadline() -> Duration {
 fn default_max_result_bytes() -> usize {
     crate::wasm::DEFAULT_MAX_RESULT_BYTES
 }
+fn default_max_memory_bytes() -> usize {
+    crate::wasm::DEFAULT_MAX_MEMORY_BYTES
+}
+/// Lower bound of `max_memory_bytes`: below a MiB no Rust router runs.
+pub const MIN_MEMORY_BYTES: usize = 1 << 20;
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -1241,6 +1252,15 @@ impl Config {
                     r.max_result_bytes
                 ));
             }
+            let memory = MIN_MEMORY_BYTES..=crate::wasm::MAX_MEMORY_BYTES_LIMIT;
+            if !memory.contains(&r.max_memory_bytes) {
+                errors.push(format!(
+                    "{at}.max_memory_bytes: {} is outside {}..={} (the pooled instance slot)",
+                    r.max_memory_bytes,
+                    memory.start(),
+                    memory.end()
+                ));
+            }
             if r.never_waits && r.upstream.is_some() {
                 errors.push(format!(
                     "{at}.never_waits: an `upstream` router waits on its upstream"
@@ -1385,6 +1405,7 @@ impl Config {
         spec.call_deadline = r.call_deadline;
         spec.sessions = r.session_limits();
         spec.max_result_bytes = r.max_result_bytes;
+        spec.max_memory_bytes = r.max_memory_bytes;
         spec.never_waits = r.never_waits;
         spec.grants = crate::wasm::Grants {
             stdio_to_stderr: r.grants.stdio,
@@ -1560,10 +1581,11 @@ mod tests {
         // The chaos router is for tests only (tests/fixtures/chaos.toml).
         assert_eq!(names, ["echo", "kv", "library"]);
         assert!(
-            c.routers
-                .iter()
-                .all(|r| r.max_result_bytes == crate::wasm::DEFAULT_MAX_RESULT_BYTES),
-            "the example states the default max_result_bytes"
+            c.routers.iter().all(
+                |r| r.max_result_bytes == crate::wasm::DEFAULT_MAX_RESULT_BYTES
+                    && r.max_memory_bytes == crate::wasm::DEFAULT_MAX_MEMORY_BYTES
+            ),
+            "the example states the default max_result_bytes and max_memory_bytes"
         );
         // The file states the same defaults the structs have.
         assert_eq!(c.frames, FramesSection::default());
@@ -1720,6 +1742,11 @@ mod tests {
         )
         .unwrap();
         assert!(c.router_spec(&c.routers[0]).never_waits);
+        let c = Config::parse(
+            "[[routers]]\nname = \"py\"\nwasm = \"py.wasm\"\nmax_memory_bytes = 268435456\n",
+        )
+        .unwrap();
+        assert_eq!(c.router_spec(&c.routers[0]).max_memory_bytes, 256 << 20);
         // The example's `echo` never waits; its other routers keep the default.
         let d = Config::parse(DEFAULT_TOML).unwrap();
         let flags: Vec<bool> = d.routers.iter().map(|r| r.never_waits).collect();
@@ -1741,6 +1768,7 @@ mod tests {
             wasm = "x.wasm"
             instances_per_shard = 0
             max_result_bytes = 0
+            max_memory_bytes = 268435457
             [[routers]]
             wasm = "y.wasm"
             [extra]
@@ -1756,6 +1784,7 @@ mod tests {
             "routers[0] (a b).name",
             "routers[0] (a b).instances_per_shard",
             "routers[0] (a b).max_result_bytes: 0 is outside",
+            "routers[0] (a b).max_memory_bytes: 268435457 is outside 1048576..=268435456",
             "routers[1]: missing field `name`",
             "extra: unknown section",
         ] {

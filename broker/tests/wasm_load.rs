@@ -145,6 +145,24 @@ fn any_router_may_use_wasi_http_types_which_send_nothing() {
     });
 }
 
+/// `max_memory_bytes` is the guest's heap: 80 MiB do not fit the default
+/// 64 MiB, and fit a router given 128 MiB (whose answer is then refused
+/// for its size instead: max_result_bytes is another bound).
+#[test]
+fn max_memory_bytes_bounds_what_a_guest_may_allocate() {
+    let args = format!(r#"{{"blocks":1,"bytes":{}}}"#, 80 << 20);
+    let small = RouterPool::new(load(&bundled("chaos")));
+    let mut spec = bundled("chaos");
+    spec.max_memory_bytes = 128 << 20;
+    let large = RouterPool::new(load(&spec));
+    on_shard(async {
+        let e = small.call_tool("fanout", &args).await.unwrap_err();
+        assert!(matches!(e, CallError::OutOfMemory), "{e:?}");
+        let e = large.call_tool("fanout", &args).await.unwrap_err();
+        assert!(matches!(e, CallError::ResultTooLarge { .. }), "{e:?}");
+    });
+}
+
 #[test]
 fn router_with_a_read_only_directory_grant_reads_it_and_nothing_else() {
     let scratch = data_dir();

@@ -25,6 +25,9 @@ pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(5);
 /// Default linear-memory cap per instance: ample for JSON routers, small
 /// enough that a runaway allocation is refused quickly.
 pub const DEFAULT_MAX_MEMORY_BYTES: usize = 64 << 20;
+/// The largest linear memory a router may be given (`max_memory_bytes`):
+/// the pooled slot's size, the same for every instance of every router.
+pub const MAX_MEMORY_BYTES_LIMIT: usize = 256 << 20;
 /// Default sessions per shard that hold their own instance of a
 /// session-affine router: each costs a pooled slot per shard (reserved at
 /// start-up) and the resident memory its state touches; beyond it the least
@@ -200,7 +203,7 @@ impl Default for HostConfig {
     fn default() -> Self {
         Self {
             max_instances: 1000,
-            max_memory_bytes: 256 << 20,
+            max_memory_bytes: MAX_MEMORY_BYTES_LIMIT,
             max_wasm_stack: 512 << 10,
             epoch_tick: Duration::from_millis(1),
             trap_backtraces: false,
