@@ -36,6 +36,20 @@ fn component_importing_an_unknown_interface_is_refused_naming_it() {
 }
 
 #[test]
+fn component_with_a_mistyped_function_is_refused_naming_it() {
+    let spec = RouterSpec::new("mistyped", fixture("mistyped_export.wat"));
+    let e = host().load(&spec).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!(
+            "`title` of {ROUTER_INTERFACE} does not have the type wit/mcp-router.wit gives it"
+        )),
+        "{msg}"
+    );
+    assert!(msg.contains("router `mistyped`"), "{msg}");
+}
+
+#[test]
 fn missing_component_file_tells_to_build_the_routers() {
     // A bundled router's file: the hint to build them.
     let spec = RouterSpec::new("echo", "/nonexistent/echo.wasm");

@@ -703,7 +703,11 @@ impl Router {
         .map_err(|_| CallError::Instantiate("start function exceeded the deadline".into()))?
         .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
         let failed = |e: wasmtime::Error| CallError::Instantiate(format!("{e:#}"));
-        let bindings = McpRouter::new(&mut store, &instance).map_err(failed)?;
+        let bindings = McpRouter::new(&mut store, &instance).map_err(|e| {
+            CallError::Instantiate(
+                mistyped_export(&mut store, &instance).unwrap_or_else(|| format!("{e:#}")),
+            )
+        })?;
         let idx = &self.metered;
         let mut func = |i: &ComponentExportIndex| {
             instance
@@ -929,6 +933,59 @@ fn sync_linker(engine: &Engine) -> wasmtime::Result<Linker<StoreState>> {
     }
     linker.allow_shadowing(false);
     Ok(linker)
+}
+
+/// Which function of the router interface has another type than
+/// `wit/mcp-router.wit` gives it, for an instance the bindings refused:
+/// their error says what mismatched ("expected `record` found `string`")
+/// but not in which of the eleven functions. `None` if none is found
+/// mistyped (the bindings' error then stands).
+fn mistyped_export(
+    store: &mut Store<StoreState>,
+    instance: &wasmtime::component::Instance,
+) -> Option<String> {
+    use super::bindings::types::{
+        CompletionError, CompletionRequest, CompletionResponse, GetPromptResult, PromptError,
+        ReadResourceResult, ResourceError, Response, ToolError,
+    };
+    let iface = instance.get_export_index(&mut *store, None, ROUTER_INTERFACE)?;
+    macro_rules! check {
+        ($name:literal, $params:ty, $results:ty) => {
+            if let Some(f) = instance.get_export_index(&mut *store, Some(&iface), $name)
+                && let Err(e) = instance.get_typed_func::<$params, $results>(&mut *store, &f)
+            {
+                return Some(format!(
+                    "`{}` of {ROUTER_INTERFACE} does not have the type wit/mcp-router.wit gives it \
+                     (was the component built from another version of the WIT?): {e:#}",
+                    $name
+                ));
+            }
+        };
+    }
+    check!("name", (), (String,));
+    check!("title", (), (Option<String>,));
+    check!("instructions", (), (String,));
+    check!("describe-server", (), (ServerDescription,));
+    check!("list-tools", (), (Vec<Tool>,));
+    check!("call-tool", (&str, &str), (Result<Response, ToolError>,));
+    check!("list-resources", (), (Vec<McpResource>,));
+    check!(
+        "read-resource",
+        (&str,),
+        (Result<ReadResourceResult, ResourceError>,)
+    );
+    check!("list-prompts", (), (Vec<Prompt>,));
+    check!(
+        "get-prompt",
+        (&str,),
+        (Result<GetPromptResult, PromptError>,)
+    );
+    check!(
+        "complete",
+        (CompletionRequest,),
+        (Result<CompletionResponse, CompletionError>,)
+    );
+    None
 }
 
 /// [`NEVER_WAITS_MAX_RUN`] in epoch ticks (at least one).
