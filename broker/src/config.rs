@@ -1140,6 +1140,13 @@ impl Config {
         for (i, r) in g.roots.iter().enumerate() {
             if r.uri.is_empty() {
                 errors.push(format!("grpc.roots[{i}].uri: must not be empty"));
+            } else if let Err(e) = url::Url::parse(&r.uri) {
+                // A client resolves what it is given: a relative path or a
+                // typo would name nothing it can find (MCP: `file://` URIs).
+                errors.push(format!(
+                    "grpc.roots[{i}].uri: `{}` is not an absolute URI ({e}), e.g. file:///srv/data",
+                    r.uri
+                ));
             }
         }
         let h = &self.http;
@@ -1742,6 +1749,17 @@ mod tests {
         )
         .unwrap();
         assert!(c.router_spec(&c.routers[0]).never_waits);
+        let e = Config::parse(
+            "[[grpc.roots]]\nuri = \"srv/data\"\n[[grpc.roots]]\nuri = \"file:///srv/data\"\n",
+        )
+        .unwrap_err()
+        .0
+        .join("\n");
+        assert!(
+            e.contains("grpc.roots[0].uri: `srv/data` is not an absolute URI")
+                && !e.contains("roots[1]"),
+            "{e}"
+        );
         let c = Config::parse(
             "[[routers]]\nname = \"py\"\nwasm = \"py.wasm\"\nmax_memory_bytes = 268435456\n",
         )
