@@ -909,16 +909,7 @@ fn a_reload_refused_for_its_certificate_files_counts_as_failed() {
 /// `dir/NAME.key`.
 fn dated_certificate(ca: &Path, dir: &Path, name: &str, start: &str, end: &str) {
     let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl (scripts/setup installs it)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::openssl(dir, args);
     };
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(

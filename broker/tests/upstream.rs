@@ -1371,16 +1371,7 @@ fn a_stock_python_client_gets_upstream_progress_while_the_call_runs() {
 fn certificates(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl (scripts/setup installs it)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::openssl(dir, args);
     };
     let ec = [
         "-newkey",

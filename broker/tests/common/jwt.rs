@@ -2,7 +2,6 @@
 //! run time (nothing secret is checked in), JWK entries, base64url.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -28,26 +27,11 @@ pub struct RsaKey {
     pub modulus: Vec<u8>,
 }
 
-fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stderr(Stdio::piped())
-        .output()
-        .expect("openssl (scripts/setup installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 /// A 2048-bit RSA key pair in `dir`, its files named after `name`.
 pub fn rsa_key(dir: &Path, name: &str) -> RsaKey {
     let key = format!("{name}.pem");
     let public = format!("{name}.pub.pem");
-    openssl(
+    super::openssl(
         dir,
         &[
             "genpkey",
@@ -59,8 +43,12 @@ pub fn rsa_key(dir: &Path, name: &str) -> RsaKey {
             &key,
         ],
     );
-    openssl(dir, &["rsa", "-in", &key, "-pubout", "-out", &public]);
-    let m = String::from_utf8(openssl(dir, &["rsa", "-in", &key, "-noout", "-modulus"])).unwrap();
+    super::openssl(dir, &["rsa", "-in", &key, "-pubout", "-out", &public]);
+    let m = String::from_utf8(super::openssl(
+        dir,
+        &["rsa", "-in", &key, "-noout", "-modulus"],
+    ))
+    .unwrap();
     let hex = m.trim().trim_start_matches("Modulus=");
     let modulus = (0..hex.len())
         .step_by(2)

@@ -377,6 +377,23 @@ impl Drop for Broker {
 
 /// Runs the broker on `toml` (port 0 everywhere) expecting it to exit
 /// without becoming ready; returns its stderr.
+/// Runs `openssl` with `args` in `dir`, failing the test with its stderr
+/// if it fails; its stdout.
+pub fn openssl(dir: &std::path::Path, args: &[&str]) -> Vec<u8> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("openssl (scripts/setup installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// What a broker started with a piped stderr has logged so far, copied
 /// by a thread that also passes it on to the test's stderr.
 #[derive(Clone, Default)]
