@@ -1053,6 +1053,60 @@ fn a_call_that_asks_the_client_counts_once_with_its_final_answer() {
     assert_eq!(all, 2.0, "{fin}: code {code}");
 }
 
+/// A session with more than 16 requests on their streams at once keeps
+/// every one: the 16 streams kept for resumption once made room by dropping
+/// the oldest stream, open or not, and that request's answer was lost (a
+/// TypeScript SDK client with 17 calls running lost the first).
+#[test]
+fn more_than_sixteen_open_streams_in_a_session_all_get_their_answers() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut open = Vec::new();
+    for id in 1..=20 {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"test_elicitation","arguments":{{"message":"Who are you?"}}}}}}"#
+        );
+        let mut stream = open_stream(&b, &s, &body);
+        let ask = next_ask(&mut stream, "elicitation/create");
+        open.push((id, stream, ask));
+    }
+    for (id, mut stream, ask) in open {
+        let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}});
+        assert_eq!(c.post(Some(&s), &answer.to_string()).status, 202, "{id}");
+        let (fin, _) = final_message(&mut stream);
+        assert_eq!(fin["id"], id, "{fin}");
+        assert!(fin["result"].to_string().contains("accept"), "{fin}");
+    }
+}
+
+/// A session ended (DELETE) while a call waits for the client's answer:
+/// the request still gets its one final answer. Ending the session once
+/// cut every stream before the waiting call wrote it, and the client
+/// waited for its own timeout.
+#[test]
+fn a_question_pending_when_its_session_is_deleted_ends_its_request() {
+    let b = conformance("");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    let mut stream = open_stream(
+        &b,
+        &s,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
+    );
+    next_ask(&mut stream, "elicitation/create");
+    let r = c.request("DELETE", "/mcp", &[("Mcp-Session-Id", &s)], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (fin, _) = final_message(&mut stream);
+    assert_eq!(fin["id"], 3, "{fin}");
+    // The DELETE cancelled the call (the client's own act: -32800).
+    assert_eq!(
+        fin["error"],
+        json!({"code": -32800, "message": "request cancelled: the client ended its session"}),
+        "{fin}"
+    );
+}
+
 /// A call waiting for the client's answer when the drain deadline passes
 /// gets its final answer, -32004, before the broker exits: its stream once
 /// closed with none.
@@ -1065,6 +1119,8 @@ fn a_question_unanswered_at_the_drain_deadline_ends_its_request() {
     let mut b = Broker::start_with_config(&toml, &[]);
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-06-18");
+    let level = c.call(&s, 1, "logging/setLevel", r#"{"level":"warning"}"#);
+    assert!(level["result"].is_object(), "{level}");
     let mut stream = open_stream(
         &b,
         &s,
@@ -1073,9 +1129,23 @@ fn a_question_unanswered_at_the_drain_deadline_ends_its_request() {
     next_ask(&mut stream, "elicitation/create");
     let status = b.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
-    let (fin, _) = final_message(&mut stream);
+    let (fin, text) = final_message(&mut stream);
     assert_eq!(fin["id"], 11, "{fin}");
     stream_error(&fin, -32004, "drain deadline");
+    // Written by the edge, and still as a router's failure is: with its
+    // kind, and after the failure log the session's level asks for (both
+    // were missing from the answers of the round trip to the client).
+    assert_eq!(
+        fin["error"]["data"],
+        json!({"kind": "shutting_down", "retryable": true}),
+        "{fin}"
+    );
+    let log = common::http::sse_messages(&text)
+        .into_iter()
+        .find(|m| m["method"] == "notifications/message")
+        .unwrap_or_else(|| panic!("no failure log before the answer: {text}"));
+    assert_eq!(log["params"]["data"]["code"], -32004, "{log}");
+    assert_eq!(log["params"]["data"]["kind"], "shutting_down", "{log}");
 }
 
 /// A router's state (`mcp-broker/state` on its question) comes back with

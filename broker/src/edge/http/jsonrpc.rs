@@ -1374,6 +1374,24 @@ pub fn cancelled_request_id(params: Option<&RawValue>) -> Option<Id<'_>> {
     c.request_id.filter(|r| is_string_or_number(r)).map(Id)
 }
 
+/// The `data` of an error the broker itself answers with `code` (one of
+/// its `ErrorCode`s): `{"kind":…,"retryable":…}` for an internal error and
+/// the server-error range (-32000..=-32099), written into `buf`; `None`
+/// for the JSON-RPC codes, which say enough.
+pub fn broker_error_data(code: i32, buf: &mut Vec<u8>) -> Option<&str> {
+    match ErrorCode::from_code(code) {
+        Some(c) if c == ErrorCode::Internal || (-32099..=-32000).contains(&c.code()) => {
+            buf.clear();
+            let mut d = Obj::new(buf);
+            d.str("kind", c.as_str());
+            d.bool("retryable", c.is_retryable());
+            d.end();
+            Some(std::str::from_utf8(buf).unwrap_or("null"))
+        }
+        _ => None,
+    }
+}
+
 /// A JSON-RPC error message: `{"jsonrpc":"2.0","id":…,"error":{…}}`.
 /// `data` is inserted raw if it is one JSON value, else as a string.
 pub fn write_error(
@@ -1787,16 +1805,7 @@ fn write_frame_error(
     } else if let Some(d) = e.data().filter(|d| !d.trim_ascii().is_empty()) {
         Some(d)
     } else {
-        match ErrorCode::from_code(frame_code) {
-            Some(c) if c == ErrorCode::Internal || c.code() >= -32099 && c.code() <= -32000 => {
-                let mut d = Obj::new(&mut data_buf);
-                d.str("kind", c.as_str());
-                d.bool("retryable", c.is_retryable());
-                d.end();
-                Some(std::str::from_utf8(&data_buf).unwrap_or("null"))
-            }
-            _ => None,
-        }
+        broker_error_data(frame_code, &mut data_buf)
     };
     // MCP's own wording for an unknown tool, when the request named it.
     let unknown_tool;

@@ -1429,7 +1429,7 @@ impl HttpEdge {
                 &mut out,
                 Some(id),
                 REQUEST_CANCELLED,
-                "request cancelled by the client",
+                cancelled_message(session),
                 None,
             );
             return Answer::Json(out);
@@ -1594,7 +1594,7 @@ impl HttpEdge {
                         a = asked => a,
                         _ = cancel.cancelled() => Err((
                             REQUEST_CANCELLED,
-                            "request cancelled by the client".to_owned(),
+                            cancelled_message(&session).to_owned(),
                         )),
                     },
                 };
@@ -1643,7 +1643,20 @@ impl HttpEdge {
                         if let Some(r) = &c.record {
                             r.answered(code);
                         }
-                        jsonrpc::write_error(&mut buf, Some(&id), code, &msg, None);
+                        // As a failure the router's answer carries: the
+                        // failure log first (when asked for), then the
+                        // error with its kind.
+                        if let Some(level) = session.level()
+                            && level_allows(level, "warning")
+                        {
+                            buf.clear();
+                            write_failure_log(&mut buf, c.method, code, &msg);
+                            session.emit(stream, Some(&buf));
+                        }
+                        buf.clear();
+                        let mut data = Vec::new();
+                        let data = jsonrpc::broker_error_data(code, &mut data);
+                        jsonrpc::write_error(&mut buf, Some(&id), code, &msg, data);
                         session.emit(stream, Some(&buf));
                         break;
                     }
@@ -1713,10 +1726,11 @@ impl HttpEdge {
         let message = match answer {
             Some(Ok(Ok(m))) => m,
             Some(Ok(Err(_))) => {
-                return Err((
-                    ErrorCode::ShuttingDown.code(),
-                    "the session ended while waiting for the client's answer".into(),
-                ));
+                // Only a DELETE drops a question (an idle sweep never
+                // ends a session with a request in it), and it cancels
+                // the call too: answered as that cancel, whichever of the
+                // two this wait saw first.
+                return Err((REQUEST_CANCELLED, cancelled_message(session).into()));
             }
             Some(Err(_)) => {
                 return Err((
@@ -2189,6 +2203,16 @@ fn level_allows(level: &str, severity: &str) -> bool {
 }
 
 /// `notifications/message` telling a session's log that a request failed.
+/// The message of a -32800 answer: the client cancelled the request, or
+/// ended its session (DELETE), which cancels every request in it.
+fn cancelled_message(session: &Session) -> &'static str {
+    if session.is_ended() {
+        "request cancelled: the client ended its session"
+    } else {
+        "request cancelled by the client"
+    }
+}
+
 fn write_failure_log(out: &mut Vec<u8>, method: Method, code: i32, message: &str) {
     let level = if code == ErrorCode::RouterFault.code() || code == ErrorCode::Internal.code() {
         "error"

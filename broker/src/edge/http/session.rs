@@ -256,8 +256,15 @@ impl Session {
         let id = st.next_stream;
         st.next_stream += 1;
         while st.logs.len() >= MAX_STREAM_LOGS {
-            // Oldest finished first; else the oldest.
-            let at = st.logs.iter().position(|l| l.done).unwrap_or(0);
+            // The oldest finished stream goes. A stream still open is never
+            // dropped for a new one: its call's answer would be lost, and a
+            // standalone stream's notifications with it (a client with 17
+            // calls running at once lost the first). Open streams are
+            // bounded by the session's connections, and what they keep by
+            // `sse_replay_bytes`.
+            let Some(at) = st.logs.iter().position(|l| l.done) else {
+                break;
+            };
             if let Some(gone) = st.logs.remove(at) {
                 st.kept_bytes -= gone.events.iter().map(|(_, e)| e.len()).sum::<usize>();
             }
@@ -409,7 +416,12 @@ impl Session {
             c.cancel();
         }
         st.asks.clear();
-        for l in st.logs.iter_mut() {
+        // The standalone stream ends now. A request's stream stays attached
+        // until its request writes its final answer: the calls just
+        // cancelled and the questions just dropped answer at once ("the
+        // session ended while waiting for the client's answer"), and that
+        // answer was lost when every stream was cut here.
+        for l in st.logs.iter_mut().filter(|l| l.standalone) {
             l.live = None;
             l.done = true;
         }
