@@ -170,17 +170,15 @@ impl RouteTable {
                     exposed: r.uri.clone().into(),
                     item: r.clone(),
                 };
-                let owner = if is_template(&r.uri) {
-                    *template_owner.entry(r.uri.as_str()).or_insert(id)
+                // Who serves this URI already, if anyone.
+                let served_by = if is_template(&r.uri) {
+                    let first = template_owner.get(r.uri.as_str()).copied();
+                    template_owner.entry(r.uri.as_str()).or_insert(id);
+                    first
                 } else {
-                    t.resources.get(r.uri.as_str()).map_or(id, |&(o, _)| o)
+                    t.resources.get(r.uri.as_str()).map(|&(o, _)| o)
                 };
-                let seen = if is_template(&r.uri) {
-                    t.template_list.iter().any(|l| *l.exposed == *r.uri)
-                } else {
-                    t.resources.contains_key(r.uri.as_str())
-                };
-                if seen {
+                if let Some(owner) = served_by {
                     t.shadowed.push(if owner == id {
                         format!(
                             "router `{}` lists resource `{}` twice; its first entry is served",
