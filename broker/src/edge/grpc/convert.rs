@@ -162,15 +162,17 @@ pub unsafe fn tool_result(tr: p::ToolResult<'_>) -> pb::CallToolResult {
         // else as JSON values: a router that parsed the tool's output and
         // wrote it again (the upstream router, with its keys in another
         // order or indented) holds the same content in other bytes.
-        let already = texts().any(|t| t == s) || {
-            let value = serde_json::from_str::<serde_json::Value>(s).ok();
-            value.is_some_and(|v| {
-                texts().any(|t| {
-                    t.trim_start().as_bytes().first() == s.trim_start().as_bytes().first()
-                        && serde_json::from_str::<serde_json::Value>(t).is_ok_and(|t| t == v)
-                })
-            })
-        };
+        // Nothing is parsed unless a text block could be that JSON (it
+        // starts as it does): a text that is a sentence costs a byte read.
+        let opens = |t: &str| t.trim_start().as_bytes().first().copied();
+        let could_be = |t: &str| opens(t) == opens(s);
+        let already = texts().any(|t| t == s)
+            || texts().any(could_be)
+                && serde_json::from_str::<serde_json::Value>(s).is_ok_and(|v| {
+                    texts()
+                        .filter(|t| could_be(t))
+                        .any(|t| serde_json::from_str::<serde_json::Value>(t).is_ok_and(|t| t == v))
+                });
         if !already {
             content.push(text_block(s.to_string()));
         }
