@@ -45,6 +45,63 @@ fn run_loadgen(args: &[&str]) -> serde_json::Value {
     report
 }
 
+/// A stall of the generator's own process (here SIGSTOP, as a descheduled
+/// or starved generator) holds its answers unread and its sends back. The
+/// verdict once blamed the server ("The server is saturated") while the
+/// broker answered in well under a millisecond; the stall meter now sees
+/// it, and the report says the lag may be the generator's.
+#[test]
+fn a_stalled_generator_does_not_blame_the_server() {
+    let b = Broker::start(&[]);
+    let json = std::env::temp_dir().join(format!("loadgen-e2e-stall-{}.json", std::process::id()));
+    let target = format!("http://{}/mcp", b.http);
+    let child = Command::new(loadgen())
+        .args([
+            "--target",
+            &target,
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"text":"hi"}"#,
+        ])
+        .args([
+            "--rate",
+            "400",
+            "--connections",
+            "4",
+            "--duration",
+            "3s",
+            "-q",
+            "--json",
+        ])
+        .arg(&json)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mcp-loadgen");
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    for _ in 0..3 {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        // SAFETY: as above.
+        unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let out = child.wait_with_output().expect("mcp-loadgen ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("JSON report written")).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let stall = report["generator_stalls_us"]["max"].as_u64().unwrap_or(0);
+    assert!(stall >= 100_000, "the meter saw the stops: {report}");
+    assert_eq!(report["kept_up"], false, "{report}");
+    assert_eq!(report["generator_kept_up"], false, "{report}");
+    assert!(
+        stderr.contains("process stalled") && !stderr.contains("The server is saturated"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn one_hundred_thousand_requests_with_zero_errors_and_matching_correlation_ids() {
     let b = Broker::start(&["--shards", "2"]);

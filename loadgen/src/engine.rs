@@ -562,6 +562,16 @@ pub fn run<D: Driver + Send>(
         }
     }
     drop(tx);
+    let stop = Arc::new(AtomicBool::new(false));
+    let meter = matches!(cfg.mode(), Mode::Open | Mode::RateLimited)
+        .then(|| {
+            let (stop, shared, warmup) = (Arc::clone(&stop), Arc::clone(&shared), cfg.warmup);
+            std::thread::Builder::new()
+                .name("loadgen-stalls".into())
+                .spawn(move || measure_stalls(&stop, &shared, warmup))
+                .ok()
+        })
+        .flatten();
     let mut total = ThreadStats::default();
     for h in handles {
         match h.join() {
@@ -569,12 +579,41 @@ pub fn run<D: Driver + Send>(
             Err(_) => shared.fail("a worker thread panicked".into()),
         }
     }
+    stop.store(true, Ordering::Release);
+    if let Some(Ok(stalls)) = meter.map(std::thread::JoinHandle::join) {
+        total.stalls = stalls;
+    }
     Outcome {
         stats: total,
         failure: shared.failure(),
         started: shared.start.get().map(|s| s.1),
         io_uring: D::Rt::io_uring(),
     }
+}
+
+/// The process's stalls over the measured phase, until `stop`: how late a
+/// 1 ms sleep woke, each time, in µs (jHiccup's method). A stall of the
+/// whole generator (descheduled, SIGSTOP, starved of CPU) holds its
+/// answers unread and its sends back, and the open-loop verdict must not
+/// then blame the server (`report.rs`); the workers cannot see it in their
+/// own turns, since they are stalled too, and a worker waiting for I/O
+/// counts no turn at all. About a thousand short wakeups a second.
+fn measure_stalls(stop: &AtomicBool, shared: &Shared, warmup: Duration) -> Histogram<u64> {
+    const NAP: Duration = Duration::from_millis(1);
+    let mut stalls = stats::new_histogram();
+    while !stop.load(Ordering::Acquire) {
+        let before = Instant::now();
+        std::thread::sleep(NAP);
+        let measured = shared
+            .start
+            .get()
+            .is_some_and(|&(start, _)| before >= start + warmup);
+        if measured {
+            let late = before.elapsed().saturating_sub(NAP);
+            stats::record(&mut stalls, late.as_micros() as u64);
+        }
+    }
+    stalls
 }
 
 /// The calling thread's CPU time so far (user + system).

@@ -150,15 +150,29 @@ pub struct Report {
     /// one request per connection, or `--pipeline`) waited for the
     /// server's answers, which `send_lag_us` counts and this does not.
     pub generator_lag_us: Option<SendLag>,
+    /// Open loop: how late a thread of the generator that sleeps 1 ms woke
+    /// (jHiccup's method), µs: stalls of the whole generator process
+    /// (descheduled, stopped, starved of CPU). During one, answers wait
+    /// unread and sends are held back, and the generator cannot tell that
+    /// wait from the server's: stalls as long as the send lag mean the lag
+    /// may be the generator's (`generator_kept_up` false).
+    pub generator_stalls_us: Option<SendLag>,
     pub progress_frames: u64,
     /// Final answers that arrived after their request's `--timeout` (the
     /// request counts once, as `timeout` in `errors_by_kind`).
     pub late_responses: u64,
     pub kept_up: bool,
-    /// Whether the generator itself followed the schedule (`generator_lag_us`
-    /// p99 within 5 ms). `kept_up` false with this true: the server's
-    /// answers, not the generator, held the sends back.
+    /// Whether the generator itself followed the schedule: `generator_lag_us`
+    /// p99 within 5 ms, and no stall of the process (`generator_stalls_us`)
+    /// over 5 ms and as long as half the send lag's p99. `kept_up` false
+    /// with this true: the server's answers, not the generator, held the
+    /// sends back.
     pub generator_kept_up: bool,
+    /// Open loop: every scheduled request was sent, and on time (send lag
+    /// p99 within 5 ms); `kept_up` false with this true: answers missing,
+    /// not late.
+    #[serde(skip)]
+    pub sent_on_time: bool,
     /// The generator's own CPU over the measured phase (`None`: not
     /// measured, e.g. the run failed before it).
     pub generator: Option<Generator>,
@@ -208,7 +222,19 @@ impl Report {
             || (achieved_rps >= KEEP_UP_RATIO * offered_rps
                 && c.sent >= c.intended
                 && within(&send_lag));
-        let generator_kept_up = within(&own_lag);
+        let stalls = (scheduled && !s.stalls.is_empty()).then(|| SendLag::of(&s.stalls));
+        // A stall of the generator holds answers unread, and the wait looks
+        // like the server's: one as long as the lateness explains it.
+        let stalled = match (&stalls, &send_lag) {
+            (Some(st), Some(l)) => {
+                st.max > KEEP_UP_SEND_LAG_US && st.max.saturating_mul(2) >= l.p99
+            }
+            _ => false,
+        };
+        let generator_kept_up = within(&own_lag) && !stalled;
+        // Sends on schedule and on time: a shortfall of answers is not
+        // lateness but answers that were no responses, or never came.
+        let sent_on_time = c.sent >= c.intended && within(&send_lag);
         let per_request = |cores: f64| {
             (achieved_rps > 0.0 && cores.is_finite()).then(|| cores * 1e6 / achieved_rps)
         };
@@ -253,10 +279,12 @@ impl Report {
             latency_us: Latency::of(&s.latency),
             send_lag_us: send_lag,
             generator_lag_us: own_lag,
+            generator_stalls_us: stalls,
             progress_frames: c.progress_frames,
             late_responses: c.late,
             kept_up,
             generator_kept_up,
+            sent_on_time,
             generator,
             failure: outcome.failure.clone(),
             started_unix_ms: outcome.started.and_then(|t| {
@@ -349,6 +377,10 @@ impl Report {
                 "    of which the generator's own (not waiting for answers)",
                 &self.generator_lag_us,
             ),
+            (
+                "  generator stalls (how late a 1 ms sleep woke)",
+                &self.generator_stalls_us,
+            ),
         ] {
             if let Some(l) = lag {
                 let _ = writeln!(
@@ -383,7 +415,34 @@ impl Report {
             let lag = self.send_lag_us.as_ref().map_or(String::new(), |l| {
                 format!(", sends ran up to {} late", fmt_us(l.max))
             });
-            let who = if self.generator_kept_up {
+            let stall = self
+                .generator_stalls_us
+                .as_ref()
+                .filter(|s| s.max > KEEP_UP_SEND_LAG_US);
+            let who = if self.sent_on_time {
+                let errors = if self.errors > 0 {
+                    format!(
+                        "{} of them errors (see errors by kind: answers that were no valid \
+                         response, failed connections, timeouts)",
+                        self.errors
+                    )
+                } else {
+                    "the rest never came".to_owned()
+                };
+                format!(
+                    "Every request was sent on time, but only {} answers were responses, {errors}",
+                    self.ok
+                )
+            } else if let (false, Some(s)) = (self.generator_kept_up, stall) {
+                format!(
+                    "This generator's process stalled for up to {} (a thread sleeping 1 ms \
+                     woke that late: descheduled, stopped or starved of CPU), as long as the \
+                     lateness: answers waited unread, so the lag may be its own, not the \
+                     server's; compare the server's own latency, and give the generator cores \
+                     of its own (--cpus)",
+                    fmt_us(s.max)
+                )
+            } else if self.generator_kept_up {
                 "The server is saturated: this generator followed its schedule and the \
                  answers did not (a full in-flight window, --concurrency or --pipeline, holds \
                  sends back until they come)"
@@ -438,6 +497,11 @@ mod tests {
     /// sends lagged `total` µs after their intended times and `own` µs
     /// after the window let them go.
     fn lagging_run(total: u64, own: u64, answered: u64) -> Report {
+        stalled_run(total, own, answered, 80)
+    }
+
+    /// [`lagging_run`] whose process stalled up to `stall` µs.
+    fn stalled_run(total: u64, own: u64, answered: u64, stall: u64) -> Report {
         use clap::Parser as _;
         let cfg = crate::cli::Args::try_parse_from([
             "mcp-loadgen",
@@ -462,6 +526,10 @@ mod tests {
             crate::stats::record(&mut stats.own_lag, own);
             crate::stats::record(&mut stats.latency, total + 100);
         }
+        for _ in 0..900 {
+            crate::stats::record(&mut stats.stalls, 80);
+        }
+        crate::stats::record(&mut stats.stalls, stall);
         stats.last_send = Duration::from_secs(1);
         stats.last_response = Duration::from_secs(1);
         let outcome = Outcome {
@@ -486,9 +554,27 @@ mod tests {
         let w = r.warnings().join("\n");
         assert!(w.contains("This generator fell behind"), "{w}");
         assert!(w.contains("p99 20."), "{w}");
-        // On time, but a tenth of the answers missing: the server.
+        // On time, but a tenth of the answers missing: not lateness.
         let r = lagging_run(30, 30, 900);
         assert!(!r.kept_up && r.generator_kept_up);
+        let w = r.warnings().join("\n");
+        assert!(
+            w.contains("Every request was sent on time, but only 900 answers were responses"),
+            "{w}"
+        );
+        assert!(!w.contains("saturated"), "{w}");
+        // Late by the window, while the process stalled as long: the
+        // generator's, whatever its workers' own lag says (they were
+        // stalled too, and an unread answer held the window).
+        let r = stalled_run(95_000, 30, 1000, 100_000);
+        assert!(!r.kept_up && !r.generator_kept_up);
+        let w = r.warnings().join("\n");
+        assert!(w.contains("process stalled for up to 100"), "{w}");
+        assert!(!w.contains("saturated"), "{w}");
+        // A stall far shorter than the lateness explains none of it.
+        let r = stalled_run(2_000_000, 30, 1000, 20_000);
+        assert!(!r.kept_up && r.generator_kept_up);
+        assert!(r.warnings().join("\n").contains("The server is saturated"));
         // On time and answered: nothing to say.
         let r = lagging_run(30, 30, 1000);
         assert!(r.kept_up && r.generator_kept_up && r.warnings().is_empty());

@@ -266,6 +266,11 @@ pub struct ThreadStats {
     /// task loop while its alarm clock spun (`alarm.rs`), in µs: how long
     /// an answer could wait to be read.
     pub turns: Histogram<u64>,
+    /// Open loop, measured phase: how late a thread of the generator that
+    /// sleeps 1 ms at a time woke each time, in µs (jHiccup's method): the
+    /// stalls of the whole process (descheduled, stopped, starved of CPU),
+    /// which no worker can see in its own turns while it is the one stalled.
+    pub stalls: Histogram<u64>,
     /// When the last request was written / the last final response came,
     /// relative to the run start.
     pub last_send: std::time::Duration,
@@ -309,6 +314,7 @@ impl Default for ThreadStats {
             send_lag: new_histogram(),
             own_lag: new_histogram(),
             turns: new_histogram(),
+            stalls: new_histogram(),
             last_send: Default::default(),
             last_response: Default::default(),
             sent_all: 0,
@@ -325,6 +331,7 @@ impl ThreadStats {
         let _ = self.send_lag.add(&o.send_lag);
         let _ = self.own_lag.add(&o.own_lag);
         let _ = self.turns.add(&o.turns);
+        let _ = self.stalls.add(&o.stalls);
         self.last_send = self.last_send.max(o.last_send);
         self.last_response = self.last_response.max(o.last_response);
         self.sent_all += o.sent_all;
