@@ -777,14 +777,27 @@ pub const TLS_FILE_ERROR: &str = "tls: ";
 
 /// Whether two listen addresses would take the same connections: the same
 /// port (not 0, which the kernel picks apart) on the same address, or on
-/// one side the unspecified address, which takes every local one. An
-/// IPv4-mapped IPv6 address (`[::ffff:127.0.0.1]`) is its IPv4 address, as
-/// it is to the kernel.
+/// one side an unspecified address that takes the other's: `0.0.0.0` every
+/// IPv4 address, `[::]` every address (the broker leaves `IPV6_V6ONLY` to
+/// the host, whose default makes it dual-stack). An IPv4-mapped IPv6
+/// address (`[::ffff:127.0.0.1]`) is its IPv4 address, as it is to the
+/// kernel. `0.0.0.0:P` and `[::1]:P` take different connections.
 pub fn addrs_overlap(a: SocketAddr, b: SocketAddr) -> bool {
     let (ia, ib) = (a.ip().to_canonical(), b.ip().to_canonical());
-    a.port() != 0
-        && a.port() == b.port()
-        && (ia == ib || ia.is_unspecified() || ib.is_unspecified())
+    a.port() != 0 && a.port() == b.port() && (ia == ib || covers(ia, ib) || covers(ib, ia))
+}
+
+/// Whether moving a listener from `own` to `addr`, which overlaps it, takes
+/// connections `own` did not (127.0.0.1:P to 0.0.0.0:P, or to [::]:P).
+pub fn widens(own: SocketAddr, addr: SocketAddr) -> bool {
+    let (from, to) = (own.ip().to_canonical(), addr.ip().to_canonical());
+    addrs_overlap(own, addr) && from != to && !covers(from, to)
+}
+
+/// Whether a listener on `wide` takes the connections to `addr` (both
+/// canonical): `wide` is unspecified, and IPv6 or `addr` IPv4.
+pub fn covers(wide: std::net::IpAddr, addr: std::net::IpAddr) -> bool {
+    wide.is_unspecified() && (wide.is_ipv6() || addr.is_ipv4())
 }
 
 /// Every duration in the configuration: humantime's syntax (`30s`, `5m`,
@@ -1912,11 +1925,34 @@ mod tests {
             ("127.0.0.1:1", "[::ffff:127.0.0.1]:1", true),
             ("[::ffff:0.0.0.0]:1", "127.0.0.1:1", true),
             ("[::ffff:127.0.0.2]:1", "127.0.0.1:1", false),
+            // 0.0.0.0 takes IPv4 only; [::] takes both.
+            ("0.0.0.0:1", "[::1]:1", false),
+            ("[::ffff:0.0.0.0]:1", "[::1]:1", false),
+            ("[::1]:1", "0.0.0.0:1", false),
+            ("[::]:1", "[::1]:1", true),
+            ("[::]:1", "0.0.0.0:1", true),
         ] {
             assert_eq!(
                 addrs_overlap(a.parse().unwrap(), b.parse().unwrap()),
                 clash,
                 "{a} {b}"
+            );
+        }
+        // A reload may move an edge beside its own listeners only onto the
+        // same address or a narrower one.
+        for (own, to, wider) in [
+            ("127.0.0.1:1", "0.0.0.0:1", true),
+            ("127.0.0.1:1", "[::]:1", true),
+            ("0.0.0.0:1", "[::]:1", true),
+            ("0.0.0.0:1", "127.0.0.1:1", false),
+            ("[::]:1", "[::1]:1", false),
+            ("127.0.0.1:1", "[::ffff:127.0.0.1]:1", false),
+            ("[::1]:1", "0.0.0.0:1", false),
+        ] {
+            assert_eq!(
+                widens(own.parse().unwrap(), to.parse().unwrap()),
+                wider,
+                "{own} -> {to}"
             );
         }
     }

@@ -803,8 +803,20 @@ impl Moves {
         // An edge moving onto an address its own listeners overlap binds
         // beside them; any other move claims its port first, so that a
         // port another process listens on is refused.
-        let per_shard = |addr, own: Option<std::net::SocketAddr>| {
-            if own.is_some_and(|own| crate::config::addrs_overlap(addr, own)) {
+        let per_shard = |addr: std::net::SocketAddr, own: Option<std::net::SocketAddr>| {
+            if let Some(own) = own.filter(|&own| crate::config::addrs_overlap(addr, own)) {
+                // Widening onto the own port (127.0.0.1:P to 0.0.0.0:P)
+                // cannot be claimed (the own listeners hold the port), and
+                // joining beside them would join another process's
+                // listeners on the wider address, which then split the
+                // clients between the two.
+                if crate::config::widens(own, addr) {
+                    return Err(std::io::Error::other(format!(
+                        "moving from {own} to the wider {addr} on the same port cannot be told \
+                         apart from joining another process's listeners there: restart the \
+                         broker to apply it, or move to another port"
+                    )));
+                }
                 return crate::server::bind_per_shard_beside_own(addr, shards);
             }
             // An edge moved away keeps its old listeners for LISTENER_LINGER,
