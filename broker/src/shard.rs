@@ -609,7 +609,12 @@ pub(crate) async fn accept_loop(
             }
             Next::Rebind(l) => match TcpListener::from_std(l) {
                 Ok(new) => {
-                    tracing::info!(what, addr = ?new.local_addr().ok(), "listening on a new address after a reload");
+                    match new.local_addr() {
+                        Ok(addr) => {
+                            tracing::info!(what, %addr, "listening on a new address after a reload")
+                        }
+                        Err(_) => tracing::info!(what, "listening on a new address after a reload"),
+                    }
                     let prev = std::mem::replace(&mut listener, new);
                     old = Some((prev, Instant::now() + crate::shared::LISTENER_LINGER));
                 }

@@ -44,7 +44,7 @@
 //!
 //! | MCP (upstream) | WIT / broker | lost or changed |
 //! |---|---|---|
-//! | `initialize` result | `title` (serverInfo.title, else name), `instructions`, `describe-server` capabilities | serverInfo.version; `logging` and `experimental` capabilities; the session is never DELETEd (the WIT has no teardown) |
+//! | `initialize` result | `title` (serverInfo.title, else name), `instructions`, `describe-server` capabilities | serverInfo.version; `logging`, `experimental` and `tasks` capabilities; the session is never DELETEd (the WIT has no teardown) |
 //! | `tools/list`, `resources/list`, `resources/templates/list`, `prompts/list` | whole lists | pagination is flattened (at most 100 pages each); a list that fails reads as empty |
 //! | resource template | an `mcp-resource` whose `uri` is the `uriTemplate` (README "Resource templates") | — |
 //! | tool `annotations` | `read-only`, `destructive`; `title` used when the tool has none | `idempotentHint`, `openWorldHint` |
