@@ -1001,19 +1001,29 @@ fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
     let b = conformance("");
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-06-18");
-    let mut stream = open_stream(
-        &b,
-        &s,
-        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
-    );
+    let mut stream = open_stream(&b, &s, &elicitation_call(5));
     let ask = next_ask(&mut stream, "elicitation/create");
     assert!(ask["params"]["requestedSchema"].is_object(), "{ask}");
     // The answer arrives on another connection (any shard), as 202.
+    accept_and_finish(&mut c, &s, &ask, &mut stream, 5);
+}
+
+/// A `tools/call` of the conformance router's `test_elicitation`, as
+/// request `id`.
+fn elicitation_call(id: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"test_elicitation","arguments":{{"message":"Who are you?"}}}}}}"#
+    )
+}
+
+/// Accepts elicitation `ask` (a POST on `c`, 202), then reads `stream` to
+/// its end: its final answer is request `id`'s result.
+fn accept_and_finish(c: &mut Conn, s: &str, ask: &serde_json::Value, stream: &mut Conn, id: u64) {
     let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}});
-    let r = c.post(Some(&s), &answer.to_string());
+    let r = c.post(Some(s), &answer.to_string());
     assert_eq!(r.status, 202, "{}", r.text());
-    let (fin, _) = final_message(&mut stream);
-    assert_eq!(fin["id"], 5, "{fin}");
+    let (fin, _) = final_message(stream);
+    assert_eq!(fin["id"], id, "{fin}");
     assert!(fin["result"].to_string().contains("accept"), "{fin}");
 }
 
@@ -1064,19 +1074,12 @@ fn more_than_sixteen_open_streams_in_a_session_all_get_their_answers() {
     let s = c.initialize("2025-06-18");
     let mut open = Vec::new();
     for id in 1..=20 {
-        let body = format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"test_elicitation","arguments":{{"message":"Who are you?"}}}}}}"#
-        );
-        let mut stream = open_stream(&b, &s, &body);
+        let mut stream = open_stream(&b, &s, &elicitation_call(id));
         let ask = next_ask(&mut stream, "elicitation/create");
         open.push((id, stream, ask));
     }
     for (id, mut stream, ask) in open {
-        let answer = json!({"jsonrpc":"2.0","id":ask["id"],"result":{"action":"accept","content":{"username":"ada","email":"ada@example.com"}}});
-        assert_eq!(c.post(Some(&s), &answer.to_string()).status, 202, "{id}");
-        let (fin, _) = final_message(&mut stream);
-        assert_eq!(fin["id"], id, "{fin}");
-        assert!(fin["result"].to_string().contains("accept"), "{fin}");
+        accept_and_finish(&mut c, &s, &ask, &mut stream, id);
     }
 }
 
@@ -1089,11 +1092,7 @@ fn a_question_pending_when_its_session_is_deleted_ends_its_request() {
     let b = conformance("");
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-06-18");
-    let mut stream = open_stream(
-        &b,
-        &s,
-        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
-    );
+    let mut stream = open_stream(&b, &s, &elicitation_call(3));
     next_ask(&mut stream, "elicitation/create");
     let r = c.request("DELETE", "/mcp", &[("Mcp-Session-Id", &s)], b"");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -1121,11 +1120,7 @@ fn a_question_unanswered_at_the_drain_deadline_ends_its_request() {
     let s = c.initialize("2025-06-18");
     let level = c.call(&s, 1, "logging/setLevel", r#"{"level":"warning"}"#);
     assert!(level["result"].is_object(), "{level}");
-    let mut stream = open_stream(
-        &b,
-        &s,
-        r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
-    );
+    let mut stream = open_stream(&b, &s, &elicitation_call(11));
     next_ask(&mut stream, "elicitation/create");
     let status = b.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
@@ -1285,11 +1280,7 @@ fn an_elicitation_the_client_never_answers_fails_at_the_timeout() {
     let b = conformance("client_answer_timeout = \"300ms\"");
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-06-18");
-    let mut stream = open_stream(
-        &b,
-        &s,
-        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"test_elicitation","arguments":{"message":"Who are you?"}}}"#,
-    );
+    let mut stream = open_stream(&b, &s, &elicitation_call(6));
     let t0 = Instant::now();
     let (body, ended) = stream.read_chunked(None);
     assert!(ended);
