@@ -2202,7 +2202,6 @@ fn level_allows(level: &str, severity: &str) -> bool {
     rank(severity) >= rank(level)
 }
 
-/// `notifications/message` telling a session's log that a request failed.
 /// The message of a -32800 answer: the client cancelled the request, or
 /// ended its session (DELETE), which cancels every request in it.
 fn cancelled_message(session: &Session) -> &'static str {
@@ -2213,6 +2212,7 @@ fn cancelled_message(session: &Session) -> &'static str {
     }
 }
 
+/// `notifications/message` telling a session's log that a request failed.
 fn write_failure_log(out: &mut Vec<u8>, method: Method, code: i32, message: &str) {
     let level = if code == ErrorCode::RouterFault.code() || code == ErrorCode::Internal.code() {
         "error"

@@ -418,9 +418,9 @@ impl Session {
         st.asks.clear();
         // The standalone stream ends now. A request's stream stays attached
         // until its request writes its final answer: the calls just
-        // cancelled and the questions just dropped answer at once ("the
-        // session ended while waiting for the client's answer"), and that
-        // answer was lost when every stream was cut here.
+        // cancelled and the questions just dropped answer at once (-32800,
+        // "the client ended its session"), and that answer was lost when
+        // every stream was cut here.
         for l in st.logs.iter_mut().filter(|l| l.standalone) {
             l.live = None;
             l.done = true;
