@@ -94,13 +94,14 @@ impl Validity {
     /// What is wrong with the window at `now` (Unix seconds), worded for
     /// the log; `None` when `now` is inside it.
     pub fn problem(&self, now: i64) -> Option<String> {
-        let at = |t: i64| {
-            let when = if t >= 0 {
-                std::time::UNIX_EPOCH + Duration::from_secs(t as u64)
-            } else {
-                std::time::UNIX_EPOCH - Duration::from_secs(t.unsigned_abs())
-            };
-            humantime_serde::re::humantime::format_rfc3339_seconds(when).to_string()
+        let at = |t: i64| match u64::try_from(t) {
+            Ok(secs) => humantime_serde::re::humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_secs(secs),
+            )
+            .to_string(),
+            // humantime formats no time before 1970 (it panics), which a
+            // certificate's notAfter may still be.
+            Err(_) => format!("{t} (Unix time)"),
         };
         if now > self.not_after {
             Some(format!(
@@ -517,6 +518,17 @@ mod tests {
         assert!(
             late.starts_with("expired at 2026-04-01T00:00:00Z"),
             "{late}"
+        );
+        // Before 1970 (a certificate may say so): no panic in the wording.
+        let ancient = Validity {
+            not_before: -100,
+            not_after: -10,
+        };
+        assert!(
+            ancient
+                .problem(0)
+                .unwrap()
+                .starts_with("expired at -10 (Unix time)")
         );
         let early = v.problem(v.not_before - 1).unwrap();
         assert!(
