@@ -420,18 +420,11 @@ impl Report {
                 .as_ref()
                 .filter(|s| s.max > KEEP_UP_SEND_LAG_US);
             let who = if self.sent_on_time {
-                let errors = if self.errors > 0 {
-                    format!(
-                        "{} of them errors (see errors by kind: answers that were no valid \
-                         response, failed connections, timeouts)",
-                        self.errors
-                    )
-                } else {
-                    "the rest never came".to_owned()
-                };
                 format!(
-                    "Every request was sent on time, but only {} answers were responses, {errors}",
-                    self.ok
+                    "Every request was sent on time, but the responses fell short: {} ok and {} \
+                     errors of {} sent (see errors by kind: answers that were no valid response, \
+                     failed connections, timeouts; the rest got no answer)",
+                    self.ok, self.errors, self.sent
                 )
             } else if let (false, Some(s)) = (self.generator_kept_up, stall) {
                 format!(
@@ -559,7 +552,7 @@ mod tests {
         assert!(!r.kept_up && r.generator_kept_up);
         let w = r.warnings().join("\n");
         assert!(
-            w.contains("Every request was sent on time, but only 900 answers were responses"),
+            w.contains("Every request was sent on time, but the responses fell short: 900 ok"),
             "{w}"
         );
         assert!(!w.contains("saturated"), "{w}");
