@@ -13,10 +13,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import slo as S  # noqa: E402
 
 
-def point(rate, p99, *, kept_up=True, achieved=None, errors=0, own_lag=1, scheme="http"):
+def point(rate, p99, *, kept_up=True, achieved=None, errors=0, own_lag=1, stall=80,
+          scheme="http"):
     return {"rate": rate, "p99_us": p99, "kept_up": kept_up, "errors": errors,
             "failure": None, "achieved_rps": rate if achieved is None else achieved,
             "generator_lag_us": {"p50": 1, "p99": own_lag, "max": own_lag},
+            "generator_stalls_us": {"p50": 60, "p99": stall, "max": stall},
             "scheme": scheme}
 
 
@@ -52,6 +54,16 @@ class Verdict(unittest.TestCase):
 
     def test_a_late_generator_does_not_excuse_a_slow_server(self):
         self.assertEqual(S.verdict(point(1000, 4000, own_lag=400)), "server")
+
+    def test_a_stalled_generator_excuses_a_p99_the_stall_explains(self):
+        # Its workers on time (own lag 1 µs), but the process stalled 600 µs:
+        # answers waited unread that long, and a 1.3 ms p99 may be that.
+        self.assertEqual(S.verdict(point(1000, 1300, stall=600)), "generator")
+        self.assertEqual(S.verdict(point(1000, 4000, stall=600)), "server")
+        # Reports from before the stall meter have no such field.
+        p = point(1000, 1300)
+        del p["generator_stalls_us"]
+        self.assertEqual(S.verdict(p), "server")
 
 
 class Capacity(unittest.TestCase):

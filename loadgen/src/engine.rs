@@ -591,18 +591,21 @@ pub fn run<D: Driver + Send>(
     }
 }
 
-/// The process's stalls over the measured phase, until `stop`: how late a
-/// 1 ms sleep woke, each time, in µs (jHiccup's method). A stall of the
-/// whole generator (descheduled, SIGSTOP, starved of CPU) holds its
-/// answers unread and its sends back, and the open-loop verdict must not
-/// then blame the server (`report.rs`); the workers cannot see it in their
-/// own turns, since they are stalled too, and a worker waiting for I/O
-/// counts no turn at all. About a thousand short wakeups a second.
+/// The process's stalls over the measured phase, until `stop`, in µs: how
+/// late a 1 ms sleep woke, each time (jHiccup's method), when the process
+/// hardly ran meanwhile. A stall of the whole generator (descheduled,
+/// SIGSTOP, starved of CPU) holds its answers unread and its sends back,
+/// and the open-loop verdict must not then blame the server (`report.rs`);
+/// the workers cannot see it in their own turns, since they are stalled
+/// too, and a worker waiting for I/O counts no turn at all. A sleep that
+/// woke late while the process's CPU time went on (a worker spinning for
+/// its send times on this thread's core) was this thread's wait, not the
+/// generator's: 0. About a thousand short wakeups a second.
 fn measure_stalls(stop: &AtomicBool, shared: &Shared, warmup: Duration) -> Histogram<u64> {
     const NAP: Duration = Duration::from_millis(1);
     let mut stalls = stats::new_histogram();
     while !stop.load(Ordering::Acquire) {
-        let before = Instant::now();
+        let (before, cpu_before) = (Instant::now(), process_cpu());
         std::thread::sleep(NAP);
         let measured = shared
             .start
@@ -610,10 +613,32 @@ fn measure_stalls(stop: &AtomicBool, shared: &Shared, warmup: Duration) -> Histo
             .is_some_and(|&(start, _)| before >= start + warmup);
         if measured {
             let late = before.elapsed().saturating_sub(NAP);
-            stats::record(&mut stalls, late.as_micros() as u64);
+            let ran = match (cpu_before, process_cpu()) {
+                (Some(a), Some(b)) => b.saturating_sub(a),
+                _ => Duration::ZERO,
+            };
+            let stalled = if ran * 2 >= late {
+                Duration::ZERO
+            } else {
+                late
+            };
+            stats::record(&mut stalls, stalled.as_micros() as u64);
         }
     }
     stalls
+}
+
+/// The process's CPU time so far (user + system, every thread).
+fn process_cpu() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, nothing else.
+    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } != 0 {
+        return None;
+    }
+    Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// The calling thread's CPU time so far (user + system).
