@@ -615,8 +615,9 @@ fn default_max_result_bytes() -> usize {
 fn default_max_memory_bytes() -> usize {
     crate::wasm::DEFAULT_MAX_MEMORY_BYTES
 }
-/// Lower bound of `max_memory_bytes`: below a MiB no Rust router runs.
-pub const MIN_MEMORY_BYTES: usize = 1 << 20;
+/// Lower bound of `max_memory_bytes`: the bundled Rust routers' memory
+/// starts at 17 pages (1.06 MiB), so below 2 MiB none would load.
+pub const MIN_MEMORY_BYTES: usize = 2 << 20;
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -1153,13 +1154,29 @@ impl Config {
         for (i, r) in g.roots.iter().enumerate() {
             if r.uri.is_empty() {
                 errors.push(format!("grpc.roots[{i}].uri: must not be empty"));
-            } else if let Err(e) = url::Url::parse(&r.uri) {
-                // A client resolves what it is given: a relative path or a
-                // typo would name nothing it can find (MCP: `file://` URIs).
-                errors.push(format!(
-                    "grpc.roots[{i}].uri: `{}` is not an absolute URI ({e}), e.g. file:///srv/data",
-                    r.uri
-                ));
+            } else {
+                // ListRoots hands the text as it is, and a client resolves
+                // it: MCP's roots are `file://` URIs, and a space or a typo
+                // names nothing it can find (the URL parser alone would
+                // trim the one and take the other as a scheme).
+                let parsed = url::Url::parse(&r.uri);
+                let why = match &parsed {
+                    Err(e) => Some(e.to_string()),
+                    Ok(_) if r.uri.chars().any(char::is_whitespace) => {
+                        Some("it holds whitespace".into())
+                    }
+                    Ok(u) if u.scheme() != "file" => Some(format!(
+                        "its scheme is `{}`; MCP's roots are file:// URIs",
+                        u.scheme()
+                    )),
+                    Ok(_) => None,
+                };
+                if let Some(why) = why {
+                    errors.push(format!(
+                        "grpc.roots[{i}].uri: `{}` is not a file:// URI ({why}), e.g. file:///srv/data",
+                        r.uri
+                    ));
+                }
             }
         }
         let h = &self.http;
@@ -1769,10 +1786,22 @@ mod tests {
         .0
         .join("\n");
         assert!(
-            e.contains("grpc.roots[0].uri: `srv/data` is not an absolute URI")
+            e.contains("grpc.roots[0].uri: `srv/data` is not a file:// URI")
                 && !e.contains("roots[1]"),
             "{e}"
         );
+        for bad in [
+            " file:///srv/data",
+            "file:///srv/da ta",
+            "fiel:///srv",
+            "https://x/y",
+        ] {
+            let e = Config::parse(&format!("[[grpc.roots]]\nuri = \"{bad}\"\n"))
+                .unwrap_err()
+                .0
+                .join("\n");
+            assert!(e.contains("is not a file:// URI"), "{bad}: {e}");
+        }
         let c = Config::parse(
             "[[routers]]\nname = \"py\"\nwasm = \"py.wasm\"\nmax_memory_bytes = 268435456\n",
         )
@@ -1815,7 +1844,7 @@ mod tests {
             "routers[0] (a b).name",
             "routers[0] (a b).instances_per_shard",
             "routers[0] (a b).max_result_bytes: 0 is outside",
-            "routers[0] (a b).max_memory_bytes: 268435457 is outside 1048576..=268435456",
+            "routers[0] (a b).max_memory_bytes: 268435457 is outside 2097152..=268435456",
             "routers[1]: missing field `name`",
             "extra: unknown section",
         ] {

@@ -175,6 +175,15 @@ fn max_memory_bytes_bounds_what_a_guest_may_allocate() {
         let e = large.call_tool("fanout", &args).await.unwrap_err();
         assert!(matches!(e, CallError::ResultTooLarge { .. }), "{e:?}");
     });
+    // Below what the component's memory starts at, it cannot load, and the
+    // error names the key to raise (the bundled routers start at 17 pages).
+    let mut tiny = bundled("echo");
+    tiny.max_memory_bytes = 1 << 20;
+    let e = host().load(&tiny).unwrap_err().to_string();
+    assert!(
+        e.contains("raise the router's max_memory_bytes (now 1048576 bytes)"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -701,7 +701,19 @@ impl Router {
         )
         .await
         .map_err(|_| CallError::Instantiate("start function exceeded the deadline".into()))?
-        .map_err(|e| CallError::Instantiate(format!("{e:#}")))?;
+        .map_err(|e| {
+            let text = format!("{e:#}");
+            // A component whose memory starts larger than the router may
+            // grow: the key to raise, not only wasmtime's page count.
+            if text.contains("exceeds memory limits") {
+                CallError::Instantiate(format!(
+                    "{text}: raise the router's max_memory_bytes (now {} bytes)",
+                    self.spec.max_memory_bytes
+                ))
+            } else {
+                CallError::Instantiate(text)
+            }
+        })?;
         let failed = |e: wasmtime::Error| CallError::Instantiate(format!("{e:#}"));
         let bindings = McpRouter::new(&mut store, &instance).map_err(|e| {
             CallError::Instantiate(
