@@ -1315,6 +1315,11 @@ impl Config {
             }
             if let Some(url) = &r.upstream {
                 match url.parse::<hyper::Uri>() {
+                    // An IPv6 zone id (`[fe80::1%eth0]`) parses, but the
+                    // outgoing client connects to no such host.
+                    Ok(u) if u.host().is_some_and(|h| h.contains('%')) => errors.push(format!(
+                        "{at}.upstream: `{url}` names an IPv6 zone id, which the broker's HTTP client cannot connect with: use a routable address or a host name"
+                    )),
                     Ok(u)
                         if matches!(u.scheme_str(), Some("http" | "https"))
                             && u.host().is_some_and(|h| !h.is_empty()) => {}

@@ -981,7 +981,8 @@ fn bad_upstream_configs_are_refused_with_every_error() {
         "{}\n[[routers]]\nname = \"u1\"\nupstream = \"ftp://x/mcp\"\n\
          [[routers]]\nname = \"u2\"\nwasm = \"echo.wasm\"\nupstream_headers = {{ A = \"b\" }}\nrefresh_interval = \"5s\"\nupstream_protocol = \"auto\"\n\
          [[routers]]\nname = \"u3\"\nupstream = \"http://h/mcp\"\nupstream_headers = {{ \"bad name\" = \"secret\\n\" }}\nupstream_protocol = \"2024-11-05\"\n\
-         [[routers]]\nname = \"u4\"\n",
+         [[routers]]\nname = \"u4\"\n\
+         [[routers]]\nname = \"u5\"\nupstream = \"http://[fe80::1%25eth0]:8080/mcp\"\n",
         mcp_broker::config::DEFAULT_TOML
     );
     let e = mcp_broker::config::Config::parse(&toml)
@@ -996,6 +997,7 @@ fn bad_upstream_configs_are_refused_with_every_error() {
         "routers[4] (u2).upstream_protocol: only applies with `upstream`",
         "routers[5] (u3).upstream_protocol: `2024-11-05` is none of auto, 2026-07-28, 2025-06-18",
         "routers[6] (u4): set `wasm` (a component) or `upstream`",
+        "routers[7] (u5).upstream: `http://[fe80::1%25eth0]:8080/mcp` names an IPv6 zone id",
     ] {
         assert!(e.contains(want), "missing {want:?} in:\n{e}");
     }
