@@ -565,10 +565,11 @@ pub fn run<D: Driver + Send>(
     let stop = Arc::new(AtomicBool::new(false));
     let meter = matches!(cfg.mode(), Mode::Open | Mode::RateLimited)
         .then(|| {
-            let (stop, shared, warmup) = (Arc::clone(&stop), Arc::clone(&shared), cfg.warmup);
+            let (stop, shared) = (Arc::clone(&stop), Arc::clone(&shared));
+            let (warmup, duration) = (cfg.warmup, cfg.duration);
             std::thread::Builder::new()
                 .name("loadgen-stalls".into())
-                .spawn(move || measure_stalls(&stop, &shared, warmup))
+                .spawn(move || measure_stalls(&stop, &shared, warmup, duration))
                 .ok()
         })
         .flatten();
@@ -591,7 +592,8 @@ pub fn run<D: Driver + Send>(
     }
 }
 
-/// The process's stalls over the measured phase, until `stop`, in µs: how
+/// The process's stalls over the measured send phase (after `warmup`, for
+/// `duration` when the run has one, and until `stop`), in µs: how
 /// late a 1 ms sleep woke, each time (jHiccup's method), when the process
 /// hardly ran meanwhile. A stall of the whole generator (descheduled,
 /// SIGSTOP, starved of CPU) holds its answers unread and its sends back,
@@ -601,19 +603,26 @@ pub fn run<D: Driver + Send>(
 /// woke late while the process's CPU time went on (a worker spinning for
 /// its send times on this thread's core) was this thread's wait, not the
 /// generator's: 0. About a thousand short wakeups a second.
-fn measure_stalls(stop: &AtomicBool, shared: &Shared, warmup: Duration) -> Histogram<u64> {
+fn measure_stalls(
+    stop: &AtomicBool,
+    shared: &Shared,
+    warmup: Duration,
+    duration: Option<Duration>,
+) -> Histogram<u64> {
     const NAP: Duration = Duration::from_millis(1);
     let mut stalls = stats::new_histogram();
     while !stop.load(Ordering::Acquire) {
-        let (before, cpu_before) = (Instant::now(), process_cpu());
+        let cpu_before = cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID);
+        let before = Instant::now();
         std::thread::sleep(NAP);
-        let measured = shared
-            .start
-            .get()
-            .is_some_and(|&(start, _)| before >= start + warmup);
+        // Stalls while answers drain after the sends move no send.
+        let measured = shared.start.get().is_some_and(|&(start, _)| {
+            let from = start + warmup;
+            before >= from && duration.is_none_or(|d| before < from + d)
+        });
         if measured {
             let late = before.elapsed().saturating_sub(NAP);
-            let ran = match (cpu_before, process_cpu()) {
+            let ran = match (cpu_before, cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)) {
                 (Some(a), Some(b)) => b.saturating_sub(a),
                 _ => Duration::ZERO,
             };
@@ -628,27 +637,19 @@ fn measure_stalls(stop: &AtomicBool, shared: &Shared, warmup: Duration) -> Histo
     stalls
 }
 
-/// The process's CPU time so far (user + system, every thread).
-fn process_cpu() -> Option<Duration> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given, nothing else.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } != 0 {
-        return None;
-    }
-    Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
-}
-
 /// The calling thread's CPU time so far (user + system).
 pub fn thread_cpu() -> Option<Duration> {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU clock `id` (this thread's, or the whole process's: every thread).
+fn cpu_clock(id: libc::clockid_t) -> Option<Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes the timespec it is given, nothing else.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
         return None;
     }
     Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
