@@ -87,6 +87,10 @@ fn server_discover_names_every_served_version_and_the_capabilities() {
     );
     assert!(res["capabilities"]["tools"].is_object(), "{v}");
     assert!(res["capabilities"]["prompts"].is_object(), "{v}");
+    // The same capabilities initialize reports: logs reach a request that
+    // carries a level, so `logging` is offered (deprecated, not removed).
+    assert_eq!(res["capabilities"]["logging"], json!({}), "{v}");
+    assert_eq!(res["capabilities"]["completions"], json!({}), "{v}");
     assert_eq!(
         res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
         "mcp-broker"

@@ -2361,6 +2361,13 @@ pub fn write_discover(
         t.bool("listChanged", notifies);
         t.end();
     }
+    // Deprecated by 2026-07-28 (SEP-2577) but still in its schema: the
+    // edge sends log messages to a request that carries
+    // `_meta["io.modelcontextprotocol/logLevel"]`, and a client that
+    // checks capabilities first would otherwise never ask.
+    if c.supports_logging() {
+        caps.raw("logging", "{}");
+    }
     if c.supports_completions() {
         caps.raw("completions", "{}");
     }
