@@ -349,8 +349,10 @@ impl Control {
         // Every error is reported: the sections that need a restart, the
         // listeners that cannot be bound, and each router that does not
         // compile.
+        // A check does not wait for an earlier one to pass, so that one
+        // refusal names everything the operator must mend.
         let mut errors = restart_only_changes(&self.config, &config);
-        let moves = if errors.is_empty() {
+        let moves = {
             let running = *self.shared.addrs.lock().unwrap_or_else(|e| e.into_inner());
             match Moves::bind(
                 &self.config,
@@ -364,8 +366,6 @@ impl Control {
                     Moves::default()
                 }
             }
-        } else {
-            Moves::default()
         };
         // The certificate files are read again on every reload (SIGHUP is
         // how certificate tools ask for it), and put in effect with the
@@ -419,11 +419,12 @@ impl Control {
             .map(|c| c.loaded.routed.name.clone())
             .filter(|n| !config.routers.iter().any(|r| &r.name == n))
             .collect();
-        // Before compiling (seconds for a few routers, and a metrics slot
-        // for each new name): a configuration that cannot run is refused
-        // as it is.
-        errors.extend(self.slots_short(&config, &changed, &removed));
-        if !errors.is_empty() {
+        // Without enough pooled instance slots the new routers cannot be
+        // instantiated, so nothing is compiled. Otherwise they are, even
+        // when the reload is already refused: seconds of this thread, for
+        // a refusal that lists each component that would not load too.
+        if let Some(short) = self.slots_short(&config, &changed, &removed) {
+            errors.push(short);
             return self.refused(errors);
         }
         let mut next: Vec<Result<Loaded, usize>> = Vec::with_capacity(config.routers.len());
@@ -433,6 +434,7 @@ impl Control {
                 continue;
             }
             match crate::routing::load(&self.host, &config, r) {
+                Ok(_) if !errors.is_empty() => {}
                 Ok(mut l) => match l.assign_slot(&self.shared.layout) {
                     Ok(()) => next.push(Ok(l)),
                     Err(e) => errors.push(e),

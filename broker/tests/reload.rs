@@ -822,9 +822,21 @@ fn refused_reload_keeps_the_old_config() {
     // refused, naming the section and saying a restart is needed. (Not
     // `frames.listen`: the harness starts the broker with `--listen`, and a
     // reload applies the command line's overrides again, so the file's
-    // listen address is not what runs.)
+    // listen address is not what runs.) A bad component beside it is
+    // listed in the same refusal: the checks do not stop at the first
+    // that fails, so one answer names everything to mend.
     let errors = r.refuse(
-        &config_with(&[ECHO, KV], "max_in_flight_per_connection = 128"),
+        &config_with(
+            &[
+                ECHO,
+                KV,
+                &format!(
+                    "[[routers]]\nname = \"junk\"\nwasm = \"{}\"\n",
+                    junk.display()
+                ),
+            ],
+            "max_in_flight_per_connection = 128",
+        ),
         gen0,
     );
     assert!(
@@ -832,6 +844,10 @@ fn refused_reload_keeps_the_old_config() {
             .iter()
             .any(|e| e.contains("frames") && e.contains("restart")),
         "the refusal must name [frames] and say it needs a restart: {errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("junk.wasm")),
+        "the bad component beside a restart-only change is not listed: {errors:?}"
     );
     still_serving("[frames] changed");
 
