@@ -556,10 +556,18 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         "histogram",
         "Router calls (call-tool, read-resource, get-prompt, complete) by router, from asking the pool for an instance to the result lifted out of the guest.",
     );
-    for &r in &serving[1..] {
+    // Every router served since start that has a sample, as the request
+    // series are: a removed router's histograms stay (its calls that finish
+    // after the reload land in them), and come back where they were if it
+    // is added again.
+    let shown = |r: usize, h: &HistSnapshot| h.count() > 0 || serving.contains(&r);
+    for r in 1..names.routers.len() {
         let mut h = HistSnapshot::default();
         for s in stats {
             s.series.wasm[r].add_to(&mut h);
+        }
+        if !shown(r, &h) {
+            continue;
         }
         histogram(
             &mut o,
@@ -574,10 +582,13 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         "histogram",
         "Time a request waited in the broker before a worker took it up (per-connection queue, or the inbox of the shard it was handed to), by router.",
     );
-    for &r in &serving {
+    for r in 0..names.routers.len() {
         let mut h = HistSnapshot::default();
         for s in stats {
             s.series.queue[r].add_to(&mut h);
+        }
+        if !shown(r, &h) {
+            continue;
         }
         histogram(
             &mut o,

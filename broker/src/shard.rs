@@ -112,6 +112,7 @@ async fn handle_on(
     struct Unanswered<'a> {
         shard: &'a Shard,
         req: &'a VerifiedRequest,
+        who: metrics::record::Attribution,
         arrived: Instant,
         edge_deadline: Option<EdgeDeadline>,
         answered: bool,
@@ -122,17 +123,20 @@ async fn handle_on(
                 && !std::thread::panicking()
                 && self.edge_deadline.as_ref().is_some_and(EdgeDeadline::fired)
             {
-                record_edge_deadline(&self.shard.ctx, self.req, self.arrived, self.arrived);
+                let (ctx, at) = (&self.shard.ctx, self.arrived);
+                record_edge_deadline(ctx, self.req, self.who, at, at);
             }
         }
     }
     let arrived = Instant::now();
+    let who = metrics::record::attribute(&shard.ctx, &req);
     let stats = shard.stats();
     ShardStats::add(&stats.in_flight, 1);
     let _in_flight = InFlight(stats);
     let mut unanswered = Unanswered {
         shard: &shard,
         req: &req,
+        who,
         arrived,
         edge_deadline,
         answered: false,
@@ -152,6 +156,7 @@ async fn handle_on(
         &shard.ctx,
         metrics::Edge::Grpc,
         &req,
+        who,
         arrived,
         arrived,
         arrived,
@@ -165,7 +170,13 @@ async fn handle_on(
 /// still waiting when the edge's timer fires): recorded with that outcome,
 /// without which the client's answer would be missing from
 /// `mcp_requests_total`.
-fn record_edge_deadline(ctx: &ShardCtx, req: &VerifiedRequest, arrived: Instant, started: Instant) {
+fn record_edge_deadline(
+    ctx: &ShardCtx,
+    req: &VerifiedRequest,
+    who: metrics::record::Attribution,
+    arrived: Instant,
+    started: Instant,
+) {
     let to = req.view().reply_to();
     let frame = ctx
         .enc
@@ -178,7 +189,7 @@ fn record_edge_deadline(ctx: &ShardCtx, req: &VerifiedRequest, arrived: Instant,
         )
         .to_vec();
     let edge = metrics::Edge::Grpc;
-    let _ended = metrics::record::request(ctx, edge, req, arrived, arrived, started, &frame);
+    let _ended = metrics::record::request(ctx, edge, req, who, arrived, arrived, started, &frame);
 }
 
 /// The shard the calling thread runs (`None` off the shards).
@@ -752,6 +763,12 @@ async fn inbox_loop(shard: Rc<Shard>) {
                     } = job;
                     let live = live.map(SentLive);
                     let started = Instant::now();
+                    // Recorded by the shard it came from when forwarded.
+                    let who = if forwarded {
+                        metrics::record::Attribution::BROKER
+                    } else {
+                        metrics::record::attribute(&shard.ctx, &req)
+                    };
                     let stats = shard.stats();
                     // A frame connection's request counts in flight on its
                     // connection's shard, which counted it before the hand-off.
@@ -815,12 +832,13 @@ async fn inbox_loop(shard: Rc<Shard>) {
                     };
                     if !forwarded {
                         if edge_answered {
-                            record_edge_deadline(&shard.ctx, &req, arrived, started);
+                            record_edge_deadline(&shard.ctx, &req, who, arrived, started);
                         } else if answered {
                             let _ended = metrics::record::request(
                                 &shard.ctx,
                                 metrics::Edge::Grpc,
                                 &req,
+                                who,
                                 arrived,
                                 arrived,
                                 started,

@@ -209,13 +209,19 @@ fn listed(v: &Value, key: &str) -> Vec<String> {
 /// The sum of the samples of `name` whose labels include `label` (absent:
 /// 0, as for a counter never incremented).
 fn metric_with(b: &Broker, name: &str, label: &str) -> f64 {
+    metric_with_all(b, name, &[label])
+}
+
+/// [`metric_with`], the labels including every one of `labels`.
+fn metric_with_all(b: &Broker, name: &str, labels: &[&str]) -> f64 {
     let (status, body) = b.http_get("/metrics");
     assert_eq!(status, 200);
     body.lines()
         .filter(|l| {
             l.strip_prefix(name)
                 .and_then(|r| r.strip_prefix('{'))
-                .is_some_and(|r| r.split('}').next().unwrap().contains(label))
+                .map(|r| r.split('}').next().unwrap())
+                .is_some_and(|set| labels.iter().all(|l| set.contains(l)))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
@@ -638,6 +644,28 @@ fn in_flight_call_on_a_removed_router_finishes() {
         "the frames call in flight on the removed router did not finish normally"
     );
     assert!(took >= Duration::from_millis(1400), "{took:?}");
+    // Counted under the router that ran them, though the route table no
+    // longer has it when they are recorded (they once counted as the
+    // broker's own answers, tool `other`).
+    for edge in ["frames", "http"] {
+        let ran = ["router=\"chaos\"", "kind=\"call_tool\"", "outcome=\"ok\""];
+        let at = format!("edge=\"{edge}\"");
+        let n = metric_with_all(b, "mcp_requests_total", &[&ran[..], &[&at[..]]].concat());
+        assert_eq!(n, 1.0, "{edge}: the call is not counted under chaos");
+    }
+    let timed = ["router=\"chaos\"", "tool=\"sleep\""];
+    let n = metric_with_all(b, "mcp_request_duration_seconds_count", &timed);
+    assert_eq!(n, 2.0, "the calls' latency is not under chaos/sleep");
+    // The removed router's WASM call histogram stays, with both calls (it
+    // once left /metrics with its router).
+    let chaos = ["router=\"chaos\""];
+    let n = metric_with_all(b, "mcp_wasm_call_duration_seconds_count", &chaos);
+    assert_eq!(n, 2.0, "chaos's WASM call histogram after its removal");
+    let n = metric_with_all(b, "mcp_queue_wait_seconds_count", &chaos);
+    assert!(
+        n >= 1.0,
+        "chaos's queue wait histogram after its removal: {n}"
+    );
 
     // New calls: chaos is gone, on every edge this test speaks.
     assert_unknown_tool(&http_call(b, "sleep", r#"{"ms":1}"#), "sleep");

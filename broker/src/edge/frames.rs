@@ -162,6 +162,8 @@ struct Slot<F> {
     /// When the request in the slot arrived and began: the drain
     /// deadline's answer ([`expire`]) is recorded with them.
     times: (Instant, Instant),
+    /// Its router and tool for the metrics, read as it started.
+    who: metrics::record::Attribution,
 }
 
 impl<F: Future<Output = Job>> Slot<F> {
@@ -175,6 +177,7 @@ impl<F: Future<Output = Job>> Slot<F> {
             out: Vec::with_capacity(1024),
             req: None,
             times: (Instant::now(), Instant::now()),
+            who: metrics::record::Attribution::BROKER,
         }
     }
 
@@ -679,6 +682,7 @@ fn accept_frame<F: Future<Output = Job> + 'static>(
     // drain deadline cancel its future while it waits, or its handler panic.
     slot.req = Some(req.clone());
     slot.times = (arrived, started);
+    slot.who = metrics::record::attribute(&shard.ctx, &req);
     let job = Job {
         req,
         arrived,
@@ -794,6 +798,7 @@ fn finish<F: 'static>(
         &shard.ctx,
         metrics::Edge::Frames,
         &job.req,
+        slot.who,
         job.arrived,
         job.arrived,
         job.started,
@@ -1005,7 +1010,10 @@ fn expire<F>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, mut slot: Slot<F>) {
         // Counted as the HTTP and gRPC edges' drain answers are.
         let (arrived, started) = slot.times;
         let edge = metrics::Edge::Frames;
-        metrics::record::request(&shard.ctx, edge, &req, arrived, arrived, started, &answer);
+        let who = slot.who;
+        metrics::record::request(
+            &shard.ctx, edge, &req, who, arrived, arrived, started, &answer,
+        );
         conn.push_out(&answer);
     }
     // The slot is not reused: the connection is closing.

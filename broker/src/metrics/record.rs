@@ -73,49 +73,31 @@ fn elapsed_ns(from: Instant, to: Instant) -> u64 {
     to.saturating_duration_since(from).as_nanos() as u64
 }
 
-/// Records one finished request: its count by edge, router, kind and
-/// outcome; its end-to-end latency (`arrived` → now) and queue wait
-/// (`queued` → `started`). `queued` is when it joined the shard's queue:
-/// `arrived` where the edge queues requests as they arrive (frames, gRPC);
-/// `started` where it runs them in the connection's own task as soon as
-/// they are read (HTTP, whose `arrived` is the head's arrival, so that
-/// `arrived → started` would be the client's upload). `frames` are its
-/// response frames (the last is the final one). Returns the end time it
-/// read (or `started` when metrics are off and no clock was read), so that
-/// a caller serving a batch reads the clock once per request.
-pub fn request(
-    ctx: &ShardCtx,
-    edge: Edge,
-    req: &VerifiedRequest,
-    arrived: Instant,
-    queued: Instant,
-    started: Instant,
-    frames: &[u8],
-) -> Instant {
-    if !ctx.shared.stats[ctx.index].layout.recording {
-        return started;
-    }
-    let outcome = peek::outcome(frames);
-    request_as(ctx, edge, req, arrived, queued, started, outcome)
+/// The series a request counts in: its router's metrics slot and its
+/// `tool` label. Read by [`attribute`] when the request starts, from the
+/// route table that routes it, and carried to [`request`]: read when the
+/// answer is recorded instead, a call that a reload's removed router
+/// finished counted under `broker`, since the table then no longer had it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attribution {
+    router: usize,
+    tool: u32,
 }
 
-/// [`request`] with the outcome given: for an edge that answered the client
-/// otherwise than the frames it ran (the HTTP edge's rewrites).
-pub fn request_as(
-    ctx: &ShardCtx,
-    edge: Edge,
-    req: &VerifiedRequest,
-    arrived: Instant,
-    queued: Instant,
-    started: Instant,
-    outcome: Outcome,
-) -> Instant {
-    let stats = &ctx.shared.stats[ctx.index];
-    let layout = &*stats.layout;
-    if !layout.recording {
-        return started;
+impl Attribution {
+    /// Answered by the broker itself (and what metrics that are off get:
+    /// never read).
+    pub const BROKER: Self = Self {
+        router: BROKER,
+        tool: BROKER_NONE,
+    };
+}
+
+/// The [`Attribution`] of `req` in the routing in effect now.
+pub fn attribute(ctx: &ShardCtx, req: &VerifiedRequest) -> Attribution {
+    if !ctx.shared.stats[ctx.index].layout.recording {
+        return Attribution::BROKER;
     }
-    let now = Instant::now();
     let view = req.view();
     let kind = view.kind();
     let routing = ctx.shared.routing.load();
@@ -152,6 +134,59 @@ pub fn request_as(
         }
         _ => (BROKER, BROKER_NONE),
     };
+    Attribution { router, tool }
+}
+
+/// Records one finished request: its count by edge, router, kind and
+/// outcome (`who`: router and tool, from [`attribute`] when it started);
+/// its end-to-end latency (`arrived` → now) and queue wait
+/// (`queued` → `started`). `queued` is when it joined the shard's queue:
+/// `arrived` where the edge queues requests as they arrive (frames, gRPC);
+/// `started` where it runs them in the connection's own task as soon as
+/// they are read (HTTP, whose `arrived` is the head's arrival, so that
+/// `arrived → started` would be the client's upload). `frames` are its
+/// response frames (the last is the final one). Returns the end time it
+/// read (or `started` when metrics are off and no clock was read), so that
+/// a caller serving a batch reads the clock once per request.
+#[allow(clippy::too_many_arguments)]
+pub fn request(
+    ctx: &ShardCtx,
+    edge: Edge,
+    req: &VerifiedRequest,
+    who: Attribution,
+    arrived: Instant,
+    queued: Instant,
+    started: Instant,
+    frames: &[u8],
+) -> Instant {
+    if !ctx.shared.stats[ctx.index].layout.recording {
+        return started;
+    }
+    let outcome = peek::outcome(frames);
+    request_as(ctx, edge, req, who, arrived, queued, started, outcome)
+}
+
+/// [`request`] with the outcome given: for an edge that answered the client
+/// otherwise than the frames it ran (the HTTP edge's rewrites).
+#[allow(clippy::too_many_arguments)]
+pub fn request_as(
+    ctx: &ShardCtx,
+    edge: Edge,
+    req: &VerifiedRequest,
+    who: Attribution,
+    arrived: Instant,
+    queued: Instant,
+    started: Instant,
+    outcome: Outcome,
+) -> Instant {
+    let stats = &ctx.shared.stats[ctx.index];
+    let layout = &*stats.layout;
+    if !layout.recording {
+        return started;
+    }
+    let now = Instant::now();
+    let kind = req.view().kind();
+    let Attribution { router, tool } = who;
     let s = &stats.series;
     bump(
         &s.requests[layout.request_slot(edge, router, kind_index(kind), outcome)],

@@ -596,6 +596,8 @@ struct Record(Rc<Recorded>);
 struct Recorded {
     ctx: Rc<ShardCtx>,
     req: VerifiedRequest,
+    /// Its router and tool, read as it started.
+    who: metrics::record::Attribution,
     arrived: Instant,
     started: Instant,
     outcome: Cell<metrics::Outcome>,
@@ -625,6 +627,7 @@ impl Drop for Recorded {
             &self.ctx,
             edge,
             &self.req,
+            self.who,
             self.arrived,
             started,
             started,
@@ -1144,6 +1147,7 @@ impl HttpEdge {
         crate::shared::ShardStats::add(&stats.in_flight, 1);
         let in_flight = InFlight(stats);
         let mut args = Vec::new();
+        let who = metrics::record::attribute(&self.ctx, &req);
         let cut = {
             let handle = crate::dispatch::handle_live(&self.ctx, &req, &mut args, &mut out, live);
             let expired = self.drain_expired.wait();
@@ -1192,6 +1196,7 @@ impl HttpEdge {
             None => Record(Rc::new(Recorded {
                 ctx: self.ctx.clone(),
                 req,
+                who,
                 arrived,
                 started,
                 outcome: Cell::new(outcome),
