@@ -628,12 +628,38 @@ struct Msg<'a> {
     id: Option<Id>,
     method: Option<IgnoredAny>,
     result: Option<Shape>,
-    error: Option<RpcError>,
+    #[serde(borrow)]
+    error: Option<RpcError<'a>>,
 }
 
 #[derive(Deserialize)]
-struct RpcError {
+struct RpcError<'a> {
     code: i64,
+    #[serde(borrow)]
+    data: Option<ErrorData<'a>>,
+}
+
+/// The broker's `data` on its own errors: `kind` names the error
+/// (`mcp_schema::ErrorCode::as_str`).
+#[derive(Deserialize)]
+struct ErrorData<'a> {
+    #[serde(borrow)]
+    kind: Option<Cow<'a, str>>,
+}
+
+/// MCP's "resource not found" shares -32002 with the broker's router
+/// fault, which says `data.kind: "router_fault"`: without it, -32002 is
+/// counted as the frame protocol's not-found code, so that the report
+/// names it `not_found`, as it does over frames.
+fn code_meant(e: &RpcError<'_>) -> i32 {
+    let code = e.code.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+    let router_fault = mcp_schema::ErrorCode::RouterFault;
+    let kind = e.data.as_ref().and_then(|d| d.kind.as_deref());
+    if code == router_fault.code() && kind != Some(router_fault.as_str()) {
+        mcp_schema::ErrorCode::NotFound.code()
+    } else {
+        code
+    }
 }
 
 /// The members of a result that tell its kind.
@@ -715,10 +741,7 @@ fn classify(data: &[u8], id: u64, expect: ResponsePayload) -> Class {
         _ => return Class::OtherId,
     }
     Class::Answer(match (m.result, m.error) {
-        (None, Some(e)) => Err((
-            ErrorKind::ErrorResponse,
-            Some(e.code.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
-        )),
+        (None, Some(e)) => Err((ErrorKind::ErrorResponse, Some(code_meant(&e)))),
         (Some(r), None) => check(&r, expect),
         _ => Err((ErrorKind::InvalidResponse, None)),
     })
@@ -1388,6 +1411,18 @@ mod tests {
         assert!(matches!(
             classify(err, 7, tool),
             Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32602))))
+        ));
+        // -32002: the broker's router fault says so in data.kind; without
+        // it, MCP's resource not found.
+        let fault = br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32002,"message":"trap","data":{"kind":"router_fault","retryable":true}}}"#;
+        assert!(matches!(
+            classify(fault, 7, tool),
+            Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32002))))
+        ));
+        let missing = br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32002,"message":"Resource not found","data":{"uri":"kv://x"}}}"#;
+        assert!(matches!(
+            classify(missing, 7, tool),
+            Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32601))))
         ));
         let null_id = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#;
         assert!(matches!(
