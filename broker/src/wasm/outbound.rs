@@ -43,8 +43,14 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 /// Idle keep-alive connections kept per upstream router: enough for every
 /// instance of a few shards to find a warm connection.
 const MAX_IDLE_PER_UPSTREAM: usize = 64;
-/// How long an idle connection to the upstream is kept.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an idle connection to the upstream is kept: less than the
+/// idle keep-alive of common servers (uvicorn's, Node's and Apache's 5 s).
+/// A request written onto a connection as the server closes it fails
+/// with a reset that nothing can retry safely (the server may have read
+/// it); kept 60 s, an idle upstream served by uvicorn saw such resets on
+/// its refreshes, which marked it unavailable. Reconnecting after 4 s of
+/// silence costs a handshake where one was due anyway.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Connect timeout when the guest sets none (the call deadline bounds the
 /// whole exchange anyway).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

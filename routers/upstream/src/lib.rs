@@ -387,12 +387,12 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
                 });
                 return Ok(modern_hdr());
             }
-            Err(reason) if choice == modern::Choice::Modern => {
-                return Err(format!("server/discover: {reason}"));
-            }
             // A server of the session era: it answers the probe with an
             // error (most: 400, no session), and gets `initialize`.
-            Err(_) => {}
+            Err(Probe::Refused(_)) if choice == modern::Choice::Auto => {}
+            Err(Probe::Refused(reason) | Probe::Unanswered(reason)) => {
+                return Err(format!("server/discover: {reason}"));
+            }
         }
     }
     // Reasons are worded for the request that needed the session; a failed
@@ -464,20 +464,53 @@ fn modern_hdr() -> Hdr {
 
 /// `server/discover` in 2026-07-28: the `initialize`-shaped result when the
 /// server offers that revision; `Err` is a reason.
-fn discover(ep: &Endpoint) -> Result<Value, String> {
+fn discover(ep: &Endpoint) -> Result<Value, Probe> {
     let id = next_id();
     let params = modern::with_meta(None, modern::request_meta(false));
     let extra = modern::request_headers("server/discover", &params);
     let payload = rpc::request(id, "server/discover", Some(params));
-    match send(ep, &modern_hdr(), id, &payload, false, &extra)? {
+    let sent = send(ep, &modern_hdr(), id, &payload, false, &extra);
+    match sent.map_err(Probe::of_transport)? {
         Sent::Done {
             outcome: Ok(result),
             ..
-        } => modern::discovered(&result),
+        } => modern::discovered(&result).map_err(Probe::Refused),
         Sent::Done {
             outcome: Err(e), ..
-        } => Err(format!("upstream error {}: {}", e.code, e.message)),
-        Sent::SessionGone(status) => Err(format!("HTTP {status}")),
+        } => Err(Probe::Refused(format!(
+            "upstream error {}: {}",
+            e.code, e.message
+        ))),
+        Sent::SessionGone(status) => Err(Probe::Refused(format!("HTTP {status}"))),
+    }
+}
+
+/// Why `server/discover` found no 2026-07-28 server.
+#[derive(Debug)]
+enum Probe {
+    /// The server answered: an error, a client-error status, or a result
+    /// that does not offer the revision. Under `auto`, a session follows.
+    Refused(String),
+    /// No answer: the network failed, or the server or a proxy before it
+    /// was busy or broken (5xx, 408, 429). That says nothing of the
+    /// server's revision, so the upstream is unavailable until the next
+    /// try (one such probe once kept an `auto` upstream on 2025-06-18 until
+    /// it restarted).
+    Unanswered(String),
+}
+
+impl Probe {
+    /// A [`send`] failure: `HTTP <status>…` when the server answered with
+    /// a status other than 200, else a transport failure.
+    fn of_transport(reason: String) -> Self {
+        let status = reason
+            .strip_prefix("HTTP ")
+            .and_then(|r| r.get(..3))
+            .and_then(|s| s.parse::<u16>().ok());
+        match status {
+            Some(s) if (400..500).contains(&s) && s != 408 && s != 429 => Self::Refused(reason),
+            _ => Self::Unanswered(reason),
+        }
     }
 }
 
@@ -1481,6 +1514,49 @@ mod tests {
             assert_eq!(l[3].header("mcp-session-id"), Some("s9"));
             assert_eq!(l[3].header("mcp-method"), None);
         });
+    }
+
+    #[test]
+    fn auto_settles_for_a_session_only_when_the_server_refuses_discover() {
+        speak("auto");
+        // A reset (a pooled connection the server had just closed), a
+        // proxy with no backend, a rate limit: none is the server saying
+        // it serves no 2026-07-28.
+        let mut unanswered = vec![
+            Err("connection error: Connection reset by peer (os error 104)".to_owned()),
+            Ok(Answer::canned(
+                503,
+                "text/plain",
+                None,
+                vec![b"no backend".to_vec()],
+            )),
+            Ok(Answer::canned(429, "text/plain", None, vec![])),
+        ]
+        .into_iter();
+        let server: Server = Box::new(move |req| {
+            match req.method() {
+            "server/discover" => unanswered.next().unwrap_or_else(|| {
+                Ok(json_answer(&result(
+                    req,
+                    json!({"resultType": "complete", "supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}),
+                )))
+            }),
+            "initialize" => panic!("an unanswered probe is no refusal: never initialize"),
+            other => panic!("unexpected {other}"),
+        }
+        });
+        SERVER.with_borrow_mut(|s| *s = Some(server));
+        for why in ["reset by peer", "HTTP 503", "HTTP 429"] {
+            let d = <Upstream as Guest>::describe_server();
+            let reason = &d.meta.expect("unavailable")[0].value;
+            assert!(
+                reason.contains("server/discover") && reason.contains(why),
+                "{reason}"
+            );
+        }
+        // Answered at the next try: the revision, not a session.
+        let d = <Upstream as Guest>::describe_server();
+        assert_eq!(d.meta.expect("the revision")[0].value, r#""2026-07-28""#);
     }
 
     #[test]
