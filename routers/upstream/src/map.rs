@@ -25,11 +25,18 @@ fn flag(v: &Value, key: &str) -> Option<bool> {
     v.get(key).and_then(Value::as_bool)
 }
 
-/// `_meta` object → meta entries (value as JSON text).
+/// The `_meta` key prefix MCP reserves for itself: such keys belong to the
+/// hop between this router and its upstream (2026-07-28 puts the
+/// upstream's `serverInfo` in every result's), not to what the broker's
+/// client is told, which the broker's own edges write.
+const PROTOCOL_META: &str = "io.modelcontextprotocol/";
+
+/// `_meta` object → meta entries (value as JSON text), but MCP's own.
 pub fn meta(v: &Value) -> Option<Vec<MetaEntry>> {
     let m = v.get("_meta")?.as_object()?;
     Some(
         m.iter()
+            .filter(|(k, _)| !k.starts_with(PROTOCOL_META))
             .map(|(k, v)| MetaEntry {
                 key: k.clone(),
                 value: v.to_string(),
@@ -568,7 +575,7 @@ mod tests {
                 ],
                 "structuredContent": {"n": 1},
                 "isError": true,
-                "_meta": {"trace": "t1"}
+                "_meta": {"trace": "t1", "io.modelcontextprotocol/serverInfo": {"name": "up"}}
             }),
             &c,
         );
