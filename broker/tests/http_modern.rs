@@ -1484,3 +1484,50 @@ fn roots_are_an_input_request_and_come_back_as_an_argument() {
         "{v}"
     );
 }
+
+/// TCP does not tell a half-close from a close, and 2026-07-28 cancels a
+/// call by closing its connection: a client that shuts its write side
+/// after its POST is taken as gone, its call stopped rather than answered
+/// (docs/abuse.md). The frame edge, whose protocol has a cancel of its own,
+/// answers a half-closed peer instead.
+#[test]
+fn a_half_close_after_the_request_is_a_client_gone_and_stops_the_call() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let b = broker();
+    let replaced = || b.metric_sum("mcp_router_instances_replaced_total");
+    let before = replaced();
+    let body = req(
+        "1",
+        "tools/call",
+        r#""name":"sleep","arguments":{"ms":4000}"#,
+    );
+    let mut s = std::net::TcpStream::connect(b.http).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: t\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\nMCP-Protocol-Version: {V}\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: sleep\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the connection was held for the call's 4 s: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        !String::from_utf8_lossy(&got).contains("slept"),
+        "answered after a half-close: {}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        common::http::eventually(Duration::from_secs(5), || replaced() > before),
+        "the call's guest was not stopped"
+    );
+}
