@@ -348,9 +348,8 @@ impl Control {
         };
         // Every error is reported: the sections that need a restart, the
         // listeners that cannot be bound, and each router that does not
-        // compile.
-        // A check does not wait for an earlier one to pass, so that one
-        // refusal names everything the operator must mend.
+        // compile. A check does not wait for an earlier one to pass, so
+        // that one refusal names everything the operator must mend.
         let mut errors = restart_only_changes(&self.config, &config);
         let moves = {
             let running = *self.shared.addrs.lock().unwrap_or_else(|e| e.into_inner());

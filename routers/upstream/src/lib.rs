@@ -464,7 +464,7 @@ fn modern_hdr() -> Hdr {
 }
 
 /// `server/discover` in 2026-07-28: the `initialize`-shaped result when the
-/// server offers that revision; `Err` is a reason.
+/// server offers that revision; `Err` says whether the server answered.
 fn discover(ep: &Endpoint) -> Result<Value, Probe> {
     let id = next_id();
     let params = modern::with_meta(None, modern::request_meta(false));
