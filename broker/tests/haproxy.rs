@@ -1,9 +1,11 @@
 //! Two real `mcp-broker` processes behind a real HAProxy (Debian's
 //! `haproxy`, which `scripts/setup` installs) running `deploy/haproxy.cfg`,
 //! all on loopback: MCP HTTP sessions stick to the broker that issued them,
-//! frames connections are balanced, and a broker stopped with SIGTERM (and
-//! `broker.drain_grace`) or killed loses no request but the killed one's
-//! sessions, which get 404 and start again on the survivor.
+//! frames connections are balanced, and an MCP HTTP client of a broker
+//! stopped with SIGTERM (and `broker.drain_grace`) or killed loses no
+//! request but the killed one's sessions, which get 404 and start again on
+//! the survivor. (A frame connection cannot be moved during the grace: its
+//! requests after it get -32004, docs/deploy.md.)
 
 mod common;
 

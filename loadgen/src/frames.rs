@@ -409,11 +409,26 @@ fn handle_frames(
     Ok(())
 }
 
+/// Whether `v` is the broker's news to the connection rather than part of
+/// an answer: a listing change, told to every connection that initialized
+/// (as one that sends `--bearer-file`'s token does), or a resource update.
+/// They carry no correlation id, and counting them as `unknown_correlation`
+/// once reported a run with every request answered as failing.
+fn is_announcement(v: &ResponseView<'_>) -> bool {
+    matches!(
+        v.payload_type(),
+        ResponsePayload::ListChangedNotification | ResponsePayload::ResourceUpdatedNotification
+    )
+}
+
 fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now: Instant) {
     let v = match ResponseView::parse(frame) {
         Ok(v) => v,
         Err(_) => return ctx.on_stray(ErrorKind::InvalidFrame, now),
     };
+    if is_announcement(&v) {
+        return;
+    }
     let Some(seq) = ids.parse(v.correlation_id()) else {
         return ctx.on_stray(ErrorKind::UnknownCorrelation, now);
     };
@@ -460,6 +475,31 @@ mod tests {
         assert!(not_frames(&settings).contains("HTTP/2"));
         assert_eq!(not_frames(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4, 5]), "");
         assert_eq!(not_frames(b""), "");
+    }
+
+    #[test]
+    fn the_brokers_announcements_are_no_stray_answers() {
+        use mcp_schema::encode::{Correlation, ReplyTo};
+        use mcp_schema::fb::protocol as p;
+        let mut enc = mcp_schema::ResponseEncoder::new(1);
+        let to = ReplyTo {
+            correlation: Correlation::Text(""),
+            session_id: None,
+        };
+        let fbb = enc.begin();
+        let n = p::ListChangedNotification::create(
+            fbb,
+            &p::ListChangedNotificationArgs {
+                tools: true,
+                resources: false,
+                prompts: false,
+            },
+        );
+        let kind = p::ResponsePayload::ListChangedNotification;
+        let frame = enc.finish(&to, kind, n.as_union_value(), true).to_vec();
+        assert!(is_announcement(&ResponseView::parse(&frame).unwrap()));
+        let pong = enc.pong(&to).to_vec();
+        assert!(!is_announcement(&ResponseView::parse(&pong).unwrap()));
     }
 
     #[test]
