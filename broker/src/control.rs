@@ -426,6 +426,10 @@ impl Control {
             errors.push(short);
             return self.refused(errors);
         }
+        // Names this reload registers (router slots, tool labels) are
+        // taken back if it is refused before its routers run.
+        let layout = &self.shared.layout;
+        let mark = layout.registered();
         let mut next: Vec<Result<Loaded, usize>> = Vec::with_capacity(config.routers.len());
         for (r, kept) in config.routers.iter().zip(kept) {
             if let Some(i) = kept {
@@ -442,6 +446,7 @@ impl Control {
             }
         }
         if !errors.is_empty() {
+            layout.forget_since(mark);
             return self.refused(errors);
         }
 
@@ -469,7 +474,10 @@ impl Control {
             &self.shared.layout,
         ) {
             Ok(r) => r,
-            Err(e) => return self.refused(vec![format!("route table: {e}")]),
+            Err(e) => {
+                self.shared.layout.forget_since(mark);
+                return self.refused(vec![format!("route table: {e}")]);
+            }
         };
 
         // Every shard warms the new pools before anything routes to them.

@@ -1491,3 +1491,35 @@ fn edges_moved_back_at_once_take_their_old_ports_again() {
     assert_eq!(common::tool_text(&f), "back");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A refused reload spends none of the process's room for new router
+/// names (`RELOAD_ROUTER_HEADROOM`, 64): each of 70 refusals below names
+/// a router never served before, ahead of a component that does not load.
+/// The names were once kept, and a valid reload then failed with "already
+/// served 66 router names".
+#[test]
+fn refused_reloads_spend_no_router_names() {
+    // kv's session slots leave room in the instance pool for two more
+    // routers of one instance each.
+    let r = Reloadable::start("names", &config(&[ECHO, KV]));
+    let junk = r.dir.join("junk.wasm");
+    std::fs::write(&junk, b"\0asm not a component").unwrap();
+    let gen0 = generation(&r.b);
+    let one = "instances_per_shard = 1\n";
+    for i in 0..70 {
+        let fresh = format!("[[routers]]\nname = \"fresh{i}\"\nwasm = \"echo.wasm\"\n{one}");
+        let bad = format!(
+            "[[routers]]\nname = \"junk\"\nwasm = \"{}\"\n{one}",
+            junk.display()
+        );
+        let errors = r.refuse(&config(&[ECHO, KV, &fresh, &bad]), gen0);
+        assert!(
+            errors.iter().any(|e| e.contains("junk.wasm"))
+                && errors.iter().all(|e| !e.contains("router names")),
+            "refusal {i} is not the component's alone: {errors:?}"
+        );
+    }
+    let late = "[[routers]]\nname = \"late\"\nwasm = \"echo.wasm\"\ninstances_per_shard = 1\n";
+    let v = r.apply(&config(&[ECHO, KV, late]));
+    assert_eq!(listed(&v, "added"), ["late"], "{v}");
+}

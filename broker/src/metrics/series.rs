@@ -244,6 +244,13 @@ pub struct Names {
     label_index: HashMap<(usize, Box<str>), u32, BuildHasherDefault<Fnv>>,
 }
 
+/// A count of registered names ([`Layout::registered`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Registered {
+    routers: usize,
+    labels: usize,
+}
+
 /// The router slot of requests the broker answers itself.
 pub const BROKER: usize = 0;
 /// `broker`'s `other` (an unknown tool) and `none` (not a tool call) labels.
@@ -317,6 +324,33 @@ impl Layout {
         n.labels.push((slot, tool.into()));
         n.label_index.insert((slot, tool.into()), label);
         label
+    }
+
+    /// How many router and label names are registered now: taken before a
+    /// reload registers its own, so that a refused one can take them back
+    /// ([`Self::forget_since`]).
+    pub fn registered(&self) -> Registered {
+        let n = self.names();
+        Registered {
+            routers: n.routers.len(),
+            labels: n.labels.len(),
+        }
+    }
+
+    /// Forgets the names registered since `mark`: those of a reload that
+    /// was refused before any of its routers ran, whose series are all
+    /// zero. Kept, they spent the capacity: 70 refused reloads once made a
+    /// valid one adding a new name fail with "already served 66 router
+    /// names". Only the control thread registers names, so no other
+    /// registration lies between.
+    pub fn forget_since(&self, mark: Registered) {
+        let mut n = self.names();
+        n.routers.truncate(mark.routers);
+        n.router_labels.truncate(mark.routers);
+        let gone: Vec<_> = n.labels.drain(mark.labels..).collect();
+        for key in gone {
+            n.label_index.remove(&key);
+        }
     }
 
     /// The `other` and `none` labels of router slot `slot`.
