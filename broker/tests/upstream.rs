@@ -1930,3 +1930,37 @@ fn two_instances_of_the_reference_server_share_resource_uris_and_both_serve_tool
     assert!(read["result"]["contents"].is_array(), "{read}");
     assert_eq!(b.http_get("/readyz").0, 200);
 }
+
+/// An upstream session whose router instance is dropped (here: a call past
+/// its deadline replaces the instance) is ended with `DELETE`, as MCP asks
+/// of a client done with a session; it was left open until the server timed
+/// it out, one more on every reload and replaced instance.
+#[test]
+fn a_dropped_instance_ends_its_upstream_session() {
+    let broken = Fixture::broken();
+    let url = format!("http://127.0.0.1:{}/hang", broken.1);
+    let b = Broker::start_with_config(&config(&[("hung", &url, "call_deadline = \"1s\"")]), &[]);
+    let (mut c, s) = session(&b);
+    let r = c.call(&s, 1, "tools/call", r#"{"name":"boom","arguments":{}}"#);
+    assert_eq!(r["error"]["code"], -32001, "{r}");
+    let count = |method: &str| {
+        let mut u = Conn::connect(format!("127.0.0.1:{}", broken.1).parse().unwrap());
+        let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}"}}"#);
+        let r = u.request(
+            "POST",
+            "/hang",
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        );
+        r.json()["result"]["count"].as_u64().unwrap_or(0)
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || count("test/deleted") >= 1),
+        "the dropped instance's session was not ended (cancelled: {})",
+        count("test/cancelled")
+    );
+    assert!(
+        count("test/cancelled") >= 1,
+        "the abandoned call was not cancelled"
+    );
+}

@@ -239,6 +239,32 @@ impl Outbound {
         }));
     }
 
+    /// Ends the upstream session `id` with `DELETE` (MCP's session end),
+    /// in the background and best effort: a server that does not allow it
+    /// answers 405, and one that went away has ended it already.
+    fn end_session(self: &Arc<Self>, uri: Uri, id: HeaderValue) {
+        let out = self.clone();
+        let mut req = Request::delete(uri);
+        if let Some(h) = req.headers_mut() {
+            h.insert(HeaderName::from_static("mcp-session-id"), id);
+            for (name, value) in &out.headers {
+                h.insert(name.clone(), value.clone());
+            }
+        }
+        let body = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let Ok(req) = req.body(body) else { return };
+        drop(self.tokio.spawn(async move {
+            let sent = out.client.request(req);
+            match tokio::time::timeout(CANCEL_TIMEOUT, sent).await {
+                Ok(Ok(res)) => tracing::debug!(router = %out.router, status = %res.status(), "upstream session ended"),
+                Ok(Err(e)) => tracing::debug!(router = %out.router, error = %e, "ending the upstream session failed"),
+                Err(_) => tracing::debug!(router = %out.router, "ending the upstream session timed out"),
+            }
+        }));
+    }
+
     /// Whether `uri` is the granted origin.
     fn admits(&self, uri: &Uri) -> bool {
         uri.scheme() == Some(&self.scheme)
@@ -278,6 +304,13 @@ pub(crate) struct OutboundHooks {
     /// Requests of the current call, cancelled upstream if the store is
     /// dropped before the call finishes.
     pending: Vec<Pending>,
+    /// The upstream session the guest last sent a request in (its URI
+    /// and `Mcp-Session-Id`), ended with `DELETE` when the store is
+    /// dropped: the guest held it in its memory, which goes with the
+    /// store, and the WIT gives it no teardown to end it itself. Left
+    /// open, every reload, replaced instance or evicted session left one
+    /// more on the upstream until the server timed it out.
+    session: Option<(Uri, HeaderValue)>,
 }
 
 /// Most requests remembered per call: a guest sends a few per call; past
@@ -289,6 +322,7 @@ impl OutboundHooks {
         Self {
             outbound,
             pending: Vec::new(),
+            session: None,
         }
     }
 
@@ -303,6 +337,9 @@ impl Drop for OutboundHooks {
         if let Some(out) = &self.outbound {
             for p in self.pending.drain(..) {
                 out.cancel(p);
+            }
+            if let Some((uri, id)) = self.session.take() {
+                out.end_session(uri, id);
             }
         }
     }
@@ -348,6 +385,11 @@ impl WasiHttpHooks for OutboundHooks {
         }
         let uri = request.uri().clone();
         let headers = request.headers_mut();
+        if let Some(id) = headers.get("mcp-session-id")
+            && self.session.as_ref().is_none_or(|(_, s)| s != id)
+        {
+            self.session = Some((uri.clone(), id.clone()));
+        }
         if let Some(id) = headers.remove(REQUEST_ID_HEADER)
             && let Ok(id) = id.to_str()
             && serde_json::from_str::<serde::de::IgnoredAny>(id).is_ok()

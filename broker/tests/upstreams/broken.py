@@ -7,11 +7,14 @@ properly, then answers `tools/call` badly, in the way its path names:
   connection closes before the response;
 - `/status500`: HTTP 500 with a text body;
 - `/wrongid`: a JSON-RPC response for another request id, then the end;
+- `/hang`: answers `tools/call` after 10 s (past a short call deadline);
 - `/silent`: answers `initialize`, then opens an SSE answer to
   `tools/list` and never writes to it (an upstream that hangs at start-up).
 
-Every path counts the `notifications/cancelled` it receives; the method
-`test/cancelled` answers the count (`{"count": N}`) for the path asked.
+Every path counts the `notifications/cancelled` it receives, and the
+session ends (`DELETE` of its `broken-session`); the methods
+`test/cancelled` and `test/deleted` answer the counts (`{"count": N}`)
+for the path asked.
 
     python broken.py PORT
 
@@ -26,6 +29,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CANCELLED = {}
+DELETED = {}
 LOCK = threading.Lock()
 
 
@@ -49,7 +53,14 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(405, "", "text/plain")
 
     def do_DELETE(self):
-        self.reply(405, "", "text/plain")
+        # A session's end: counted by path, answered as servers that allow
+        # it do.
+        if self.headers.get("Mcp-Session-Id") == "broken-session":
+            with LOCK:
+                DELETED[self.path] = DELETED.get(self.path, 0) + 1
+            self.reply(200, "", "text/plain")
+        else:
+            self.reply(404, "", "text/plain")
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
@@ -82,6 +93,10 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 n = CANCELLED.get(self.path, 0)
             self.reply(200, result({"count": n}))
+        elif method == "test/deleted":
+            with LOCK:
+                n = DELETED.get(self.path, 0)
+            self.reply(200, result({"count": n}))
         elif method == "tools/list" and self.path.strip("/") == "silent":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -110,6 +125,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.reply(200, "this is not { json")
             elif mode == "status500":
                 self.reply(500, "upstream exploded", "text/plain")
+            elif mode == "hang":
+                time.sleep(10)
+                self.reply(200, result({"content": []}))
             elif mode == "wrongid":
                 self.reply(200, json.dumps({"jsonrpc": "2.0", "id": 424242, "result": {}}))
             else:  # drop

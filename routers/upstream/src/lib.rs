@@ -44,7 +44,7 @@
 //!
 //! | MCP (upstream) | WIT / broker | lost or changed |
 //! |---|---|---|
-//! | `initialize` result | `title` (serverInfo.title, else name), `instructions`, `describe-server` capabilities | serverInfo.version; `logging`, `experimental` and `tasks` capabilities; the session is never DELETEd (the WIT has no teardown) |
+//! | `initialize` result | `title` (serverInfo.title, else name), `instructions`, `describe-server` capabilities | serverInfo.version; `logging`, `experimental` and `tasks` capabilities; the guest never DELETEs its session (the WIT has no teardown): the host does, with the last session id the instance sent, when it drops the instance (`broker/src/wasm/outbound.rs`) |
 //! | `tools/list`, `resources/list`, `resources/templates/list`, `prompts/list` | whole lists | pagination is flattened (at most 100 pages each); a list that fails reads as empty; the `_meta` of resources, templates and prompts (the WIT records have no field for it: fastmcp's tags are there); tools keep theirs |
 //! | 2026-07-28 `ttlMs`, `cacheScope` of listings and reads | — | the broker's edge writes its own (`ttlMs: 0`; `cacheScope` `public`, or `private` with `[auth]`), whatever the upstream said |
 //! | resource template | an `mcp-resource` whose `uri` is the `uriTemplate` (README "Resource templates") | — |
