@@ -434,6 +434,89 @@ fn an_unknown_resource_is_invalid_params_not_32002() {
     assert_eq!(v["error"]["data"]["uri"], "library://nothing", "{v}");
 }
 
+/// 2026-07-28 asks a server to name itself in every result's `_meta`
+/// (basic/index, "Per-response protocol fields"), and forbids -32002
+/// (basic/index, "Error Codes"), which the broker's router fault shares.
+#[test]
+fn every_result_names_the_server_and_a_router_fault_is_not_32002() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let named = |v: &Value| {
+        let info = &v["result"]["_meta"]["io.modelcontextprotocol/serverInfo"];
+        assert_eq!(info["name"], "mcp-broker", "{v}");
+        assert_eq!(info["version"], env!("CARGO_PKG_VERSION"), "{v}");
+    };
+    let calls: [(&str, Option<&str>, &str); 9] = [
+        ("tools/list", None, ""),
+        ("resources/list", None, ""),
+        ("resources/templates/list", None, ""),
+        ("prompts/list", None, ""),
+        (
+            "tools/call",
+            Some("echo"),
+            r#""name":"echo","arguments":{"x":1}"#,
+        ),
+        // A tool's own failure: a result with isError.
+        (
+            "tools/call",
+            Some("fail"),
+            r#""name":"fail","arguments":{}"#,
+        ),
+        (
+            "resources/read",
+            Some("library://readme"),
+            r#""uri":"library://readme""#,
+        ),
+        (
+            "prompts/get",
+            Some("summarize_book"),
+            r#""name":"summarize_book","arguments":{"book_id":"12"}"#,
+        ),
+        // A question: an input_required result.
+        (
+            "tools/call",
+            Some("test_elicitation"),
+            r#""name":"test_elicitation","arguments":{"message":"Who?"}"#,
+        ),
+    ];
+    for (i, (method, name, params)) in calls.into_iter().enumerate() {
+        let r = modern(&mut c, method, name, &req(&i.to_string(), method, params));
+        assert_eq!(r.status, 200, "{method} {name:?}: {}", r.text());
+        named(&r.json());
+    }
+    let r = modern(
+        &mut c,
+        "server/discover",
+        None,
+        &req("20", "server/discover", ""),
+    );
+    named(&r.json());
+    // The router trapped: an internal error with the broker's `data`, not
+    // the -32002 of the session era.
+    let r = modern(
+        &mut c,
+        "tools/call",
+        Some("trap"),
+        &req("22", "tools/call", r#""name":"trap","arguments":{}"#),
+    );
+    let v = r.json();
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert_eq!(v["error"]["data"]["kind"], "router_fault", "{v}");
+    assert_eq!(v["error"]["data"]["retryable"], true, "{v}");
+    // The session era keeps its results as they were, and -32002.
+    let s = c.initialize("2025-11-25");
+    let v = c.call(
+        &s,
+        30,
+        "tools/call",
+        r#"{"name":"echo","arguments":{"x":1}}"#,
+    );
+    assert!(v["result"].get("_meta").is_none(), "{v}");
+    let v = c.call(&s, 31, "tools/call", r#"{"name":"trap","arguments":{}}"#);
+    assert_eq!(v["error"]["code"], -32002, "{v}");
+    assert_eq!(v["error"]["data"]["kind"], "router_fault", "{v}");
+}
+
 #[test]
 fn an_elicitation_is_a_multi_round_trip_with_no_state_between_the_posts() {
     let b = broker();

@@ -650,15 +650,22 @@ struct ErrorData<'a> {
 /// MCP's "resource not found" shares -32002 with the broker's router
 /// fault, which says `data.kind: "router_fault"`: without it, -32002 is
 /// counted as the frame protocol's not-found code, so that the report
-/// names it `not_found`, as it does over frames.
+/// names it `not_found`, as it does over frames. 2026-07-28 forbids
+/// -32002, so the broker sends its router fault there as -32603 with the
+/// same `data.kind`, which names it.
 fn code_meant(e: &RpcError<'_>) -> i32 {
+    use mcp_schema::ErrorCode;
     let code = e.code.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
-    let router_fault = mcp_schema::ErrorCode::RouterFault;
     let kind = e.data.as_ref().and_then(|d| d.kind.as_deref());
-    if code == router_fault.code() && kind != Some(router_fault.as_str()) {
-        mcp_schema::ErrorCode::NotFound.code()
-    } else {
-        code
+    let fault = ErrorCode::RouterFault;
+    match (code, kind) {
+        (c, Some(k))
+            if k == fault.as_str() && (c == fault.code() || c == ErrorCode::Internal.code()) =>
+        {
+            fault.code()
+        }
+        (c, _) if c == fault.code() => ErrorCode::NotFound.code(),
+        (c, _) => c,
     }
 }
 
@@ -1418,6 +1425,17 @@ mod tests {
         assert!(matches!(
             classify(fault, 7, tool),
             Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32002))))
+        ));
+        // 2026-07-28's router fault: -32603, named by data.kind.
+        let fault = br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"trap","data":{"kind":"router_fault","retryable":true}}}"#;
+        assert!(matches!(
+            classify(fault, 7, tool),
+            Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32002))))
+        ));
+        let internal = br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"bug"}}"#;
+        assert!(matches!(
+            classify(internal, 7, tool),
+            Class::Answer(Err((ErrorKind::ErrorResponse, Some(-32603))))
         ));
         let missing = br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32002,"message":"Resource not found","data":{"uri":"kv://x"}}}"#;
         assert!(matches!(

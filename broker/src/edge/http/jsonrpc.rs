@@ -32,7 +32,9 @@
 //! The broker's own codes (-32000..-32005, and -32603) carry `data`
 //! `{"kind":"<ErrorCode::as_str>","retryable":<bool>}` unless the frame has
 //! its own `data`. RouterFault's -32002 is MCP's "resource not found" too;
-//! `data.kind` (`"router_fault"`) or `data.uri` tells them apart.
+//! `data.kind` (`"router_fault"`) or `data.uri` tells them apart. In
+//! 2026-07-28, which forbids -32002, an unknown resource is -32602 and a
+//! router fault -32603 (with the same `data`).
 //! A tool's failure that the router reported as a result (`isError`) stays
 //! a result, exactly as `adapt` built it.
 //!
@@ -1328,6 +1330,8 @@ fn object_schema(text: &str, need_properties: bool) -> Option<Cow<'_, str>> {
 struct Compat {
     audio: bool,
     resource_link: bool,
+    /// 2026-07-28: every result names the server in its `_meta`.
+    server_info: bool,
 }
 
 impl Compat {
@@ -1335,6 +1339,7 @@ impl Compat {
         Compat {
             audio: version != "2024-11-05",
             resource_link: !matches!(version, "2024-11-05" | "2025-03-26"),
+            server_info: version == MODERN_VERSION,
         }
     }
 }
@@ -1415,16 +1420,66 @@ pub fn write_error(
     o.end();
 }
 
+/// The `_meta` key under which 2026-07-28 results name the server.
+const SERVER_INFO_KEY: &str = "io.modelcontextprotocol/serverInfo";
+
+/// `"io.modelcontextprotocol/serverInfo":{…}`, the broker's name and version
+/// as `initialize` and `server/discover` report them (`dispatch`'s
+/// InitializeResponse). 2026-07-28 asks a server to put it in every result's
+/// `_meta` ("Per-response protocol fields", a SHOULD), since no connection
+/// state tells a client which server answered.
+pub const SERVER_INFO_MEMBER: &str = concat!(
+    "\"io.modelcontextprotocol/serverInfo\":{\"name\":\"mcp-broker\",\"version\":\"",
+    env!("CARGO_PKG_VERSION"),
+    "\"}"
+);
+
+/// `"_meta":{<serverInfo>}` on a 2026-07-28 result that has no `_meta` of
+/// its own.
+fn write_server_info_meta(o: &mut Obj<'_>) {
+    let m = o.key("_meta");
+    m.push(b'{');
+    m.extend_from_slice(SERVER_INFO_MEMBER.as_bytes());
+    m.push(b'}');
+}
+
+/// [`write_server_info_meta`] for the object that ends `out`, written by a
+/// writer that knows nothing of the revision (no `_meta` of its own).
+fn close_with_server_info(out: &mut Vec<u8>) {
+    debug_assert_eq!(out.last(), Some(&b'}'));
+    out.pop();
+    if out.last() != Some(&b'{') {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"_meta\":{");
+    out.extend_from_slice(SERVER_INFO_MEMBER.as_bytes());
+    out.extend_from_slice(b"}}");
+}
+
 /// `[KeyValue]` (values JSON text) as a `_meta` object; a value that is not
 /// one JSON value goes out as a JSON string rather than breaking the JSON.
 /// Entries addressed to the broker ([`is_broker_meta`]: a router's state,
-/// its input key) are never shown to the client.
-fn write_meta<'f>(o: &mut Obj<'_>, kvs: Option<Vector<'f, ForwardsUOffset<KeyValue<'f>>>>) {
-    let Some(kvs) = kvs.filter(|k| k.iter().any(|kv| !is_broker_meta(kv.key()))) else {
+/// its input key) are never shown to the client. With `server_info` (a
+/// 2026-07-28 result), `_meta` is always written and names the broker first;
+/// a router's own entry under that key gives way, as two would be a
+/// duplicate key.
+fn write_meta<'f>(
+    o: &mut Obj<'_>,
+    kvs: Option<Vector<'f, ForwardsUOffset<KeyValue<'f>>>>,
+    server_info: bool,
+) {
+    let hidden = |k: &str| is_broker_meta(k) || (server_info && k == SERVER_INFO_KEY);
+    let shown = |kv: &KeyValue<'_>| !hidden(kv.key());
+    let kvs = kvs.filter(|k| k.iter().any(|kv| shown(&kv)));
+    if kvs.is_none() && !server_info {
         return;
-    };
+    }
     let mut m = Obj::new(o.key("_meta"));
-    for kv in kvs.iter().filter(|kv| !is_broker_meta(kv.key())) {
+    if server_info {
+        m.comma();
+        m.out.extend_from_slice(SERVER_INFO_MEMBER.as_bytes());
+    }
+    for kv in kvs.iter().flat_map(|k| k.iter()).filter(|kv| shown(kv)) {
         let v = kv.value().unwrap_or("null");
         match json_value(v) {
             Some(v) => {
@@ -1681,12 +1736,13 @@ pub unsafe fn write_response_of(
     if let Some(e) = resp.payload_as_error_response() {
         return write_frame_error(out, id, info, method, e.error(), version);
     }
+    let compat = Compat::of(version);
     if let Some(tr) = resp.payload_as_tool_result() {
         // SAFETY: the caller's: `resp` is verified or an encoder's output,
         // content vector included.
         let blocks = unsafe { mcp_schema::content_vec::content_unchecked(&tr) };
         let mut o = envelope_start(out, Some(id));
-        write_tool_result(o.key("result"), tr, blocks, Compat::of(version));
+        write_tool_result(o.key("result"), tr, blocks, compat);
         return o.end();
     }
     let mut o = envelope_start(out, Some(id));
@@ -1702,7 +1758,7 @@ pub unsafe fn write_response_of(
     } else if let Some(x) = resp.payload_as_resource_data() {
         write_resource_data(r, x);
     } else if let Some(x) = resp.payload_as_applied_prompt() {
-        write_applied_prompt(r, x, Compat::of(version));
+        write_applied_prompt(r, x, compat);
     } else if let Some(x) = resp.payload_as_complete_result() {
         write_completion(r, x);
     } else if let Some(x) = resp.payload_as_initialize_response() {
@@ -1729,6 +1785,10 @@ pub unsafe fn write_response_of(
     } else {
         // Ping, EmptyResult, and anything a newer broker adds: `{}`.
         r.extend_from_slice(b"{}");
+    }
+    // None of these results has a `_meta` of its own.
+    if compat.server_info {
+        close_with_server_info(r);
     }
     o.end();
 }
@@ -1780,17 +1840,24 @@ fn write_frame_error(
         b.end();
         c.end();
         t.bool("isError", true);
+        if version == MODERN_VERSION {
+            write_server_info_meta(&mut t);
+        }
         t.end();
         return o.end();
     }
     let mut rpc_code = error_code_for(method, frame_code);
-    // 2026-07-28 retired -32002 for an unknown resource: it is invalid
-    // params there (still with `data.uri`).
-    if rpc_code == code::RESOURCE_NOT_FOUND
-        && ErrorCode::from_code(frame_code) == Some(ErrorCode::NotFound)
-        && version == MODERN_VERSION
-    {
-        rpc_code = code::INVALID_PARAMS;
+    // 2026-07-28 retired -32002, and its implementations MUST NOT emit it
+    // (basic/index, "Error Codes"): an unknown resource is invalid params
+    // there (still with `data.uri`), and the broker's router fault, which
+    // shares the code, is an internal error (still with `data.kind`
+    // `"router_fault"` and `data.retryable`).
+    if rpc_code == code::RESOURCE_NOT_FOUND && version == MODERN_VERSION {
+        rpc_code = if ErrorCode::from_code(frame_code) == Some(ErrorCode::NotFound) {
+            code::INVALID_PARAMS
+        } else {
+            code::INTERNAL_ERROR
+        };
     }
     let mut data_buf = Vec::new();
     let data: Option<&str> = if error_code_for(method, frame_code) == code::RESOURCE_NOT_FOUND
@@ -1863,7 +1930,7 @@ fn write_tool_result(
         o.raw("structuredContent", s);
     }
     o.bool("isError", tr.is_error() || tr.error().is_some());
-    write_meta(&mut o, tr.metadata());
+    write_meta(&mut o, tr.metadata(), compat.server_info);
     o.end();
 }
 
@@ -1900,7 +1967,7 @@ fn write_tools(out: &mut Vec<u8>, r: p::ListToolsResult<'_>) {
             }
             ao.end();
         }
-        write_meta(&mut to, t.metadata());
+        write_meta(&mut to, t.metadata(), false);
         to.end();
     }
     arr.end();
@@ -1923,7 +1990,7 @@ fn write_resources(out: &mut Vec<u8>, r: p::ListResourcesResult<'_>) {
             ro.num("size", x.size_bytes());
         }
         write_annotations(&mut ro, x.annotations());
-        write_meta(&mut ro, x.metadata());
+        write_meta(&mut ro, x.metadata(), false);
         ro.end();
     }
     arr.end();
@@ -1967,7 +2034,7 @@ fn write_prompts(out: &mut Vec<u8>, r: p::ListPromptsResult<'_>) {
             }
             aa.end();
         }
-        write_meta(&mut po, x.metadata());
+        write_meta(&mut po, x.metadata(), false);
         po.end();
     }
     arr.end();
@@ -2301,7 +2368,7 @@ pub fn write_elicitation_create(out: &mut Vec<u8>, id: &str, frame: &[u8]) -> bo
             .as_deref()
             .unwrap_or("{\"type\":\"object\",\"properties\":{}}"),
     );
-    write_meta(&mut ps, e.meta());
+    write_meta(&mut ps, e.meta(), false);
     ps.end();
     o.end();
     true
@@ -2422,13 +2489,14 @@ pub fn write_input_required_elicitation(
             .as_deref()
             .unwrap_or("{\"type\":\"object\",\"properties\":{}}"),
     );
-    write_meta(&mut ps, e.meta());
+    write_meta(&mut ps, e.meta(), false);
     ps.end();
     r.end();
     reqs.end();
     if let Some(t) = request_state {
         res.str("requestState", t);
     }
+    write_server_info_meta(&mut res);
     res.end();
     o.end();
     true
@@ -2459,6 +2527,7 @@ pub fn write_input_required_request(
     if let Some(t) = request_state {
         res.str("requestState", t);
     }
+    write_server_info_meta(&mut res);
     res.end();
     o.end();
 }
@@ -2484,6 +2553,7 @@ pub fn write_input_required_set(
     }
     reqs.end();
     res.str("requestState", request_state);
+    write_server_info_meta(&mut res);
     res.end();
     o.end();
 }
@@ -3452,6 +3522,88 @@ mod tests {
                 "_meta":{"k\"1":{"a":[1]},"k2":"not json"}
             }})
         );
+    }
+
+    /// 2026-07-28 results name the broker first in `_meta`, beside the
+    /// router's entries; a router's own entry under that key gives way (a
+    /// duplicate key would leave which one a client reads to its parser).
+    #[test]
+    fn modern_results_name_the_server_in_meta_beside_the_routers_entries() {
+        let meta = |entries: &[(&str, &str)]| {
+            let r = w::Response::Completed(w::ToolResult {
+                content: vec![text("t")],
+                structured_content: None,
+                progress: None,
+                meta: (!entries.is_empty()).then(|| {
+                    entries
+                        .iter()
+                        .map(|(k, v)| w::MetaEntry {
+                            key: (*k).into(),
+                            value: (*v).into(),
+                        })
+                        .collect()
+                }),
+                is_error: None,
+            });
+            let buf = tool_frames(&r);
+            let fin = *frames(&buf).last().unwrap();
+            let mut out = Vec::new();
+            write_response(
+                &mut out,
+                &Id(raw("1")),
+                Method::CallTool,
+                fin,
+                MODERN_VERSION,
+            );
+            let text = String::from_utf8(out).unwrap();
+            let first = text.find("\"_meta\":").expect(&text);
+            assert!(
+                text[first + 1..].find("\"_meta\":").is_none(),
+                "one `_meta`: {text}"
+            );
+            json_of(text.as_bytes())["result"]["_meta"].clone()
+        };
+        let info = json!({"name":"mcp-broker","version":env!("CARGO_PKG_VERSION")});
+        assert_eq!(
+            meta(&[]),
+            json!({"io.modelcontextprotocol/serverInfo":info})
+        );
+        assert_eq!(
+            meta(&[("k", "[1]"), ("mcp-broker/state", "{}")]),
+            json!({"io.modelcontextprotocol/serverInfo":info,"k":[1]})
+        );
+        assert_eq!(
+            meta(&[
+                ("io.modelcontextprotocol/serverInfo", r#"{"name":"other"}"#),
+                ("k", "2")
+            ]),
+            json!({"io.modelcontextprotocol/serverInfo":info,"k":2})
+        );
+        // Every other kind of result gets it too, and the session era none.
+        let mut enc = ResponseEncoder::new(1);
+        let empty = enc.empty(&TO).to_vec();
+        assert_eq!(
+            response_in(MODERN_VERSION, "1", Method::Ping, &empty)["result"],
+            json!({"_meta":{"io.modelcontextprotocol/serverInfo":info}})
+        );
+        assert_eq!(response("1", Method::Ping, &empty)["result"], json!({}));
+        // A tool's failure, a result there too.
+        let f = enc
+            .error(&TO, ErrorCode::ExecutionError, "m", None)
+            .to_vec();
+        assert_eq!(
+            response_in(MODERN_VERSION, "1", Method::CallTool, &f)["result"]["_meta"],
+            json!({"io.modelcontextprotocol/serverInfo":info})
+        );
+        // Errors are no results; a router fault is -32603 there, not -32002.
+        let f = enc.error(&TO, ErrorCode::RouterFault, "m", None).to_vec();
+        for m in [Method::CallTool, Method::ReadResource, Method::ListTools] {
+            assert_eq!(
+                response_in(MODERN_VERSION, "1", m, &f)["error"],
+                json!({"code":-32603,"message":"m","data":{"kind":"router_fault","retryable":true}}),
+                "{m:?}"
+            );
+        }
     }
 
     #[test]

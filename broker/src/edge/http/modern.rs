@@ -1860,6 +1860,8 @@ async fn listen_keep_alive(
                 fin.extend_from_slice(id.as_bytes());
                 fin.extend_from_slice(b",\"result\":{\"resultType\":\"complete\",\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
                 fin.extend_from_slice(id.as_bytes());
+                fin.push(b',');
+                fin.extend_from_slice(jsonrpc::SERVER_INFO_MEMBER.as_bytes());
                 fin.extend_from_slice(b"}}}");
                 let _ = tx.unbounded_send(sse_event(&fin));
                 break;
