@@ -597,6 +597,12 @@ impl Auth {
             }
         })?;
         let claims = data.claims;
+        // One string (RFC 7519 §4.1.1: a StringOrURI). jsonwebtoken also
+        // takes an array holding the issuer, which no issuer mints and a
+        // stricter verifier behind the broker would read otherwise.
+        if !matches!(claims.get("iss"), Some(serde_json::Value::String(_))) {
+            return Err(Failure::Issuer);
+        }
         // Required (RFC 9068 §2.2) and a non-empty string: sessions are
         // bound to it, so tokens without one would all be one subject, each
         // able to use the others' sessions.

@@ -1320,6 +1320,13 @@ impl Config {
                     Ok(u) if u.host().is_some_and(|h| h.contains('%')) => errors.push(format!(
                         "{at}.upstream: `{url}` names an IPv6 zone id, which the broker's HTTP client cannot connect with: use a routable address or a host name"
                     )),
+                    // Never sent, and the URL is shown in logs and on
+                    // /readyz: the password would be too. Not echoed here.
+                    Ok(u) if u.authority().is_some_and(|a| a.as_str().contains('@')) => {
+                        errors.push(format!(
+                            "{at}.upstream: the URL has user information (`user:password@`), which the broker never sends: put the credentials in `upstream_headers` (e.g. `Authorization`)"
+                        ))
+                    }
                     Ok(u)
                         if matches!(u.scheme_str(), Some("http" | "https"))
                             && u.host().is_some_and(|h| !h.is_empty()) => {}
@@ -2016,6 +2023,18 @@ mod tests {
         );
         assert!(!all.contains("S3CRET"), "{all}");
         assert_eq!(without_strings(r#"a "x" b "y "z" c"#), r#"a "…" c"#);
+        // A password in the URL is refused, and not shown either.
+        let all = Config::parse(
+            "[[routers]]\nname = \"u\"\nupstream = \"http://admin:S3CRET@127.0.0.1:1/mcp\"\n",
+        )
+        .unwrap_err()
+        .0
+        .join("\n");
+        assert!(
+            all.contains("routers[0] (u).upstream: the URL has user information"),
+            "{all}"
+        );
+        assert!(!all.contains("S3CRET"), "{all}");
     }
 
     /// [`error_keys`] reads toml's `Display`: this pins the form it reads.

@@ -176,6 +176,12 @@ fn catalogue(f: &Fixture) -> Vec<(&'static str, Option<String>, &'static str)> {
             Some(with("iss", json!("https://evil.test"))),
             "issuer",
         ),
+        // RFC 7519: one StringOrURI, not an array holding the issuer.
+        (
+            "issuer in an array",
+            Some(with("iss", json!([ISSUER]))),
+            "issuer",
+        ),
         (
             "wrong audience",
             Some(with("aud", json!("https://other.test/mcp"))),

@@ -367,6 +367,19 @@ fn transport_rules_have_their_statuses() {
             vec![ACCEPT_BOTH, JSON, sid, ("Origin", "http://localhost:6274")],
             200,
         ),
+        // Every Origin is judged: a loopback one does not vouch for another.
+        (
+            "POST",
+            "/mcp",
+            vec![
+                ACCEPT_BOTH,
+                JSON,
+                sid,
+                ("Origin", "http://localhost:6274"),
+                ("Origin", "http://evil.example"),
+            ],
+            403,
+        ),
         (
             "POST",
             "/mcp",

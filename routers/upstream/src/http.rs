@@ -23,8 +23,9 @@ const WRITE_CHUNK: usize = 4096;
 /// The upstream's MCP endpoint, split as wasi:http wants it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
-    /// As configured (for error messages).
-    pub url: String,
+    /// Scheme and authority only, for error messages: they reach the log,
+    /// `/readyz` and clients, and a path or query may hold a key.
+    pub shown: String,
     pub https: bool,
     /// `host[:port]`.
     pub authority: String,
@@ -51,8 +52,9 @@ impl Endpoint {
         }
         if authority.contains('@') {
             // Credentials belong in the operator's upstream_headers, which
-            // the host injects; a URL must not smuggle them.
-            return Err(format!("`{url}`: user info in the URL is not supported"));
+            // the host injects; a URL must not smuggle them. Not echoed: it
+            // holds a password (the broker's configuration refuses it first).
+            return Err("user info in the upstream URL is not supported".into());
         }
         let path = match path {
             "" => "/".to_owned(),
@@ -60,7 +62,7 @@ impl Endpoint {
             p => p.to_owned(),
         };
         Ok(Self {
-            url: url.to_owned(),
+            shown: format!("{}://{authority}", if https { "https" } else { "http" }),
             https,
             authority: authority.to_owned(),
             path,
@@ -287,11 +289,16 @@ mod tests {
             (e.authority.as_str(), e.path.as_str()),
             ("[::1]:8443", "/a/b?x=1")
         );
+        // Messages show where, never a path or query that may hold a key.
+        assert_eq!(e.shown, "https://[::1]:8443");
+        let e = Endpoint::parse("HTTP://h:1/mcp/k3y?api_key=s3cret").unwrap();
+        assert_eq!(e.shown, "http://h:1");
+        let e = Endpoint::parse("http://u:s3cret@h/").unwrap_err();
+        assert!(!e.contains("s3cret"), "{e}");
         let e = Endpoint::parse("http://h?q").unwrap();
         assert_eq!(e.path, "/?q");
         assert!(Endpoint::parse("ftp://h/").is_err());
         assert!(Endpoint::parse("http:///mcp").is_err());
-        assert!(Endpoint::parse("http://u:p@h/").is_err());
         assert!(Endpoint::parse("").is_err());
     }
 }

@@ -519,7 +519,7 @@ impl Probe {
 /// failure for `method`.
 fn init(method: &str) -> Result<Value, Failure> {
     let ep = endpoint(method)?;
-    ensure(&ep).map_err(|r| Failure::Unavailable(rpc::unavailable(method, &ep.url, &r)))?;
+    ensure(&ep).map_err(|r| Failure::Unavailable(rpc::unavailable(method, &ep.shown, &r)))?;
     Ok(session_init())
 }
 
@@ -550,8 +550,8 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
     let ep = endpoint(method)?;
     let mut retried = false;
     loop {
-        let hdr =
-            ensure(&ep).map_err(|r| Failure::Unavailable(rpc::unavailable(method, &ep.url, &r)))?;
+        let hdr = ensure(&ep)
+            .map_err(|r| Failure::Unavailable(rpc::unavailable(method, &ep.shown, &r)))?;
         let id = next_id();
         let mut params = params.clone();
         if method == "tools/call"
@@ -578,7 +578,7 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
         match send(&ep, &hdr, id, &payload, true, &extra) {
             Err(reason) => {
                 return Err(Failure::Unavailable(rpc::unavailable(
-                    method, &ep.url, &reason,
+                    method, &ep.shown, &reason,
                 )));
             }
             Ok(Sent::SessionGone(_)) if !retried => {
@@ -588,7 +588,7 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
             Ok(Sent::SessionGone(status)) => {
                 return Err(Failure::Unavailable(rpc::unavailable(
                     method,
-                    &ep.url,
+                    &ep.shown,
                     &format!("HTTP {status} again after re-initializing the session"),
                 )));
             }
@@ -713,7 +713,7 @@ impl Guest for Upstream {
                     Some(Err(Failure::Unavailable(m))) => Err(reason(m)),
                     _ => ensure(&ep)
                         .map(|_| session_init())
-                        .map_err(|r| format!("POST {}: {r}", ep.url)),
+                        .map_err(|r| format!("POST {}: {r}", ep.shown)),
                 }
             }
         };
@@ -1179,7 +1179,7 @@ mod tests {
         };
         assert_eq!(
             m,
-            "upstream unavailable: tools/call to http://up.test/mcp: HTTP 404 again after re-initializing the session"
+            "upstream unavailable: tools/call to http://up.test: HTTP 404 again after re-initializing the session"
         );
     }
 
@@ -1193,14 +1193,14 @@ mod tests {
         };
         assert_eq!(
             m,
-            "upstream unavailable: tools/call to http://up.test/mcp: connection refused"
+            "upstream unavailable: tools/call to http://up.test: connection refused"
         );
         let d = <Upstream as Guest>::describe_server();
         let meta = d.meta.unwrap();
         assert_eq!(meta[0].key, "mcp-broker/unavailable");
         assert_eq!(
             meta[0].value,
-            r#""POST http://up.test/mcp: connection refused""#
+            r#""POST http://up.test: connection refused""#
         );
         assert!(d.capabilities.tools.is_none() && d.title.is_none());
         assert!(<Upstream as Guest>::list_tools().is_empty());
@@ -1232,7 +1232,7 @@ mod tests {
         assert_eq!(meta[0].key, "mcp-broker/unavailable");
         assert_eq!(
             meta[0].value,
-            r#""ping to http://up.test/mcp: connection refused""#
+            r#""ping to http://up.test: connection refused""#
         );
         assert!(d.capabilities.tools.is_none());
         // An upstream that refuses `ping` answers, so it is available.
@@ -1275,7 +1275,7 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect();
-        let prefix = "upstream unavailable: tools/call to http://up.test/mcp: ";
+        let prefix = "upstream unavailable: tools/call to http://up.test: ";
         assert!(
             texts[0].starts_with(&format!("{prefix}invalid JSON: ")),
             "{}",

@@ -50,9 +50,10 @@ pub enum Failure {
     Rpc(RpcError),
 }
 
-/// `upstream unavailable: <method> to <url>: <reason>`.
-pub fn unavailable(method: &str, url: &str, reason: &str) -> String {
-    format!("{UNAVAILABLE}{method} to {url}: {reason}")
+/// `upstream unavailable: <method> to <origin>: <reason>`, the origin
+/// being [`crate::http::Endpoint::shown`].
+pub fn unavailable(method: &str, origin: &str, reason: &str) -> String {
+    format!("{UNAVAILABLE}{method} to {origin}: {reason}")
 }
 
 pub fn request(id: u64, method: &str, params: Option<Value>) -> Vec<u8> {
@@ -458,12 +459,8 @@ mod tests {
     #[test]
     fn unavailable_wording() {
         assert_eq!(
-            unavailable(
-                "tools/call",
-                "http://127.0.0.1:9000/mcp",
-                "connection refused"
-            ),
-            "upstream unavailable: tools/call to http://127.0.0.1:9000/mcp: connection refused"
+            unavailable("tools/call", "http://127.0.0.1:9000", "connection refused"),
+            "upstream unavailable: tools/call to http://127.0.0.1:9000: connection refused"
         );
     }
 }

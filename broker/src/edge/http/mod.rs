@@ -517,9 +517,9 @@ fn is_loopback_origin(origin: &str) -> bool {
     };
     let port_ok = |tail: &str| {
         tail.is_empty()
-            || tail
-                .strip_prefix(':')
-                .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            || tail.strip_prefix(':').is_some_and(|p| {
+                !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+            })
     };
     if let Some(v6) = rest.strip_prefix('[') {
         return v6
@@ -712,9 +712,14 @@ impl HttpEdge {
                 "not found: the MCP endpoint is /mcp",
             );
         }
-        if let Some(origin) = req.headers().get(header::ORIGIN) {
-            let ok = origin.to_str().is_ok_and(|o| {
-                is_loopback_origin(o) || self.cfg.allowed_origins.iter().any(|a| a == o)
+        // Every Origin value is judged: a request carries one, and with two
+        // a loopback one first would vouch for any other behind it.
+        let mut origins = req.headers().get_all(header::ORIGIN).iter().peekable();
+        if origins.peek().is_some() {
+            let ok = origins.all(|origin| {
+                origin.to_str().is_ok_and(|o| {
+                    is_loopback_origin(o) || self.cfg.allowed_origins.iter().any(|a| a == o)
+                })
             });
             if !ok {
                 return refuse(
@@ -2318,6 +2323,8 @@ mod tests {
             "http://127.0.0.1:7403/path",
             "http://[::1]:80@evil.example",
             "ftp://localhost",
+            "http://localhost:99999",
+            "http://localhost:",
         ] {
             assert!(!is_loopback_origin(bad), "{bad}");
         }
