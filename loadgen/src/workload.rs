@@ -259,10 +259,25 @@ impl FileOp {
                 name: need(self.name.clone(), "name")?,
                 args: args()?,
             },
-            "prompt" => Op::Prompt {
-                name: need(self.name.clone(), "name")?,
-                args: args()?,
-            },
+            "prompt" => {
+                let args = args()?;
+                // MCP's prompt arguments are strings: a server (the broker
+                // included) refuses a number with -32602.
+                if let Some(a) = args.iter().find(|a| match &a.value {
+                    ArgValue::Literal(json) => !json.starts_with('"'),
+                    ArgValue::RandomInt { .. } => true,
+                    ArgValue::RandomString { .. } | ArgValue::RandomKey { .. } => false,
+                }) {
+                    return Err(format!(
+                        "args.{}: a prompt's arguments are strings (a string, or a random string or key)",
+                        a.key
+                    ));
+                }
+                Op::Prompt {
+                    name: need(self.name.clone(), "name")?,
+                    args,
+                }
+            }
             "resource" => {
                 let uri = need(self.uri.clone(), "uri")?;
                 let key = match &self.key {
@@ -856,6 +871,14 @@ mod tests {
             kind = "tool"
             name = "x"
             args = { t = { random = "string" } }
+            [[op]]
+            kind = "prompt"
+            name = "p"
+            args = { s = "x", k = { random = "key", count = 2 }, n = 3 }
+            [[op]]
+            kind = "prompt"
+            name = "p"
+            args = { i = { random = "int", range = [0, 9] } }
             "#,
         )
         .unwrap_err()
@@ -863,5 +886,13 @@ mod tests {
         assert!(e.contains("op[0]") && e.contains("needs `name`"), "{e}");
         assert!(e.contains("op[1]") && e.contains("unknown kind"), "{e}");
         assert!(e.contains("op[2]") && e.contains("args.t"), "{e}");
+        assert!(
+            e.contains("op[3]: args.n: a prompt's arguments are strings"),
+            "{e}"
+        );
+        assert!(
+            e.contains("op[4]: args.i: a prompt's arguments are strings"),
+            "{e}"
+        );
     }
 }

@@ -1095,6 +1095,14 @@ pub fn request_frame<'e, 'a>(
         Method::GetPrompt => {
             let name = required_name(ps.name, "name")?;
             let args = members(ps.arguments)?;
+            // MCP's prompt arguments are strings (`{[key: string]: string}`),
+            // which servers should check: a number is refused, not filled
+            // in as text, as the SDKs' own servers refuse it.
+            if let Some((k, _)) = args.iter().find(|(_, v)| first_byte(v) != b'"') {
+                return Err(RpcError::invalid_params(format!(
+                    "Invalid params: prompt argument `{k}` must be a string"
+                )));
+            }
             let kvs: Vec<(&str, &str)> = args.iter().map(|(k, v)| (&**k, v.get())).collect();
             enc.get_prompt(h, &name, &kvs)
         }
@@ -3312,6 +3320,16 @@ mod tests {
         assert_eq!(filled, "Hi Ada \"L\" x3");
         let e = refused(Method::GetPrompt, r#"{"name":"g","arguments":["a"]}"#);
         assert!(e.message.contains("`arguments` must be an object"));
+        for bad in ["1", "null", "{}", "[\"a\"]", "true"] {
+            let params = format!(r#"{{"name":"g","arguments":{{"a":"x","n":{bad}}}}}"#);
+            let e = refused(Method::GetPrompt, &params);
+            assert_eq!(e.code, code::INVALID_PARAMS, "{bad}");
+            assert!(
+                e.message.contains("prompt argument `n` must be a string"),
+                "{bad}: {}",
+                e.message
+            );
+        }
     }
 
     #[test]
