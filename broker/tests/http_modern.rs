@@ -760,6 +760,14 @@ fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
         fin["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
         "L1"
     );
+    // Before it, the teardown notice the cancellation page asks for.
+    let bye = &msgs[msgs.len() - 2];
+    assert_eq!(bye["method"], "notifications/cancelled", "{bye}");
+    assert_eq!(bye["params"]["requestId"], "L1", "{bye}");
+    assert_eq!(
+        bye["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L1"
+    );
     drop(prompts);
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

@@ -1855,6 +1855,21 @@ async fn listen_keep_alive(
         monoio::select! {
             _ = monoio::time::sleep(edge.cfg.sse_keepalive) => {}
             _ = edge.draining.wait() => {
+                // The revision asks for both, on two pages: cancellation
+                // says a server tearing a listen stream down MUST send
+                // `notifications/cancelled` for it, subscriptions that it
+                // SHOULD answer the listen request ("graceful closure").
+                // The notice goes first, as the answer ends the request.
+                let mut bye = Vec::with_capacity(200);
+                bye.extend_from_slice(
+                    b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":",
+                );
+                bye.extend_from_slice(id.as_bytes());
+                bye.extend_from_slice(b",\"reason\":\"the broker is shutting down\",");
+                bye.extend_from_slice(b"\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
+                bye.extend_from_slice(id.as_bytes());
+                bye.extend_from_slice(b"}}}");
+                let _ = tx.unbounded_send(sse_event(&bye));
                 let mut fin = Vec::with_capacity(160);
                 fin.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
                 fin.extend_from_slice(id.as_bytes());
