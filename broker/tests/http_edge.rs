@@ -1652,3 +1652,84 @@ fn a_peer_that_reads_nothing_is_cut_off_at_the_write_timeout() {
     // The edge still serves others.
     Conn::connect(b.http).initialize("2025-06-18");
 }
+
+/// A page on an accepted origin (a loopback one, or one of
+/// `http.allowed_origins`) can use the endpoint from a browser: its
+/// preflight is answered, and every answer names the origin and shows the
+/// session id. Other origins get no CORS headers, and 403 as before.
+#[test]
+fn cors_lets_accepted_origins_in_and_no_other() {
+    let b = with_http(r#"allowed_origins = ["https://app.example"]"#);
+    let mut c = Conn::connect(b.http);
+    for origin in ["http://localhost:6274", "https://app.example"] {
+        let r = c.request(
+            "OPTIONS",
+            "/mcp",
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                (
+                    "Access-Control-Request-Headers",
+                    "authorization, content-type, mcp-session-id, mcp-param-region",
+                ),
+            ],
+            b"",
+        );
+        assert_eq!(r.status, 204, "{origin}: {}", r.text());
+        assert_eq!(r.header("access-control-allow-origin"), Some(origin));
+        assert_eq!(
+            r.header("access-control-allow-methods"),
+            Some("GET, POST, DELETE")
+        );
+        assert_eq!(
+            r.header("access-control-allow-headers"),
+            Some("authorization, content-type, mcp-session-id, mcp-param-region")
+        );
+        assert!(r.header("access-control-max-age").is_some());
+        // The request itself: the page may read the answer and the session
+        // id it must send back.
+        let r = c.request(
+            "POST",
+            "/mcp",
+            &[ACCEPT_BOTH, JSON, ("Origin", origin)],
+            br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.header("mcp-session-id").is_some());
+        assert_eq!(r.header("access-control-allow-origin"), Some(origin));
+        let exposed = r.header("access-control-expose-headers").unwrap();
+        assert!(exposed.contains("Mcp-Session-Id"), "{exposed}");
+        assert_eq!(r.header("vary"), Some("Origin"));
+    }
+    // Another origin: 403 to the preflight and the request, no CORS header.
+    for (method, body) in [("OPTIONS", &b""[..]), ("POST", &b"{}"[..])] {
+        let r = c.request(
+            method,
+            "/mcp",
+            &[
+                ACCEPT_BOTH,
+                JSON,
+                ("Origin", "https://evil.example"),
+                ("Access-Control-Request-Method", "POST"),
+            ],
+            body,
+        );
+        assert_eq!(r.status, 403, "{method}: {}", r.text());
+        assert!(r.header("access-control-allow-origin").is_none());
+    }
+    // No Origin (not a browser): no CORS headers; and an OPTIONS that is
+    // no preflight is still no method of the endpoint.
+    let r = c.request(
+        "POST",
+        "/mcp",
+        &[ACCEPT_BOTH, JSON],
+        br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert!(r.header("access-control-allow-origin").is_none());
+    let r = c.request("OPTIONS", "/mcp", &[("Origin", "https://app.example")], b"");
+    assert_eq!(r.status, 405, "{}", r.text());
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+}

@@ -668,12 +668,86 @@ fn frames(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// Response headers a browser page may read (CORS): the session id it
+/// must send back, and the challenge that says where to get a token.
+const CORS_EXPOSED: &str = "Mcp-Session-Id, WWW-Authenticate";
+
+/// The answer to a CORS preflight from an accepted origin: the methods the
+/// endpoint serves and the request headers the page asked to send (MCP's
+/// own, `Authorization`, and 2026-07-28's `Mcp-Param-*`, whose names only
+/// the tool's schema knows). The real request is judged as any other.
+fn preflight(h: &HeaderMap) -> Response<Body> {
+    let mut r = empty(StatusCode::NO_CONTENT);
+    let out = r.headers_mut();
+    out.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, DELETE"),
+    );
+    if let Some(asked) = h.get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
+        out.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
+    }
+    // Ten minutes: a browser asks again after a reload has had time to
+    // change `allowed_origins` (the request itself is checked anyway).
+    out.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("600"),
+    );
+    out.append(
+        header::VARY,
+        HeaderValue::from_static("Access-Control-Request-Headers"),
+    );
+    r
+}
+
 impl HttpEdge {
+    /// Whether one `Origin` value may reach the edge: a loopback origin or
+    /// one of `http.allowed_origins`.
+    fn origin_allowed(&self, origin: &HeaderValue) -> bool {
+        origin
+            .to_str()
+            .is_ok_and(|o| is_loopback_origin(o) || self.cfg.allowed_origins.iter().any(|a| a == o))
+    }
+
+    /// The origin a browser page may read the answer from (CORS): the
+    /// request's one `Origin`, when it is accepted. None without one, with
+    /// several, or with a refused one, whose request gets 403 anyway.
+    fn cors_origin(&self, h: &HeaderMap) -> Option<HeaderValue> {
+        let mut all = h.get_all(header::ORIGIN).iter();
+        let origin = all.next()?;
+        (all.next().is_none() && self.origin_allowed(origin)).then(|| origin.clone())
+    }
+
     /// One HTTP request's response, counted by status
     /// (`mcp_http_responses_total`).
     async fn serve(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
         let stats = &self.ctx.shared.stats[self.ctx.index];
-        let r = self.clone().respond(req).await;
+        let cors = self.cors_origin(req.headers());
+        let mut r = match &cors {
+            Some(_)
+                if *req.method() == HttpMethod::OPTIONS
+                    && req
+                        .headers()
+                        .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+                    && matches!(
+                        req.uri().path(),
+                        "/mcp"
+                            | "/.well-known/oauth-protected-resource"
+                            | "/.well-known/oauth-protected-resource/mcp"
+                    ) =>
+            {
+                preflight(req.headers())
+            }
+            _ => self.clone().respond(req).await,
+        };
+        if let Some(origin) = cors {
+            let h = r.headers_mut();
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            h.insert(
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                HeaderValue::from_static(CORS_EXPOSED),
+            );
+            h.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
         let slot = metrics::http_status_slot(r.status().as_u16());
         crate::shared::ShardStats::add(&stats.http_responses[slot], 1);
         r
@@ -716,11 +790,7 @@ impl HttpEdge {
         // a loopback one first would vouch for any other behind it.
         let mut origins = req.headers().get_all(header::ORIGIN).iter().peekable();
         if origins.peek().is_some() {
-            let ok = origins.all(|origin| {
-                origin.to_str().is_ok_and(|o| {
-                    is_loopback_origin(o) || self.cfg.allowed_origins.iter().any(|a| a == o)
-                })
-            });
+            let ok = origins.all(|origin| self.origin_allowed(origin));
             if !ok {
                 return refuse(
                     StatusCode::FORBIDDEN,
