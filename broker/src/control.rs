@@ -431,12 +431,24 @@ impl Control {
         let layout = &self.shared.layout;
         let mark = layout.registered();
         let mut next: Vec<Result<Loaded, usize>> = Vec::with_capacity(config.routers.len());
-        for (r, kept) in config.routers.iter().zip(kept) {
+        let fresh: Vec<_> = config
+            .routers
+            .iter()
+            .zip(&kept)
+            .filter(|(_, k)| k.is_none())
+            .map(|(r, _)| r)
+            .collect();
+        let host = &self.host;
+        let mut loads = crate::routing::side_by_side(fresh, "router-load", |r| {
+            crate::routing::load(host, &config, r)
+        })
+        .into_iter();
+        for kept in kept {
             if let Some(i) = kept {
                 next.push(Err(i));
                 continue;
             }
-            match crate::routing::load(&self.host, &config, r) {
+            match loads.next().expect("one load per router not kept") {
                 Ok(_) if !errors.is_empty() => {}
                 Ok(mut l) => match l.assign_slot(&self.shared.layout) {
                     Ok(()) => next.push(Ok(l)),
@@ -642,15 +654,28 @@ impl Control {
 
     fn refresh_due(&mut self) {
         let now = Instant::now();
-        for i in 0..self.current.len() {
-            let Some((t, backoff)) = self.current[i].due else {
+        let due: Vec<_> = self
+            .current
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, c)| c.due.is_some_and(|(t, _)| t <= now))
+            .collect();
+        // Read side by side: each read waits on its upstream, and a hung
+        // one must not hold the others' refresh up.
+        let reads = crate::routing::side_by_side(due, "upstream-read", |(i, c)| {
+            if c.loaded.routed.upstream.is_none() {
+                return (i, None);
+            }
+            let routed = &c.loaded.routed;
+            let reader = c.reader.get_or_insert_with(|| routed.router.meta_reader());
+            (i, Some(reader.read()))
+        });
+        for (i, read) in reads {
+            let Some((_, backoff)) = self.current[i].due else {
                 continue;
             };
-            if t > now {
-                continue;
-            }
             self.current[i].last_read = Some(now);
-            let ok = self.refresh(i);
+            let ok = self.refresh(i, read);
             // `backoff` is the wait after the next failure: it doubles up to
             // the interval, and a success resets it.
             let iv = self.current[i].interval.unwrap_or(DEFAULT_REFRESH_INTERVAL);
@@ -663,18 +688,20 @@ impl Control {
         }
     }
 
-    /// Re-reads upstream router `i`; publishes a new table if its listings
-    /// changed. `false` when the upstream is unavailable.
-    fn refresh(&mut self, i: usize) -> bool {
+    /// Takes upstream router `i`'s fresh `read` of its listings; publishes
+    /// a new table if they changed. `false` when the upstream is
+    /// unavailable.
+    fn refresh(
+        &mut self,
+        i: usize,
+        read: Option<Result<crate::wasm::RouterMeta, crate::wasm::CallError>>,
+    ) -> bool {
         let cur = &mut self.current[i];
         let name = cur.loaded.routed.name.clone();
-        let Some(status) = cur.loaded.routed.upstream.clone() else {
+        let (Some(status), Some(read)) = (cur.loaded.routed.upstream.clone(), read) else {
             return true;
         };
-        let reader = cur
-            .reader
-            .get_or_insert_with(|| cur.loaded.routed.router.meta_reader());
-        let meta = match reader.read() {
+        let meta = match read {
             Ok(m) => m,
             Err(e) => {
                 status.mark(&name, Some(format!("reading its listings failed: {e}")));

@@ -219,8 +219,11 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
     // reload of the same file would.
     let mut loaded = Vec::new();
     let mut failed = Vec::new();
-    for r in &config.routers {
-        match crate::routing::load(&host, &config, r) {
+    let loads = crate::routing::side_by_side(config.routers.iter().collect(), "router-load", |r| {
+        crate::routing::load(&host, &config, r)
+    });
+    for l in loads {
+        match l {
             Ok(l) => loaded.push(l),
             Err(e) => failed.push(e),
         }

@@ -1152,6 +1152,37 @@ fn an_upstream_silent_on_its_listing_at_start_is_unavailable_not_fatal() {
     assert_eq!(r.json()["result"]["count"], 0, "{}", r.text());
 }
 
+/// Upstreams that hang on their listing are waited for side by side, not
+/// one after another: four that never answer, at a 3 s deadline each, hold
+/// start-up about one deadline, where in turn they held it four (and as
+/// long every reload and every other upstream's refresh).
+#[test]
+fn upstreams_that_hang_at_start_are_waited_for_side_by_side() {
+    let broken = Fixture::broken();
+    let mut toml = mcp_broker::config::DEFAULT_TOML.to_string();
+    for i in 0..4 {
+        toml.push_str(&format!(
+            "\n[[routers]]\nname = \"silent{i}\"\nupstream = \"http://127.0.0.1:{}/silent\"\ncall_deadline = \"3s\"\n",
+            broken.1
+        ));
+    }
+    let t0 = Instant::now();
+    let b = Broker::start_with_config(&toml, &[]);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "ready after {took:?}: the four waits of 3 s ran in turn"
+    );
+    let (mut c, s) = session(&b);
+    let r = c.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"echo_text","arguments":{"text":"up"}}"#,
+    );
+    assert_eq!(text_of(&r["result"]), "up");
+}
+
 /// How long after the call started each of its notifications and its final
 /// answer arrived: for showing that notifications come while it runs.
 const STEP: Duration = Duration::from_millis(400);
