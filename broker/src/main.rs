@@ -52,8 +52,20 @@ fn main() -> ExitCode {
     // Colour only for a terminal: a log file or the journal (docs/deploy.md's
     // systemd unit) gets plain text. NO_COLOR turns it off on a terminal too.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    // Log lines go to stderr from a thread of their own, dropped when 128 Ki
+    // of them wait: a reader that stops reading (a stalled log shipper)
+    // must not block a shard in write(2), and one that is gone (EPIPE) must
+    // not kill the broker, which the subscriber's own report of the failed
+    // write did (eprintln! panics on a closed stderr, and a shard's
+    // death notice, logged while panicking, aborted the process). The guard
+    // writes what is queued at exit, waiting at most a second.
+    let (log_writer, _log_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("log")
+        .finish(std::io::stderr());
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(log_writer)
+        .log_internal_errors(false)
         .with_ansi(ansi)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -399,3 +399,57 @@ fn a_draining_broker_refuses_new_connections_on_every_shard_and_edge() {
         "the call in flight finishes: {text}"
     );
 }
+
+/// Log lines never stop the broker: a stderr reader that stops reading (a
+/// stalled log shipper) does not block the shards that log, and one that is
+/// gone (EPIPE) does not kill the broker, which still drains and exits 0.
+#[test]
+fn a_stalled_or_gone_stderr_reader_neither_blocks_nor_kills_the_broker() {
+    use std::io::Write;
+    let mut b = Broker::start_command(None, &["--shards", "1"], |c| {
+        c.stderr(Stdio::piped());
+    });
+    let stderr = b.child.stderr.take().unwrap();
+    // Each refused frame connection logs a line; 1,500 of them are far
+    // more than a pipe holds (64 KiB), and nothing reads it.
+    let flood = |n: usize| {
+        for _ in 0..n {
+            let mut s = std::net::TcpStream::connect(b.frames).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.write_all(&u32::MAX.to_le_bytes());
+            let mut sink = Vec::new();
+            // Closed at once; a shard blocked writing its log line never
+            // gets to it.
+            if let Err(e) = std::io::Read::read_to_end(&mut s, &mut sink) {
+                assert!(
+                    !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ),
+                    "a refused connection was not closed within 5 s: the shard is stuck logging"
+                );
+            }
+        }
+    };
+    let call = |b: &Broker| {
+        let mut c = common::http::Conn::connect(b.http);
+        let s = c.initialize("2025-11-25");
+        let v = c.call(
+            &s,
+            1,
+            "tools/call",
+            r#"{"name":"echo","arguments":{"x":1}}"#,
+        );
+        assert!(v["result"].is_object(), "{v}");
+    };
+    flood(1500);
+    let t0 = Instant::now();
+    call(&b);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // The reader goes: every write to stderr now fails.
+    drop(stderr);
+    flood(50);
+    call(&b);
+    let status = b.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+}
