@@ -712,10 +712,10 @@ impl Control {
             status.mark(&name, Some(reason));
             return false;
         }
-        status.mark(&name, None);
         status.set_protocol(&name, meta.upstream_protocol());
         let kinds = crate::upstream::changed(&cur.loaded.entry.meta, &meta);
         if kinds == ListKinds::default() {
+            status.mark(&name, None);
             return true;
         }
         let old_meta = std::mem::replace(&mut cur.loaded.entry.meta, Arc::new(meta));
@@ -734,6 +734,7 @@ impl Control {
         ) {
             Ok(routing) => {
                 self.shared.routing.store(Arc::new(routing));
+                status.mark(&name, None);
                 status.swaps.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(router = %name, "upstream listings changed: route table swapped");
                 self.shared.notify_list_changed(kinds);
@@ -741,6 +742,15 @@ impl Control {
             Err(e) => {
                 self.current[i].loaded.entry.meta = old_meta;
                 tracing::error!(router = %name, error = %e, "upstream listings changed but the new route table was refused; keeping the old one");
+                // Shown on /readyz and in mcp_upstream_available, and
+                // retried with backoff: the upstream may mend its listing.
+                status.mark(
+                    &name,
+                    Some(format!(
+                        "its new listing was refused (the one before still serves): {e}"
+                    )),
+                );
+                return false;
             }
         }
         true

@@ -246,15 +246,49 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
     for l in &mut loaded {
         l.assign_slot(&layout).map_err(anyhow::Error::msg)?;
     }
-    let entries: Vec<_> = loaded.iter().map(|l| l.entry.clone()).collect();
-    let routing = Routing::build(
-        1,
-        loaded.iter().map(|l| l.routed.clone()).collect(),
-        &entries,
-        &config.naming.separator,
-        &layout,
-    )
-    .context("building the route table")?;
+    let mut left_out = Vec::new();
+    let routing = loop {
+        let entries: Vec<_> = loaded.iter().map(|l| l.entry.clone()).collect();
+        let e = match Routing::build(
+            1,
+            loaded.iter().map(|l| l.routed.clone()).collect(),
+            &entries,
+            &config.naming.separator,
+            &layout,
+        ) {
+            Ok(routing) => break routing,
+            Err(e) => e,
+        };
+        // An upstream's listing is its server's, not the operator's: one
+        // that collides is left out, as a refresh's would be, and the
+        // broker starts without it (named on /readyz, retried at each
+        // refresh). A collision of the configured components' own
+        // listings stays fatal: no restart would mend it.
+        let culprit = match &e {
+            crate::route::RouteError::Collision { a, b, .. } => {
+                loaded.iter_mut().enumerate().rev().find(|(i, l)| {
+                    l.routed.upstream.is_some()
+                        && (l.routed.name == *a || l.routed.name == *b)
+                        && !left_out.contains(i)
+                })
+            }
+            _ => None,
+        };
+        let Some((i, l)) = culprit else {
+            return Err(anyhow::Error::new(e).context("building the route table"));
+        };
+        left_out.push(i);
+        let reason = format!("its listing was left out of the route table: {e}");
+        if let Some(status) = &l.routed.upstream {
+            status.mark(&l.routed.name, Some(reason));
+        }
+        let old = &l.entry.meta;
+        l.entry.meta = Arc::new(crate::wasm::RouterMeta {
+            server: old.server.clone(),
+            unread: old.unread.clone(),
+            ..Default::default()
+        });
+    };
     let shards = config.shard_count();
     let names: Vec<String> = config.routers.iter().map(|r| r.name.clone()).collect();
 

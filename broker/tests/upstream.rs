@@ -1152,6 +1152,42 @@ fn an_upstream_silent_on_its_listing_at_start_is_unavailable_not_fatal() {
     assert_eq!(r.json()["result"]["count"], 0, "{}", r.text());
 }
 
+/// An upstream's listing is its server's, not the operator's: one that
+/// collides with another router's qualified name is left out, and the
+/// broker starts (it was fatal, and a restart loop under systemd), naming
+/// it on /readyz.
+#[test]
+fn an_upstream_listing_that_collides_at_start_is_left_out_not_fatal() {
+    let broken = Fixture::broken();
+    let mut toml = mcp_broker::config::DEFAULT_TOML.to_string();
+    // `g` and `s` both list `boom`, qualified `g__boom` and `s__boom`;
+    // `clash` lists `g__boom` itself.
+    for (name, path) in [
+        ("g", "garbage"),
+        ("s", "status500"),
+        ("clash", "as/g__boom"),
+    ] {
+        toml.push_str(&format!(
+            "\n[[routers]]\nname = \"{name}\"\nupstream = \"http://127.0.0.1:{}/{path}\"\n",
+            broken.1
+        ));
+    }
+    let b = Broker::start_with_config(&toml, &[]);
+    let (mut c, s) = session(&b);
+    let listed = c.call(&s, 1, "tools/list", "{}");
+    let tools = names(&listed, "tools", "name");
+    for t in ["g__boom", "s__boom", "echo_text"] {
+        assert!(tools.iter().any(|x| x == t), "{t}: {tools:?}");
+    }
+    assert_eq!(tools.iter().filter(|x| *x == "g__boom").count(), 1);
+    let (status, body) = b.http_get("/readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("upstream clash unavailable") && body.contains("left out of the route table"),
+        "{body}"
+    );
+}
+
 /// Upstreams that hang on their listing are waited for side by side, not
 /// one after another: four that never answer, at a 3 s deadline each, hold
 /// start-up about one deadline, where in turn they held it four (and as

@@ -9,7 +9,9 @@ properly, then answers `tools/call` badly, in the way its path names:
 - `/wrongid`: a JSON-RPC response for another request id, then the end;
 - `/hang`: answers `tools/call` after 10 s (past a short call deadline);
 - `/silent`: answers `initialize`, then opens an SSE answer to
-  `tools/list` and never writes to it (an upstream that hangs at start-up).
+  `tools/list` and never writes to it (an upstream that hangs at start-up);
+- `/as/NAME`: lists the tool NAME instead of `boom` (a listing that
+  collides with another router's qualified name).
 
 Every path counts the `notifications/cancelled` it receives, and the
 session ends (`DELETE` of its `broken-session`); the methods
@@ -105,13 +107,14 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(60)
             self.close_connection = True
         elif method == "tools/list":
+            name = self.path[len("/as/"):] if self.path.startswith("/as/") else "boom"
             self.reply(
                 200,
                 result(
                     {
                         "tools": [
                             {
-                                "name": "boom",
+                                "name": name,
                                 "description": "Answered badly.",
                                 "inputSchema": {"type": "object"},
                             }
