@@ -866,28 +866,60 @@ pub fn call_error(
 /// Page size of listings: MCP clients page; a page bounds one frame.
 pub const LIST_PAGE: usize = 100;
 
-/// Parses an opaque listing cursor (`"o<offset>"`) for a listing of `len`
-/// items; `None` for a bad one: not of that form, or past the end (a cursor
-/// this broker hands out is at most `len`; the listing cannot shrink while
-/// it runs).
-pub fn parse_cursor(c: Option<&str>, len: usize) -> Option<usize> {
-    match c.filter(|c| !c.is_empty()) {
-        None => Some(0),
-        Some(c) => {
-            let digits = c.strip_prefix('o')?;
-            // `parse` takes a sign; an offset has none.
-            if !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
+/// Why a listing cursor is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadCursor {
+    /// Not one this broker hands out for this listing.
+    Invalid,
+    /// Handed out for another route table: the listings changed since (a
+    /// reload, an upstream's new listing), so its offset would skip or
+    /// repeat items.
+    Stale,
+}
+
+impl BadCursor {
+    /// The error message clients get (-32602).
+    pub fn message(self) -> &'static str {
+        match self {
+            BadCursor::Invalid => "invalid cursor",
+            BadCursor::Stale => {
+                "invalid cursor: the listing changed since it was handed out (a reload or an upstream's change); list again from the start"
             }
-            digits.parse().ok().filter(|&start| start <= len)
         }
     }
 }
 
-fn page<T>(items: &[T], start: usize) -> (&[T], Option<String>) {
+/// Parses an opaque listing cursor (`"o<offset>.<table>"`) for a listing
+/// of `len` items of route table `table` ([`crate::routing::Routing::listing`]).
+/// Bad: not of that form, or past the end (a cursor this broker hands out
+/// is at most `len`; a table's listing cannot change). Stale: of another
+/// table.
+pub fn parse_cursor(c: Option<&str>, len: usize, table: u64) -> Result<usize, BadCursor> {
+    let Some(c) = c.filter(|c| !c.is_empty()) else {
+        return Ok(0);
+    };
+    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+    // `parse` takes a sign; neither number has one.
+    let (offset, of) = c
+        .strip_prefix('o')
+        .and_then(|c| c.split_once('.'))
+        .filter(|(o, t)| digits(o) && digits(t))
+        .ok_or(BadCursor::Invalid)?;
+    let of: u64 = of.parse().map_err(|_| BadCursor::Invalid)?;
+    if of != table {
+        return Err(BadCursor::Stale);
+    }
+    offset
+        .parse()
+        .ok()
+        .filter(|&start| start <= len)
+        .ok_or(BadCursor::Invalid)
+}
+
+fn page<T>(items: &[T], start: usize, table: u64) -> (&[T], Option<String>) {
     let start = start.min(items.len());
     let end = start.saturating_add(LIST_PAGE).min(items.len());
-    let next = (end < items.len()).then(|| format!("o{end}"));
+    let next = (end < items.len()).then(|| format!("o{end}.{table}"));
     (&items[start..end], next)
 }
 
@@ -897,8 +929,9 @@ pub fn list_tools(
     to: &ReplyTo<'_>,
     all: &[Listed<w::Tool>],
     start: usize,
+    table: u64,
 ) {
-    let (items, next) = page(all, start);
+    let (items, next) = page(all, start, table);
     let fbb = enc.begin();
     let tools: Vec<_> = items
         .iter()
@@ -959,8 +992,9 @@ pub fn list_resources(
     to: &ReplyTo<'_>,
     all: &[Listed<w::McpResource>],
     start: usize,
+    table: u64,
 ) {
-    let (items, next) = page(all, start);
+    let (items, next) = page(all, start, table);
     let fbb = enc.begin();
     let v: Vec<_> = items
         .iter()
@@ -989,8 +1023,9 @@ pub fn list_templates(
     to: &ReplyTo<'_>,
     all: &[Listed<w::McpResource>],
     start: usize,
+    table: u64,
 ) {
-    let (items, next) = page(all, start);
+    let (items, next) = page(all, start, table);
     let fbb = enc.begin();
     let v: Vec<_> = items
         .iter()
@@ -1038,8 +1073,9 @@ pub fn list_prompts(
     to: &ReplyTo<'_>,
     all: &[Listed<w::Prompt>],
     start: usize,
+    table: u64,
 ) {
-    let (items, next) = page(all, start);
+    let (items, next) = page(all, start, table);
     let fbb = enc.begin();
     let v: Vec<_> = items
         .iter()
@@ -1168,29 +1204,41 @@ mod tests {
 
     #[test]
     fn cursors_are_opaque_offsets_and_bad_ones_are_refused() {
-        assert_eq!(parse_cursor(None, 250), Some(0));
-        assert_eq!(parse_cursor(Some(""), 250), Some(0));
-        assert_eq!(parse_cursor(Some("o100"), 250), Some(100));
-        assert_eq!(parse_cursor(Some("o250"), 250), Some(250));
-        assert_eq!(parse_cursor(Some("100"), 250), None);
-        assert_eq!(parse_cursor(Some("o+1"), 250), None);
-        assert_eq!(parse_cursor(Some("o251"), 250), None);
+        use BadCursor::{Invalid, Stale};
+        assert_eq!(parse_cursor(None, 250, 7), Ok(0));
+        assert_eq!(parse_cursor(Some(""), 250, 7), Ok(0));
+        assert_eq!(parse_cursor(Some("o100.7"), 250, 7), Ok(100));
+        assert_eq!(parse_cursor(Some("o250.7"), 250, 7), Ok(250));
+        for bad in [
+            "100", "o100", "o+1.7", "o1.+7", "o.7", "o1.", "o251.7", "x1.7",
+        ] {
+            assert_eq!(parse_cursor(Some(bad), 250, 7), Err(Invalid), "{bad}");
+        }
+        // Another table's: its offset means nothing in this one.
+        assert_eq!(parse_cursor(Some("o100.6"), 250, 7), Err(Stale));
         let items: Vec<u32> = (0..250).collect();
-        let (p1, n1) = page(&items, 0);
-        assert_eq!((p1.len(), n1.as_deref()), (100, Some("o100")));
-        let (p3, n3) = page(&items, 200);
+        let (p1, n1) = page(&items, 0, 7);
+        assert_eq!((p1.len(), n1.as_deref()), (100, Some("o100.7")));
+        let (p3, n3) = page(&items, 200, 7);
         assert_eq!((p3.len(), n3), (50, None));
-        assert!(page(&items, 999).0.is_empty());
+        assert!(page(&items, 999, 7).0.is_empty());
     }
 
     #[test]
     fn a_cursor_at_the_largest_offset_is_refused_not_overflowed() {
-        let max = format!("o{}", usize::MAX);
-        assert_eq!(parse_cursor(Some(&max), 250), None);
-        assert_eq!(parse_cursor(Some("o18446744073709551616"), 250), None);
+        let max = format!("o{}.1", usize::MAX);
+        assert_eq!(parse_cursor(Some(&max), 250, 1), Err(BadCursor::Invalid));
+        assert_eq!(
+            parse_cursor(Some("o18446744073709551616.1"), 250, 1),
+            Err(BadCursor::Invalid)
+        );
+        assert_eq!(
+            parse_cursor(Some("o1.18446744073709551616"), 250, 1),
+            Err(BadCursor::Invalid)
+        );
         // Even a start no cursor can carry pages without overflow.
         let items: Vec<u32> = (0..250).collect();
-        let (p, next) = page(&items, usize::MAX);
+        let (p, next) = page(&items, usize::MAX, 1);
         assert!(p.is_empty() && next.is_none());
     }
 
@@ -1629,10 +1677,10 @@ mod tests {
             ) {
                 let mut enc = ResponseEncoder::new(7);
                 let mut out = Vec::new();
-                list_tools(&mut enc, &mut out, &TO, &listed(tools), start);
+                list_tools(&mut enc, &mut out, &TO, &listed(tools), start, 1);
                 all_verify(&out)?;
                 out.clear();
-                list_prompts(&mut enc, &mut out, &TO, &listed(prompts), start);
+                list_prompts(&mut enc, &mut out, &TO, &listed(prompts), start, 1);
                 all_verify(&out)?;
                 out.clear();
                 let resources = resources
@@ -1640,10 +1688,10 @@ mod tests {
                     .filter_map(|(name, (_, r))| Some((name, r?)))
                     .collect();
                 let resources = listed(resources);
-                list_resources(&mut enc, &mut out, &TO, &resources, start);
+                list_resources(&mut enc, &mut out, &TO, &resources, start, 1);
                 all_verify(&out)?;
                 out.clear();
-                list_templates(&mut enc, &mut out, &TO, &resources, start);
+                list_templates(&mut enc, &mut out, &TO, &resources, start, 1);
                 all_verify(&out)?;
             }
 

@@ -399,24 +399,30 @@ pub async fn handle_live(
                 _ => table.prompt_list.len(),
             };
             let mut enc = ctx.enc.borrow_mut();
-            let Some(start) = adapt::parse_cursor(cursor, len) else {
-                out.extend_from_slice(enc.error(
-                    &to,
-                    ErrorCode::InvalidParams,
-                    "invalid cursor",
-                    None,
-                ));
-                return;
+            let listing = routing.listing;
+            let start = match adapt::parse_cursor(cursor, len, listing) {
+                Ok(start) => start,
+                Err(bad) => {
+                    out.extend_from_slice(enc.error(
+                        &to,
+                        ErrorCode::InvalidParams,
+                        bad.message(),
+                        None,
+                    ));
+                    return;
+                }
             };
             match kind {
-                RequestKind::ListTools => adapt::list_tools(&mut enc, out, &to, tool_list, start),
+                RequestKind::ListTools => {
+                    adapt::list_tools(&mut enc, out, &to, tool_list, start, listing)
+                }
                 RequestKind::ListResources => {
-                    adapt::list_resources(&mut enc, out, &to, &table.resource_list, start)
+                    adapt::list_resources(&mut enc, out, &to, &table.resource_list, start, listing)
                 }
                 RequestKind::ListResourceTemplates => {
-                    adapt::list_templates(&mut enc, out, &to, &table.template_list, start)
+                    adapt::list_templates(&mut enc, out, &to, &table.template_list, start, listing)
                 }
-                _ => adapt::list_prompts(&mut enc, out, &to, &table.prompt_list, start),
+                _ => adapt::list_prompts(&mut enc, out, &to, &table.prompt_list, start, listing),
             }
         }
         (RequestKind::Subscribe | RequestKind::Unsubscribe, RouteKey::Resource(uri)) => {

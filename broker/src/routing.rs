@@ -14,7 +14,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::config::{Affinity, Config, RouterConfig};
 use crate::metrics::Layout;
@@ -45,6 +45,11 @@ pub struct Routed {
 pub struct Routing {
     /// Configuration generation: 1 at start-up, +1 per applied reload.
     pub generation: u64,
+    /// This table's own number, unique in the process (an upstream's new
+    /// listing builds a new table in the same generation): listing cursors
+    /// carry it, so that one handed out by another table is refused rather
+    /// than read as an offset into listings that changed.
+    pub listing: u64,
     pub table: RouteTable,
     /// By `RouterId`.
     pub routers: Vec<Routed>,
@@ -97,8 +102,10 @@ impl Routing {
                 (t.exposed.clone(), layout.tool_label(slot, &t.exposed))
             })
             .collect();
+        static LISTINGS: AtomicU64 = AtomicU64::new(1);
         Ok(Self {
             generation,
+            listing: LISTINGS.fetch_add(1, Ordering::Relaxed),
             table,
             routers,
             capabilities,

@@ -1188,6 +1188,65 @@ fn an_upstream_listing_that_collides_at_start_is_left_out_not_fatal() {
     );
 }
 
+/// Listing cursors are the offsets of one route table: one handed out
+/// before a reload (or an upstream's new listing) is refused with a
+/// message that says to list again, rather than skipping or repeating
+/// tools in the new listing.
+#[test]
+fn a_listing_cursor_from_another_route_table_is_refused_not_misread() {
+    let broken = Fixture::broken();
+    let dir = state_dir("cursor");
+    let path = dir.path().join("broker.toml");
+    let base = format!(
+        "{}\n[[routers]]\nname = \"many\"\nupstream = \"http://127.0.0.1:{}/many/150\"\n",
+        mcp_broker::config::DEFAULT_TOML,
+        broken.1
+    );
+    std::fs::write(&path, &base).unwrap();
+    let b = Broker::start_command(None, &["--config", path.to_str().unwrap()], |_| {});
+    let (mut c, s) = session(&b);
+    let first = c.call(&s, 1, "tools/list", "{}");
+    let cursor = first["result"]["nextCursor"].as_str().unwrap().to_owned();
+    let page =
+        |c: &mut Conn, id| c.call(&s, id, "tools/list", &format!(r#"{{"cursor":"{cursor}"}}"#));
+    assert!(page(&mut c, 2)["result"]["tools"].is_array());
+    // A reload that changes the routers: a new table.
+    std::fs::write(
+        &path,
+        format!("{base}\n[[routers]]\nname = \"echo2\"\nwasm = \"echo.wasm\"\n"),
+    )
+    .unwrap();
+    let mut admin = Conn::connect(b.metrics);
+    let r = admin.request("POST", "/admin/reload", &[("Connection", "close")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = page(&mut c, 3);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("list again from the start"), "{m}");
+    // From the start, every tool once.
+    let mut seen = Vec::new();
+    let mut next: Option<String> = None;
+    for id in 10..20 {
+        let params = next
+            .as_ref()
+            .map_or("{}".into(), |n| format!(r#"{{"cursor":"{n}"}}"#));
+        let v = c.call(&s, id, "tools/list", &params);
+        seen.extend(names(&v, "tools", "name"));
+        next = v["result"]["nextCursor"].as_str().map(str::to_owned);
+        if next.is_none() {
+            break;
+        }
+    }
+    let n = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "a tool listed twice");
+    assert!(
+        seen.iter().any(|t| t == "t149") && seen.iter().any(|t| t == "t0"),
+        "{seen:?}"
+    );
+}
+
 /// Upstreams that hang on their listing are waited for side by side, not
 /// one after another: four that never answer, at a 3 s deadline each, hold
 /// start-up about one deadline, where in turn they held it four (and as

@@ -11,7 +11,8 @@ properly, then answers `tools/call` badly, in the way its path names:
 - `/silent`: answers `initialize`, then opens an SSE answer to
   `tools/list` and never writes to it (an upstream that hangs at start-up);
 - `/as/NAME`: lists the tool NAME instead of `boom` (a listing that
-  collides with another router's qualified name).
+  collides with another router's qualified name);
+- `/many/N`: lists N tools `t0`…, besides `boom` (a listing of many pages).
 
 Every path counts the `notifications/cancelled` it receives, and the
 session ends (`DELETE` of its `broken-session`); the methods
@@ -108,11 +109,18 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif method == "tools/list":
             name = self.path[len("/as/"):] if self.path.startswith("/as/") else "boom"
+            many = []
+            if self.path.startswith("/many/"):
+                many = [
+                    {"name": f"t{i}", "inputSchema": {"type": "object"}}
+                    for i in range(int(self.path[len("/many/"):]))
+                ]
             self.reply(
                 200,
                 result(
                     {
-                        "tools": [
+                        "tools": many
+                        + [
                             {
                                 "name": name,
                                 "description": "Answered badly.",

@@ -3820,7 +3820,7 @@ mod tests {
         ];
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_tools(&mut enc, &mut out, &TO, &all, 0);
+        adapt::list_tools(&mut enc, &mut out, &TO, &all, 0, 1);
         let v = response("1", Method::ListTools, &out);
         assert_eq!(
             v["result"],
@@ -3836,10 +3836,10 @@ mod tests {
             .map(|i| tool(&format!("t{i}"), "{}", None))
             .collect();
         out.clear();
-        adapt::list_tools(&mut enc, &mut out, &TO, &all, 0);
+        adapt::list_tools(&mut enc, &mut out, &TO, &all, 0, 1);
         let v = response("1", Method::ListTools, &out);
         assert_eq!(v["result"]["tools"].as_array().unwrap().len(), 100);
-        assert_eq!(v["result"]["nextCursor"], "o100");
+        assert_eq!(v["result"]["nextCursor"], "o100.1");
     }
 
     fn resource(uri: &str) -> Listed<w::McpResource> {
@@ -3861,14 +3861,14 @@ mod tests {
     fn resource_and_template_listings_are_mcp_shaped() {
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_resources(&mut enc, &mut out, &TO, &[resource("file:///a")], 0);
+        adapt::list_resources(&mut enc, &mut out, &TO, &[resource("file:///a")], 0, 1);
         assert_eq!(
             response("1", Method::ListResources, &out)["result"],
             json!({"resources":[{"uri":"file:///a","name":"R","description":"d","mimeType":"text/plain",
                 "annotations":{"audience":["user","assistant"],"priority":0.5,"lastModified":"2025-01-01T00:00:00Z"}}]})
         );
         out.clear();
-        adapt::list_templates(&mut enc, &mut out, &TO, &[resource("db://{t}")], 0);
+        adapt::list_templates(&mut enc, &mut out, &TO, &[resource("db://{t}")], 0, 1);
         let v = response("1", Method::ListResourceTemplates, &out);
         assert_eq!(
             v["result"]["resourceTemplates"][0]["uriTemplate"],
@@ -3895,7 +3895,7 @@ mod tests {
         };
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_prompts(&mut enc, &mut out, &TO, &[pr], 0);
+        adapt::list_prompts(&mut enc, &mut out, &TO, &[pr], 0, 1);
         assert_eq!(
             response("1", Method::ListPrompts, &out)["result"],
             json!({"prompts":[{"name":"greet","description":"says hi","arguments":[{"name":"who","required":true}]}]})
@@ -4232,7 +4232,7 @@ mod tests {
         let l = tool("s", r#"{"properties":{}}"#, Some(r#"{"type":"array"}"#));
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_tools(&mut enc, &mut out, &TO, &[l], 0);
+        adapt::list_tools(&mut enc, &mut out, &TO, &[l], 0, 1);
         let v = response("1", Method::ListTools, &out);
         assert_eq!(
             v["result"]["tools"][0]["inputSchema"],
