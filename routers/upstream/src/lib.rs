@@ -465,7 +465,18 @@ fn modern_hdr() -> Hdr {
 
 /// `server/discover` in 2026-07-28: the `initialize`-shaped result when the
 /// server offers that revision; `Err` says whether the server answered.
+/// A probe whose connection failed before any answer is sent once more: it
+/// changes nothing on the server, and the usual cause is a pooled
+/// connection the server had just closed (uvicorn resets the one whose
+/// request a deadline cancelled), which a fresh connection does not share.
 fn discover(ep: &Endpoint) -> Result<Value, Probe> {
+    match discover_once(ep) {
+        Err(Probe::Unanswered(reason)) if !reason.starts_with("HTTP ") => discover_once(ep),
+        probed => probed,
+    }
+}
+
+fn discover_once(ep: &Endpoint) -> Result<Value, Probe> {
     let id = next_id();
     let params = modern::with_meta(None, modern::request_meta(false));
     let extra = modern::request_headers("server/discover", &params);
@@ -1523,8 +1534,11 @@ mod tests {
         // A reset (a pooled connection the server had just closed), a
         // proxy with no backend, a rate limit: none is the server saying
         // it serves no 2026-07-28.
+        let reset = || Err("connection error: Connection reset by peer (os error 104)".to_owned());
         let mut unanswered = vec![
-            Err("connection error: Connection reset by peer (os error 104)".to_owned()),
+            // Twice: a probe whose connection failed is sent once more.
+            reset(),
+            reset(),
             Ok(Answer::canned(
                 503,
                 "text/plain",
@@ -1556,6 +1570,28 @@ mod tests {
             );
         }
         // Answered at the next try: the revision, not a session.
+        let d = <Upstream as Guest>::describe_server();
+        assert_eq!(d.meta.expect("the revision")[0].value, r#""2026-07-28""#);
+    }
+
+    #[test]
+    fn a_probe_whose_connection_failed_is_sent_once_more() {
+        speak("auto");
+        let mut sent = 0;
+        serve(None, move |req| match req.method() {
+            "server/discover" => {
+                sent += 1;
+                if sent == 1 {
+                    Err("connection error: Connection reset by peer (os error 104)".to_owned())
+                } else {
+                    Ok(json_answer(&result(
+                        req,
+                        json!({"resultType": "complete", "supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}),
+                    )))
+                }
+            }
+            other => panic!("unexpected {other}"),
+        });
         let d = <Upstream as Guest>::describe_server();
         assert_eq!(d.meta.expect("the revision")[0].value, r#""2026-07-28""#);
     }
