@@ -317,6 +317,11 @@ pub struct ConnCtx {
     /// Tells the reader to stop reading now.
     pub reader_stop: Signal,
     pub finished: Cell<bool>,
+    /// Its outstanding requests were ended for good (the connection failed,
+    /// or the run stopped): answers its reader still finds, already read
+    /// from the socket or racing the stop, belong to requests counted, and
+    /// are neither answers nor strays.
+    pub given_up: Cell<bool>,
     /// When an end last freed a slot of a full window. A request due
     /// before then waited for the server's answers, not for the generator:
     /// [`ThreadCtx::on_sent`] counts its lag from here.
@@ -441,6 +446,9 @@ impl ThreadCtx {
     /// A final answer for no outstanding request of `cc`: late when its
     /// request timed out, else a stray frame (unknown correlation).
     pub fn on_unmatched(&self, cc: &ConnCtx, seq: u64, now: Instant) {
+        if cc.given_up.get() {
+            return;
+        }
         match cc.timed_out.borrow_mut().take(seq) {
             Some(measured) => self.on_late(measured),
             None => self.on_stray(ErrorKind::UnknownCorrelation, now),
@@ -462,6 +470,7 @@ impl ThreadCtx {
     /// whole run stops (its results would no longer mean what they say).
     pub fn conn_failed(&self, conn: &ConnCtx, msg: String) {
         let now = Instant::now();
+        conn.given_up.set(true);
         let lost: Vec<Pending> = conn
             .outstanding
             .borrow_mut()
@@ -802,6 +811,7 @@ async fn worker_main<D: Driver>(
             writer_wake: Notify::default(),
             reader_stop: Signal::default(),
             finished: Cell::new(false),
+            given_up: Cell::new(false),
             reopened: Cell::new(None),
         });
         ccs.push(Rc::clone(&cc));
@@ -898,6 +908,7 @@ async fn worker_main<D: Driver>(
         {
             ctx.stop.set(true);
             for c in &ccs {
+                c.given_up.set(true);
                 let left: Vec<Pending> =
                     c.outstanding.borrow_mut().drain().map(|(_, p)| p).collect();
                 for p in &left {

@@ -422,6 +422,11 @@ fn is_announcement(v: &ResponseView<'_>) -> bool {
 }
 
 fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now: Instant) {
+    // The writer failed first (the server reset the connection), and its
+    // requests were counted lost: the answers read after are no strays.
+    if cc.given_up.get() {
+        return;
+    }
     let v = match ResponseView::parse(frame) {
         Ok(v) => v,
         Err(_) => return ctx.on_stray(ErrorKind::InvalidFrame, now),
