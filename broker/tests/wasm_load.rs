@@ -50,6 +50,20 @@ fn component_with_a_mistyped_function_is_refused_naming_it() {
 }
 
 #[test]
+fn a_file_that_is_no_component_is_refused_saying_so() {
+    let dir = std::env::temp_dir().join(format!("mcp-garbage-wasm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("garbage.wasm");
+    std::fs::write(&path, [0xff_u8, 0xfe, 0x00, 0x01, 0x80, 0x81]).unwrap();
+    let e = host().load(&RouterSpec::new("garbage", &path)).unwrap_err();
+    assert!(matches!(e, LoadError::Compile { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("not a WebAssembly component"), "{msg}");
+    assert!(msg.contains("router `garbage`"), "{msg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn missing_component_file_tells_to_build_the_routers() {
     // A bundled router's file: the hint to build them.
     let spec = RouterSpec::new("echo", "/nonexistent/echo.wasm");

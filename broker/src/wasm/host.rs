@@ -266,6 +266,17 @@ impl WasmHost {
             path: spec.wasm.clone(),
             source,
         })?;
+        // wasmtime reads what is not a binary as WAT text, so a file that is
+        // neither was refused as "input bytes aren't valid utf-8".
+        if !bytes.starts_with(b"\0asm") && std::str::from_utf8(&bytes).is_err() {
+            return Err(LoadError::Compile {
+                router: router.clone(),
+                path: spec.wasm.clone(),
+                message: "not a WebAssembly component: the file starts with neither the \
+                          binary format's `\\0asm` magic nor WAT text"
+                    .into(),
+            });
+        }
         let component =
             Component::new(&self.shared.engine, &bytes).map_err(|e| LoadError::Compile {
                 router: router.clone(),
