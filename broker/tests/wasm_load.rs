@@ -49,6 +49,35 @@ fn component_with_a_mistyped_function_is_refused_naming_it() {
     assert!(msg.contains("router `mistyped`"), "{msg}");
 }
 
+/// Dozens of `upstream` routers are one component: compiled once.
+#[test]
+fn routers_of_one_component_share_its_compiled_code() {
+    // A host of its own: the shared one compiles for the other tests.
+    let h = mcp_broker::wasm::WasmHost::new(&mcp_broker::wasm::HostConfig {
+        max_instances: 8,
+        ..Default::default()
+    })
+    .unwrap();
+    let named = |name: &str, file: &str| {
+        let mut spec = bundled(file);
+        spec.name = name.into();
+        spec
+    };
+    let a = h.load(&named("a", "echo")).unwrap();
+    let b = h.load(&named("b", "echo")).unwrap();
+    assert_eq!(h.compilations(), 1);
+    // Each is still its own router, with its own pool.
+    for r in [a, b] {
+        let pool = RouterPool::new(r);
+        on_shard(async {
+            let out = pool.call_tool("echo", r#"{"x":1}"#).await.unwrap();
+            assert!(first_text(&out).contains("\"x\""), "{}", first_text(&out));
+        });
+    }
+    h.load(&named("k", "kv")).unwrap();
+    assert_eq!(h.compilations(), 2);
+}
+
 #[test]
 fn a_file_that_is_no_component_is_refused_saying_so() {
     let dir = std::env::temp_dir().join(format!("mcp-garbage-wasm-{}", std::process::id()));

@@ -66,7 +66,17 @@ pub struct WasmHost {
     parked: Arc<AtomicBool>,
     /// Pooled instance slots ([`HostConfig::max_instances`]).
     max_instances: u32,
+    /// Components compiled, by their file's bytes: dozens of `upstream`
+    /// routers are one component, compiled once (about a second each in a
+    /// debug build, and each copy's code held in memory). Emptied when it
+    /// holds [`COMPILED_KEPT`] (files that changed across reloads).
+    compiled: std::sync::Mutex<std::collections::HashMap<Arc<[u8]>, Component>>,
+    /// Components compiled so far (not taken from `compiled`).
+    compilations: std::sync::atomic::AtomicU64,
 }
+
+/// Most distinct components [`WasmHost`] keeps compiled.
+const COMPILED_KEPT: usize = 32;
 
 /// What every router and pool of this host needs.
 pub(crate) struct Shared {
@@ -194,7 +204,33 @@ impl WasmHost {
             stop,
             parked,
             max_instances: config.max_instances,
+            compiled: Default::default(),
+            compilations: Default::default(),
         })
+    }
+
+    /// How many components this host has compiled: a file loaded again
+    /// unchanged (another router of it, a reload) is not compiled again.
+    pub fn compilations(&self) -> u64 {
+        self.compilations.load(Ordering::Relaxed)
+    }
+
+    /// `bytes` compiled, or the component already compiled from the same
+    /// bytes (the engine is the same: its code is too).
+    fn compile(&self, bytes: Vec<u8>) -> wasmtime::Result<Component> {
+        let lock = || self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = lock().get(bytes.as_slice()) {
+            return Ok(c.clone());
+        }
+        // Compiled unlocked: routers load side by side.
+        let c = Component::new(&self.shared.engine, &bytes)?;
+        self.compilations.fetch_add(1, Ordering::Relaxed);
+        let mut cache = lock();
+        if cache.len() >= COMPILED_KEPT {
+            cache.clear();
+        }
+        cache.insert(bytes.into(), c.clone());
+        Ok(c)
     }
 
     /// The pooled instance slots reserved at start-up: every instance of
@@ -277,12 +313,11 @@ impl WasmHost {
                     .into(),
             });
         }
-        let component =
-            Component::new(&self.shared.engine, &bytes).map_err(|e| LoadError::Compile {
-                router: router.clone(),
-                path: spec.wasm.clone(),
-                message: format!("{e:#}"),
-            })?;
+        let component = self.compile(bytes).map_err(|e| LoadError::Compile {
+            router: router.clone(),
+            path: spec.wasm.clone(),
+            message: format!("{e:#}"),
+        })?;
         let pre = self.check(spec, &component)?;
         // `check` found the interface and the bindings' own check passed,
         // so these exports exist.
