@@ -330,6 +330,8 @@ pub(crate) struct Shard {
     /// changes (`ResourceUpdatedNotification`).
     pub(crate) resource_subs: RefCell<Vec<ResourceSub>>,
     pub(crate) yields: YieldQueue,
+    /// Bounds the lines a flood of bad frame connections writes.
+    pub(crate) conn_log: LogBudget,
     /// What a yielding guest waits on to let the ring in ([`guest_yield`]):
     /// `None` if the socket could not be made.
     ring_poke: Option<monoio::net::unix::UnixDatagram>,
@@ -337,6 +339,48 @@ pub(crate) struct Shard {
     rebind_frames: Rebind,
     rebind_http: Rebind,
     rebind_grpc: Rebind,
+}
+
+/// A shard's allowance of per-connection log lines: [`LogBudget::BURST`]
+/// at once, then [`LogBudget::PER_SECOND`]. Each bad frame connection
+/// logged a line (about 170 bytes), so one client opening them in a loop
+/// wrote its log at line rate; past the allowance lines are counted, and
+/// the next line allowed says how many were not written.
+#[derive(Debug)]
+pub(crate) struct LogBudget {
+    tokens: Cell<f64>,
+    at: Cell<Instant>,
+    suppressed: Cell<u64>,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        Self {
+            tokens: Cell::new(Self::BURST),
+            at: Cell::new(Instant::now()),
+            suppressed: Cell::new(0),
+        }
+    }
+}
+
+impl LogBudget {
+    const BURST: f64 = 20.0;
+    const PER_SECOND: f64 = 10.0;
+
+    /// `Some(n)` when a line may be written now, `n` being the lines not
+    /// written since the last one; `None` when this one is not.
+    pub(crate) fn take(&self, now: Instant) -> Option<u64> {
+        let gained = now.saturating_duration_since(self.at.get()).as_secs_f64() * Self::PER_SECOND;
+        self.at.set(now);
+        let tokens = (self.tokens.get() + gained).min(Self::BURST);
+        if tokens < 1.0 {
+            self.tokens.set(tokens);
+            self.suppressed.set(self.suppressed.get() + 1);
+            return None;
+        }
+        self.tokens.set(tokens - 1.0);
+        Some(self.suppressed.replace(0))
+    }
 }
 
 /// The sending half of an accept loop's listener hand-off.
@@ -400,6 +444,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         list_listeners: RefCell::default(),
         resource_subs: RefCell::default(),
         yields: YieldQueue::default(),
+        conn_log: LogBudget::default(),
         ring_poke: monoio::net::unix::UnixDatagram::unbound()
             .inspect_err(|e| {
                 tracing::warn!(shard = index, error = %e, "no socket for guests' yields: a computing guest holds its shard's connections until its call ends");
@@ -1047,6 +1092,29 @@ pub(crate) fn drop_future<F>(fut: &mut Pin<Box<Option<F>>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_connection_log_allows_a_burst_then_ten_a_second_and_counts_the_rest() {
+        let b = LogBudget::default();
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            assert_eq!(b.take(t0), Some(0));
+        }
+        for _ in 0..5 {
+            assert_eq!(b.take(t0), None);
+        }
+        // A tenth of a second later, one more line, which tells of the five.
+        let t1 = t0 + Duration::from_millis(100);
+        assert_eq!(b.take(t1), Some(5));
+        assert_eq!(b.take(t1), None);
+        // Quiet for long: the burst again, not more.
+        let t2 = t1 + Duration::from_secs(60);
+        assert_eq!(b.take(t2), Some(1));
+        for _ in 0..19 {
+            assert_eq!(b.take(t2), Some(0));
+        }
+        assert_eq!(b.take(t2), None);
+    }
     use std::io::Write;
 
     /// Yields of a computing task until a read pending on the shard's ring

@@ -61,7 +61,9 @@ pub(crate) async fn accept_loop(
                 let stats = shard.stats();
                 if shard.connections.get() >= max {
                     ShardStats::add(&stats.connections_refused, 1);
-                    tracing::warn!(shard = shard.ctx.index, %peer, max, "connection refused: max_connections_per_shard reached");
+                    if let Some(suppressed) = shard.conn_log.take(Instant::now()) {
+                        tracing::warn!(shard = shard.ctx.index, %peer, max, suppressed, "connection refused: max_connections_per_shard reached");
+                    }
                     drop(stream);
                     return;
                 }
@@ -327,8 +329,10 @@ async fn serve_connection(
         gone: Latch::default(),
     });
     let writer = monoio::spawn(write_loop(shard.clone(), conn.clone(), wr));
-    if let Err(reason) = read_loop(shard, &conn, rd, fd).await {
-        tracing::info!(shard = shard.ctx.index, %peer, "closing connection: {reason}");
+    if let Err(reason) = read_loop(shard, &conn, rd, fd).await
+        && let Some(suppressed) = shard.conn_log.take(Instant::now())
+    {
+        tracing::info!(shard = shard.ctx.index, %peer, suppressed, "closing connection: {reason}");
     }
     // Every request read gets its answer: wait for the last one (at the
     // drain deadline the workers answer what still runs with shutting-down
