@@ -16,6 +16,10 @@ than throughput on a shared machine.
   bench/edges_ab.py 5 before=/tmp/before-target/release/mcp-broker \\
       after=target/release/mcp-broker
 
+`http-2026` is the HTTP edge in protocol 2026-07-28 (stateless, every
+POST carrying `Mcp-Method`/`Mcp-Name`); `http` is 2025-11-25 (sessions).
+EDGES_AB_EDGES=http,http-2026 picks the edges to run (default: all).
+
 Stdlib only; reuses scripts/bench's helpers. Prints a Markdown table of
 medians [min-max].
 """
@@ -29,15 +33,21 @@ import scriptload  # noqa: E402
 
 B = scriptload.bench_script()
 
-EDGES = ("frames", "grpc", "http")
+EDGES = tuple(
+    e for e in ("frames", "grpc", "http", "http-2026")
+    if e in os.environ.get("EDGES_AB_EDGES", "frames,grpc,http,http-2026").split(",")
+)
+# The MCP revision mcp-loadgen speaks on each HTTP edge.
+MCP_VERSIONS = {"http": "2025-11-25", "http-2026": "2026-07-28"}
 
 
 def target(server, edge):
-    addr = server.ready[edge]
-    return ("http", f"{addr}/mcp") if edge == "http" else (edge, addr)
+    if edge in MCP_VERSIONS:
+        return ("http", f"{server.ready['http']}/mcp")
+    return (edge, server.ready[edge])
 
 
-def http_closed(addr, wd, tag, duration, connections=64):
+def http_closed(addr, wd, tag, duration, mcp_version, connections=64):
     """Closed loop on the HTTP edge: HTTP/1.1 carries one request at a time
     per connection, so the concurrency is the connections."""
     import json
@@ -45,7 +55,8 @@ def http_closed(addr, wd, tag, duration, connections=64):
     out = os.path.join(wd, f"{tag}.json")
     argv = [B.LOADGEN, "--target", f"http://{addr}", *B.TOOL_ARGS, "--cpus", "0",
             "--warmup", "1s", "--duration", f"{duration}s", "-q", "--json", out,
-            "--connections", str(connections), "--concurrency", str(connections)]
+            "--connections", str(connections), "--concurrency", str(connections),
+            "--mcp-version", mcp_version]
     r = subprocess.run(argv, text=True, capture_output=True)
     try:
         with open(out) as f:
@@ -75,8 +86,9 @@ def main():
                 s, d = servers[name], res[(edge, name)]
                 scheme, addr = target(s, edge)
                 c0 = B.cpu_ns(s.proc.pid)
-                if edge == "http":
-                    rep = http_closed(addr, wd, f"{name}-{edge}-{r}", duration)
+                if edge in MCP_VERSIONS:
+                    rep = http_closed(addr, wd, f"{name}-{edge}-{r}", duration,
+                                      MCP_VERSIONS[edge])
                 else:
                     rep = B.loadgen(addr, [0], "closed", wd, f"{name}-{edge}-{r}", 1, duration,
                                     scheme=scheme)
