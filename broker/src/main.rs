@@ -49,6 +49,19 @@ fn main() -> ExitCode {
         print!("{}", mcp_broker::config::DEFAULT_TOML);
         return ExitCode::SUCCESS;
     }
+    // Signals are caught from the first moment, so that none is lost while
+    // the config loads and the routers start.
+    let signals = match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("mcp-broker: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     // Colour only for a terminal: a log file or the journal (docs/deploy.md's
     // systemd unit) gets plain text. NO_COLOR turns it off on a terminal too.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -59,7 +72,7 @@ fn main() -> ExitCode {
     // write did (eprintln! panics on a closed stderr, and a shard's
     // death notice, logged while panicking, aborted the process). The guard
     // writes what is queued at exit, waiting at most a second.
-    let (log_writer, _log_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+    let (log_writer, log_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .thread_name("log")
         .finish(std::io::stderr());
@@ -90,19 +103,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Install the signal handler before anything runs, so a SIGTERM during
-    // start-up is not lost.
-    let mut signals = match signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ]) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("mcp-broker: cannot install signal handlers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    // The log guard is shared with the signal thread, which flushes it
+    // itself when a stop signal ends a start-up that is still running.
+    let log_guard = LogFlush(std::sync::Arc::new(std::sync::Mutex::new(Some(log_guard))));
+    let phase = std::sync::Arc::new(std::sync::Mutex::new(Phase::Starting { reload: false }));
+    let (sig_tx, sig_rx) = crossbeam_channel::unbounded();
+    spawn_signal_thread(signals, phase.clone(), log_guard.0.clone(), sig_tx);
     let running = match mcp_broker::server::start(config, source) {
         Ok(r) => r,
         Err(e) => {
@@ -110,6 +116,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    {
+        // From here a stop signal drains; a SIGHUP that came during the
+        // start reloads now, for the file may have changed since it was read.
+        let mut phase = phase.lock().unwrap_or_else(|p| p.into_inner());
+        if let Phase::Starting { reload: true } = *phase {
+            tracing::info!("SIGHUP during start-up: reloading now");
+            running.shared.request_reload(None);
+        }
+        *phase = Phase::Serving(running.shared.clone());
+    }
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -119,25 +135,6 @@ fn main() -> ExitCode {
     // Wait for a signal, or for a shard thread to die: then the process
     // cannot serve every connection it accepts, so it drains the rest and
     // exits non-zero for its supervisor to restart it.
-    let (sig_tx, sig_rx) = crossbeam_channel::unbounded();
-    let reloads = running.shared.clone();
-    let _ = std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                // SIGHUP: reload the config file; the routing thread logs
-                // the outcome.
-                if sig == signal_hook::consts::SIGHUP {
-                    if !reloads.request_reload(None) {
-                        tracing::warn!("SIGHUP ignored: too many reloads already queued");
-                    }
-                    continue;
-                }
-                if sig_tx.send(sig).is_err() {
-                    break;
-                }
-            }
-        });
     let deaths = running.shared.deaths().clone();
     let died = crossbeam_channel::select! {
         recv(sig_rx) -> sig => {
@@ -188,6 +185,76 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_SHARD_DIED);
     }
     ExitCode::SUCCESS
+}
+
+type SharedLogGuard =
+    std::sync::Arc<std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>>>;
+
+/// Writes the queued log lines when `main` returns, however it returns: the
+/// signal thread holds the guard too, and never ends.
+struct LogFlush(SharedLogGuard);
+
+impl Drop for LogFlush {
+    fn drop(&mut self) {
+        drop(self.0.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+}
+
+/// Where the broker is in its life, as the signal thread sees it.
+enum Phase {
+    /// `server::start` is running: a stop signal ends the process at once
+    /// (nothing is served yet, so there is nothing to drain), and a SIGHUP
+    /// is remembered for when it is done.
+    Starting {
+        reload: bool,
+    },
+    Serving(std::sync::Arc<mcp_broker::shared::Shared>),
+}
+
+/// The thread that turns signals into actions: SIGHUP reloads the config
+/// file, SIGTERM and SIGINT go to `stops` once the broker serves.
+fn spawn_signal_thread(
+    mut signals: signal_hook::iterator::Signals,
+    phase: std::sync::Arc<std::sync::Mutex<Phase>>,
+    log_guard: SharedLogGuard,
+    stops: crossbeam_channel::Sender<i32>,
+) {
+    let _ = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let mut now = phase.lock().unwrap_or_else(|p| p.into_inner());
+                match &mut *now {
+                    Phase::Starting { reload } if sig == signal_hook::consts::SIGHUP => {
+                        *reload = true;
+                    }
+                    Phase::Starting { .. } => {
+                        // A slow start (upstreams that do not answer,
+                        // large components) must not outlive a stop
+                        // request: nothing is accepted yet, so leaving now
+                        // loses nothing. The lock stays held, so the main
+                        // thread cannot begin serving meanwhile.
+                        tracing::info!(
+                            signal = sig,
+                            "signal during start-up: exiting without serving"
+                        );
+                        drop(log_guard.lock().unwrap_or_else(|p| p.into_inner()).take());
+                        std::process::exit(0);
+                    }
+                    Phase::Serving(shared) if sig == signal_hook::consts::SIGHUP => {
+                        // The routing thread logs the outcome.
+                        if !shared.request_reload(None) {
+                            tracing::warn!("SIGHUP ignored: too many reloads already queued");
+                        }
+                    }
+                    Phase::Serving(_) => {
+                        if stops.send(sig).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
 }
 
 /// Exit status when a shard thread died (EX_SOFTWARE, sysexits.h).

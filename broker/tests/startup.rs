@@ -453,3 +453,118 @@ fn a_stalled_or_gone_stderr_reader_neither_blocks_nor_kills_the_broker() {
     let status = b.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
 }
+
+/// An upstream that accepts connections and never answers: the broker's
+/// start-up waits up to the router's `call_deadline` for its listing.
+fn silent_upstream() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    l.set_nonblocking(true).unwrap();
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        let until = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < until {
+            match l.accept() {
+                Ok((s, _)) => conns.push(s),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    });
+    (addr, held)
+}
+
+/// The broker started against a silent upstream, its output piped; `None`
+/// stdin so a test's signal is the only thing that ends it early.
+fn slow_start(call_deadline: &str) -> std::process::Child {
+    let (upstream, _held) = silent_upstream();
+    let config = temp_file("slow-start.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[[routers]]\nname = \"silent\"\nupstream = \"http://{upstream}/mcp\"\ncall_deadline = \"{call_deadline}\"\n",
+            mcp_broker::config::DEFAULT_TOML
+        ),
+    )
+    .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        .arg("--config")
+        .arg(&config)
+        .args(common::PORT_ZERO)
+        .args(["--shards", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the broker did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A stop signal during a slow start-up (an upstream that does not answer)
+/// ends the process at once with status 0 and no ready line, where it used
+/// to be held until start-up was done, then served and drained.
+#[test]
+fn a_stop_signal_during_start_up_exits_at_once_without_serving() {
+    let mut child = slow_start("30s");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited before the signal"
+    );
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let took = t0.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(
+        took < Duration::from_secs(3),
+        "exit took {took:?}: {stderr}"
+    );
+    assert!(out.stdout.is_empty(), "a ready line after the stop signal");
+    assert!(
+        stderr.contains("signal during start-up: exiting without serving"),
+        "{stderr}"
+    );
+}
+
+/// A SIGHUP during start-up is not lost: once ready, the broker reloads,
+/// for the file may have changed after it was read.
+#[test]
+fn a_sighup_during_start_up_reloads_once_ready() {
+    let mut child = slow_start("2s");
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert!(line.starts_with("mcp-broker ready"), "{line:?}");
+    // The reload runs on the routing thread.
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(
+        stderr.contains("SIGHUP during start-up: reloading now"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("reload applied"), "{stderr}");
+}
