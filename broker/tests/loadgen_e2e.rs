@@ -163,3 +163,66 @@ fn both_protocol_eras_load_the_http_edge_with_zero_errors() {
         assert_eq!(report["requests"], 2000, "{version}: {report}");
     }
 }
+
+/// A tool that runs and fails (MCP's `isError`, the `chaos` router's
+/// `fail`) is a `tool_error` on every target, as the broker's
+/// `outcome="execution_error"` is on every edge: it used to be `ok` (and
+/// in the latency figures) on frames and gRPC, and an error only on HTTP.
+#[test]
+fn a_failed_tool_is_a_tool_error_on_every_target() {
+    let b = Broker::start(&[]);
+    let http = format!("http://{}/mcp", b.http);
+    let targets = [
+        (format!("frames://{}", b.frames), None),
+        (format!("grpc://{}", b.grpc), None),
+        (http.clone(), Some("2025-11-25")),
+        (http, Some("2026-07-28")),
+    ];
+    for (target, version) in &targets {
+        let mut args = vec![
+            "--target",
+            target,
+            "--tool",
+            "fail",
+            "--connections",
+            "1",
+            "--requests",
+            "40",
+            "--duration",
+            "60s",
+        ];
+        if let Some(v) = version {
+            args.extend(["--mcp-version", v]);
+        }
+        let r = run_loadgen(&args);
+        assert_eq!(r["requests"], 40, "{target}: {r}");
+        assert_eq!(r["ok"], 0, "{target}: {r}");
+        assert_eq!(r["errors_by_kind"]["tool_error"], 40, "{target}: {r}");
+        assert!(r["latency_us"]["p50"].is_null(), "{target}: {r}");
+    }
+}
+
+/// With `--mcp-version 2026-07-28` (no `initialize`) a wrong path, or a
+/// port that is no MCP endpoint, fails the run before it starts, as
+/// `initialize` does for a session: it used to exit 0 with every request
+/// an `http_404` (or `http_405`).
+#[test]
+fn a_stateless_run_against_no_mcp_endpoint_fails_before_it_starts() {
+    let b = Broker::start(&[]);
+    for target in [
+        format!("http://{}/nope", b.http),
+        format!("http://{}/mcp", b.metrics),
+    ] {
+        let out = Command::new(loadgen())
+            .args(["--target", &target, "--mcp-version", "2026-07-28"])
+            .args(["--tool", "echo", "--requests", "20", "-q"])
+            .output()
+            .expect("run mcp-loadgen");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{target}: {stderr}");
+        assert!(
+            stderr.contains("server/discover answered HTTP 40"),
+            "{target}: {stderr}"
+        );
+    }
+}

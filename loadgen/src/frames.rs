@@ -458,6 +458,8 @@ fn handle_frame(ctx: &ThreadCtx, cc: &ConnCtx, ids: &CorrIds, frame: &[u8], now:
         Err((ErrorKind::ErrorResponse, Some(code)))
     } else if v.payload_type() != p.expect {
         Err((ErrorKind::KindMismatch, None))
+    } else if v.is_tool_error() {
+        Err((ErrorKind::ToolError, None))
     } else {
         Ok(())
     };

@@ -117,28 +117,35 @@ impl Call {
         }
     }
 
-    async fn run(self, c: &mut Client) -> Result<(), tonic::Status> {
+    /// The call's outcome: `Ok(true)` for a `CallToolResult` with
+    /// `is_error` (the tool ran and failed).
+    async fn run(self, c: &mut Client) -> Result<bool, tonic::Status> {
+        fn answered<T>(r: Result<T, tonic::Status>) -> Result<bool, tonic::Status> {
+            r.map(|_| false)
+        }
         match self {
-            Call::Tool(r) => c.call_tool(r).await.map(drop),
-            Call::Prompt(r) => c.get_prompt(r).await.map(drop),
-            Call::Resource(r) => c.read_resource(r).await.map(drop),
-            Call::List(Listing::Tools) => c
-                .list_tools(pb::ListToolsRequest { cursor: None })
+            Call::Tool(r) => c
+                .call_tool(r)
                 .await
-                .map(drop),
-            Call::List(Listing::Resources) => c
-                .list_resources(pb::ListResourcesRequest { cursor: None })
-                .await
-                .map(drop),
-            Call::List(Listing::ResourceTemplates) => c
-                .list_resource_templates(pb::ListResourceTemplatesRequest { cursor: None })
-                .await
-                .map(drop),
-            Call::List(Listing::Prompts) => c
-                .list_prompts(pb::ListPromptsRequest { cursor: None })
-                .await
-                .map(drop),
-            Call::Ping => c.ping(pb::PingRequest {}).await.map(drop),
+                .map(|r| r.into_inner().is_error == Some(true)),
+            Call::Prompt(r) => answered(c.get_prompt(r).await),
+            Call::Resource(r) => answered(c.read_resource(r).await),
+            Call::List(Listing::Tools) => {
+                answered(c.list_tools(pb::ListToolsRequest { cursor: None }).await)
+            }
+            Call::List(Listing::Resources) => answered(
+                c.list_resources(pb::ListResourcesRequest { cursor: None })
+                    .await,
+            ),
+            Call::List(Listing::ResourceTemplates) => answered(
+                c.list_resource_templates(pb::ListResourceTemplatesRequest { cursor: None })
+                    .await,
+            ),
+            Call::List(Listing::Prompts) => answered(
+                c.list_prompts(pb::ListPromptsRequest { cursor: None })
+                    .await,
+            ),
+            Call::Ping => answered(c.ping(pb::PingRequest {}).await),
         }
     }
 }
@@ -248,7 +255,7 @@ async fn send_loop(
     pacer.finish(ctx, cc);
 }
 
-fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::Status>) {
+fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<bool, tonic::Status>) {
     let now = Instant::now();
     let (p, was_full) = {
         let mut o = cc.outstanding.borrow_mut();
@@ -268,7 +275,8 @@ fn on_response(ctx: &ThreadCtx, cc: &ConnCtx, seq: u64, res: Result<(), tonic::S
     };
     cc.ended(was_full, now);
     match res {
-        Ok(()) => ctx.on_end(&p, now, Ok(())),
+        Ok(false) => ctx.on_end(&p, now, Ok(())),
+        Ok(true) => ctx.on_end(&p, now, Err((ErrorKind::ToolError, None))),
         Err(ref st) if let Some(cause) = st.source() => {
             // No answer from the server: the connection failed.
             ctx.on_end(&p, now, Err((ErrorKind::ConnectionLost, None)));

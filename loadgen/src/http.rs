@@ -920,8 +920,8 @@ impl HttpDriver {
         c.version = PROTOCOL_VERSION.to_owned();
         c.expired = false;
         if self.modern {
-            // Nothing to set up: every request stands alone. The head stops
-            // before the per-request headers (`put_post_modern`).
+            // Every request stands alone. The head stops before the
+            // per-request headers (`put_post_modern`).
             c.version = MODERN_VERSION.to_owned();
             let _ = write!(
                 c.head,
@@ -930,7 +930,7 @@ impl HttpDriver {
                  Content-Type: application/json\r\n{}MCP-Protocol-Version: {MODERN_VERSION}\r\n",
                 self.path, self.authority, self.extra_headers
             );
-            return Ok(());
+            return self.discover(c).await;
         }
         let mut body = Vec::new();
         let _ = write!(
@@ -939,44 +939,7 @@ impl HttpDriver {
             env!("CARGO_PKG_VERSION")
         );
         c.put_post(self, &body, false);
-        c.send()
-            .await
-            .map_err(|e| format!("sending initialize: {e}"))?;
-        let mut never = std::future::pending::<()>;
-        let mut head = c
-            .read_head(true, &mut never)
-            .await
-            .map_err(|e| format!("reading the initialize answer: {e}"))?;
-        let answer = std::cell::RefCell::new(None::<serde_json::Value>);
-        let mut on_msg = |m: &[u8], _: Instant| {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(m)
-                && v.get("id") == Some(&serde_json::Value::from(0))
-                && answer.borrow().is_none()
-            {
-                *answer.borrow_mut() = Some(v);
-            }
-        };
-        // A stream left open after the answer is given a moment to end,
-        // then dropped with its connection (the session lives on).
-        let mut after_answer = || {
-            let answered = answer.borrow().is_some();
-            async move {
-                if answered {
-                    Monoio::sleep_until(Instant::now() + DELETE_TIMEOUT).await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        match c
-            .read_body(&mut head, self.max_body, &mut after_answer, &mut on_msg)
-            .await
-        {
-            Ok(()) => {}
-            Err(ReadErr::Abandoned) => c.drop_stream(),
-            Err(e) => return Err(format!("reading the initialize answer: {e}")),
-        }
-        let answer = answer.into_inner();
+        let (mut head, answer) = self.exchange(c, "initialize").await?;
         if !(200..300).contains(&head.status) {
             return Err(format!("initialize answered HTTP {}", head.status));
         }
@@ -1022,6 +985,7 @@ impl HttpDriver {
         c.send()
             .await
             .map_err(|e| format!("sending notifications/initialized: {e}"))?;
+        let mut never = std::future::pending::<()>;
         let mut head = c
             .read_head(false, &mut never)
             .await
@@ -1039,6 +1003,90 @@ impl HttpDriver {
             c.drop_stream();
         }
         Ok(())
+    }
+
+    /// Sends what `c.wbuf` holds (a request with id 0 before the run) and
+    /// reads its answer: the head, and the JSON-RPC response with id 0 if
+    /// the body held one.
+    async fn exchange(
+        &self,
+        c: &mut HttpConn,
+        what: &str,
+    ) -> Result<(Head, Option<serde_json::Value>), String> {
+        c.send().await.map_err(|e| format!("sending {what}: {e}"))?;
+        let mut never = std::future::pending::<()>;
+        let mut head = c
+            .read_head(!self.modern, &mut never)
+            .await
+            .map_err(|e| format!("reading the {what} answer: {e}"))?;
+        let answer = std::cell::RefCell::new(None::<serde_json::Value>);
+        let mut on_msg = |m: &[u8], _: Instant| {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(m)
+                && v.get("id") == Some(&serde_json::Value::from(0))
+                && answer.borrow().is_none()
+            {
+                *answer.borrow_mut() = Some(v);
+            }
+        };
+        // A stream left open after the answer is given a moment to end,
+        // then dropped with its connection (a session lives on).
+        let mut after_answer = || {
+            let answered = answer.borrow().is_some();
+            async move {
+                if answered {
+                    Monoio::sleep_until(Instant::now() + DELETE_TIMEOUT).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        match c
+            .read_body(&mut head, self.max_body, &mut after_answer, &mut on_msg)
+            .await
+        {
+            Ok(()) => {}
+            Err(ReadErr::Abandoned) => c.drop_stream(),
+            Err(e) => return Err(format!("reading the {what} answer: {e}")),
+        }
+        Ok((head, answer.into_inner()))
+    }
+
+    /// 2026-07-28's `server/discover`, once per connection before the run,
+    /// as `initialize` is for a session: a wrong path or a port that is no
+    /// MCP endpoint fails the run before it starts, where every request
+    /// answered `http_404` in a run that exited 0. A server that does not
+    /// implement the method (-32601) is still an MCP endpoint.
+    async fn discover(&self, c: &mut HttpConn) -> Result<(), String> {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":0,"method":"server/discover","params":{{{MODERN_META}}}}}"#
+        );
+        c.wbuf.extend_from_slice(&c.head);
+        let _ = write!(
+            c.wbuf,
+            "Mcp-Method: server/discover\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        c.wbuf.extend_from_slice(body.as_bytes());
+        let (head, answer) = self.exchange(c, "server/discover").await?;
+        if head.close {
+            c.drop_stream();
+        }
+        let code = answer
+            .as_ref()
+            .and_then(|a| a.pointer("/error/code"))
+            .and_then(serde_json::Value::as_i64);
+        match answer {
+            None => Err(format!(
+                "server/discover answered HTTP {} without a JSON-RPC response with id 0 \
+                 ({:?} body): is {} the server's MCP endpoint?",
+                head.status, head.wire, self.path
+            )),
+            Some(_) if code == Some(-32601) => Ok(()),
+            Some(a) if !(200..300).contains(&head.status) || a.get("error").is_some() => Err(
+                format!("server/discover answered HTTP {}: {a}", head.status),
+            ),
+            Some(_) => Ok(()),
+        }
     }
 
     /// Reads the response to request `seq` (the oldest in flight) to its

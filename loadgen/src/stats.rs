@@ -63,7 +63,8 @@ pub enum ErrorKind {
     /// HTTP: a non-2xx status; also counted by status in `http_statuses`
     /// (reported as `http_<status>`).
     HttpStatus,
-    /// HTTP: a `tools/call` result with `isError: true`.
+    /// A tool call answered with `isError` (HTTP), `is_error` (frames' `ToolResult`,
+    /// gRPC's `CallToolResult`): the tool ran and failed.
     ToolError,
     /// HTTP: an answer that is no answer to the request: not HTTP, a body
     /// that is not JSON-RPC, garbage SSE, the wrong id, no `result` and no

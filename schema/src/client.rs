@@ -362,6 +362,14 @@ impl<'a> ResponseView<'a> {
             .map(|e| (e.error().code(), e.error().message()))
     }
 
+    /// Whether this is a `ToolResult` with `is_error`: the tool ran and
+    /// failed (MCP's `isError`), an answer but no success.
+    pub fn is_tool_error(&self) -> bool {
+        self.response
+            .payload_as_tool_result()
+            .is_some_and(|t| t.is_error())
+    }
+
     /// Whether this response ends its request (progress and log
     /// notifications do not).
     pub fn is_final(&self) -> bool {
