@@ -225,12 +225,7 @@ impl Report {
         let stalls = (scheduled && !s.stalls.is_empty()).then(|| SendLag::of(&s.stalls));
         // A stall of the generator holds answers unread, and the wait looks
         // like the server's: one as long as the lateness explains it.
-        let stalled = match (&stalls, &send_lag) {
-            (Some(st), Some(l)) => {
-                st.max > KEEP_UP_SEND_LAG_US && st.max.saturating_mul(2) >= l.p99
-            }
-            _ => false,
-        };
+        let stalled = stall_explains_lag(stalls.as_ref(), send_lag.as_ref());
         let generator_kept_up = within(&own_lag) && !stalled;
         // Sends on schedule and on time: a shortfall of answers is not
         // lateness but answers that were no responses, or never came.
@@ -411,14 +406,19 @@ impl Report {
     /// Loud warnings for stderr, if any.
     pub fn warnings(&self) -> Vec<String> {
         let mut w = Vec::new();
-        if !self.kept_up {
+        // A run that stopped early (the server gone, Ctrl-C) fell short of
+        // its schedule for that reason, which `failure` gives: saying the
+        // server was saturated, or the generator slow, would be false.
+        if !self.kept_up && self.failure.is_none() {
             let lag = self.send_lag_us.as_ref().map_or(String::new(), |l| {
                 format!(", sends ran up to {} late", fmt_us(l.max))
             });
+            // The verdict's own rule: a stall far shorter than the lag
+            // (6 ms against 2 s) explains none of it.
             let stall = self
                 .generator_stalls_us
                 .as_ref()
-                .filter(|s| s.max > KEEP_UP_SEND_LAG_US);
+                .filter(|s| stall_explains_lag(Some(s), self.send_lag_us.as_ref()));
             // Sent on time, and answers short by errors: wrong or failed
             // answers, not a slow server. (Short with no errors, answers
             // were late past the run's end: the server's saturation.)
@@ -466,6 +466,16 @@ impl Report {
             );
         }
         w
+    }
+}
+
+/// Whether the generator's process stalled long enough to explain the
+/// send lag: over 5 ms, and at least half the lag's p99. During a stall
+/// answers wait unread, so the wait looks like the server's.
+fn stall_explains_lag(stalls: Option<&SendLag>, send_lag: Option<&SendLag>) -> bool {
+    match (stalls, send_lag) {
+        (Some(st), Some(l)) => st.max > KEEP_UP_SEND_LAG_US && st.max.saturating_mul(2) >= l.p99,
+        _ => false,
     }
 }
 
@@ -577,6 +587,18 @@ mod tests {
         let r = stalled_run(2_000_000, 30, 1000, 20_000);
         assert!(!r.kept_up && r.generator_kept_up);
         assert!(r.warnings().join("\n").contains("The server is saturated"));
+        // Nor when the generator's own lag is behind the lateness: the
+        // text names that lag, not the short stall it once blamed.
+        let r = stalled_run(2_000_000, 2_000_000, 1000, 20_000);
+        assert!(!r.kept_up && !r.generator_kept_up);
+        let w = r.warnings().join("\n");
+        assert!(w.contains("This generator fell behind"), "{w}");
+        assert!(!w.contains("stalled"), "{w}");
+        // A run cut short (the server gone) is explained by its failure.
+        let mut r = lagging_run(30, 30, 900);
+        r.failure = Some("cannot reconnect: Connection refused".into());
+        let w = r.warnings().join("\n");
+        assert!(!w.contains("COULD NOT KEEP UP"), "{w}");
         // On time and answered: nothing to say.
         let r = lagging_run(30, 30, 1000);
         assert!(r.kept_up && r.generator_kept_up && r.warnings().is_empty());
