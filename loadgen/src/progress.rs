@@ -163,8 +163,11 @@ impl Progress {
         let _ = self.cumulative.add(&p.latency);
         let from = INTERVAL * index as u32;
         let warming = from + INTERVAL <= self.warmup;
+        // Intervals are cut at the first tick past each second, so the one
+        // that ends the warmup holds the first measured answers too: it is
+        // logged when it has any (skipping it lost them from the log).
         if let Some(log) = log
-            && !warming
+            && (!warming || !p.latency.is_empty())
             && self.log_failed.is_none()
             && let Err(e) = log.write_histogram(&p.latency, from, INTERVAL, None)
         {
@@ -212,5 +215,52 @@ impl Progress {
             eprintln!();
             self.printed_inline = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interval(latency_us: &[u64]) -> Pending {
+        let mut latency = stats::new_histogram();
+        for &v in latency_us {
+            stats::record(&mut latency, v);
+        }
+        Pending {
+            from: vec![true],
+            latency,
+            counts: Counts::default(),
+            warmup_ok: 3,
+        }
+    }
+
+    /// The interval that ends a whole-second warmup also holds the first
+    /// measured answers: they reach the log, and a warmup-only interval
+    /// does not.
+    #[test]
+    fn measured_answers_in_the_interval_ending_the_warmup_are_logged() {
+        let path = std::env::temp_dir().join(format!("progress-{}.hlog", std::process::id()));
+        let mut file = BufWriter::new(File::create(&path).unwrap());
+        let mut ser = V2DeflateSerializer::new();
+        let mut log = Some(
+            IntervalLogWriterBuilder::new()
+                .begin_log_with(&mut file, &mut ser)
+                .unwrap(),
+        );
+        let mut p = Progress::new(1, Duration::from_secs(2), true);
+        p.emit(0, interval(&[]), &mut log);
+        p.emit(1, interval(&[120, 130]), &mut log);
+        p.emit(2, interval(&[140]), &mut log);
+        drop(log);
+        file.flush().unwrap();
+        drop(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let histograms = text
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+            .count();
+        assert_eq!(histograms, 2, "{text}");
     }
 }
