@@ -713,6 +713,39 @@ fn a_subscribed_resource_s_updates_reach_the_get_stream() {
     assert_eq!(n["params"]["uri"], "kv://a", "{n}");
 }
 
+/// A session holds what it subscribes to for its life: a URI over 2048
+/// bytes is refused with -32602, as on the frame and gRPC edges and in
+/// 2026-07-28's listen, where it used to be held whatever its size (4 MiB
+/// URIs, 64 a session).
+#[test]
+fn a_subscription_uri_over_2048_bytes_is_refused() {
+    let b = broker();
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-11-25");
+    let uri = |len: usize| format!("kv://{}", "k".repeat(len - "kv://".len()));
+    let r = c.call(
+        &s,
+        1,
+        "resources/subscribe",
+        &format!(r#"{{"uri":"{}"}}"#, uri(2048)),
+    );
+    assert!(r["result"].is_object(), "{r}");
+    let r = c.call(
+        &s,
+        2,
+        "resources/subscribe",
+        &format!(r#"{{"uri":"{}"}}"#, uri(2049)),
+    );
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 2048 bytes"),
+        "{r}"
+    );
+}
+
 #[test]
 fn the_get_stream_is_primed_kept_alive_and_resumable() {
     let b = with_http("sse_keepalive = \"100ms\"\n");

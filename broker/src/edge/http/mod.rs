@@ -1526,7 +1526,7 @@ impl HttpEdge {
             && frames(&called.frames).last().is_some_and(|f| {
                 mcp_schema::client::ResponseView::parse(f).is_ok_and(|v| v.error().is_none())
             })
-            && !self
+            && let Err(why) = self
                 .sessions()
                 .set_subscription(session, uri, m == Method::Subscribe)
         {
@@ -1535,10 +1535,7 @@ impl HttpEdge {
                 &mut out,
                 Some(id),
                 ErrorCode::InvalidParams.code(),
-                &format!(
-                    "Invalid params: at most {} resource subscriptions per session",
-                    session::MAX_RESOURCE_SUBSCRIPTIONS
-                ),
+                &why,
                 None,
             );
             return Answer::Json(out);

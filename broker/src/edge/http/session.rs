@@ -116,7 +116,7 @@ struct State {
     resources: Vec<String>,
 }
 
-pub use crate::edge::MAX_RESOURCE_SUBSCRIPTIONS;
+pub use crate::edge::{MAX_RESOURCE_SUBSCRIPTIONS, MAX_SUBSCRIBED_URI_BYTES};
 
 /// One live session.
 pub struct Session {
@@ -610,15 +610,26 @@ impl Sessions {
 
     /// `resources/subscribe` (`on`) or `unsubscribe` of `uri` by session
     /// `s`, answered by the router: its updates go to `s`'s GET stream.
-    /// `false` when `s` already holds [`MAX_RESOURCE_SUBSCRIPTIONS`].
-    pub fn set_subscription(&self, s: &Session, uri: &str, on: bool) -> bool {
+    /// The -32602 message when the URI is over [`MAX_SUBSCRIBED_URI_BYTES`]
+    /// (it is held for the session's life) or `s` already holds
+    /// [`MAX_RESOURCE_SUBSCRIPTIONS`].
+    pub fn set_subscription(&self, s: &Session, uri: &str, on: bool) -> Result<(), String> {
+        if on && uri.len() > MAX_SUBSCRIBED_URI_BYTES {
+            return Err(format!(
+                "Invalid params: a resource URI of at most {MAX_SUBSCRIBED_URI_BYTES} bytes may be subscribed to"
+            ));
+        }
         let mut st = lock(&s.state);
         if s.ended.load(Ordering::Acquire) {
-            return true;
+            return Ok(());
         }
         let was = st.resources.len();
         match (st.resources.binary_search_by(|u| u.as_str().cmp(uri)), on) {
-            (Err(_), true) if was >= MAX_RESOURCE_SUBSCRIPTIONS => return false,
+            (Err(_), true) if was >= MAX_RESOURCE_SUBSCRIPTIONS => {
+                return Err(format!(
+                    "Invalid params: at most {MAX_RESOURCE_SUBSCRIPTIONS} resource subscriptions per session"
+                ));
+            }
             (Err(at), true) => st.resources.insert(at, uri.to_owned()),
             (Ok(at), false) => {
                 st.resources.remove(at);
@@ -630,7 +641,7 @@ impl Sessions {
             (w, 0) if w > 0 => self.subscribed.fetch_sub(1, Ordering::AcqRel),
             _ => 0,
         };
-        true
+        Ok(())
     }
 
     /// Sends `notifications/resources/updated` for `uri` to the GET stream
@@ -747,16 +758,24 @@ mod tests {
     fn resource_subscriptions_are_capped_and_counted_until_the_session_ends() {
         let s = Sessions::new(1, 4, Duration::from_secs(60), 8);
         let a = s.create(0, "2025-06-18", false, false, false).unwrap();
-        assert!(s.set_subscription(&a, "kv://x", true));
-        assert!(s.set_subscription(&a, "kv://x", true), "again: no change");
+        assert!(s.set_subscription(&a, "kv://x", true).is_ok());
+        assert!(
+            s.set_subscription(&a, "kv://x", true).is_ok(),
+            "again: no change"
+        );
         assert!(a.subscribed_to("kv://x") && !a.subscribed_to("kv://y"));
         assert_eq!(s.subscribed.load(Ordering::Relaxed), 1);
-        assert!(s.set_subscription(&a, "kv://x", false));
+        assert!(s.set_subscription(&a, "kv://x", false).is_ok());
         assert_eq!(s.subscribed.load(Ordering::Relaxed), 0);
         for i in 0..MAX_RESOURCE_SUBSCRIPTIONS {
-            assert!(s.set_subscription(&a, &format!("kv://{i}"), true));
+            assert!(s.set_subscription(&a, &format!("kv://{i}"), true).is_ok());
         }
-        assert!(!s.set_subscription(&a, "kv://one-more", true));
+        let full = s.set_subscription(&a, "kv://one-more", true).unwrap_err();
+        assert!(full.contains("at most 64 resource subscriptions"), "{full}");
+        // A URI too long to hold is refused before the count is looked at.
+        let long = format!("kv://{}", "k".repeat(MAX_SUBSCRIBED_URI_BYTES));
+        let e = s.set_subscription(&a, &long, true).unwrap_err();
+        assert!(e.contains("at most 2048 bytes"), "{e}");
         assert_eq!(s.subscribed.load(Ordering::Relaxed), 1);
         assert!(s.remove(&a.id));
         assert_eq!(s.subscribed.load(Ordering::Relaxed), 0, "ended");
