@@ -691,7 +691,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
 
     // Connections and frames, per shard (bounded by the shard count; shows
     // how SO_REUSEPORT spread the connections).
-    let per_shard: [Family<crate::shared::ShardStats>; 11] = [
+    let per_shard: [Family<crate::shared::ShardStats>; 13] = [
         (
             "mcp_connections_open",
             "gauge",
@@ -721,6 +721,18 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "counter",
             "HTTP-edge connections closed because the peer read nothing within http.write_timeout.",
             |s| s.http_write_timeouts.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_http_connections_refused_total",
+            "counter",
+            "HTTP-edge connections refused at http.max_connections_per_shard.",
+            |s| s.http_connections_refused.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_grpc_connections_refused_total",
+            "counter",
+            "gRPC-edge connections refused at grpc.max_connections (counted by the shard that accepted them).",
+            |s| s.grpc_connections_refused.load(Ordering::Relaxed),
         ),
         (
             "mcp_grpc_write_timeouts_total",

@@ -228,6 +228,10 @@ pub struct ShardStats {
     pub write_timeouts: AtomicU64,
     /// HTTP-edge connections closed at `http.write_timeout`.
     pub http_write_timeouts: AtomicU64,
+    /// HTTP-edge connections refused at `http.max_connections_per_shard`.
+    pub http_connections_refused: AtomicU64,
+    /// gRPC-edge connections refused at `grpc.max_connections`.
+    pub grpc_connections_refused: AtomicU64,
     /// HTTP-edge responses by status (`metrics::http_status_slot`).
     pub http_responses: [AtomicU64; crate::metrics::HTTP_STATUSES.len() + 1],
     /// gRPC-edge connections closed at `grpc.write_timeout`.
@@ -257,6 +261,8 @@ impl ShardStats {
             bytes_out: AtomicU64::new(0),
             write_timeouts: AtomicU64::new(0),
             http_write_timeouts: AtomicU64::new(0),
+            http_connections_refused: AtomicU64::new(0),
+            grpc_connections_refused: AtomicU64::new(0),
             http_responses: std::array::from_fn(|_| AtomicU64::new(0)),
             grpc_write_timeouts: AtomicU64::new(0),
             idle_poll_ns: AtomicU64::new(0),

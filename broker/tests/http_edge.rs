@@ -713,6 +713,46 @@ fn a_subscribed_resource_s_updates_reach_the_get_stream() {
     assert_eq!(n["params"]["uri"], "kv://a", "{n}");
 }
 
+/// Connections past `http.max_connections_per_shard` (and gRPC's
+/// `grpc.max_connections`) are closed at once and counted, where they were
+/// only logged, a line each; the ones within the bound are served.
+#[test]
+fn connections_past_the_http_and_grpc_bounds_are_closed_and_counted() {
+    let toml = common::with_http_keys(
+        &common::default_with_chaos(),
+        "max_connections_per_shard = 2\n",
+    )
+    .replace("\nmax_connections = 10000\n", "\nmax_connections = 1\n");
+    let b = Broker::start_with_config(&toml, &["--shards", "1"]);
+    // Closed at once: the read ends (EOF or a reset) without an answer.
+    let closed = |addr| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(n) => assert_eq!(n, 0, "answered: {:?}", String::from_utf8_lossy(&buf[..n])),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
+    };
+    let mut a = Conn::connect(b.http);
+    let s1 = a.initialize("2025-11-25");
+    let mut c = Conn::connect(b.http);
+    let s2 = c.initialize("2025-11-25");
+    closed(b.http);
+    assert_eq!(b.metric_sum("mcp_http_connections_refused_total"), 1.0);
+    for (conn, s) in [(&mut a, &s1), (&mut c, &s2)] {
+        let r = conn.call(s, 1, "tools/call", r#"{"name":"echo","arguments":{}}"#);
+        assert!(r["result"].is_object(), "{r}");
+    }
+    // gRPC: one connection held open (its slot is taken at the accept),
+    // then a second.
+    let _held = std::net::TcpStream::connect(b.grpc).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    closed(b.grpc);
+    assert_eq!(b.metric_sum("mcp_grpc_connections_refused_total"), 1.0);
+}
+
 /// A session holds what it subscribes to for its life: a URI over 2048
 /// bytes is refused with -32602, as on the frame and gRPC edges and in
 /// 2026-07-28's listen, where it used to be held whatever its size (4 MiB

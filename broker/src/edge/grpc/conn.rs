@@ -374,6 +374,9 @@ pub struct ShardGrpc {
     draining: Rc<Latch>,
     drain_expired: Rc<Latch>,
     connections: Cell<usize>,
+    /// Bounds the lines refused connections write: a client opening them
+    /// in a loop wrote the log at line rate.
+    refused_log: crate::shard::LogBudget,
     builder: hyper::server::conn::http2::Builder<rt::ShardExec>,
 }
 
@@ -410,6 +413,7 @@ impl ShardGrpc {
             draining,
             drain_expired,
             connections: Cell::new(0),
+            refused_log: Default::default(),
             builder,
         })
     }
@@ -434,7 +438,11 @@ pub async fn accept_loop(
                 monoio::spawn(connection(edge.clone(), stream, peer, slot));
             }
             None => {
-                tracing::warn!(shard = edge.index, %peer, max, "gRPC connection refused: grpc.max_connections reached");
+                let stats = &edge.shared.stats[edge.index];
+                crate::shared::ShardStats::add(&stats.grpc_connections_refused, 1);
+                if let Some(suppressed) = edge.refused_log.take(std::time::Instant::now()) {
+                    tracing::warn!(shard = edge.index, %peer, max, suppressed, "gRPC connection refused: grpc.max_connections reached");
+                }
             }
         },
         Err(e) => tracing::warn!(shard = edge.index, error = %e, "gRPC accept failed"),

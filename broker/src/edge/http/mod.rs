@@ -109,6 +109,9 @@ pub struct HttpEdge {
     /// shutting-down error, as on the other edges.
     drain_expired: Rc<Latch>,
     connections: Cell<usize>,
+    /// Bounds the lines refused connections write: a client opening them
+    /// in a loop wrote the log at line rate.
+    refused_log: crate::shard::LogBudget,
     builder: hyper::server::conn::http1::Builder,
     enc: RefCell<RequestEncoder>,
     ids: RefCell<IdGenerator>,
@@ -140,6 +143,7 @@ impl HttpEdge {
             draining,
             drain_expired,
             connections: Cell::new(0),
+            refused_log: Default::default(),
             builder,
             enc: RefCell::new(RequestEncoder::new()),
             ids: RefCell::new(IdGenerator::new(seed)),
@@ -167,7 +171,11 @@ pub async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 if edge.connections.get() >= max {
-                    tracing::warn!(shard = edge.ctx.index, %peer, max, "HTTP connection refused: http.max_connections_per_shard reached");
+                    let stats = &edge.ctx.shared.stats[edge.ctx.index];
+                    crate::shared::ShardStats::add(&stats.http_connections_refused, 1);
+                    if let Some(suppressed) = edge.refused_log.take(std::time::Instant::now()) {
+                        tracing::warn!(shard = edge.ctx.index, %peer, max, suppressed, "HTTP connection refused: http.max_connections_per_shard reached");
+                    }
                     return;
                 }
                 let _ = stream.set_nodelay(true);
