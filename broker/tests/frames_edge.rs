@@ -440,7 +440,12 @@ fn a_never_waits_guest_overflows_and_loops_on_the_shard_stack_and_the_broker_sta
                instances_per_shard = 1\ncall_deadline = \"5s\"\nnever_waits = true\n";
     let b = Broker::start_with_config(cfg, &[]);
     let mut c = b.connect();
-    assert_eq!(error_code(&c.call("recurse", &[], None)), Some(-32002));
+    // The overflow traps (-32002); on a loaded machine the descent can
+    // outlast the 10 ms run limit, counted in wall-clock ticks, first
+    // (-32001, seen once in a full parallel run). Either way the call
+    // fails alone and the shard goes on.
+    let code = error_code(&c.call("recurse", &[], None));
+    assert!(matches!(code, Some(-32002 | -32001)), "{code:?}");
     let t = Instant::now();
     assert_eq!(error_code(&c.call("loop", &[], None)), Some(-32001));
     assert!(
