@@ -170,17 +170,7 @@ fn explicit_cpus_outside_the_mask_fail_start_up_naming_them() {
     .stderr(Stdio::piped());
     taskset(&mut cmd, given);
     let mut child = cmd.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the broker neither failed nor exited within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut child, Duration::from_secs(60));
     let _ = std::fs::remove_file(&config);
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -498,6 +488,8 @@ fn slow_start(call_deadline: &str) -> std::process::Child {
         .unwrap()
 }
 
+/// `child`'s exit status, waited for at most `within`: past it the child
+/// is killed and the test fails.
 fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + within;
     loop {

@@ -586,8 +586,13 @@ impl HttpConn {
     /// Appends a 2026-07-28 POST of `body`: the shared head, then the
     /// request's own `Mcp-Method` and `Mcp-Name`.
     fn put_post_modern(&mut self, body: &[u8], next: &Next<'_>) {
-        self.wbuf.extend_from_slice(&self.head);
         let (method, name) = method_and_name(next);
+        self.put_post_method(body, method, name);
+    }
+
+    /// [`Self::put_post_modern`] for `method`, and the name it routes by.
+    fn put_post_method(&mut self, body: &[u8], method: &str, name: Option<&str>) {
+        self.wbuf.extend_from_slice(&self.head);
         let _ = write!(self.wbuf, "Mcp-Method: {method}\r\n");
         if let Some(n) = name {
             let _ = write!(self.wbuf, "Mcp-Name: {}\r\n", header_value(n));
@@ -1060,13 +1065,7 @@ impl HttpDriver {
         let body = format!(
             r#"{{"jsonrpc":"2.0","id":0,"method":"server/discover","params":{{{MODERN_META}}}}}"#
         );
-        c.wbuf.extend_from_slice(&c.head);
-        let _ = write!(
-            c.wbuf,
-            "Mcp-Method: server/discover\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        c.wbuf.extend_from_slice(body.as_bytes());
+        c.put_post_method(body.as_bytes(), "server/discover", None);
         let (head, answer) = self.exchange(c, "server/discover").await?;
         if head.close {
             c.drop_stream();
