@@ -691,7 +691,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
 
     // Connections and frames, per shard (bounded by the shard count; shows
     // how SO_REUSEPORT spread the connections).
-    let per_shard: [Family<crate::shared::ShardStats>; 13] = [
+    let per_shard: [Family<crate::shared::ShardStats>; 14] = [
         (
             "mcp_connections_open",
             "gauge",
@@ -733,6 +733,12 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "counter",
             "gRPC-edge connections refused at grpc.max_connections (counted by the shard that accepted them).",
             |s| s.grpc_connections_refused.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_accept_errors_total",
+            "counter",
+            "Failed accepts on the shard's listeners, every edge (EMFILE: the process is out of file descriptors); each is followed by a 10 ms pause.",
+            |s| s.accept_errors.load(Ordering::Relaxed),
         ),
         (
             "mcp_grpc_write_timeouts_total",

@@ -615,15 +615,23 @@ const GUEST_YIELD_ROUNDS: usize = 3;
 /// [`crate::shared::LISTENER_LINGER`] (its backlog, clients that raced the
 /// change) and closes. Ends when the shard drains; `on_accept` serves each
 /// connection.
+///
+/// A failed accept (EMFILE when the process is out of descriptors, ENFILE,
+/// ENOBUFS) is counted in `failed`, logged within a budget, and followed by
+/// a 10 ms pause: the connection stays in the kernel's backlog, so an
+/// accept retried at once fails again, and a loop of them wrote 100 lines a
+/// second per shard and edge while told nothing on `/metrics`.
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     mut rebinds: Rebinds,
     draining: &Latch,
-    on_accept: impl Fn(std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>),
+    on_accept: impl Fn((monoio::net::TcpStream, std::net::SocketAddr)),
+    (failed, shard): (&std::sync::atomic::AtomicU64, usize),
     what: &'static str,
 ) {
     use futures_core::Stream;
     let mut listener = listener;
+    let log = LogBudget::default();
     let mut old: Option<(TcpListener, Instant)> = None;
     loop {
         /// What woke the loop.
@@ -655,13 +663,22 @@ pub(crate) async fn accept_loop(
             _ = draining.wait() => Next::Drain,
         };
         match next {
-            Next::Accepted(r) | Next::FromOld(r) => {
-                let failed = r.is_err();
-                on_accept(r);
-                if failed {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    monoio::time::sleep(Duration::from_millis(10)).await;
+            Next::Accepted(Ok(accepted)) | Next::FromOld(Ok(accepted)) => on_accept(accepted),
+            Next::Accepted(Err(e)) | Next::FromOld(Err(e)) => {
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(suppressed) = log.take(Instant::now()) {
+                    let hint = match e.raw_os_error() {
+                        Some(libc::EMFILE) => {
+                            "; the process is out of file descriptors: raise its limit (ulimit -Hn, LimitNOFILE=) or lower the edges' max_connections"
+                        }
+                        Some(libc::ENFILE) => {
+                            "; the system is out of file descriptors (fs.file-max)"
+                        }
+                        _ => "",
+                    };
+                    tracing::warn!(shard, edge = what, error = %e, suppressed, "accept failed{hint}; retrying in 10 ms");
                 }
+                monoio::time::sleep(Duration::from_millis(10)).await;
             }
             Next::Rebind(l) => match TcpListener::from_std(l) {
                 Ok(new) => {

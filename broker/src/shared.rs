@@ -232,6 +232,9 @@ pub struct ShardStats {
     pub http_connections_refused: AtomicU64,
     /// gRPC-edge connections refused at `grpc.max_connections`.
     pub grpc_connections_refused: AtomicU64,
+    /// Failed accepts on this shard's listeners, every edge (EMFILE: the
+    /// process is out of descriptors).
+    pub accept_errors: AtomicU64,
     /// HTTP-edge responses by status (`metrics::http_status_slot`).
     pub http_responses: [AtomicU64; crate::metrics::HTTP_STATUSES.len() + 1],
     /// gRPC-edge connections closed at `grpc.write_timeout`.
@@ -263,6 +266,7 @@ impl ShardStats {
             http_write_timeouts: AtomicU64::new(0),
             http_connections_refused: AtomicU64::new(0),
             grpc_connections_refused: AtomicU64::new(0),
+            accept_errors: AtomicU64::new(0),
             http_responses: std::array::from_fn(|_| AtomicU64::new(0)),
             grpc_write_timeouts: AtomicU64::new(0),
             idle_poll_ns: AtomicU64::new(0),

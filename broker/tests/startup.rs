@@ -283,6 +283,66 @@ fn descriptor_limit_below_the_configured_connections_is_warned() {
 }
 
 #[test]
+fn accepts_out_of_descriptors_are_counted_and_paced_and_serving_resumes() {
+    // A hard limit the broker starts under, then more frame connections
+    // than it has descriptors left: each accept fails with EMFILE (the
+    // connection stays in the backlog) until the client side lets go.
+    const LIMIT: u64 = 160;
+    let log = temp_file("emfile.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let b = Broker::start_command(None, &["--shards", "1"], |cmd| {
+        nofile(cmd, LIMIT, LIMIT);
+        cmd.stderr(file);
+    });
+    let open_fds =
+        || std::fs::read_dir(format!("/proc/{}/fd", b.child.id())).map_or(0, |d| d.count() as u64);
+    let free = LIMIT.saturating_sub(open_fds());
+    assert!(free > 8, "the broker left too few descriptors to test with");
+    let began = Instant::now();
+    let held: Vec<std::net::TcpStream> = (0..free + 16)
+        .map(|_| std::net::TcpStream::connect(b.frames).unwrap())
+        .collect();
+    assert!(
+        common::http::eventually(Duration::from_secs(10), || open_fds() >= LIMIT),
+        "the broker never ran out of descriptors ({} open)",
+        open_fds()
+    );
+    // Two seconds of failing accepts: about 200 at one per 10 ms.
+    std::thread::sleep(Duration::from_secs(2));
+    drop(held);
+    // Out of descriptors, /metrics could not be served either; now it can.
+    assert!(common::http::eventually(Duration::from_secs(10), || {
+        b.metric_sum("mcp_accept_errors_total") >= 50.0
+    }));
+    let failing = began.elapsed();
+    // Serving again, on the edge that ran out.
+    let mut c = b.connect();
+    let r = c.call("echo", &[("text", "\"back\"")], None);
+    assert_eq!(tool_text(&r), r#"{"text":"back"}"#);
+    drop(b);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .collect();
+    assert!(!lines.is_empty(), "no accept failure logged:\n{text}");
+    assert!(
+        lines[0].contains("out of file descriptors") && lines[0].contains("edge=\"frames\""),
+        "{}",
+        lines[0]
+    );
+    // The log's budget: 20 at once, then 10 a second (one per failure, 100
+    // a second, before).
+    let allowed = 20 + (failing.as_secs_f64() * 10.0).ceil() as usize + 1;
+    assert!(
+        lines.len() <= allowed,
+        "{} lines in {failing:?}",
+        lines.len()
+    );
+}
+
+#[test]
 fn the_drain_grace_reports_not_ready_while_still_serving_and_a_second_signal_ends_it() {
     let toml =
         mcp_broker::config::DEFAULT_TOML.replace("drain_grace = \"0s\"", "drain_grace = \"20s\"");

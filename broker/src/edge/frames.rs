@@ -55,29 +55,30 @@ pub(crate) async fn accept_loop(
     rebinds: crate::shard::Rebinds,
 ) {
     let max = shard.ctx.shared.config.frames.max_connections_per_shard;
-    let on_accept = |accepted: std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>| {
-        match accepted {
-            Ok((stream, peer)) => {
-                let stats = shard.stats();
-                if shard.connections.get() >= max {
-                    ShardStats::add(&stats.connections_refused, 1);
-                    if let Some(suppressed) = shard.conn_log.take(Instant::now()) {
-                        tracing::warn!(shard = shard.ctx.index, %peer, max, suppressed, "connection refused: max_connections_per_shard reached");
-                    }
-                    drop(stream);
-                    return;
-                }
-                ShardStats::add(&stats.connections_accepted, 1);
-                let _ = stream.set_nodelay(true);
-                monoio::spawn(connection(shard.clone(), stream, peer));
+    let on_accept = |(stream, peer): (monoio::net::TcpStream, std::net::SocketAddr)| {
+        let stats = shard.stats();
+        if shard.connections.get() >= max {
+            ShardStats::add(&stats.connections_refused, 1);
+            if let Some(suppressed) = shard.conn_log.take(Instant::now()) {
+                tracing::warn!(shard = shard.ctx.index, %peer, max, suppressed, "connection refused: max_connections_per_shard reached");
             }
-            Err(e) => {
-                // EMFILE and friends: log; the loop goes on.
-                tracing::warn!(shard = shard.ctx.index, error = %e, "accept failed");
-            }
+            drop(stream);
+            return;
         }
+        ShardStats::add(&stats.connections_accepted, 1);
+        let _ = stream.set_nodelay(true);
+        monoio::spawn(connection(shard.clone(), stream, peer));
     };
-    crate::shard::accept_loop(listener, rebinds, &shard.draining, on_accept, "frames").await;
+    let failed = (&shard.stats().accept_errors, shard.ctx.index);
+    crate::shard::accept_loop(
+        listener,
+        rebinds,
+        &shard.draining,
+        on_accept,
+        failed,
+        "frames",
+    )
+    .await;
 }
 
 /// One request while it is served: what the handler owns and gives back.

@@ -431,23 +431,22 @@ pub async fn accept_loop(
     rebinds: crate::shard::Rebinds,
 ) {
     let max = edge.cfg.max_connections;
-    let on_accept = |accepted: std::io::Result<(TcpStream, SocketAddr)>| match accepted {
-        Ok((stream, peer)) => match Slot::take(&edge.edge.open, max) {
-            Some(slot) => {
-                let _ = stream.set_nodelay(true);
-                monoio::spawn(connection(edge.clone(), stream, peer, slot));
+    let stats = &edge.shared.stats[edge.index];
+    let on_accept = |(stream, peer): (TcpStream, SocketAddr)| match Slot::take(&edge.edge.open, max)
+    {
+        Some(slot) => {
+            let _ = stream.set_nodelay(true);
+            monoio::spawn(connection(edge.clone(), stream, peer, slot));
+        }
+        None => {
+            crate::shared::ShardStats::add(&stats.grpc_connections_refused, 1);
+            if let Some(suppressed) = edge.refused_log.take(std::time::Instant::now()) {
+                tracing::warn!(shard = edge.index, %peer, max, suppressed, "gRPC connection refused: grpc.max_connections reached");
             }
-            None => {
-                let stats = &edge.shared.stats[edge.index];
-                crate::shared::ShardStats::add(&stats.grpc_connections_refused, 1);
-                if let Some(suppressed) = edge.refused_log.take(std::time::Instant::now()) {
-                    tracing::warn!(shard = edge.index, %peer, max, suppressed, "gRPC connection refused: grpc.max_connections reached");
-                }
-            }
-        },
-        Err(e) => tracing::warn!(shard = edge.index, error = %e, "gRPC accept failed"),
+        }
     };
-    crate::shard::accept_loop(listener, rebinds, &edge.draining, on_accept, "grpc").await;
+    let failed = (&stats.accept_errors, edge.index);
+    crate::shard::accept_loop(listener, rebinds, &edge.draining, on_accept, failed, "grpc").await;
 }
 
 struct ConnGuard(Rc<ShardGrpc>);

@@ -167,26 +167,20 @@ pub async fn accept_loop(
     rebinds: crate::shard::Rebinds,
 ) {
     let max = edge.cfg.max_connections_per_shard;
-    let on_accept = |accepted: std::io::Result<(monoio::net::TcpStream, std::net::SocketAddr)>| {
-        match accepted {
-            Ok((stream, peer)) => {
-                if edge.connections.get() >= max {
-                    let stats = &edge.ctx.shared.stats[edge.ctx.index];
-                    crate::shared::ShardStats::add(&stats.http_connections_refused, 1);
-                    if let Some(suppressed) = edge.refused_log.take(std::time::Instant::now()) {
-                        tracing::warn!(shard = edge.ctx.index, %peer, max, suppressed, "HTTP connection refused: http.max_connections_per_shard reached");
-                    }
-                    return;
-                }
-                let _ = stream.set_nodelay(true);
-                monoio::spawn(connection(edge.clone(), stream, peer));
+    let stats = &edge.ctx.shared.stats[edge.ctx.index];
+    let on_accept = |(stream, peer): (monoio::net::TcpStream, std::net::SocketAddr)| {
+        if edge.connections.get() >= max {
+            crate::shared::ShardStats::add(&stats.http_connections_refused, 1);
+            if let Some(suppressed) = edge.refused_log.take(std::time::Instant::now()) {
+                tracing::warn!(shard = edge.ctx.index, %peer, max, suppressed, "HTTP connection refused: http.max_connections_per_shard reached");
             }
-            Err(e) => {
-                tracing::warn!(shard = edge.ctx.index, error = %e, "HTTP accept failed");
-            }
+            return;
         }
+        let _ = stream.set_nodelay(true);
+        monoio::spawn(connection(edge.clone(), stream, peer));
     };
-    crate::shard::accept_loop(listener, rebinds, &edge.draining, on_accept, "http").await;
+    let failed = (&stats.accept_errors, edge.ctx.index);
+    crate::shard::accept_loop(listener, rebinds, &edge.draining, on_accept, failed, "http").await;
 }
 
 /// Ends every session this shard owns that has idled out, a few times per
