@@ -275,6 +275,15 @@ pub fn parse(body: &[u8]) -> Result<Body<'_>, RpcError<'_>> {
             format!("Parse error: the body is not UTF-8: {e}"),
         )
     })?;
+    // serde_json's own message ("expected value at line 1 column 1") does
+    // not say what is wrong; some Windows tools write the mark.
+    if text.starts_with('\u{feff}') {
+        return Err(RpcError::new(
+            None,
+            code::PARSE_ERROR,
+            "Parse error: the body starts with a byte order mark (U+FEFF), which JSON text must not (RFC 8259 section 8.1)",
+        ));
+    }
     let batch = text.trim_ascii_start().starts_with('[');
     if batch {
         let members: Vec<&RawValue> = serde_json::from_str(text).map_err(json_error)?;

@@ -347,6 +347,8 @@ impl hyper::body::Body for Body {
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
 const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
+/// nginx's switch for a proxied answer's buffering (both eras' streams).
+const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
@@ -387,6 +389,9 @@ fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>, session: Option<&str>) -> Re
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, SSE);
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // nginx buffers a proxied answer by default, which held a stream's
+    // events (a GET stream's, all of them) until it ended.
+    h.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
     if let Some(s) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
         h.insert(SESSION_HEADER, s);
     }
@@ -439,6 +444,37 @@ fn auth_refusal(
         r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
     r
+}
+
+/// The most of a refused request's body the edge reads and drops to keep
+/// its connection (see [`HttpEdge::refuse_unread`]): a client sending more
+/// than this after a refusal is cut off instead.
+const DISCARD_LIMIT: u64 = 64 << 20;
+
+/// What makes an HTTP/1.1 request's `Host` unacceptable, if anything:
+/// RFC 9112 §3.2 requires exactly one, and a valid one (empty when the
+/// target has no authority), and a server MUST answer 400 otherwise.
+/// HTTP/1.0 needs none.
+fn host_problem(req: &Request<Incoming>) -> Option<&'static str> {
+    if req.version() != hyper::Version::HTTP_11 {
+        return None;
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => Some("no Host header (HTTP/1.1 requires one)"),
+        (Some(_), Some(_)) => Some("more than one Host header"),
+        (Some(v), None) => {
+            let v = v.as_bytes();
+            let valid = v.is_empty()
+                || (!v.contains(&b'@') && hyper::http::uri::Authority::try_from(v).is_ok());
+            (!valid).then_some("the Host header is no host[:port]")
+        }
+    }
+}
+
+/// `Content-Length` as a number (hyper has refused a malformed one).
+fn content_length(h: &HeaderMap) -> Option<u64> {
+    header_str(h, header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok())
 }
 
 /// A header's value as text. Pass a `HeaderName` where the name is fixed:
@@ -542,7 +578,7 @@ enum BodyError {
 /// A body of one data frame (a POST that arrived with its head, the common
 /// case) is hyper's own view of its read buffer, kept without a copy; only
 /// a body in several frames is gathered.
-async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, BodyError> {
+async fn read_body(body: &mut Incoming, max: usize) -> Result<Bytes, BodyError> {
     let mut first: Option<Bytes> = None;
     let mut gathered: Option<BytesMut> = None;
     let mut len = 0usize;
@@ -756,6 +792,13 @@ impl HttpEdge {
     }
 
     async fn respond(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
+        if let Some(problem) = host_problem(&req) {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest.code(),
+                &format!("bad request: {problem}"),
+            );
+        }
         if let Some(auth) = &self.ctx.shared.auth
             && matches!(
                 req.uri().path(),
@@ -805,6 +848,24 @@ impl HttpEdge {
         // unknown) version is served statelessly below; none or a
         // handshake-era one keeps the session rules.
         let modern = modern::is_modern(req.headers());
+        // The session era reads the first of each; a proxy routing on the
+        // session (deploy/haproxy.cfg) reads the last, and sent a request
+        // to a broker whose session it was not. The modern era refuses
+        // repeated headers itself (-32020).
+        if !modern {
+            for name in [SESSION_HEADER, modern::VERSION] {
+                let mut values = req.headers().get_all(&name).iter();
+                if let Some(first) = values.next()
+                    && values.any(|v| v != first)
+                {
+                    return refuse(
+                        StatusCode::BAD_REQUEST,
+                        ErrorCode::InvalidRequest.code(),
+                        &format!("bad request: {name} is repeated with different values"),
+                    );
+                }
+            }
+        }
         if self.ctx.shared.is_draining() {
             let mut r = refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -919,20 +980,6 @@ impl HttpEdge {
         req: Request<Incoming>,
     ) -> Result<(HeaderMap, Bytes), Response<Body>> {
         let h = req.headers();
-        if accepted(h, ["application/json", "text/event-stream"]) != [true, true] {
-            return Err(refuse(
-                StatusCode::NOT_ACCEPTABLE,
-                ErrorCode::InvalidRequest.code(),
-                "not acceptable: the client must accept both application/json and text/event-stream",
-            ));
-        }
-        if !is_json_content(h) {
-            return Err(refuse(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                ErrorCode::InvalidRequest.code(),
-                "unsupported media type: the body must be application/json",
-            ));
-        }
         let max = self.cfg.max_body_bytes;
         let too_large = || {
             refuse(
@@ -941,25 +988,64 @@ impl HttpEdge {
                 &format!("payload too large: the body limit is {max} bytes (http.max_body_bytes)"),
             )
         };
-        if header_str(h, header::CONTENT_LENGTH)
-            .and_then(|v| v.parse::<u64>().ok())
-            .is_some_and(|n| n > max as u64)
+        let early = if accepted(h, ["application/json", "text/event-stream"]) != [true, true] {
+            Some(refuse(
+                StatusCode::NOT_ACCEPTABLE,
+                ErrorCode::InvalidRequest.code(),
+                "not acceptable: the client must accept both application/json and text/event-stream",
+            ))
+        } else if !is_json_content(h) {
+            Some(refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::InvalidRequest.code(),
+                "unsupported media type: the body must be application/json",
+            ))
+        } else if let Some(coding) = h
+            .get_all(header::CONTENT_ENCODING)
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+            .map(str::trim)
+            .find(|c| !c.eq_ignore_ascii_case("identity"))
         {
-            return Err(too_large());
+            // RFC 9110 §15.5.16: 415, naming the codings taken.
+            let mut r = refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::InvalidRequest.code(),
+                &format!(
+                    "unsupported media type: Content-Encoding {coding} is not taken; send the body uncompressed"
+                ),
+            );
+            r.headers_mut().insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+            Some(r)
+        } else if content_length(h).is_some_and(|n| n > max as u64) {
+            Some(too_large())
+        } else {
+            None
+        };
+        if let Some(r) = early {
+            return Err(self.refuse_unread(req, r).await);
         }
-        let (parts, body) = req.into_parts();
+        let (parts, mut body) = req.into_parts();
         // A body that is already here is read without arming the timer (a
         // clock read, and a timer-wheel entry made and removed, on every
         // request); one still on its way is read within `body_timeout`.
-        let mut read = std::pin::pin!(read_body(body, max));
-        let first = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
-        let read = match first {
-            Poll::Ready(r) => Ok(r),
-            Poll::Pending => monoio::time::timeout(self.cfg.body_timeout, read).await,
+        let read = {
+            let mut read = std::pin::pin!(read_body(&mut body, max));
+            let first = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+            match first {
+                Poll::Ready(r) => Ok(r),
+                Poll::Pending => monoio::time::timeout(self.cfg.body_timeout, read).await,
+            }
         };
         let body = match read {
             Ok(Ok(b)) => b,
-            Ok(Err(BodyError::TooLarge)) => return Err(too_large()),
+            Ok(Err(BodyError::TooLarge)) => {
+                let announced = content_length(&parts.headers);
+                return Err(self.drop_rest(&mut body, announced, too_large()).await);
+            }
             Ok(Err(BodyError::Broken(e))) => {
                 return Err(refuse(
                     StatusCode::BAD_REQUEST,
@@ -979,6 +1065,62 @@ impl HttpEdge {
             }
         };
         Ok((parts.headers, body))
+    }
+
+    /// A refusal sent before the request's body was read. hyper closes a
+    /// connection whose request body is left unread, and a close with
+    /// data still arriving makes the kernel send a reset, which can
+    /// destroy the answer before the client reads it: pooled clients then
+    /// failed their next request, and proxies answered 502 instead. So the
+    /// body is read and dropped first, within bounds, and the connection
+    /// stays usable. A client waiting for `100 Continue` is sent none, and
+    /// so no body; the answer then says `Connection: close`.
+    async fn refuse_unread(&self, req: Request<Incoming>, mut r: Response<Body>) -> Response<Body> {
+        let expects = req
+            .headers()
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let announced = content_length(req.headers());
+        let mut body = req.into_body();
+        if expects && !hyper::body::Body::is_end_stream(&body) {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+        self.drop_rest(&mut body, announced, r).await
+    }
+
+    /// Reads and drops the rest of a refused request's body, at most
+    /// [`DISCARD_LIMIT`] bytes within `http.body_timeout`, so that `r`
+    /// arrives and the connection can go on; past either bound, `r` says
+    /// `Connection: close` and hyper closes after it.
+    async fn drop_rest(
+        &self,
+        body: &mut Incoming,
+        announced: Option<u64>,
+        mut r: Response<Body>,
+    ) -> Response<Body> {
+        let drained = announced.is_none_or(|n| n <= DISCARD_LIMIT)
+            && monoio::time::timeout(self.cfg.body_timeout, async {
+                let mut seen = 0u64;
+                while let Some(frame) = body.frame().await {
+                    let Ok(frame) = frame else { return false };
+                    if let Some(data) = frame.data_ref() {
+                        seen += data.len() as u64;
+                        if seen > DISCARD_LIMIT {
+                            return false;
+                        }
+                    }
+                }
+                true
+            })
+            .await
+            .unwrap_or(false);
+        if !drained {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
     }
 
     async fn post(

@@ -122,15 +122,16 @@ pub const SAMPLING_KEY: &str = "sampling";
 /// The `inputRequests` / `inputResponses` key of a `roots/list` request.
 pub const ROOTS_KEY: &str = "roots";
 
+/// `MCP-Protocol-Version` as a `HeaderName`: every request asks for it,
+/// and the `&str` would be parsed again each time.
+pub const VERSION: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static(VERSION_HEADER);
+
 /// Whether a request belongs to the modern era by its headers: an
 /// `MCP-Protocol-Version` that is present and is not a handshake-era
 /// version (an unknown one included, so that it gets a structured -32022
 /// rather than the session path's refusal).
 pub fn is_modern(h: &HeaderMap) -> bool {
-    // Every request asks: a `HeaderName`, not the `&str`, spares parsing
-    // the name each time.
-    const VERSION: hyper::header::HeaderName =
-        hyper::header::HeaderName::from_static(VERSION_HEADER);
     h.get(VERSION).is_some_and(|v| {
         v.to_str()
             .map_or(true, |v| !super::VERSIONS.contains(&v.trim()))
@@ -1144,7 +1145,7 @@ fn sse(mut r: Response<Body>) -> Response<Body> {
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, super::SSE);
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    h.insert(super::ACCEL_BUFFERING, HeaderValue::from_static("no"));
     r
 }
 
