@@ -1428,13 +1428,16 @@ impl Config {
     }
 
     /// Number of shards in effect (0 resolved to one per CPU this process
-    /// may run on: its affinity mask, e.g. under `taskset` or a cpuset).
+    /// may run on: its affinity mask, e.g. under `taskset` or a cpuset,
+    /// and no more than its CPU quota, a container's `cpu.max`, which the
+    /// standard library reads: a pod limited to one CPU on a 64-core node
+    /// ran 64 shards, and 64 times the instance pools).
     pub fn shard_count(&self) -> usize {
         match self.broker.shards {
-            0 => crate::process::allowed_cpus().map_or_else(
-                || std::thread::available_parallelism().map_or(1, |n| n.get()),
-                |c| c.len(),
-            ),
+            0 => {
+                let quota = std::thread::available_parallelism().map_or(1, |n| n.get());
+                crate::process::allowed_cpus().map_or(quota, |c| c.len().min(quota))
+            }
             n => n,
         }
     }

@@ -127,10 +127,22 @@ fn main() -> ExitCode {
         *phase = Phase::Serving(running.shared.clone());
     }
     {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", running.ready_line());
-        let _ = out.flush();
+        // From a thread of its own: on a stdout pipe that is full and never
+        // read the write blocks, and the main thread held there heard
+        // neither stop signals nor a shard's death.
+        let line = running.ready_line();
+        let write = move || {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("ready-line".into())
+            .spawn(write)
+        {
+            tracing::warn!(error = %e, "cannot spawn the thread that prints the ready line");
+        }
     }
     // Wait for a signal, or for a shard thread to die: then the process
     // cannot serve every connection it accepts, so it drains the rest and

@@ -89,44 +89,60 @@ struct Admin {
 const RELOAD_ANSWER_TIMEOUT: Duration = Duration::from_secs(50);
 const _: () = assert!(RELOAD_ANSWER_TIMEOUT.as_secs() + 5 < CONNECTION_TIMEOUT.as_secs());
 
-/// Serves the admin endpoint on `listener` until the process exits, and
-/// starts the ticker that keeps the summary's window moving between scrapes.
+/// The admin endpoint on its listener, and the ticker that keeps the
+/// summary's window moving between scrapes.
 ///
-/// HTTP/1.1 (hyper) on a current-thread tokio runtime on the calling
-/// thread: connections are served concurrently, up to
+/// HTTP/1.1 (hyper) on a current-thread tokio runtime on the thread that
+/// calls [`Endpoint::serve`]: connections are served concurrently, up to
 /// [`MAX_ADMIN_CONNECTIONS`], each with a header deadline, a head size
 /// limit and a lifetime limit, so no client can hold `/readyz` up for
 /// another.
-pub fn serve(listener: TcpListener, shared: Arc<Shared>) {
-    let collector = Arc::new(Collector::new(shared.clone()));
-    {
-        let collector = collector.clone();
-        // Without it, a slot would hold whatever the next scrape collects,
-        // however long ago it was recorded. It stops with the process.
-        let _ = std::thread::Builder::new()
-            .name("metrics-ticker".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(collect::SLOT);
-                    collector.collect();
-                }
-            });
-    }
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .max_blocking_threads(RENDER_THREADS)
-        .thread_name("admin-render")
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the admin endpoint's runtime");
-            return;
+pub struct Endpoint {
+    rt: tokio::runtime::Runtime,
+    listener: TcpListener,
+    admin: Arc<Admin>,
+}
+
+impl Endpoint {
+    /// Makes what the endpoint runs on: its runtime and the thread that
+    /// ticks the latency windows. Called before the ready line, so that a
+    /// process that cannot make them (out of descriptors or threads) fails
+    /// to start: it printed its ready line with an endpoint that never
+    /// answered, and `/readyz` hung.
+    pub fn new(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<Endpoint> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .max_blocking_threads(RENDER_THREADS)
+            .thread_name("admin-render")
+            .build()?;
+        let collector = Arc::new(Collector::new(shared.clone()));
+        {
+            let collector = collector.clone();
+            // Without it, a slot would hold whatever the next scrape
+            // collects, however long ago it was recorded. It stops with the
+            // process.
+            std::thread::Builder::new()
+                .name("metrics-ticker".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(collect::SLOT);
+                        collector.collect();
+                    }
+                })?;
         }
-    };
-    let admin = Arc::new(Admin { shared, collector });
-    rt.block_on(accept_loop(listener, admin));
+        let admin = Arc::new(Admin { shared, collector });
+        Ok(Endpoint {
+            rt,
+            listener,
+            admin,
+        })
+    }
+
+    /// Serves on the calling thread, for the process's life.
+    pub fn serve(self) {
+        self.rt.block_on(accept_loop(self.listener, self.admin));
+    }
 }
 
 async fn accept_loop(listener: TcpListener, admin: Arc<Admin>) {

@@ -26,6 +26,46 @@ pub fn allowed_cpus() -> Option<Vec<usize>> {
     (!ids.is_empty()).then_some(ids)
 }
 
+/// The memory limit of this process's cgroup (the least of its own and its
+/// ancestors' `memory.max` on cgroup v2, `memory.limit_in_bytes` on v1),
+/// `None` when there is none or it cannot be read. Past it the kernel's
+/// OOM killer ends the whole process, whichever guest grew.
+pub fn cgroup_memory_limit() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |file: &std::path::Path| -> Option<u64> {
+        let text = std::fs::read_to_string(file).ok()?;
+        // "max" (v2) or a page-rounded i64::MAX (v1): no limit.
+        text.trim().parse::<u64>().ok().filter(|&n| n < (1 << 62))
+    };
+    let mut least: Option<u64> = None;
+    for line in groups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (root, file) = match controllers {
+            "" => ("/sys/fs/cgroup", "memory.max"),
+            c if c.split(',').any(|c| c == "memory") => {
+                ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+            }
+            _ => continue,
+        };
+        // The group and each ancestor up to the mount's root: a parent's
+        // limit binds the child too.
+        let mut dir = std::path::PathBuf::from(root).join(path.trim_start_matches('/'));
+        loop {
+            if let Some(n) = read(&dir.join(file)) {
+                least = Some(least.map_or(n, |l| l.min(n)));
+            }
+            if dir.as_os_str().len() <= root.len() || !dir.pop() {
+                break;
+            }
+        }
+    }
+    least
+}
+
 /// Where the shards run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -137,11 +177,15 @@ pub fn raise_nofile_limit() -> Option<NofileLimit> {
     })
 }
 
-/// Descriptors a configuration may need at its connection limits.
-pub fn descriptors_needed(shards: usize, max_connections_per_shard: usize) -> u64 {
+/// Descriptors a configuration may need at its connection limits:
+/// `per_shard` connections on each shard (the frame and HTTP edges'
+/// bounds) and `edge_wide` more (the gRPC edge's, which bounds the whole
+/// edge).
+pub fn descriptors_needed(shards: usize, per_shard: usize, edge_wide: usize) -> u64 {
     let shards = shards as u64;
     shards
-        .saturating_mul((max_connections_per_shard as u64).saturating_add(DESCRIPTORS_PER_SHARD))
+        .saturating_mul((per_shard as u64).saturating_add(DESCRIPTORS_PER_SHARD))
+        .saturating_add(edge_wide as u64)
         .saturating_add(SPARE_DESCRIPTORS)
 }
 
@@ -180,9 +224,9 @@ mod tests {
     #[test]
     fn descriptor_need_counts_every_shards_connections() {
         assert_eq!(
-            descriptors_needed(2, 4096),
-            2 * (4096 + DESCRIPTORS_PER_SHARD) + SPARE_DESCRIPTORS
+            descriptors_needed(2, 4096 + 10_000, 10_000),
+            2 * (14_096 + DESCRIPTORS_PER_SHARD) + 10_000 + SPARE_DESCRIPTORS
         );
-        assert_eq!(descriptors_needed(usize::MAX, usize::MAX), u64::MAX);
+        assert_eq!(descriptors_needed(usize::MAX, usize::MAX, 0), u64::MAX);
     }
 }

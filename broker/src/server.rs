@@ -155,6 +155,11 @@ impl Running {
     }
 }
 
+/// Descriptors that must be free once everything is open, or start-up
+/// fails: enough for a few connections on each edge and the admin
+/// endpoint.
+const MIN_FREE_DESCRIPTORS: u64 = 32;
+
 /// Starts everything and returns once every shard accepts. `source` is
 /// where reloads read the configuration again.
 pub fn start(config: Config, source: crate::control::Source) -> Result<Running> {
@@ -173,22 +178,54 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
     }
     let placement = crate::process::place(config.shard_count(), &config.broker.cpus, &allowed)?;
     if let Some(limit) = limit {
+        let (frames, http) = (
+            config.frames.max_connections_per_shard,
+            config.http.max_connections_per_shard,
+        );
+        let grpc = config.grpc.max_connections;
         let need = crate::process::descriptors_needed(
             config.shard_count(),
-            config.frames.max_connections_per_shard,
+            frames.saturating_add(http),
+            grpc,
         );
         if need > limit.soft {
             tracing::warn!(
                 limit = limit.soft,
                 needed = need,
                 "the open-file limit ({}) is below the {} descriptors that {} shard(s) x \
-                 frames.max_connections_per_shard ({}) may need: connections beyond it are \
-                 refused with EMFILE; raise the hard limit (ulimit -Hn, LimitNOFILE=) or \
-                 lower frames.max_connections_per_shard",
+                 (frames.max_connections_per_shard {} + http.max_connections_per_shard {}) \
+                 + grpc.max_connections {} may need: past it, new connections wait in the \
+                 backlog while accepts fail (mcp_accept_errors_total); raise the hard limit \
+                 (ulimit -Hn, LimitNOFILE=) or lower those bounds",
                 limit.soft,
                 need,
                 config.shard_count(),
-                config.frames.max_connections_per_shard,
+                frames,
+                http,
+                grpc,
+            );
+        }
+    }
+    // Each instance's memory is bounded, their sum only by the slots:
+    // under a cgroup limit below it, guests that grow together get the
+    // whole process OOM-killed (no error, no log line) instead of -32002.
+    if let Some(limit) = crate::process::cgroup_memory_limit() {
+        let shards = config.shard_count();
+        let guests = config
+            .routers
+            .iter()
+            .map(|r| (r.instance_slots(shards) as u64).saturating_mul(r.max_memory_bytes as u64))
+            .fold(0u64, u64::saturating_add);
+        if guests > limit {
+            tracing::warn!(
+                limit,
+                guests,
+                "the routers' instances may grow to {} MiB of memory together (instances x \
+                 max_memory_bytes, every router and shard), above this cgroup's memory limit \
+                 of {} MiB: if they do, the kernel's OOM killer ends the whole broker; lower \
+                 instances_per_shard or max_memory_bytes, or raise the limit",
+                guests >> 20,
+                limit >> 20,
             );
         }
     }
@@ -393,15 +430,31 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         tracing::warn!("io_uring is unavailable: shards run on the epoll driver");
     }
     {
-        let shared = shared.clone();
+        let endpoint = crate::metrics::Endpoint::new(metrics_listener, shared.clone())
+            .context("starting the admin endpoint")?;
         std::thread::Builder::new()
             .name("admin".into())
-            .spawn(move || crate::metrics::serve(metrics_listener, shared))
+            .spawn(move || endpoint.serve())
             .context("spawning the admin thread")?;
     }
     crate::control::Control::new(shared.clone(), host.clone(), source, config, loaded)
         .spawn()
         .context("spawning the routing thread")?;
+    // A limit that only just let everything open leaves no descriptor for
+    // a single connection: every accept would fail from the first.
+    if let Some(limit) = limit
+        && let Ok(fds) = std::fs::read_dir("/proc/self/fd")
+    {
+        let open = fds.count() as u64;
+        let left = limit.soft.saturating_sub(open);
+        if left < MIN_FREE_DESCRIPTORS {
+            bail!(
+                "only {left} file descriptors are left after start-up ({open} open, limit {}): \
+                 too few to serve; raise the limit (ulimit -Hn, LimitNOFILE=)",
+                limit.soft
+            );
+        }
+    }
     Ok(Running {
         shared,
         frames,

@@ -428,6 +428,18 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
             return;
         }
     };
+    // Without it a computing guest would hold its shard's connections
+    // until its call ended: a start-up error (out of descriptors), not a
+    // broker that starts degraded.
+    let ring_poke = match monoio::net::unix::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(format!(
+                "shard {index}: the socket for guests' yields: {e}"
+            )));
+            return;
+        }
+    };
     let (rebind_frames, frames_rebinds) = futures_channel::mpsc::unbounded();
     let (rebind_http, http_rebinds) = futures_channel::mpsc::unbounded();
     let (rebind_grpc, grpc_rebinds) = futures_channel::mpsc::unbounded();
@@ -445,11 +457,7 @@ async fn shard_main(s: ShardStart, ready: std::sync::mpsc::Sender<Result<usize, 
         resource_subs: RefCell::default(),
         yields: YieldQueue::default(),
         conn_log: LogBudget::default(),
-        ring_poke: monoio::net::unix::UnixDatagram::unbound()
-            .inspect_err(|e| {
-                tracing::warn!(shard = index, error = %e, "no socket for guests' yields: a computing guest holds its shard's connections until its call ends");
-            })
-            .ok(),
+        ring_poke: Some(ring_poke),
         rebind_frames,
         rebind_http,
         rebind_grpc,

@@ -260,7 +260,8 @@ fn soft_descriptor_limit_is_raised_to_the_hard_limit() {
 
 #[test]
 fn descriptor_limit_below_the_configured_connections_is_warned() {
-    // One shard of 4096 connections needs more than a hard limit of 2048.
+    // One shard's bounds (4096 frame and 10,000 HTTP connections, 10,000
+    // gRPC ones) need more than a hard limit of 2048.
     let log = temp_file("stderr.log");
     let file = std::fs::File::create(&log).unwrap();
     let b = Broker::start_command(None, &["--shards", "1"], |cmd| {
@@ -271,7 +272,7 @@ fn descriptor_limit_below_the_configured_connections_is_warned() {
     let text = std::fs::read_to_string(&log).unwrap();
     drop(b);
     let _ = std::fs::remove_file(&log);
-    let need = mcp_broker::process::descriptors_needed(1, 4096);
+    let need = mcp_broker::process::descriptors_needed(1, 4096 + 10_000, 10_000);
     let line = text
         .lines()
         .find(|l| l.contains("WARN") && l.contains("open-file limit"))
@@ -280,6 +281,92 @@ fn descriptor_limit_below_the_configured_connections_is_warned() {
         line.contains("(2048)") && line.contains(&need.to_string()),
         "{line}"
     );
+}
+
+/// A stdout nobody reads, already full when the broker starts (a
+/// supervisor's pipe that is never drained): the ready line cannot be
+/// written, and the broker still serves, and stops on SIGTERM. The main
+/// thread wrote the line itself and, blocked there, never heard the signal.
+#[test]
+fn a_full_stdout_pipe_neither_blocks_serving_nor_the_stop() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into `fds`, owned below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both are fresh descriptors no one else owns.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // Fill it without blocking, then hand it over blocking, as it would be.
+    // SAFETY: fcntl and write on the pipe's own descriptor.
+    unsafe {
+        libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK);
+        let chunk = [b'x'; 4096];
+        while libc::write(fds[1], chunk.as_ptr().cast(), chunk.len()) > 0 {}
+        libc::fcntl(fds[1], libc::F_SETFL, 0);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-broker"))
+        // Every listener on port 0 but the admin endpoint's, polled below.
+        .args(&common::PORT_ZERO[..6])
+        .args(["--shards", "1", "--metrics-listen", &metrics])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write_end))
+        .spawn()
+        .unwrap();
+    let healthy = || {
+        let Ok(mut s) = std::net::TcpStream::connect(&metrics) else {
+            return false;
+        };
+        use std::io::{Read, Write};
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.starts_with("HTTP/1.1 200")
+    };
+    assert!(
+        common::http::eventually(Duration::from_secs(60), healthy),
+        "the broker never became ready"
+    );
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    drop(read_end);
+}
+
+/// Too few descriptors to start fails with the reason. Just enough to
+/// open everything printed the ready line with no descriptor left to
+/// serve, and with a few less the admin endpoint's runtime failed in its
+/// own thread: a ready broker whose `/readyz` never answered.
+#[test]
+fn too_few_descriptors_fail_start_up_with_the_reason() {
+    // 20: the admin endpoint cannot start; 32: it starts, with fewer than
+    // 32 left whatever the machine opened.
+    for limit in [20, 32] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
+        cmd.args(common::PORT_ZERO)
+            .args(["--shards", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        nofile(&mut cmd, limit, limit);
+        let mut child = cmd.spawn().unwrap();
+        let status = wait_exit(&mut child, Duration::from_secs(60));
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(status.code(), Some(1), "limit {limit}: {stderr}");
+        assert!(out.stdout.is_empty(), "limit {limit}: a ready line");
+        assert!(
+            stderr.contains("Too many open files") || stderr.contains("file descriptors are left"),
+            "limit {limit}: {stderr}"
+        );
+    }
 }
 
 #[test]

@@ -285,15 +285,18 @@ impl WasmHost {
             }
         }
         let bytes = std::fs::read(&spec.wasm).map_err(|source| LoadError::Read {
-            // The hint is for the bundled routers, not an operator's own file.
-            hint: if spec
-                .wasm
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .is_some_and(|stem| {
-                    super::BUNDLED_ROUTERS.contains(&stem)
-                        || ["conformance", "netprobe"].contains(&stem)
-                }) {
+            // The hint is for a bundled router not built yet, not for an
+            // operator's own file, nor for a file there but unreadable.
+            hint: if source.kind() == std::io::ErrorKind::NotFound
+                && spec
+                    .wasm
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .is_some_and(|stem| {
+                        super::BUNDLED_ROUTERS.contains(&stem)
+                            || ["conformance", "netprobe"].contains(&stem)
+                    })
+            {
                 " (run scripts/build-routers to build the bundled routers)"
             } else {
                 ""

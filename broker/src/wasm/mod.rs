@@ -64,7 +64,9 @@ pub const UPSTREAM_ROUTER: &str = "upstream";
 /// installed layout); else the build output of `scripts/build-routers` in
 /// this source tree.
 pub fn default_routers_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os(ROUTERS_DIR_ENV) {
+    // Set but empty is unset, as for the config's `routers_dir = ""`: it
+    // read the working directory.
+    if let Some(dir) = std::env::var_os(ROUTERS_DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
     if let Some(dir) = std::env::current_exe()
