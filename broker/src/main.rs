@@ -76,6 +76,7 @@ fn main() -> ExitCode {
         .lossy(true)
         .thread_name("log")
         .finish(std::io::stderr());
+    let _ = mcp_broker::metrics::LOG_DROPPED.set(log_writer.error_counter());
     tracing_subscriber::fmt()
         .with_writer(log_writer)
         .log_internal_errors(false)

@@ -89,6 +89,11 @@ struct Admin {
 const RELOAD_ANSWER_TIMEOUT: Duration = Duration::from_secs(50);
 const _: () = assert!(RELOAD_ANSWER_TIMEOUT.as_secs() + 5 < CONNECTION_TIMEOUT.as_secs());
 
+/// The log writer's count of the lines it dropped (`main.rs` sets it): a
+/// process-wide fact, as the writer is.
+pub static LOG_DROPPED: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
+    std::sync::OnceLock::new();
+
 /// The admin endpoint on its listener, and the ticker that keeps the
 /// summary's window moving between scrapes.
 ///
@@ -856,7 +861,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             u8::from(s.ready.load(Ordering::Relaxed))
         );
     }
-    let scalars: [(&str, &str, &str, u64); 7] = [
+    let scalars: [(&str, &str, &str, u64); 8] = [
         (
             "mcp_shards",
             "gauge",
@@ -883,6 +888,12 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "gauge",
             "1 when per-request metrics are recorded (MCP_BROKER_METRICS is not off).",
             layout.recording.into(),
+        ),
+        (
+            "mcp_log_lines_dropped_total",
+            "counter",
+            "Log lines dropped because 128 Ki were already waiting for stderr (its reader stalled or slow).",
+            LOG_DROPPED.get().map_or(0, |c| c.dropped_lines() as u64),
         ),
         (
             "mcp_metrics_snapshot_timeouts_total",

@@ -587,6 +587,13 @@ fn a_stalled_or_gone_stderr_reader_neither_blocks_nor_kills_the_broker() {
     drop(stderr);
     flood(50);
     call(&b);
+    // The lines the budget let through fit the writer's queue: none was
+    // dropped, and /metrics says so.
+    let (_, metrics) = b.http_get("/metrics");
+    assert!(
+        metrics.contains("\nmcp_log_lines_dropped_total 0\n"),
+        "{metrics}"
+    );
     let status = b.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
 }
