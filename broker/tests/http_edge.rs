@@ -1508,6 +1508,28 @@ fn a_set_of_questions_that_cannot_be_asked_fails_the_call_on_its_stream() {
     stream_error(&fin, -32603, "method `ping`");
 }
 
+/// A question outlives its client's connection (the stream may be resumed
+/// and the question answered): a client that asks and leaves, over and
+/// over, is bounded per session, and the calls waiting count as in flight.
+#[test]
+fn questions_left_by_clients_that_went_away_are_bounded_and_counted() {
+    let b = conformance("client_answer_timeout = \"60s\"");
+    let mut c = Conn::connect(b.http);
+    let s = c.initialize("2025-06-18");
+    for id in 1..=32 {
+        let mut stream = open_stream(&b, &s, &elicitation_call(id));
+        next_ask(&mut stream, "elicitation/create");
+        // The client goes, its question unanswered.
+    }
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        b.metric_sum("mcp_in_flight_requests") == 32.0
+    }));
+    let mut stream = open_stream(&b, &s, &elicitation_call(33));
+    let (fin, _) = final_message(&mut stream);
+    assert_eq!(fin["id"], 33, "{fin}");
+    stream_error(&fin, -32000, "32 questions to this client already wait");
+}
+
 #[test]
 fn an_elicitation_the_client_never_answers_fails_at_the_timeout() {
     let b = conformance("client_answer_timeout = \"300ms\"");

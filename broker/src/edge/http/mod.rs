@@ -446,6 +446,17 @@ fn auth_refusal(
     r
 }
 
+/// One count in `mcp_in_flight_requests` until dropped: a client that goes
+/// away drops the future holding it mid-call, and the gauge must come down
+/// with it (it leaked one a dropped connection).
+struct InFlight<'a>(&'a crate::shared::ShardStats);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        crate::shared::ShardStats::sub(&self.0.in_flight, 1);
+    }
+}
+
 /// The most of a refused request's body the edge reads and drops to keep
 /// its connection (see [`HttpEdge::refuse_unread`]): a client sending more
 /// than this after a refusal is cut off instead.
@@ -1354,15 +1365,6 @@ impl HttpEdge {
             }
         };
         let stats = &self.ctx.shared.stats[self.ctx.index];
-        // Counted until dropped: a client that goes away drops this future
-        // mid-call, and the gauge must come down with it (it leaked one a
-        // dropped connection).
-        struct InFlight<'a>(&'a crate::shared::ShardStats);
-        impl Drop for InFlight<'_> {
-            fn drop(&mut self) {
-                crate::shared::ShardStats::sub(&self.0.in_flight, 1);
-            }
-        }
         crate::shared::ShardStats::add(&stats.in_flight, 1);
         let in_flight = InFlight(stats);
         let mut args = Vec::new();
@@ -1920,7 +1922,16 @@ impl HttpEdge {
                 format!("the tool asked the client more than {MAX_ELICITATIONS} times in one call"),
             ));
         }
-        let (ask_id, rx) = session.ask();
+        let Some((ask_id, rx)) = session.ask() else {
+            return Err((
+                ErrorCode::Overloaded.code(),
+                format!(
+                    "{} questions to this client already wait for its answers; answer them, \
+                     or let them time out (http.client_answer_timeout)",
+                    session::MAX_PENDING_ASKS
+                ),
+            ));
+        };
         let mut buf = Vec::with_capacity(256);
         match ask {
             Ask::Elicit(frame) => {
@@ -1937,6 +1948,11 @@ impl HttpEdge {
             }
         }
         session.emit(stream, Some(&buf));
+        // The request is still being handled: counted while it waits, as
+        // docs/metrics.md says (the gauge read 0 with 3,000 waiting).
+        let stats = &self.ctx.shared.stats[self.ctx.index];
+        crate::shared::ShardStats::add(&stats.in_flight, 1);
+        let _in_flight = InFlight(stats);
         // The drain's deadline ends the wait as it ends a running call: the
         // request still gets its final answer before the shard closes.
         let answer = monoio::select! {

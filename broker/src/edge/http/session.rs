@@ -41,6 +41,11 @@ pub const MAX_STREAM_LOGS: usize = 16;
 /// events for resumption, over all its streams.
 pub const DEFAULT_REPLAY_BYTES: usize = 1 << 20;
 
+/// Questions (elicitation, sampling, roots) a session may have waiting
+/// for its client's answers at once; a call that would ask one more is
+/// answered -32000 (overloaded) instead.
+pub const MAX_PENDING_ASKS: usize = 32;
+
 /// Longest session id accepted in `Mcp-Session-Id` (ours are at most 37).
 pub const MAX_ID_LEN: usize = 64;
 
@@ -220,13 +225,22 @@ impl Session {
     }
 
     /// A new id for a request the broker sends to the client, and where
-    /// the client's answer will arrive.
-    pub fn ask(&self) -> (String, oneshot::Receiver<Bytes>) {
+    /// the client's answer will arrive; `None` when [`MAX_PENDING_ASKS`]
+    /// already wait. A question outlives its client's connection (the
+    /// client may resume the stream and answer), so a client that asks and
+    /// leaves, over and over, held every question until
+    /// `http.client_answer_timeout` (5 minutes by default): 9,350 of them,
+    /// 100 MiB, at 10 s in an audit.
+    pub fn ask(&self) -> Option<(String, oneshot::Receiver<Bytes>)> {
+        let mut state = lock(&self.state);
+        if state.asks.len() >= MAX_PENDING_ASKS {
+            return None;
+        }
         let n = self.next_ask.fetch_add(1, Ordering::Relaxed);
         let id = format!("mcp-broker-{n}");
         let (tx, rx) = oneshot::channel();
-        lock(&self.state).asks.insert(id.clone(), tx);
-        (id, rx)
+        state.asks.insert(id.clone(), tx);
+        Some((id, rx))
     }
 
     pub fn forget_ask(&self, id: &str) {
@@ -904,9 +918,23 @@ mod tests {
         drop(c);
         assert!(!a.cancel_call("7"));
         assert!(a.start_call("7").is_some());
-        let (id, mut rx) = a.ask();
+        let (id, mut rx) = a.ask().unwrap();
         assert!(a.answer(&id, Bytes::from_static(b"{}")));
         assert_eq!(rx.try_recv().unwrap().unwrap(), Bytes::from_static(b"{}"));
         assert!(!a.answer(&id, Bytes::new()));
+    }
+
+    #[test]
+    fn questions_waiting_for_the_client_are_bounded() {
+        let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
+        let a = s.create(0, "2025-06-18", true, false, false).unwrap();
+        let asked: Vec<_> = (0..MAX_PENDING_ASKS).map(|_| a.ask().unwrap()).collect();
+        assert!(a.ask().is_none(), "one past the bound");
+        // An answered (or forgotten) question makes room.
+        assert!(a.answer(&asked[0].0, Bytes::new()));
+        assert!(a.ask().is_some());
+        assert!(a.ask().is_none());
+        a.forget_ask(&asked[1].0);
+        assert!(a.ask().is_some());
     }
 }
