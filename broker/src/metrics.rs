@@ -712,12 +712,24 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
 
     // Connections and frames, per shard (bounded by the shard count; shows
     // how SO_REUSEPORT spread the connections).
-    let per_shard: [Family<crate::shared::ShardStats>; 14] = [
+    let per_shard: [Family<crate::shared::ShardStats>; 16] = [
         (
             "mcp_connections_open",
             "gauge",
             "Frame-edge connections open.",
             |s| s.connections_open.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_http_connections_open",
+            "gauge",
+            "HTTP-edge connections open (TLS handshakes included).",
+            |s| s.http_connections_open.load(Ordering::Relaxed),
+        ),
+        (
+            "mcp_grpc_connections_open",
+            "gauge",
+            "gRPC-edge connections open (TLS handshakes included).",
+            |s| s.grpc_connections_open.load(Ordering::Relaxed),
         ),
         (
             "mcp_connections_accepted_total",
@@ -861,7 +873,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             u8::from(s.ready.load(Ordering::Relaxed))
         );
     }
-    let scalars: [(&str, &str, &str, u64); 8] = [
+    let scalars: [(&str, &str, &str, u64); 10] = [
         (
             "mcp_shards",
             "gauge",
@@ -888,6 +900,21 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "gauge",
             "1 when per-request metrics are recorded (MCP_BROKER_METRICS is not off).",
             layout.recording.into(),
+        ),
+        (
+            "mcp_http_sessions",
+            "gauge",
+            "MCP HTTP sessions open (2025-era; 2026-07-28 has none).",
+            shared.http_sessions.count() as u64,
+        ),
+        (
+            "mcp_grpc_sessions",
+            "gauge",
+            "gRPC-edge sessions open.",
+            shared
+                .grpc_session_count
+                .get()
+                .map_or(0, |count| count() as u64),
         ),
         (
             "mcp_log_lines_dropped_total",

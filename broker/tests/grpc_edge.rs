@@ -998,6 +998,7 @@ async fn sessions_are_bounded_and_expire_when_idle() {
     let mut c = client(&b).await;
     let (_, first) = initialize(&mut c).await;
     initialize(&mut c).await;
+    assert_eq!(b.metric("mcp_grpc_sessions", ""), 2.0);
     let e = c
         .initialize(pb::InitializeRequest::default())
         .await

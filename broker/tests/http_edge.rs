@@ -894,10 +894,22 @@ fn connections_past_the_http_and_grpc_bounds_are_closed_and_counted() {
     }
     // gRPC: one connection held open (its slot is taken at the accept),
     // then a second.
-    let _held = std::net::TcpStream::connect(b.grpc).unwrap();
+    let held = std::net::TcpStream::connect(b.grpc).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     closed(b.grpc);
     assert_eq!(b.metric_sum("mcp_grpc_connections_refused_total"), 1.0);
+    // What is open, in gauges that come down when it closes (the leak
+    // audit could tell a counting leak only by running into a bound).
+    assert_eq!(b.metric_sum("mcp_http_connections_open"), 2.0);
+    assert_eq!(b.metric_sum("mcp_grpc_connections_open"), 1.0);
+    assert_eq!(b.metric_sum("mcp_http_sessions"), 2.0);
+    drop((a, c, held));
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        b.metric_sum("mcp_http_connections_open") == 0.0
+            && b.metric_sum("mcp_grpc_connections_open") == 0.0
+    }));
+    // Sessions outlive their connections.
+    assert_eq!(b.metric_sum("mcp_http_sessions"), 2.0);
 }
 
 /// A session holds what it subscribes to for its life: a URI over 2048

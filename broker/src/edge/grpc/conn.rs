@@ -454,6 +454,7 @@ struct ConnGuard(Rc<ShardGrpc>);
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.connections.set(self.0.connections.get() - 1);
+        crate::shared::ShardStats::sub(&self.0.shared.stats[self.0.index].grpc_connections_open, 1);
     }
 }
 
@@ -461,6 +462,7 @@ impl Drop for ConnGuard {
 /// close.
 async fn connection(edge: Rc<ShardGrpc>, stream: TcpStream, peer: SocketAddr, _slot: Slot) {
     edge.connections.set(edge.connections.get() + 1);
+    crate::shared::ShardStats::add(&edge.shared.stats[edge.index].grpc_connections_open, 1);
     let _guard = ConnGuard(edge.clone());
     let Some(tls) = edge.tls.clone() else {
         let io = rt::uring_io(stream);

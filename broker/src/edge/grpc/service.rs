@@ -91,6 +91,12 @@ impl EdgeState {
     pub fn new(shared: Arc<Shared>) -> Self {
         let g = &shared.config.grpc;
         let sessions = Arc::new(Sessions::new(g.max_sessions, g.session_idle_timeout));
+        {
+            let sessions = sessions.clone();
+            let _ = shared
+                .grpc_session_count
+                .set(Box::new(move || sessions.count()));
+        }
         let hub = Arc::new(Hub::default());
         {
             // A route table swap (an upstream's listings changed) is a

@@ -211,6 +211,10 @@ struct ConnGuard(Rc<HttpEdge>);
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.connections.set(self.0.connections.get() - 1);
+        crate::shared::ShardStats::sub(
+            &self.0.ctx.shared.stats[self.0.ctx.index].http_connections_open,
+            1,
+        );
     }
 }
 
@@ -218,6 +222,10 @@ impl Drop for ConnGuard {
 /// close. It counts against `max_connections_per_shard` from the accept on.
 async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
     edge.connections.set(edge.connections.get() + 1);
+    crate::shared::ShardStats::add(
+        &edge.ctx.shared.stats[edge.ctx.index].http_connections_open,
+        1,
+    );
     let _guard = ConnGuard(edge.clone());
     let Some(tls) = edge.ctx.shared.tls.clone() else {
         let io = rt::uring_io(stream);
