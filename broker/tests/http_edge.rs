@@ -392,6 +392,7 @@ fn transport_rules_have_their_statuses() {
             200,
         ),
         ("PUT", "/mcp", vec![sid], 405),
+        ("OPTIONS", "/mcp", vec![], 204),
         ("POST", "/other", vec![ACCEPT_BOTH, JSON, sid], 404),
         (
             "GET",
@@ -417,8 +418,8 @@ fn transport_rules_have_their_statuses() {
         if status >= 400 {
             assert!(r.json()["error"]["message"].is_string(), "{}", r.text());
         }
-        if status == 405 {
-            assert_eq!(r.header("allow"), Some("GET, POST, DELETE"));
+        if status == 405 || method == "OPTIONS" {
+            assert_eq!(r.header("allow"), Some("GET, POST, DELETE, OPTIONS"));
         }
     }
     // Notifications and responses are accepted with 202 and no body.
@@ -1972,7 +1973,8 @@ fn cors_lets_accepted_origins_in_and_no_other() {
         assert!(r.header("access-control-allow-origin").is_none());
     }
     // No Origin (not a browser): no CORS headers; and an OPTIONS that is
-    // no preflight is still no method of the endpoint.
+    // no preflight is answered with what the endpoint takes (RFC 9110
+    // §9.3.7), not as a preflight.
     let r = c.request(
         "POST",
         "/mcp",
@@ -1981,7 +1983,9 @@ fn cors_lets_accepted_origins_in_and_no_other() {
     );
     assert!(r.header("access-control-allow-origin").is_none());
     let r = c.request("OPTIONS", "/mcp", &[("Origin", "https://app.example")], b"");
-    assert_eq!(r.status, 405, "{}", r.text());
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(r.header("allow"), Some("GET, POST, DELETE, OPTIONS"));
+    assert!(r.header("access-control-allow-methods").is_none());
     assert_eq!(
         r.header("access-control-allow-origin"),
         Some("https://app.example")

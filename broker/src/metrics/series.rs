@@ -170,8 +170,8 @@ impl Reject {
 
 /// The statuses `mcp_http_responses_total` has a series for: every one the
 /// HTTP edge answers with. Any other (none today) counts as `other`.
-pub const HTTP_STATUSES: [u16; 13] = [
-    200, 202, 400, 401, 403, 404, 405, 406, 408, 413, 415, 500, 503,
+pub const HTTP_STATUSES: [u16; 14] = [
+    200, 202, 204, 400, 401, 403, 404, 405, 406, 408, 413, 415, 500, 503,
 ];
 
 /// The slot of `status` in a counter array of `HTTP_STATUSES.len() + 1`

@@ -931,18 +931,25 @@ impl HttpEdge {
                 }
             };
         }
+        const ALLOWED: HeaderValue = HeaderValue::from_static("GET, POST, DELETE, OPTIONS");
         match *req.method() {
             HttpMethod::POST => self.post(req, who).await,
             HttpMethod::GET => self.get(req, who),
             HttpMethod::DELETE => self.delete(req, who),
+            // RFC 9110 §9.3.7: what the endpoint takes (a CORS preflight
+            // from an accepted origin was answered before this).
+            HttpMethod::OPTIONS => {
+                let mut r = empty(StatusCode::NO_CONTENT);
+                r.headers_mut().insert(header::ALLOW, ALLOWED);
+                r
+            }
             _ => {
                 let mut r = refuse(
                     StatusCode::METHOD_NOT_ALLOWED,
                     ErrorCode::InvalidRequest.code(),
-                    "method not allowed: /mcp takes POST, GET and DELETE",
+                    "method not allowed: /mcp takes POST, GET, DELETE and OPTIONS",
                 );
-                r.headers_mut()
-                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                r.headers_mut().insert(header::ALLOW, ALLOWED);
                 r
             }
         }
