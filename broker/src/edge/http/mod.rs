@@ -459,6 +459,13 @@ fn auth_refusal(
 /// with it (it leaked one a dropped connection).
 struct InFlight<'a>(&'a crate::shared::ShardStats);
 
+impl<'a> InFlight<'a> {
+    fn count(stats: &'a crate::shared::ShardStats) -> Self {
+        crate::shared::ShardStats::add(&stats.in_flight, 1);
+        InFlight(stats)
+    }
+}
+
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         crate::shared::ShardStats::sub(&self.0.in_flight, 1);
@@ -1380,8 +1387,7 @@ impl HttpEdge {
             }
         };
         let stats = &self.ctx.shared.stats[self.ctx.index];
-        crate::shared::ShardStats::add(&stats.in_flight, 1);
-        let in_flight = InFlight(stats);
+        let in_flight = InFlight::count(stats);
         let mut args = Vec::new();
         let who = metrics::record::attribute(&self.ctx, &req);
         let cut = {
@@ -1965,9 +1971,7 @@ impl HttpEdge {
         session.emit(stream, Some(&buf));
         // The request is still being handled: counted while it waits, as
         // docs/metrics.md says (the gauge read 0 with 3,000 waiting).
-        let stats = &self.ctx.shared.stats[self.ctx.index];
-        crate::shared::ShardStats::add(&stats.in_flight, 1);
-        let _in_flight = InFlight(stats);
+        let _in_flight = InFlight::count(&self.ctx.shared.stats[self.ctx.index]);
         // The drain's deadline ends the wait as it ends a running call: the
         // request still gets its final answer before the shard closes.
         let answer = monoio::select! {
