@@ -818,6 +818,22 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
     }
     family(
         &mut o,
+        "mcp_http_streams_open",
+        "gauge",
+        "HTTP-edge SSE streams open, by kind: session_get (a session's GET stream), session_post (a session's POST answered on a stream), listen (2026-07-28 subscriptions/listen), call (a 2026-07-28 call's own stream).",
+    );
+    for (i, s) in stats.iter().enumerate() {
+        for kind in crate::edge::http::StreamKind::ALL {
+            let _ = writeln!(
+                o,
+                "mcp_http_streams_open{{shard=\"{i}\",kind=\"{}\"}} {}",
+                kind.as_str(),
+                s.http_streams_open[kind as usize].load(Ordering::Relaxed)
+            );
+        }
+    }
+    family(
+        &mut o,
         "mcp_shard_idle_poll_seconds_total",
         "counter",
         "Time the shard spent in idle-polling windows (broker.idle_poll): polling its ring instead of sleeping, work done meanwhile included. 0 with idle_poll off.",
@@ -873,7 +889,8 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             u8::from(s.ready.load(Ordering::Relaxed))
         );
     }
-    let scalars: [(&str, &str, &str, u64); 10] = [
+    let grpc = shared.grpc_counts.get().map_or((0, 0), |counts| counts());
+    let scalars: [(&str, &str, &str, u64); 11] = [
         (
             "mcp_shards",
             "gauge",
@@ -911,10 +928,13 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "mcp_grpc_sessions",
             "gauge",
             "gRPC-edge sessions open.",
-            shared
-                .grpc_session_count
-                .get()
-                .map_or(0, |count| count() as u64),
+            grpc.0 as u64,
+        ),
+        (
+            "mcp_grpc_subscriptions_open",
+            "gauge",
+            "gRPC-edge Subscribe streams open.",
+            grpc.1 as u64,
         ),
         (
             "mcp_log_lines_dropped_total",

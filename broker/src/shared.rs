@@ -236,6 +236,9 @@ pub struct ShardStats {
     pub http_connections_open: AtomicU64,
     /// gRPC-edge connections open on this shard (TLS handshakes included).
     pub grpc_connections_open: AtomicU64,
+    /// HTTP-edge SSE streams open on this shard, by kind
+    /// (`edge::http::StreamKind`).
+    pub http_streams_open: [AtomicU64; crate::edge::http::StreamKind::ALL.len()],
     /// Failed accepts on this shard's listeners, every edge (EMFILE: the
     /// process is out of descriptors).
     pub accept_errors: AtomicU64,
@@ -272,6 +275,7 @@ impl ShardStats {
             grpc_connections_refused: AtomicU64::new(0),
             http_connections_open: AtomicU64::new(0),
             grpc_connections_open: AtomicU64::new(0),
+            http_streams_open: std::array::from_fn(|_| AtomicU64::new(0)),
             accept_errors: AtomicU64::new(0),
             http_responses: std::array::from_fn(|_| AtomicU64::new(0)),
             grpc_write_timeouts: AtomicU64::new(0),
@@ -350,9 +354,9 @@ pub struct Shared {
     /// The HTTP edge's sessions, striped by owner shard
     /// (`edge/http/session.rs`).
     pub http_sessions: crate::edge::http::session::Sessions,
-    /// The gRPC edge's session count, for `/metrics` (its sessions live in
-    /// its service, which sets this once).
-    pub grpc_session_count: std::sync::OnceLock<Box<dyn Fn() -> usize + Send + Sync>>,
+    /// The gRPC edge's sessions and Subscribe streams open, for `/metrics`
+    /// (they live in its service, which sets this once).
+    pub grpc_counts: std::sync::OnceLock<Box<dyn Fn() -> (usize, usize) + Send + Sync>>,
     list_observers: std::sync::Mutex<Vec<ListObserver>>,
     /// Told of every resource update: read lock-free on each update (a
     /// router's write), written once per edge at start.
@@ -432,7 +436,7 @@ impl Shared {
         .with_replay_bytes(config.http.sse_replay_bytes);
         Self {
             http_sessions,
-            grpc_session_count: std::sync::OnceLock::new(),
+            grpc_counts: std::sync::OnceLock::new(),
             config,
             routing: arc_swap::ArcSwap::from_pointee(routing),
             auth,

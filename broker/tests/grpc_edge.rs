@@ -348,6 +348,15 @@ async fn every_rpc_answers_from_the_routers_through_the_shards() {
     };
     assert!(msg(&first_a).contains("`trap`"), "{first_a:?}");
     assert!(msg(&first_b).contains("`panic`"), "{first_b:?}");
+    // Both streams are counted open; one the client drops is not.
+    assert_eq!(b.metric("mcp_grpc_subscriptions_open", ""), 2.0);
+    drop(a_stream);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            b.metric("mcp_grpc_subscriptions_open", "") == 1.0
+        })
+        .await
+    );
     // An unknown topic and an unserved resource topic are refused.
     let e = c
         .subscribe(pb::SubscribeRequest {

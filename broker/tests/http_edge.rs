@@ -973,8 +973,13 @@ fn the_get_stream_is_primed_kept_alive_and_resumable() {
         "{text:?}"
     );
     let event_id = first.lines().next().unwrap()[4..].to_string();
+    let get_streams = || b.metric_where("mcp_http_streams_open", &[r#"kind="session_get""#]);
+    assert_eq!(get_streams(), 1.0);
     // Reconnect with Last-Event-ID: the stream resumes (nothing missed).
     drop(g);
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        get_streams() == 0.0
+    }));
     let mut g = Conn::connect(b.http);
     g.send_raw(
         format!("GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\nLast-Event-ID: {event_id}\r\n\r\n")
@@ -1001,6 +1006,9 @@ fn the_get_stream_is_primed_kept_alive_and_resumable() {
     assert_eq!(r.status, 200);
     let (_, ended) = g.read_chunked(None);
     assert!(ended);
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        b.metric_sum("mcp_http_streams_open") == 0.0
+    }));
 }
 
 #[test]
@@ -1250,8 +1258,15 @@ fn an_elicitation_round_trip_ends_in_the_tools_result_on_the_same_stream() {
     let mut stream = open_stream(&b, &s, &elicitation_call(5));
     let ask = next_ask(&mut stream, "elicitation/create");
     assert!(ask["params"]["requestedSchema"].is_object(), "{ask}");
+    let post_streams = || b.metric_where("mcp_http_streams_open", &[r#"kind="session_post""#]);
+    assert_eq!(post_streams(), 1.0);
     // The answer arrives on another connection (any shard), as 202.
     accept_and_finish(&mut c, &s, &ask, &mut stream, 5);
+    // The stream ended with the tool's result: no longer open, though its
+    // connection is.
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        post_streams() == 0.0
+    }));
 }
 
 /// A `tools/call` of the conformance router's `test_elicitation`, as

@@ -696,6 +696,19 @@ fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
     // Keep-alive comments while nothing changes.
     let (body, _) = tools.read_chunked(Some(&|t: &str| t.contains(": keep-alive")));
     assert!(String::from_utf8_lossy(&body).contains(": keep-alive"));
+    // Both streams are counted open, as listen streams; one whose client
+    // goes is not (a keep-alive finds it gone).
+    assert_eq!(
+        b.metric_where("mcp_http_streams_open", &[r#"kind="listen""#]),
+        2.0
+    );
+    let gone = listen(&b, "3", r#"{"promptsListChanged":true}"#);
+    assert_eq!(b.metric_sum("mcp_http_streams_open"), 3.0);
+    drop(gone);
+    assert!(common::http::eventually(
+        std::time::Duration::from_secs(5),
+        || b.metric_sum("mcp_http_streams_open") == 2.0
+    ));
     // The discover capabilities now promise it.
     let mut c = Conn::connect(b.http);
     let r = modern(

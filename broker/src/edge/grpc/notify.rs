@@ -302,7 +302,7 @@ impl Hub {
         self.publish(None, None, n);
     }
 
-    #[cfg(test)]
+    /// Subscribe streams open (`mcp_grpc_subscriptions_open`).
     pub fn subscribers(&self) -> usize {
         lock(&self.subs).len()
     }

@@ -91,13 +91,13 @@ impl EdgeState {
     pub fn new(shared: Arc<Shared>) -> Self {
         let g = &shared.config.grpc;
         let sessions = Arc::new(Sessions::new(g.max_sessions, g.session_idle_timeout));
-        {
-            let sessions = sessions.clone();
-            let _ = shared
-                .grpc_session_count
-                .set(Box::new(move || sessions.count()));
-        }
         let hub = Arc::new(Hub::default());
+        {
+            let (sessions, hub) = (sessions.clone(), hub.clone());
+            let _ = shared
+                .grpc_counts
+                .set(Box::new(move || (sessions.count(), hub.subscribers())));
+        }
         {
             // A route table swap (an upstream's listings changed) is a
             // broadcast to every subscriber that asked for its kind.

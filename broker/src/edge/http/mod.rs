@@ -118,6 +118,11 @@ pub struct HttpEdge {
 }
 
 impl HttpEdge {
+    /// This shard's counters.
+    fn stats(&self) -> &crate::shared::ShardStats {
+        &self.ctx.shared.stats[self.ctx.index]
+    }
+
     pub(crate) fn new(
         ctx: Rc<ShardCtx>,
         draining: Rc<Latch>,
@@ -306,15 +311,79 @@ async fn stalled(send_started: &Cell<Option<Instant>>, limit: Duration) {
     }
 }
 
+/// The kinds of SSE stream the edge serves, each counted in
+/// `mcp_http_streams_open` while its response body lives (a stream that
+/// outlived its client would show there, as a leaked connection shows in
+/// `mcp_http_connections_open`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// A 2025-era session's GET stream (standalone, or resumed with
+    /// `Last-Event-ID`).
+    SessionGet,
+    /// A 2025-era POST answered on a stream (progress, logs, questions).
+    SessionPost,
+    /// A 2026-07-28 `subscriptions/listen` stream.
+    Listen,
+    /// A 2026-07-28 call's own stream (progress or logs asked for).
+    Call,
+}
+
+impl StreamKind {
+    pub const ALL: [StreamKind; 4] = [
+        StreamKind::SessionGet,
+        StreamKind::SessionPost,
+        StreamKind::Listen,
+        StreamKind::Call,
+    ];
+
+    /// The `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamKind::SessionGet => "session_get",
+            StreamKind::SessionPost => "session_post",
+            StreamKind::Listen => "listen",
+            StreamKind::Call => "call",
+        }
+    }
+}
+
+/// One count in `mcp_http_streams_open` until the stream's body is dropped
+/// (sent to its end, or its connection gone). Made and dropped on the
+/// shard's thread, the gauge's only writer.
+pub struct OpenStream {
+    edge: Rc<HttpEdge>,
+    kind: StreamKind,
+}
+
+impl OpenStream {
+    fn count(edge: &Rc<HttpEdge>, kind: StreamKind) -> Self {
+        crate::shared::ShardStats::add(&edge.stats().http_streams_open[kind as usize], 1);
+        OpenStream {
+            edge: edge.clone(),
+            kind,
+        }
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        crate::shared::ShardStats::sub(&self.edge.stats().http_streams_open[self.kind as usize], 1);
+    }
+}
+
 /// A response body: nothing, one buffer, or an SSE stream.
 pub enum Body {
     Empty,
     Full(Option<Bytes>),
-    Sse(mpsc::UnboundedReceiver<Bytes>),
+    Sse(mpsc::UnboundedReceiver<Bytes>, OpenStream),
     /// A 2026-07-28 call's own stream: it has no resumption, so when the
     /// stream goes (its client closed it, or the connection) the call is
     /// abandoned, and the guard cancels it.
-    Call(mpsc::UnboundedReceiver<Bytes>, modern::CancelOnClose),
+    Call(
+        mpsc::UnboundedReceiver<Bytes>,
+        modern::CancelOnClose,
+        OpenStream,
+    ),
 }
 
 impl hyper::body::Body for Body {
@@ -328,7 +397,7 @@ impl hyper::body::Body for Body {
         match self.get_mut() {
             Body::Empty => Poll::Ready(None),
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Sse(rx) | Body::Call(rx, _) => Pin::new(rx)
+            Body::Sse(rx, _) | Body::Call(rx, ..) => Pin::new(rx)
                 .poll_next(cx)
                 .map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
@@ -338,7 +407,7 @@ impl hyper::body::Body for Body {
         match self {
             Body::Empty => true,
             Body::Full(b) => b.is_none(),
-            Body::Sse(_) | Body::Call(..) => false,
+            Body::Sse(..) | Body::Call(..) => false,
         }
     }
 
@@ -347,7 +416,7 @@ impl hyper::body::Body for Body {
             Body::Empty => hyper::body::SizeHint::with_exact(0),
             Body::Full(Some(b)) => hyper::body::SizeHint::with_exact(b.len() as u64),
             Body::Full(None) => hyper::body::SizeHint::with_exact(0),
-            Body::Sse(_) | Body::Call(..) => hyper::body::SizeHint::default(),
+            Body::Sse(..) | Body::Call(..) => hyper::body::SizeHint::default(),
         }
     }
 }
@@ -392,8 +461,12 @@ fn empty(status: StatusCode) -> Response<Body> {
     r
 }
 
-fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>, session: Option<&str>) -> Response<Body> {
-    let mut r = Response::new(Body::Sse(rx));
+fn sse_response(
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    open: OpenStream,
+    session: Option<&str>,
+) -> Response<Body> {
+    let mut r = Response::new(Body::Sse(rx, open));
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, SSE);
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -1480,7 +1553,7 @@ impl HttpEdge {
                 monoio::spawn(async move {
                     edge.stream(session, stream, cont).await;
                 });
-                sse_response(rx, None)
+                sse_response(rx, OpenStream::count(self, StreamKind::SessionPost), None)
             }
         }
     }
@@ -1584,7 +1657,7 @@ impl HttpEdge {
                 Answer::Stream(cont) => edge.stream(session, stream, cont).await,
             }
         });
-        sse_response(rx, None)
+        sse_response(rx, OpenStream::count(self, StreamKind::SessionPost), None)
     }
 
     /// Runs one request; `Answer::Json` when its whole answer is one JSON
@@ -2234,7 +2307,8 @@ impl HttpEdge {
             }
         };
         monoio::spawn(keep_alive(self.clone(), session.clone(), stream));
-        sse_response(rx, Some(&session.id))
+        let open = OpenStream::count(&self, StreamKind::SessionGet);
+        sse_response(rx, open, Some(&session.id))
     }
 
     fn delete(&self, req: Request<Incoming>, who: Option<&Principal>) -> Response<Body> {

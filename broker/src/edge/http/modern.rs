@@ -1400,7 +1400,8 @@ impl HttpEdge {
             id.get().to_owned(),
             tx,
         ));
-        sse(Response::new(Body::Sse(rx)))
+        let open = super::OpenStream::count(self, super::StreamKind::Listen);
+        sse(Response::new(Body::Sse(rx, open)))
     }
 
     /// A routed request of the modern era: run without a session; an
@@ -1561,7 +1562,8 @@ impl HttpEdge {
                 }
             }
         });
-        sse(Response::new(Body::Call(rx, guard)))
+        let open = super::OpenStream::count(self, super::StreamKind::Call);
+        sse(Response::new(Body::Call(rx, guard, open)))
     }
 }
 
