@@ -26,18 +26,20 @@ pub fn allowed_cpus() -> Option<Vec<usize>> {
     (!ids.is_empty()).then_some(ids)
 }
 
-/// The memory limit of this process's cgroup (the least of its own and its
-/// ancestors' `memory.max` on cgroup v2, `memory.limit_in_bytes` on v1),
-/// `None` when there is none or it cannot be read. Past it the kernel's
-/// OOM killer ends the whole process, whichever guest grew.
-pub fn cgroup_memory_limit() -> Option<u64> {
-    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let read = |file: &std::path::Path| -> Option<u64> {
-        let text = std::fs::read_to_string(file).ok()?;
-        // "max" (v2) or a page-rounded i64::MAX (v1): no limit.
-        text.trim().parse::<u64>().ok().filter(|&n| n < (1 << 62))
+/// The directories of this process's cgroup for `controller`, the group's
+/// own first, then each ancestor up to the hierarchy's root (a parent's
+/// limit binds the child too): on cgroup v2 under `/sys/fs/cgroup`, on v1
+/// under `/sys/fs/cgroup/<controller>`. Each with the file name to read
+/// there: `v2_file` or `v1_file`.
+fn cgroup_dirs<'a>(
+    controller: &str,
+    v2_file: &'a str,
+    v1_file: &'a str,
+) -> Vec<(std::path::PathBuf, &'a str)> {
+    let Ok(groups) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return Vec::new();
     };
-    let mut least: Option<u64> = None;
+    let mut dirs = Vec::new();
     for line in groups.lines() {
         let mut parts = line.splitn(3, ':');
         let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
@@ -45,25 +47,138 @@ pub fn cgroup_memory_limit() -> Option<u64> {
             continue;
         };
         let (root, file) = match controllers {
-            "" => ("/sys/fs/cgroup", "memory.max"),
-            c if c.split(',').any(|c| c == "memory") => {
-                ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+            "" => ("/sys/fs/cgroup".to_owned(), v2_file),
+            c if c.split(',').any(|c| c == controller) => {
+                (format!("/sys/fs/cgroup/{controller}"), v1_file)
             }
             _ => continue,
         };
-        // The group and each ancestor up to the mount's root: a parent's
-        // limit binds the child too.
-        let mut dir = std::path::PathBuf::from(root).join(path.trim_start_matches('/'));
+        let mut dir = std::path::PathBuf::from(&root).join(path.trim_start_matches('/'));
         loop {
-            if let Some(n) = read(&dir.join(file)) {
-                least = Some(least.map_or(n, |l| l.min(n)));
-            }
+            dirs.push((dir.clone(), file));
             if dir.as_os_str().len() <= root.len() || !dir.pop() {
                 break;
             }
         }
     }
-    least
+    dirs
+}
+
+/// A number in a cgroup file; `None` for "max" (v2), a page-rounded
+/// i64::MAX (v1: no limit), or a file that is not there.
+fn cgroup_number(file: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.trim().parse::<u64>().ok().filter(|&n| n < (1 << 62))
+}
+
+/// The memory limit of this process's cgroup (the least of its own and its
+/// ancestors' `memory.max` on cgroup v2, `memory.limit_in_bytes` on v1),
+/// `None` when there is none or it cannot be read. Past it the kernel's
+/// OOM killer ends the whole process, whichever guest grew.
+pub fn cgroup_memory_limit() -> Option<u64> {
+    cgroup_dirs("memory", "memory.max", "memory.limit_in_bytes")
+        .into_iter()
+        .filter_map(|(dir, file)| cgroup_number(&dir.join(file)))
+        .min()
+}
+
+/// What bounds the threads this process may start: a limit, the tasks
+/// already counted against it, and its name for an operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadRoom {
+    pub limit: u64,
+    pub used: u64,
+    pub bound: String,
+}
+
+impl ThreadRoom {
+    pub fn left(&self) -> u64 {
+        self.limit.saturating_sub(self.used)
+    }
+}
+
+/// The tightest bound on the threads this process may start, if any:
+/// `RLIMIT_NPROC` (counted over every task of the real user; root is
+/// exempt) or a cgroup's `pids.max` (over the group's tasks, systemd's
+/// `TasksMax=`, a container's pids limit). Short of threads, a thread pool
+/// fails with its own panic message, not a sentence of ours.
+pub fn thread_room() -> Option<ThreadRoom> {
+    let mut rooms = Vec::new();
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` into the valid, exclusively
+    // borrowed `r`; getuid cannot fail.
+    let (got, uid) = unsafe { (libc::getrlimit(libc::RLIMIT_NPROC, &mut r), libc::getuid()) };
+    if got == 0 && r.rlim_cur != libc::RLIM_INFINITY && uid != 0 {
+        rooms.push(ThreadRoom {
+            limit: r.rlim_cur,
+            used: user_tasks(std::path::Path::new("/proc"), uid),
+            bound: "RLIMIT_NPROC (ulimit -u, systemd's LimitNPROC=)".into(),
+        });
+    }
+    for (dir, file) in cgroup_dirs("pids", "pids.max", "pids.max") {
+        if let (Some(limit), Some(used)) = (
+            cgroup_number(&dir.join(file)),
+            cgroup_number(&dir.join("pids.current")),
+        ) {
+            rooms.push(ThreadRoom {
+                limit,
+                used,
+                bound: format!(
+                    "the pids limit of cgroup {} (systemd's TasksMax=, a container's pids limit)",
+                    dir.display()
+                ),
+            });
+        }
+    }
+    rooms.into_iter().min_by_key(ThreadRoom::left)
+}
+
+/// Tasks (threads) of real user `uid` under `proc`, as RLIMIT_NPROC counts
+/// them: the `Threads:` of each process whose real `Uid:` is `uid`.
+fn user_tasks(proc: &std::path::Path, uid: u32) -> u64 {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return 0;
+    };
+    let mut tasks = 0;
+    for e in entries.flatten() {
+        if !e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        // A process may end between the listing and the read.
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if field("Uid:") == Some(u64::from(uid)) {
+            tasks += field("Threads:").unwrap_or(1);
+        }
+    }
+    tasks
+}
+
+/// Threads this process's own `/proc/self/status` counts now.
+pub fn own_threads() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(1)
 }
 
 /// Where the shards run.
@@ -192,6 +307,31 @@ pub fn descriptors_needed(shards: usize, per_shard: usize, edge_wide: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_tasks_are_the_threads_of_its_processes_by_real_uid() {
+        let proc = tempfile::tempdir().unwrap();
+        let status = |pid: &str, uid: &str, threads: &str| {
+            let dir = proc.path().join(pid);
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(
+                dir.join("status"),
+                format!("Name:\tx\nUid:\t{uid}\nGid:\t0\t0\t0\t0\nThreads:\t{threads}\n"),
+            )
+            .unwrap();
+        };
+        status("1", "0\t0\t0\t0", "1");
+        status("20", "1000\t1000\t1000\t1000", "13");
+        status("21", "1000\t0\t0\t0", "2");
+        // Effective 1000, real 0: RLIMIT_NPROC counts the real user.
+        status("22", "0\t1000\t1000\t1000", "7");
+        // Not a process.
+        std::fs::create_dir(proc.path().join("sys")).unwrap();
+        assert_eq!(user_tasks(proc.path(), 1000), 15);
+        assert_eq!(user_tasks(proc.path(), 0), 8);
+        assert_eq!(user_tasks(proc.path(), 5), 0);
+        assert_eq!(user_tasks(&proc.path().join("none"), 1000), 0);
+    }
 
     #[test]
     fn shards_take_the_allowed_cpus_in_order() {

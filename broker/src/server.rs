@@ -160,6 +160,29 @@ impl Running {
 /// endpoint.
 const MIN_FREE_DESCRIPTORS: u64 = 32;
 
+/// Threads the broker runs with `shards` shards and `routers` routers, at
+/// rest and at most (docs/deploy.md): 9 of its own (main, signals,
+/// logging, admin, metrics ticker, routing, the WASM host's I/O worker and
+/// epoch ticker, the gRPC edge's auxiliary runtime), one per shard, and
+/// the compiler's pool, which stays once routers compiled (rayon's: one
+/// per CPU it may use); for a moment more, a loading thread per router
+/// (at most [`crate::routing::SIDE_BY_SIDE`]), the ready line's writer
+/// and two for a `/metrics` render.
+fn threads_needed(shards: usize, routers: usize) -> (u64, u64) {
+    let compilers = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let at_rest = (9 + shards + compilers) as u64;
+    let loading = if routers > 1 {
+        routers.min(crate::routing::SIDE_BY_SIDE)
+    } else {
+        0
+    };
+    (at_rest, at_rest + loading as u64 + 3)
+}
+
 /// Starts everything and returns once every shard accepts. `source` is
 /// where reloads read the configuration again.
 pub fn start(config: Config, source: crate::control::Source) -> Result<Running> {
@@ -203,6 +226,37 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
                 frames,
                 http,
                 grpc,
+            );
+        }
+    }
+    // Short of threads, start-up failed from inside a thread pool (tokio's
+    // or the compiler's), with its panic for a message.
+    if let Some(room) = crate::process::thread_room() {
+        let (at_rest, peak) = threads_needed(config.shard_count(), config.routers.len());
+        if room.limit < at_rest {
+            bail!(
+                "{} allows {} tasks, fewer than the {at_rest} threads the broker runs on {} \
+                 shard(s) (9, one per shard, one per CPU to compile routers; up to {peak} \
+                 while they load): raise it",
+                room.bound,
+                room.limit,
+                config.shard_count(),
+            );
+        }
+        // Its own threads so far are among those used.
+        let left = room.left() + crate::process::own_threads();
+        if left < peak {
+            tracing::warn!(
+                limit = room.limit,
+                used = room.used,
+                "{} allows {} tasks and {} are in use: {left} more threads may start here, \
+                 short of the {peak} the broker may run at once ({at_rest} at rest on {} \
+                 shard(s), more while routers load); start-up or a reload may fail: \
+                 raise it",
+                room.bound,
+                room.limit,
+                room.used,
+                config.shard_count(),
             );
         }
     }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -344,6 +345,57 @@ fn a_full_stdout_pipe_neither_blocks_serving_nor_the_stop() {
 /// open everything printed the ready line with no descriptor left to
 /// serve, and with a few less the admin endpoint's runtime failed in its
 /// own thread: a ready broker whose `/readyz` never answered.
+/// With RLIMIT_NPROC below the threads it runs, the broker refused to
+/// start only from inside a thread pool, with a panic (rayon's "The global
+/// thread pool has not been initialized", tokio's "OS can't spawn worker
+/// thread"). Root is exempt from the limit, so as root the broker runs as
+/// `nobody`, from a copy any user may run.
+#[test]
+fn a_thread_limit_below_what_the_broker_runs_fails_start_up_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("mcp-broker");
+    std::fs::copy(env!("CARGO_BIN_EXE_mcp-broker"), &bin).unwrap();
+    for p in [dir.path(), &bin] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cmd = Command::new(&bin);
+    cmd.args(common::PORT_ZERO)
+        .args(["--shards", "2"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } == 0 {
+        cmd.uid(65534).gid(65534);
+    }
+    // SAFETY: runs in the forked child before exec; setrlimit is
+    // async-signal-safe and reads only the struct on the stack.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::rlimit {
+                rlim_cur: 8,
+                rlim_max: 8,
+            };
+            if libc::setrlimit(libc::RLIMIT_NPROC, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "a ready line");
+    assert!(
+        stderr.contains("RLIMIT_NPROC") && stderr.contains("allows 8 tasks"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn too_few_descriptors_fail_start_up_with_the_reason() {
     // 20: the admin endpoint cannot start; 32: it starts, with fewer than
