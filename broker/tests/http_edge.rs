@@ -2006,3 +2006,33 @@ fn cors_lets_accepted_origins_in_and_no_other() {
         Some("https://app.example")
     );
 }
+
+/// An HTTP/2 client with prior knowledge (h2c, or a gRPC client pointed at
+/// this port) got a bare close, which it reports as a reset connection.
+/// It gets the server preface and GOAWAY(HTTP_1_1_REQUIRED) with a
+/// reason, and the edge serves HTTP/1.1 on.
+#[test]
+fn an_http2_client_with_prior_knowledge_is_told_http_1_1_is_required() {
+    let b = broker();
+    let mut s = TcpStream::connect(b.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The client preface, then its (empty) SETTINGS frame.
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    // SETTINGS: empty, stream 0.
+    assert_eq!(&got[..9], b"\0\0\0\x04\0\0\0\0\0", "{got:?}");
+    let goaway = &got[9..];
+    let len = u32::from_be_bytes([0, goaway[0], goaway[1], goaway[2]]) as usize;
+    assert_eq!(goaway[3], 0x7, "GOAWAY: {goaway:?}");
+    assert_eq!(goaway.len(), 9 + len, "{goaway:?}");
+    let payload = &goaway[9..];
+    assert_eq!(&payload[..4], &[0, 0, 0, 0], "last stream id");
+    assert_eq!(&payload[4..8], &[0, 0, 0, 0xd], "HTTP_1_1_REQUIRED");
+    let reason = String::from_utf8_lossy(&payload[8..]);
+    assert!(reason.contains("HTTP/1.1"), "{reason}");
+    // HTTP/1.1 is served as before.
+    let mut c = Conn::connect(b.http);
+    c.initialize("2025-11-25");
+}

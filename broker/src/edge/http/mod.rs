@@ -263,11 +263,12 @@ async fn serve_connection<I>(
         let edge = svc_edge.clone();
         async move { Ok::<_, Infallible>(edge.serve(req).await) }
     });
-    let conn = edge.builder.serve_connection(io, service);
-    let mut conn = std::pin::pin!(conn);
+    // Not pinned in place: an HTTP/2 client's connection is taken apart
+    // for its io once hyper has refused it (below).
+    let mut conn = edge.builder.serve_connection(io, service);
     let write_timeout = edge.cfg.write_timeout;
     let done = monoio::select! {
-        r = conn.as_mut() => Some(Some(r)),
+        r = &mut conn => Some(Some(r)),
         _ = edge.draining.wait() => Some(None),
         _ = stalled(&send_clock, write_timeout) => None,
     };
@@ -275,9 +276,9 @@ async fn serve_connection<I>(
         Some(Some(r)) => r,
         Some(None) => {
             // Finish the request in progress (if any), then close.
-            conn.as_mut().graceful_shutdown();
+            Pin::new(&mut conn).graceful_shutdown();
             monoio::select! {
-                r = conn.as_mut() => r,
+                r = &mut conn => r,
                 _ = stalled(&send_clock, write_timeout) => {
                     tracing::debug!(%peer, "HTTP connection closed at the drain: the peer reads nothing");
                     return;
@@ -295,7 +296,66 @@ async fn serve_connection<I>(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+        if e.is_parse_version_h2() {
+            refuse_http2(conn.into_parts().io).await;
+        }
     }
+}
+
+/// What this HTTP/1.1-only edge tells a client that opened with the
+/// HTTP/2 connection preface (prior knowledge, h2c): the server's preface
+/// (an empty SETTINGS frame, RFC 9113 §3.4), then GOAWAY with
+/// HTTP_1_1_REQUIRED and a reason, where hyper only closed, which clients
+/// report as a reset connection.
+async fn refuse_http2<I>(mut io: I)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+{
+    const REASON: &[u8] = b"this endpoint serves HTTP/1.1 only (MCP Streamable HTTP)";
+    const HTTP_1_1_REQUIRED: u32 = 0xd;
+    let mut out = Vec::with_capacity(32 + REASON.len());
+    // SETTINGS: length 0, type 0x4, no flags, stream 0.
+    out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    // GOAWAY: type 0x7 on stream 0; last stream 0 (none was processed),
+    // the error code, the reason as debug data.
+    let len = (8 + REASON.len()) as u32;
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&HTTP_1_1_REQUIRED.to_be_bytes());
+    out.extend_from_slice(REASON);
+    let _ = monoio::time::timeout(Duration::from_secs(1), async {
+        let mut sent = 0;
+        while sent < out.len() {
+            match std::future::poll_fn(|cx| Pin::new(&mut io).poll_write(cx, &out[sent..])).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => sent += n,
+            }
+        }
+        if std::future::poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        // Read what the client sent after its preface (its SETTINGS) until
+        // it closes: closing on unread data would reset the connection and
+        // could destroy the GOAWAY before the client reads it.
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut seen = 0;
+        while seen < 64 << 10 {
+            let mut rb = hyper::rt::ReadBuf::uninit(&mut buf);
+            if std::future::poll_fn(|cx| Pin::new(&mut io).poll_read(cx, rb.unfilled()))
+                .await
+                .is_err()
+                || rb.filled().is_empty()
+            {
+                return;
+            }
+            seen += rb.filled().len();
+        }
+    })
+    .await;
 }
 
 /// Resolves once a send has been outstanding for `limit`: the peer takes
