@@ -1951,10 +1951,23 @@ fn cors_lets_accepted_origins_in_and_no_other() {
             r.header("access-control-allow-methods"),
             Some("GET, POST, DELETE")
         );
-        assert_eq!(
-            r.header("access-control-allow-headers"),
-            Some("authorization, content-type, mcp-session-id, mcp-param-region")
-        );
+        // Every header MCP's clients send, whatever this request asked
+        // (a browser keeps one answer per URL: a page alternating between
+        // header sets preflighted nearly every request), and what it asked.
+        let allowed = r.header("access-control-allow-headers").unwrap();
+        for name in [
+            "Accept",
+            "Authorization",
+            "Content-Type",
+            "Last-Event-ID",
+            "Mcp-Method",
+            "Mcp-Name",
+            "Mcp-Protocol-Version",
+            "Mcp-Session-Id",
+            "mcp-param-region",
+        ] {
+            assert!(allowed.split(", ").any(|a| a == name), "{name}: {allowed}");
+        }
         assert!(r.header("access-control-max-age").is_some());
         // The request itself: the page may read the answer and the session
         // id it must send back.
@@ -1968,9 +1981,26 @@ fn cors_lets_accepted_origins_in_and_no_other() {
         assert!(r.header("mcp-session-id").is_some());
         assert_eq!(r.header("access-control-allow-origin"), Some(origin));
         let exposed = r.header("access-control-expose-headers").unwrap();
-        assert!(exposed.contains("Mcp-Session-Id"), "{exposed}");
+        for name in ["Mcp-Session-Id", "WWW-Authenticate", "Retry-After", "Allow"] {
+            assert!(exposed.contains(name), "{name}: {exposed}");
+        }
         assert_eq!(r.header("vary"), Some("Origin"));
     }
+    // A preflight that asks for no header is told MCP's own.
+    let r = c.request(
+        "OPTIONS",
+        "/mcp",
+        &[
+            ("Origin", "https://app.example"),
+            ("Access-Control-Request-Method", "GET"),
+        ],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert!(
+        r.header("access-control-allow-headers")
+            .is_some_and(|h| h.contains("Last-Event-ID") && h.contains("Mcp-Session-Id"))
+    );
     // Another origin: 403 to the preflight and the request, no CORS header.
     for (method, body) in [("OPTIONS", &b""[..]), ("POST", &b"{}"[..])] {
         let r = c.request(
@@ -1997,6 +2027,9 @@ fn cors_lets_accepted_origins_in_and_no_other() {
         br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
     );
     assert!(r.header("access-control-allow-origin").is_none());
+    // Still `Vary: Origin`: a shared cache must not hand this answer
+    // (without CORS headers) to a page.
+    assert_eq!(r.header("vary"), Some("Origin"));
     let r = c.request("OPTIONS", "/mcp", &[("Origin", "https://app.example")], b"");
     assert_eq!(r.status, 204, "{}", r.text());
     assert_eq!(r.header("allow"), Some("GET, POST, DELETE, OPTIONS"));

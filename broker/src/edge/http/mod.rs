@@ -866,13 +866,23 @@ fn frames(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// Response headers a browser page may read (CORS): the session id it
-/// must send back, and the challenge that says where to get a token.
-const CORS_EXPOSED: &str = "Mcp-Session-Id, WWW-Authenticate";
+/// must send back, the challenge that says where to get a token, when to
+/// retry a 503 or 429, and what a 405 allows.
+const CORS_EXPOSED: &str = "Mcp-Session-Id, WWW-Authenticate, Retry-After, Allow";
+
+/// The request headers every preflight allows: all that MCP's clients send
+/// in either era. A browser keeps one preflight answer per origin and URL
+/// (Chromium), so an answer listing only what that request asked made a
+/// page that alternates (a session's POST, its resuming GET, a 2026-07-28
+/// call) preflight nearly every request.
+const CORS_ALLOWED_HEADERS: &str = "Accept, Authorization, Content-Type, Last-Event-ID, \
+     Mcp-Method, Mcp-Name, Mcp-Protocol-Version, Mcp-Session-Id";
 
 /// The answer to a CORS preflight from an accepted origin: the methods the
-/// endpoint serves and the request headers the page asked to send (MCP's
-/// own, `Authorization`, and 2026-07-28's `Mcp-Param-*`, whose names only
-/// the tool's schema knows). The real request is judged as any other.
+/// endpoint serves and the request headers a page may send: MCP's own
+/// ([`CORS_ALLOWED_HEADERS`]) and whatever else the page asked to send
+/// (2026-07-28's `Mcp-Param-*`, whose names only the tool's schema knows,
+/// or a proxy's). The real request is judged as any other.
 fn preflight(h: &HeaderMap) -> Response<Body> {
     let mut r = empty(StatusCode::NO_CONTENT);
     let out = r.headers_mut();
@@ -880,9 +890,17 @@ fn preflight(h: &HeaderMap) -> Response<Body> {
         header::ACCESS_CONTROL_ALLOW_METHODS,
         HeaderValue::from_static("GET, POST, DELETE"),
     );
-    if let Some(asked) = h.get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
-        out.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
-    }
+    let allowed = match h
+        .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .and_then(|asked| asked.to_str().ok())
+        .map(str::trim)
+        .filter(|asked| !asked.is_empty())
+    {
+        Some(asked) => HeaderValue::from_str(&format!("{CORS_ALLOWED_HEADERS}, {asked}"))
+            .unwrap_or(HeaderValue::from_static(CORS_ALLOWED_HEADERS)),
+        None => HeaderValue::from_static(CORS_ALLOWED_HEADERS),
+    };
+    out.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, allowed);
     // Ten minutes: a browser asks again after a reload has had time to
     // change `allowed_origins` (the request itself is checked anyway).
     out.insert(
@@ -936,15 +954,18 @@ impl HttpEdge {
             }
             _ => self.clone().respond(req).await,
         };
+        let h = r.headers_mut();
         if let Some(origin) = cors {
-            let h = r.headers_mut();
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
             h.insert(
                 header::ACCESS_CONTROL_EXPOSE_HEADERS,
                 HeaderValue::from_static(CORS_EXPOSED),
             );
-            h.append(header::VARY, HeaderValue::from_static("Origin"));
         }
+        // On every answer, not only a page's: a shared cache that kept one
+        // made without `Origin` (no CORS headers) would serve it to a page,
+        // which could not read it (Fetch, "CORS protocol and HTTP caches").
+        h.append(header::VARY, HeaderValue::from_static("Origin"));
         let slot = metrics::http_status_slot(r.status().as_u16());
         crate::shared::ShardStats::add(&stats.http_responses[slot], 1);
         r
