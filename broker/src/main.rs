@@ -185,6 +185,8 @@ fn main() -> ExitCode {
             > 0
     };
     let reload_pending = waiting();
+    // From here a further stop signal exits at once (`Phase::Draining`).
+    *phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Draining;
     running.drain();
     if reload_pending || waiting() {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
@@ -222,6 +224,10 @@ enum Phase {
         reload: bool,
     },
     Serving(std::sync::Arc<mcp_broker::shared::Shared>),
+    /// The drain runs (up to `broker.drain_timeout` and its second): a
+    /// stop signal now ends the process at once, for an operator who will
+    /// not wait for the calls still running (the second Ctrl-C).
+    Draining,
 }
 
 /// The thread that turns signals into actions: SIGHUP reloads the config
@@ -264,6 +270,20 @@ fn spawn_signal_thread(
                         if stops.send(sig).is_err() {
                             break;
                         }
+                    }
+                    Phase::Draining if sig == signal_hook::consts::SIGHUP => {
+                        tracing::info!("SIGHUP ignored: the broker is draining");
+                    }
+                    Phase::Draining => {
+                        tracing::warn!(
+                            signal = sig,
+                            "stop signal during the drain: exiting now; calls still running \
+                             get no answer"
+                        );
+                        drop(log_guard.lock().unwrap_or_else(|p| p.into_inner()).take());
+                        // 128 + the signal, as a shell reports a process the
+                        // signal ended: not the clean drain's 0.
+                        std::process::exit(128 + sig);
                     }
                 }
             }

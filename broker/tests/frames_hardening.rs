@@ -231,7 +231,7 @@ fn drain_writes_every_answer_before_closing() {
     let mut rest = Vec::new();
     let _ = c.stream.read_to_end(&mut rest);
     assert!(rest.is_empty());
-    let status = broker.terminate(Duration::from_secs(15));
+    let status = broker.wait_exit(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
 }
 

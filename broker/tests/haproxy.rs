@@ -286,7 +286,7 @@ asyncio.run(main(sys.argv[1]))
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let status = b1.terminate(Duration::from_secs(15));
+    let status = b1.wait_exit(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
     let survivors = moved.iter().filter(|m| !**m).count();
     assert!(

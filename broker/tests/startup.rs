@@ -523,6 +523,42 @@ fn the_drain_grace_reports_not_ready_while_still_serving_and_a_second_signal_end
     assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
 }
 
+/// A stop signal during the drain was ignored: an operator's second
+/// Ctrl-C waited for the calls still running, up to `drain_timeout`. It
+/// ends the process at once, with the signal's status.
+#[test]
+fn a_stop_signal_during_the_drain_exits_at_once() {
+    let cfg = "[broker]\nshards = 1\ndrain_timeout = \"60s\"\n\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\ncall_deadline = \"60s\"\n";
+    let (mut b, log) = Broker::start_logged(cfg, &[]);
+    let mut c = b.connect();
+    let (_, f) = c.tool_call_frame("sleep", &[("ms", "50000")], None);
+    c.send_raw(&f);
+    // The call runs: the drain waits for it.
+    assert!(common::http::eventually(Duration::from_secs(5), || {
+        b.metric_sum("mcp_in_flight_requests") == 1.0
+    }));
+    b.sigterm();
+    assert!(
+        log.shows("draining", Duration::from_secs(5)),
+        "{}",
+        log.text()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        b.child.try_wait().unwrap().is_none(),
+        "exited before the call ended"
+    );
+    let t0 = Instant::now();
+    let status = b.terminate(Duration::from_secs(10));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    assert!(
+        log.shows("stop signal during the drain", Duration::from_secs(1)),
+        "{}",
+        log.text()
+    );
+}
+
 #[test]
 fn after_the_drain_grace_the_broker_drains_and_exits_by_itself() {
     let toml =
@@ -580,7 +616,7 @@ fn a_draining_broker_refuses_new_connections_on_every_shard_and_edge() {
             taken.len()
         );
     }
-    let status = b.terminate(Duration::from_secs(15));
+    let status = b.wait_exit(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
     let text = call.join().unwrap();
     assert!(

@@ -280,6 +280,12 @@ impl Broker {
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         self.sigterm();
+        self.wait_exit(within)
+    }
+
+    /// Waits (bounded) for the exit that a stop signal sent before began:
+    /// a second signal during the drain would end it at once.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + within;
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
