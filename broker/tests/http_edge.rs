@@ -422,6 +422,12 @@ fn transport_rules_have_their_statuses() {
             assert_eq!(r.header("allow"), Some("GET, POST, DELETE, OPTIONS"));
         }
     }
+    // A GET without a session is how an HTTP+SSE (2024-11-05 transport)
+    // client starts: the refusal names that transport.
+    let r = c.request("GET", "/mcp", &[("Accept", "text/event-stream")], b"");
+    let says = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(says.contains("HTTP+SSE"), "{says}");
+    *statuses.entry(400).or_default() += 1.0;
     // Notifications and responses are accepted with 202 and no body.
     let r = c.post(
         Some(&s),

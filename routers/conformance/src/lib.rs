@@ -758,33 +758,37 @@ impl Guest for Conformance {
             // (`mcp-broker/input-key`); the broker then issues a
             // requestState, which names the key the retry's answer is read
             // under.
-            "test_input_required_result_elicitation" => match elicitation_answer(&args)?
-                .or_else(|| input_answer(&args, "user_name"))
-            {
-                None => Ok(Response::Elicit(ElicitationRequest {
-                    title: None,
-                    message: "What is your name?".into(),
-                    schema: one_string_schema("name").to_string(),
-                    annotations: None,
-                    meta: Some(vec![MetaEntry {
-                        key: INPUT_KEY_META_KEY.into(),
-                        value: json!("user_name").to_string(),
-                    }]),
-                })),
-                Some((action, content)) => Ok(completed(vec![text(
-                    match content.get("name").and_then(Value::as_str) {
-                        Some(name) if action == "accept" => format!("Hello, {name}!"),
-                        _ => format!("No name given: action={action}"),
-                    },
-                )])),
-            },
+            "test_input_required_result_elicitation" => {
+                match elicitation_answer(&args)?.or_else(|| input_answer(&args, "user_name")) {
+                    None => Ok(Response::Elicit(ElicitationRequest {
+                        title: None,
+                        message: "What is your name?".into(),
+                        schema: one_string_schema("name").to_string(),
+                        annotations: None,
+                        meta: Some(vec![MetaEntry {
+                            key: INPUT_KEY_META_KEY.into(),
+                            value: json!("user_name").to_string(),
+                        }]),
+                    })),
+                    Some((action, content)) => Ok(completed(vec![text(
+                        match content.get("name").and_then(Value::as_str) {
+                            Some(name) if action == "accept" => format!("Hello, {name}!"),
+                            _ => format!("No name given: action={action}"),
+                        },
+                    )])),
+                }
+            }
             // Three questions at once (`mcp-broker/input-requests`): the
             // answers come back together under `_inputs`; the set is asked
             // again until every one is answered.
             "test_input_required_result_multiple_inputs" => {
                 let inputs = args.get(INPUTS_ARG);
                 let answer = |k: &str| inputs.and_then(|i| i.get(k));
-                match (answer("user_name"), answer("greeting"), answer("client_roots")) {
+                match (
+                    answer("user_name"),
+                    answer("greeting"),
+                    answer("client_roots"),
+                ) {
                     (Some(name), Some(greeting), Some(roots)) => {
                         let name = name.pointer("/content/name").and_then(Value::as_str);
                         let roots = roots["roots"].as_array().map_or(0, Vec::len);
@@ -853,8 +857,13 @@ impl Guest for Conformance {
                 }
                 Some((state, _, content)) if state["step"] == 2 => {
                     let name = state["name"].as_str().unwrap_or("stranger");
-                    let color = content.get("color").and_then(Value::as_str).unwrap_or("none");
-                    Ok(completed(vec![text(format!("Hello, {name}! Your colour: {color}"))]))
+                    let color = content
+                        .get("color")
+                        .and_then(Value::as_str)
+                        .unwrap_or("none");
+                    Ok(completed(vec![text(format!(
+                        "Hello, {name}! Your colour: {color}"
+                    ))]))
                 }
                 _ => Ok(elicit_with_state(
                     "What is your name?",

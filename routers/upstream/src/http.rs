@@ -112,6 +112,8 @@ pub struct Answer {
     pub status: u16,
     pub content_type: String,
     pub session_id: Option<String>,
+    /// A redirect's target, to name it (redirects are not followed).
+    pub location: Option<String>,
     source: Source,
     read: usize,
 }
@@ -141,6 +143,7 @@ impl Answer {
             status,
             content_type: content_type.into(),
             session_id: session_id.map(str::to_owned),
+            location: None,
             source: Source::Canned(chunks.into()),
             read: 0,
         }
@@ -241,11 +244,12 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
         (None, Ok(())) => return Err("no response".into()),
     };
     let status = response.status();
-    let (content_type, session_id, length) = {
+    let (content_type, session_id, location, length) = {
         let h = response.headers();
         (
             header(&h, "content-type").unwrap_or_default(),
             header(&h, "mcp-session-id"),
+            header(&h, "location"),
             header(&h, "content-length").and_then(|l| l.parse::<u64>().ok()),
         )
     };
@@ -262,6 +266,7 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
         status,
         content_type,
         session_id,
+        location,
         source: Source::Wasi {
             stream,
             _body: body,

@@ -254,7 +254,22 @@ fn post_ack(ep: &Endpoint, hdr: &Hdr, payload: &[u8]) -> Result<(), String> {
     let body = a.all().unwrap_or_default();
     match a.status {
         200..=299 => Ok(()),
-        s => Err(format!("HTTP {s}{}", snippet(&body))),
+        _ => Err(status_reason(&a, &body)),
+    }
+}
+
+/// A failing status as a reason: `HTTP <status>` first ([`Probe`] reads
+/// it), then what to do about a redirect (not followed: an upstream URL
+/// that redirects, e.g. `/mcp` to `/mcp/`, only said "HTTP 307"), or a
+/// snippet of the body.
+fn status_reason(a: &http::Answer, body: &[u8]) -> String {
+    match (&a.location, a.status) {
+        (Some(to), 300..=399) => format!(
+            "HTTP {} redirect to `{to}`: redirects are not followed; set the router's upstream \
+             to the URL it names",
+            a.status
+        ),
+        _ => format!("HTTP {}{}", a.status, snippet(body)),
     }
 }
 
@@ -316,7 +331,7 @@ fn send(
         {
             return Ok(done(outcome, collected));
         }
-        return Err(format!("HTTP {}{}", a.status, snippet(&body)));
+        return Err(status_reason(&a, &body));
     }
     if ct.starts_with("application/json") {
         let body = a.all()?;
@@ -521,6 +536,12 @@ impl Probe {
             .and_then(|s| s.parse::<u16>().ok());
         match status {
             Some(s) if (400..500).contains(&s) && s != 408 && s != 429 => Self::Refused(reason),
+            // Some session-era servers answer every method they do not
+            // know so (FastMCP 1.8's stateless mode): retried for ever.
+            Some(500..=599) => Self::Unanswered(format!(
+                "{reason} (if this server answers every method it does not know with a 5xx, \
+                 set upstream_protocol = \"2025-06-18\")"
+            )),
             _ => Self::Unanswered(reason),
         }
     }
@@ -1272,11 +1293,16 @@ mod tests {
                     &json!({"jsonrpc":"2.0","id":req.body["id"],"error":{"code":-32602,"message":"x must be a number"}}),
                 ),
                 5 => Answer::canned(200, "application/json", None, vec![vec![b' '; 1 << 20]; 17]),
-                _ => Answer::canned(200, "text/html", None, vec![]),
+                6 => Answer::canned(200, "text/html", None, vec![]),
+                _ => {
+                    let mut a = Answer::canned(307, "text/plain", None, vec![]);
+                    a.location = Some("http://up.test/mcp/".into());
+                    a
+                }
             })
         });
         let mut errors = Vec::new();
-        for _ in 0..6 {
+        for _ in 0..7 {
             errors.push(<Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap_err());
         }
         let texts: Vec<String> = errors
@@ -1302,6 +1328,14 @@ mod tests {
         assert_eq!(
             texts[5],
             format!("{prefix}unexpected Content-Type `text/html`")
+        );
+        // A redirect names where it points: it is not followed.
+        assert!(
+            texts[6].starts_with(&format!(
+                "{prefix}HTTP 307 redirect to `http://up.test/mcp/`: redirects are not followed"
+            )),
+            "{}",
+            texts[6]
         );
     }
 

@@ -2365,6 +2365,17 @@ impl HttpEdge {
         }
         let session = match self.session_of(header_str(h, SESSION_HEADER), who) {
             Ok(s) => s,
+            // A GET that opens the conversation is the HTTP+SSE transport
+            // of 2024-11-05 (its clients fail here first): say so.
+            Err(NoSession::Missing) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::InvalidRequest.code(),
+                    "bad request: the Mcp-Session-Id header is required (send initialize first); \
+                     a GET without one is the HTTP+SSE transport of 2024-11-05, which this \
+                     endpoint does not serve: use Streamable HTTP (any protocol revision)",
+                );
+            }
             Err(e) => return e.response(),
         };
         let (tx, rx) = mpsc::unbounded();
