@@ -165,15 +165,18 @@ pub struct Principal {
     pub subject: String,
     /// `scope` (space-separated) or `scp` (array).
     pub scopes: Vec<String>,
-    /// `exp`, in seconds since the Unix epoch: a connection authenticated
-    /// once (frames) stops being served when its token expires.
+    /// `exp` plus `auth.leeway`, in seconds since the Unix epoch: when the
+    /// token stops being accepted, as its verification judges it. A
+    /// connection authenticated once (frames) stops being served then.
+    /// (Without the leeway a frame connection whose token was inside it
+    /// was accepted at `InitializeRequest` and then refused every call.)
     pub expires_at: u64,
 }
 
 impl Principal {
-    /// Whether its token's `exp` has passed.
+    /// Whether its token is past `exp` and the leeway.
     pub fn expired(&self) -> bool {
-        jsonwebtoken::get_current_timestamp() >= self.expires_at
+        jsonwebtoken::get_current_timestamp() > self.expires_at
     }
 }
 
@@ -636,7 +639,9 @@ impl Auth {
         Ok(Principal {
             subject,
             scopes,
-            expires_at,
+            // jsonwebtoken refuses from `exp + leeway` on (`exp` is
+            // checked as `exp < now - leeway`).
+            expires_at: expires_at.saturating_add(self.cfg.leeway.as_secs()),
         })
     }
 

@@ -708,19 +708,22 @@ fn the_frame_edge_takes_the_token_in_initialize() {
     assert_eq!(common::error_code(&r), None);
     let r = c.call("echo_text", &[("text", "\"hi\"")], None);
     assert_eq!(common::tool_text(&r), "hi", "a fractional exp");
-    // A token that expires: the connection stops being served with it.
+    // A token that expires: the connection stops being served with it,
+    // once past `exp` and the leeway (5 s), as the other edges judge it.
+    // This one's `exp` passed 3 s ago: inside the leeway it was accepted
+    // at initialize and then refused every call.
     let short = f.sign(&json!({
         "iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "scope": "mcp",
-        "exp": now() + 2, "nbf": now() - 10,
+        "exp": now() - 3, "nbf": now() - 10,
     }));
     let mut c = f.b.connect();
     let r = init(&mut c, Some(&short));
     assert_eq!(common::error_code(&r), None);
     let r = c.call("echo_text", &[("text", "\"hi\"")], None);
-    assert_eq!(common::tool_text(&r), "hi");
+    assert_eq!(common::tool_text(&r), "hi", "within the leeway");
     std::thread::sleep(std::time::Duration::from_millis(3100));
     let r = c.call("echo_text", &[("text", "\"hi\"")], None);
-    assert_eq!(common::error_code(&r), Some(-32003), "after exp");
+    assert_eq!(common::error_code(&r), Some(-32003), "after exp and leeway");
 }
 
 /// With `[auth]` a frame client's session ids are its subject's own: the
