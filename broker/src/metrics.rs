@@ -1125,6 +1125,15 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             );
             let _ = writeln!(o, "mcp_tls_certificate_expiry_timestamp_seconds {expiry}");
         }
+        if let Some(from) = tls.certificate_not_before() {
+            family(
+                &mut o,
+                "mcp_tls_certificate_not_before_timestamp_seconds",
+                "gauge",
+                "When that chain starts being valid: the latest notBefore of its certificates, as a Unix time (a chain minted on a machine whose clock runs ahead is refused by clients until then). Absent if their dates could not be read.",
+            );
+            let _ = writeln!(o, "mcp_tls_certificate_not_before_timestamp_seconds {from}");
+        }
     }
     // Reloads.
     family(

@@ -460,6 +460,12 @@ impl ServerTls {
         self.configs.load().validity.map(|v| v.not_after)
     }
 
+    /// The latest notBefore of that chain (Unix seconds): before it,
+    /// clients that check dates refuse the chain, as after its notAfter.
+    pub fn certificate_not_before(&self) -> Option<i64> {
+        self.configs.load().validity.map(|v| v.not_before)
+    }
+
     pub fn handshake_failures(&self, edge: Edge) -> u64 {
         self.handshake_failures[edge as usize].load(Ordering::Relaxed)
     }

@@ -982,6 +982,7 @@ fn unix_now() -> f64 {
 #[test]
 fn the_certificates_expiry_is_a_metric_and_one_out_of_date_is_served_with_a_warning() {
     const EXPIRY: &str = "mcp_tls_certificate_expiry_timestamp_seconds";
+    const NOT_BEFORE: &str = "mcp_tls_certificate_not_before_timestamp_seconds";
     let dir = Dir::new("dates");
     let live = dir.path("live");
     dev_certs(&live);
@@ -994,6 +995,11 @@ fn the_certificates_expiry_is_a_metric_and_one_out_of_date_is_served_with_a_warn
 
     // scripts/dev-certs makes a certificate valid for 30 days from now.
     let thirty_days = unix_now() + 30.0 * 86400.0;
+    let from = b.metric_sum(NOT_BEFORE);
+    assert!(
+        from > 0.0 && from <= unix_now() + 1.0,
+        "{NOT_BEFORE} {from}: valid from now"
+    );
     let valid = b.metric_sum(EXPIRY);
     assert!(
         (valid - thirty_days).abs() < 3600.0,
@@ -1049,6 +1055,11 @@ fn the_certificates_expiry_is_a_metric_and_one_out_of_date_is_served_with_a_warn
         }),
         "the watcher loads the next files: {EXPIRY} {}",
         b.metric_sum(EXPIRY)
+    );
+    assert_eq!(
+        b.metric_sum(NOT_BEFORE),
+        4_102_358_400.0,
+        "2099-12-31T00:00:00Z"
     );
     assert!(
         log.shows(
