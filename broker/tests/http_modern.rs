@@ -1242,7 +1242,8 @@ fn a_named_input_key_is_asked_under_and_read_back_through_the_request_state() {
 
 /// Brokers behind one balancer share `http.request_state_key_file`: a
 /// question asked by one is answered at the other. A token outlives its
-/// `http.request_state_ttl` at no broker. A key file that is not a key
+/// `http.request_state_ttl` at no broker whose clock agrees within 30 s
+/// (`request_state::SKEW`). A key file that is not a key
 /// fails start-up.
 #[test]
 fn brokers_sharing_a_key_file_accept_each_others_tokens_until_they_expire() {

@@ -84,9 +84,20 @@ pub const MAX_INPUT_REQUESTS: usize = 8;
 pub const MAX_STATE_BYTES: usize = 4096;
 
 /// The first byte of every token: the format, for a later change of it.
-const VERSION: u8 = 1;
+/// Tokens sealed now: the issue time before the expiry, and the version
+/// in the associated data. Version 1 (the expiry only) is still opened,
+/// for the tokens a broker of the release before issued in a rolling
+/// upgrade (they live a ttl).
+const VERSION: u8 = 2;
+const VERSION_1: u8 = 1;
 const TAG_LEN: usize = 16;
 const EXPIRY_LEN: usize = 8;
+/// How far behind the sealing broker's clock an opening broker's may be:
+/// a token issued more than `SKEW` ahead of the opener's clock is refused
+/// as `clock_skew` (a broker whose clock lags would otherwise open it for
+/// longer than its ttl: an hour behind, an hour longer). The expiry is
+/// read as sealed: an opener whose clock runs ahead cuts the time left.
+pub const SKEW: u64 = 30;
 const KEY_LEN: usize = 32;
 
 /// Seals and opens `requestState` tokens (one per process, shared by every
@@ -98,7 +109,7 @@ pub struct RequestStates {
     /// Tokens sealed, and refused by reason ([`Refused::ALL`]'s order), for
     /// `mcp_http_request_states_*_total`.
     issued: AtomicU64,
-    refused: [AtomicU64; 3],
+    refused: [AtomicU64; Refused::ALL.len()],
 }
 
 impl std::fmt::Debug for RequestStates {
@@ -118,10 +129,18 @@ pub enum Refused {
     Integrity,
     /// Older than `http.request_state_ttl`.
     Expired,
+    /// Issued, by the sealing broker's clock, more than [`SKEW`] ahead of
+    /// this broker's: their clocks disagree.
+    ClockSkew,
 }
 
 impl Refused {
-    pub const ALL: [Refused; 3] = [Refused::Malformed, Refused::Integrity, Refused::Expired];
+    pub const ALL: [Refused; 4] = [
+        Refused::Malformed,
+        Refused::Integrity,
+        Refused::Expired,
+        Refused::ClockSkew,
+    ];
 
     /// The metric label.
     pub fn as_str(self) -> &'static str {
@@ -129,6 +148,7 @@ impl Refused {
             Refused::Malformed => "malformed",
             Refused::Integrity => "integrity",
             Refused::Expired => "expired",
+            Refused::ClockSkew => "clock_skew",
         }
     }
 }
@@ -142,6 +162,9 @@ impl std::fmt::Display for Refused {
             }
             Refused::Expired => {
                 "`requestState` has expired (http.request_state_ttl): call the tool again without it"
+            }
+            Refused::ClockSkew => {
+                "`requestState` was issued by a server whose clock is more than 30 s ahead of this one's (brokers behind one load balancer need synchronised clocks): call the tool again without it"
             }
         })
     }
@@ -207,6 +230,17 @@ impl RequestStates {
     }
 
     fn seal_at(&self, tool: &str, subject: &str, q: &Question<&str>, now: u64) -> String {
+        self.seal_as(VERSION, tool, subject, q, now)
+    }
+
+    fn seal_as(
+        &self,
+        version: u8,
+        tool: &str,
+        subject: &str,
+        q: &Question<&str>,
+        now: u64,
+    ) -> String {
         debug_assert!(!q.asks.is_empty() && q.asks.len() <= MAX_INPUT_REQUESTS);
         debug_assert!(q.asks.iter().all(|(_, k)| k.len() <= MAX_INPUT_KEY_BYTES));
         debug_assert!(q.many || q.asks.len() == 1);
@@ -218,12 +252,16 @@ impl RequestStates {
         let state = q.state.unwrap_or_default();
         let keys: usize = q.asks.iter().map(|(_, k)| 2 + k.len()).sum();
         let mut buf =
-            Vec::with_capacity(1 + NONCE_LEN + EXPIRY_LEN + 2 + keys + state.len() + TAG_LEN);
-        buf.push(VERSION);
+            Vec::with_capacity(1 + NONCE_LEN + 2 * EXPIRY_LEN + 2 + keys + state.len() + TAG_LEN);
+        buf.push(version);
         buf.extend_from_slice(&nonce);
-        // The plaintext: expiry; the form (one question's kind, or `m` and
-        // the count of a set), upper case when a state follows; each
-        // question's kind (a set's only), key length and key; the state.
+        // The plaintext: the issue time (version 2), the expiry; the form
+        // (one question's kind, or `m` and the count of a set), upper case
+        // when a state follows; each question's kind (a set's only), key
+        // length and key; the state.
+        if version != VERSION_1 {
+            buf.extend_from_slice(&now.to_be_bytes());
+        }
         buf.extend_from_slice(&expiry.to_be_bytes());
         let kind = |a: Asked| match a {
             Asked::Elicitation => b'e',
@@ -252,7 +290,7 @@ impl RequestStates {
             .key
             .seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad(tool, subject)),
+                Aad::from(aad(version, tool, subject)),
                 &mut sealed,
             )
             .expect("a plaintext far below AES-GCM's limit");
@@ -288,7 +326,13 @@ impl RequestStates {
         let mut buf = URL_SAFE_NO_PAD
             .decode(token)
             .map_err(|_| Refused::Malformed)?;
-        if buf.len() < 1 + NONCE_LEN + EXPIRY_LEN + TAG_LEN || buf[0] != VERSION {
+        let version = *buf.first().ok_or(Refused::Malformed)?;
+        let times = match version {
+            VERSION => 2 * EXPIRY_LEN,
+            VERSION_1 => EXPIRY_LEN,
+            _ => return Err(Refused::Malformed),
+        };
+        if buf.len() < 1 + NONCE_LEN + times + TAG_LEN {
             return Err(Refused::Malformed);
         }
         let nonce: [u8; NONCE_LEN] = buf[1..1 + NONCE_LEN].try_into().expect("length checked");
@@ -296,12 +340,19 @@ impl RequestStates {
             .key
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad(tool, subject)),
+                Aad::from(aad(version, tool, subject)),
                 &mut buf[1 + NONCE_LEN..],
             )
             .map_err(|_| Refused::Integrity)?;
-        let (expiry, rest) = plain.split_at(EXPIRY_LEN);
-        let expiry = u64::from_be_bytes(expiry.try_into().expect("length checked"));
+        let (times, rest) = plain.split_at(times);
+        let time = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("length checked"));
+        let (issued, expiry) = match times.split_at_checked(EXPIRY_LEN) {
+            Some((issued, expiry)) if !expiry.is_empty() => (Some(time(issued)), time(expiry)),
+            _ => (None, time(times)),
+        };
+        if issued.is_some_and(|i| i > now.saturating_add(SKEW)) {
+            return Err(Refused::ClockSkew);
+        }
         if now > expiry {
             return Err(Refused::Expired);
         }
@@ -351,12 +402,17 @@ impl RequestStates {
 
 /// What a token is bound to besides its key: the tool and the caller. The
 /// lengths keep ("ab", "c") and ("a", "bc") apart.
-fn aad(tool: &str, subject: &str) -> Vec<u8> {
-    let mut a = Vec::with_capacity(32 + tool.len() + subject.len());
+fn aad(version: u8, tool: &str, subject: &str) -> Vec<u8> {
+    let mut a = Vec::with_capacity(33 + tool.len() + subject.len());
     a.extend_from_slice(b"mcp-broker requestState\0");
     for part in [tool, subject] {
         a.extend_from_slice(&(part.len() as u64).to_be_bytes());
         a.extend_from_slice(part.as_bytes());
+    }
+    // Version 2 on: its version byte, outside the sealed text, is bound
+    // too (so that no token reads as another version's).
+    if version != VERSION_1 {
+        a.push(version);
     }
     a
 }
@@ -501,7 +557,7 @@ mod tests {
             "",
             "not base64!",
             "AAAA",
-            &URL_SAFE_NO_PAD.encode([2u8; 64]),
+            &URL_SAFE_NO_PAD.encode([3u8; 64]),
         ] {
             assert_eq!(s.open(junk, "t", ""), Err(Refused::Malformed), "{junk:?}");
         }
@@ -518,15 +574,42 @@ mod tests {
         let _ = s.open("!!", "t", "");
         assert_eq!(s.issued(), 1);
         let got: Vec<_> = s.refusals().map(|(r, n)| (r.as_str(), n)).collect();
-        assert_eq!(got, [("malformed", 2), ("integrity", 1), ("expired", 0)]);
+        assert_eq!(
+            got,
+            [
+                ("malformed", 2),
+                ("integrity", 1),
+                ("expired", 0),
+                ("clock_skew", 0)
+            ]
+        );
     }
 
     #[test]
-    fn a_token_expires_after_the_ttl() {
+    fn a_token_expires_after_the_ttl_and_the_clocks_skew() {
         let s = states(4);
         let t = s.seal_at("t", "", &q("1"), 1_000);
         assert_eq!(state_of(s.open_at(&t, "t", "", 1_600)).unwrap(), "1");
         assert_eq!(s.open_at(&t, "t", "", 1_601), Err(Refused::Expired));
+        // An opener whose clock runs behind by up to SKEW opens it; past
+        // that, its clock would hold the token longer than the ttl (an
+        // hour behind: an hour longer).
+        assert_eq!(state_of(s.open_at(&t, "t", "", 970)).unwrap(), "1");
+        assert_eq!(s.open_at(&t, "t", "", 969), Err(Refused::ClockSkew));
+    }
+
+    #[test]
+    fn a_version_1_token_of_the_release_before_opens_within_its_ttl() {
+        let s = states(4);
+        let t = s.seal_as(VERSION_1, "t", "", &q("1"), 1_000);
+        assert_eq!(state_of(s.open_at(&t, "t", "", 1_600)).unwrap(), "1");
+        assert_eq!(s.open_at(&t, "t", "", 1_601), Err(Refused::Expired));
+        assert_eq!(state_of(s.open_at(&t, "t", "", 0)).unwrap(), "1");
+        // Its version byte cannot be changed to read it as the other one.
+        let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        raw[0] = VERSION;
+        let t2 = URL_SAFE_NO_PAD.encode(&raw);
+        assert_eq!(s.open_at(&t2, "t", "", 1_000), Err(Refused::Integrity));
     }
 
     #[test]
