@@ -863,9 +863,6 @@ pub fn call_error(
     code
 }
 
-/// Page size of listings: MCP clients page; a page bounds one frame.
-pub const LIST_PAGE: usize = 100;
-
 /// Why a listing cursor is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BadCursor {
@@ -916,9 +913,19 @@ pub fn parse_cursor(c: Option<&str>, len: usize, table: u64) -> Result<usize, Ba
         .ok_or(BadCursor::Invalid)
 }
 
-fn page<T>(items: &[T], start: usize, table: u64) -> (&[T], Option<String>) {
+/// Where a listing's page starts and how long it is (`broker.list_page_size`),
+/// and the route table its cursors name.
+#[derive(Debug, Clone, Copy)]
+pub struct Page {
+    pub start: usize,
+    pub size: usize,
+    pub table: u64,
+}
+
+fn page<T>(items: &[T], at: Page) -> (&[T], Option<String>) {
+    let Page { start, size, table } = at;
     let start = start.min(items.len());
-    let end = start.saturating_add(LIST_PAGE).min(items.len());
+    let end = start.saturating_add(size.max(1)).min(items.len());
     let next = (end < items.len()).then(|| format!("o{end}.{table}"));
     (&items[start..end], next)
 }
@@ -928,10 +935,9 @@ pub fn list_tools(
     out: &mut Vec<u8>,
     to: &ReplyTo<'_>,
     all: &[Listed<w::Tool>],
-    start: usize,
-    table: u64,
+    at: Page,
 ) {
-    let (items, next) = page(all, start, table);
+    let (items, next) = page(all, at);
     let fbb = enc.begin();
     let tools: Vec<_> = items
         .iter()
@@ -991,10 +997,9 @@ pub fn list_resources(
     out: &mut Vec<u8>,
     to: &ReplyTo<'_>,
     all: &[Listed<w::McpResource>],
-    start: usize,
-    table: u64,
+    at: Page,
 ) {
-    let (items, next) = page(all, start, table);
+    let (items, next) = page(all, at);
     let fbb = enc.begin();
     let v: Vec<_> = items
         .iter()
@@ -1022,10 +1027,9 @@ pub fn list_templates(
     out: &mut Vec<u8>,
     to: &ReplyTo<'_>,
     all: &[Listed<w::McpResource>],
-    start: usize,
-    table: u64,
+    at: Page,
 ) {
-    let (items, next) = page(all, start, table);
+    let (items, next) = page(all, at);
     let fbb = enc.begin();
     let v: Vec<_> = items
         .iter()
@@ -1072,10 +1076,9 @@ pub fn list_prompts(
     out: &mut Vec<u8>,
     to: &ReplyTo<'_>,
     all: &[Listed<w::Prompt>],
-    start: usize,
-    table: u64,
+    at: Page,
 ) {
-    let (items, next) = page(all, start, table);
+    let (items, next) = page(all, at);
     let fbb = enc.begin();
     let v: Vec<_> = items
         .iter()
@@ -1217,11 +1220,21 @@ mod tests {
         // Another table's: its offset means nothing in this one.
         assert_eq!(parse_cursor(Some("o100.6"), 250, 7), Err(Stale));
         let items: Vec<u32> = (0..250).collect();
-        let (p1, n1) = page(&items, 0, 7);
+        let at = |start, size| Page {
+            start,
+            size,
+            table: 7,
+        };
+        let (p1, n1) = page(&items, at(0, 100));
         assert_eq!((p1.len(), n1.as_deref()), (100, Some("o100.7")));
-        let (p3, n3) = page(&items, 200, 7);
+        let (p3, n3) = page(&items, at(200, 100));
         assert_eq!((p3.len(), n3), (50, None));
-        assert!(page(&items, 999, 7).0.is_empty());
+        assert!(page(&items, at(999, 100)).0.is_empty());
+        // Another page size (`broker.list_page_size`).
+        let (p, n) = page(&items, at(0, 1000));
+        assert_eq!((p.len(), n), (250, None));
+        let (p, n) = page(&items, at(3, 1));
+        assert_eq!((p, n.as_deref()), (&[3][..], Some("o4.7")));
     }
 
     #[test]
@@ -1238,7 +1251,14 @@ mod tests {
         );
         // Even a start no cursor can carry pages without overflow.
         let items: Vec<u32> = (0..250).collect();
-        let (p, next) = page(&items, usize::MAX, 1);
+        let (p, next) = page(
+            &items,
+            Page {
+                start: usize::MAX,
+                size: 100,
+                table: 1,
+            },
+        );
         assert!(p.is_empty() && next.is_none());
     }
 
@@ -1674,13 +1694,15 @@ mod tests {
                 prompts in proptest::collection::vec((text(), prompt()), 0..5),
                 resources in proptest::collection::vec((text(), resource_result()), 0..5),
                 start in 0usize..6,
+                size in 1usize..4,
             ) {
+                let at = Page { start, size, table: 1 };
                 let mut enc = ResponseEncoder::new(7);
                 let mut out = Vec::new();
-                list_tools(&mut enc, &mut out, &TO, &listed(tools), start, 1);
+                list_tools(&mut enc, &mut out, &TO, &listed(tools), at);
                 all_verify(&out)?;
                 out.clear();
-                list_prompts(&mut enc, &mut out, &TO, &listed(prompts), start, 1);
+                list_prompts(&mut enc, &mut out, &TO, &listed(prompts), at);
                 all_verify(&out)?;
                 out.clear();
                 let resources = resources
@@ -1688,10 +1710,10 @@ mod tests {
                     .filter_map(|(name, (_, r))| Some((name, r?)))
                     .collect();
                 let resources = listed(resources);
-                list_resources(&mut enc, &mut out, &TO, &resources, start, 1);
+                list_resources(&mut enc, &mut out, &TO, &resources, at);
                 all_verify(&out)?;
                 out.clear();
-                list_templates(&mut enc, &mut out, &TO, &resources, start, 1);
+                list_templates(&mut enc, &mut out, &TO, &resources, at);
                 all_verify(&out)?;
             }
 

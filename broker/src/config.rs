@@ -53,7 +53,15 @@ pub struct BrokerSection {
     /// Within [`MIN_EPOCH_TICK`]..=[`MAX_EPOCH_TICK`].
     #[serde(with = "duration")]
     pub epoch_tick: Duration,
+    /// Items per page of a listing (tools, resources, templates, prompts)
+    /// on every edge; past it a `nextCursor` follows. Within
+    /// 1..=[`MAX_LIST_PAGE_SIZE`].
+    pub list_page_size: usize,
 }
+
+/// Upper bound of `broker.list_page_size`: a page is built, and on the
+/// frame edge sent, as one message.
+pub const MAX_LIST_PAGE_SIZE: usize = 10_000;
 
 /// Upper bound of `broker.idle_poll`: past it the window is a busy loop
 /// that never sleeps, not a tuning.
@@ -78,6 +86,7 @@ impl Default for BrokerSection {
             io_uring_defer_taskrun: true,
             idle_poll: Duration::ZERO,
             epoch_tick: Duration::from_millis(1),
+            list_page_size: 100,
         }
     }
 }
@@ -985,6 +994,12 @@ impl Config {
                 "broker.epoch_tick: {tick:?} is outside {MIN_EPOCH_TICK:?}..={MAX_EPOCH_TICK:?} (finer wakes the ticker too often; coarser would stretch a never_waits call's {MAX_EPOCH_TICK:?} run limit)"
             ));
         }
+        let page = self.broker.list_page_size;
+        if !(1..=MAX_LIST_PAGE_SIZE).contains(&page) {
+            errors.push(format!(
+                "broker.list_page_size: {page} is outside 1..={MAX_LIST_PAGE_SIZE}"
+            ));
+        }
         if self.broker.idle_poll > MAX_IDLE_POLL {
             errors.push(format!(
                 "broker.idle_poll: {:?} is above {:?} (a shard would poll instead of sleeping; 0s turns it off)",
@@ -1740,6 +1755,20 @@ mod tests {
                 "{ttl}: {:?}",
                 err.0
             );
+        }
+    }
+
+    #[test]
+    fn list_page_size_defaults_to_100_and_is_bounded() {
+        assert_eq!(Config::embedded_default().broker.list_page_size, 100);
+        let router = "[[routers]]\nname = \"echo\"\nwasm = \"echo.wasm\"\n";
+        let c = Config::parse(&format!("[broker]\nlist_page_size = 1000\n{router}")).unwrap();
+        assert_eq!(c.broker.list_page_size, 1000);
+        for n in [0, 10_001] {
+            let err =
+                Config::parse(&format!("[broker]\nlist_page_size = {n}\n{router}")).unwrap_err();
+            let want = format!("broker.list_page_size: {n} is outside 1..=10000");
+            assert!(err.0.iter().any(|e| e == &want), "{:?}", err.0);
         }
     }
 

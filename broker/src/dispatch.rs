@@ -412,17 +412,20 @@ pub async fn handle_live(
                     return;
                 }
             };
+            let at = adapt::Page {
+                start,
+                size: ctx.shared.config.broker.list_page_size,
+                table: listing,
+            };
             match kind {
-                RequestKind::ListTools => {
-                    adapt::list_tools(&mut enc, out, &to, tool_list, start, listing)
-                }
+                RequestKind::ListTools => adapt::list_tools(&mut enc, out, &to, tool_list, at),
                 RequestKind::ListResources => {
-                    adapt::list_resources(&mut enc, out, &to, &table.resource_list, start, listing)
+                    adapt::list_resources(&mut enc, out, &to, &table.resource_list, at)
                 }
                 RequestKind::ListResourceTemplates => {
-                    adapt::list_templates(&mut enc, out, &to, &table.template_list, start, listing)
+                    adapt::list_templates(&mut enc, out, &to, &table.template_list, at)
                 }
-                _ => adapt::list_prompts(&mut enc, out, &to, &table.prompt_list, start, listing),
+                _ => adapt::list_prompts(&mut enc, out, &to, &table.prompt_list, at),
             }
         }
         (RequestKind::Subscribe | RequestKind::Unsubscribe, RouteKey::Resource(uri)) => {

@@ -245,6 +245,45 @@ fn listings_are_paged_with_cursors_and_a_bad_cursor_is_invalid_params() {
     assert!(seen >= 10, "{seen}");
 }
 
+/// `broker.list_page_size` sets the page: at 3 the tools of the embedded
+/// default (with chaos) come in pages of 3 whose cursors lead through all of them, the
+/// same tools, in the same order, as one page of the default 100.
+#[test]
+fn the_page_size_is_the_configured_one_and_pages_cover_the_listing() {
+    let names = |b: &Broker| {
+        let mut c = Conn::connect(b.http);
+        let s = c.initialize("2025-11-25");
+        let (mut names, mut pages) = (Vec::new(), Vec::new());
+        let mut cursor: Option<String> = None;
+        for i in 0..100 {
+            let params = match &cursor {
+                Some(c) => format!(r#"{{"cursor":"{c}"}}"#),
+                None => "{}".into(),
+            };
+            let v = c.call(&s, 10 + i, "tools/list", &params);
+            let tools = v["result"]["tools"].as_array().unwrap();
+            pages.push(tools.len());
+            names.extend(tools.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
+            match v["result"]["nextCursor"].as_str() {
+                Some(n) => cursor = Some(n.to_string()),
+                None => break,
+            }
+        }
+        (names, pages)
+    };
+    let (all, one) = names(&broker());
+    assert_eq!(one, [all.len()], "the default: one page of at most 100");
+    assert!(all.len() > 3, "{all:?}");
+    let toml = common::default_with_chaos().replace("list_page_size = 100", "list_page_size = 3");
+    assert!(toml.contains("list_page_size = 3"));
+    let (paged, sizes) = names(&Broker::start_with_config(&toml, &[]));
+    assert_eq!(paged, all);
+    assert!(
+        sizes.iter().all(|&n| n <= 3) && sizes.len() == all.len().div_ceil(3),
+        "{sizes:?}"
+    );
+}
+
 #[test]
 fn json_rpc_errors_have_their_codes() {
     let b = broker();

@@ -2657,6 +2657,13 @@ mod tests {
     use mcp_schema::{RequestKind, ResponseEncoder, RouteKey};
     use serde_json::{Value, json};
 
+    /// A listing's first page, at the default page size.
+    const FIRST_PAGE: adapt::Page = adapt::Page {
+        start: 0,
+        size: 100,
+        table: 1,
+    };
+
     const TO: ReplyTo<'static> = ReplyTo {
         correlation: Correlation::Text("c1"),
         session_id: Some("s1"),
@@ -3829,7 +3836,7 @@ mod tests {
         ];
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_tools(&mut enc, &mut out, &TO, &all, 0, 1);
+        adapt::list_tools(&mut enc, &mut out, &TO, &all, FIRST_PAGE);
         let v = response("1", Method::ListTools, &out);
         assert_eq!(
             v["result"],
@@ -3845,7 +3852,7 @@ mod tests {
             .map(|i| tool(&format!("t{i}"), "{}", None))
             .collect();
         out.clear();
-        adapt::list_tools(&mut enc, &mut out, &TO, &all, 0, 1);
+        adapt::list_tools(&mut enc, &mut out, &TO, &all, FIRST_PAGE);
         let v = response("1", Method::ListTools, &out);
         assert_eq!(v["result"]["tools"].as_array().unwrap().len(), 100);
         assert_eq!(v["result"]["nextCursor"], "o100.1");
@@ -3870,14 +3877,20 @@ mod tests {
     fn resource_and_template_listings_are_mcp_shaped() {
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_resources(&mut enc, &mut out, &TO, &[resource("file:///a")], 0, 1);
+        adapt::list_resources(
+            &mut enc,
+            &mut out,
+            &TO,
+            &[resource("file:///a")],
+            FIRST_PAGE,
+        );
         assert_eq!(
             response("1", Method::ListResources, &out)["result"],
             json!({"resources":[{"uri":"file:///a","name":"R","description":"d","mimeType":"text/plain",
                 "annotations":{"audience":["user","assistant"],"priority":0.5,"lastModified":"2025-01-01T00:00:00Z"}}]})
         );
         out.clear();
-        adapt::list_templates(&mut enc, &mut out, &TO, &[resource("db://{t}")], 0, 1);
+        adapt::list_templates(&mut enc, &mut out, &TO, &[resource("db://{t}")], FIRST_PAGE);
         let v = response("1", Method::ListResourceTemplates, &out);
         assert_eq!(
             v["result"]["resourceTemplates"][0]["uriTemplate"],
@@ -3904,7 +3917,7 @@ mod tests {
         };
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_prompts(&mut enc, &mut out, &TO, &[pr], 0, 1);
+        adapt::list_prompts(&mut enc, &mut out, &TO, &[pr], FIRST_PAGE);
         assert_eq!(
             response("1", Method::ListPrompts, &out)["result"],
             json!({"prompts":[{"name":"greet","description":"says hi","arguments":[{"name":"who","required":true}]}]})
@@ -4241,7 +4254,7 @@ mod tests {
         let l = tool("s", r#"{"properties":{}}"#, Some(r#"{"type":"array"}"#));
         let mut enc = ResponseEncoder::new(1);
         let mut out = Vec::new();
-        adapt::list_tools(&mut enc, &mut out, &TO, &[l], 0, 1);
+        adapt::list_tools(&mut enc, &mut out, &TO, &[l], FIRST_PAGE);
         let v = response("1", Method::ListTools, &out);
         assert_eq!(
             v["result"]["tools"][0]["inputSchema"],
