@@ -221,6 +221,28 @@ fn every_method_is_served_through_the_routers_on_one_kept_alive_connection() {
     );
 }
 
+/// Every tool of a listing, page by page through its cursors (at most 100
+/// pages), in session `s`: the names, and each page's length.
+fn tools_paged(c: &mut Conn, s: &str) -> (Vec<String>, Vec<usize>) {
+    let (mut names, mut pages) = (Vec::new(), Vec::new());
+    let mut cursor: Option<String> = None;
+    for i in 0..100 {
+        let params = match &cursor {
+            Some(c) => format!(r#"{{"cursor":"{c}"}}"#),
+            None => "{}".into(),
+        };
+        let v = c.call(s, 10 + i, "tools/list", &params);
+        let tools = v["result"]["tools"].as_array().unwrap();
+        pages.push(tools.len());
+        names.extend(tools.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
+        match v["result"]["nextCursor"].as_str() {
+            Some(n) => cursor = Some(n.to_string()),
+            None => break,
+        }
+    }
+    (names, pages)
+}
+
 #[test]
 fn listings_are_paged_with_cursors_and_a_bad_cursor_is_invalid_params() {
     let b = broker();
@@ -228,48 +250,20 @@ fn listings_are_paged_with_cursors_and_a_bad_cursor_is_invalid_params() {
     let s = c.initialize("2025-06-18");
     let v = c.call(&s, 1, "tools/list", r#"{"cursor":"not-a-cursor"}"#);
     assert_eq!(v["error"]["code"], -32602, "{v}");
-    let mut seen = 0;
-    let mut cursor: Option<String> = None;
-    for i in 0..100 {
-        let params = match &cursor {
-            Some(c) => format!(r#"{{"cursor":"{c}"}}"#),
-            None => "{}".into(),
-        };
-        let v = c.call(&s, 10 + i, "tools/list", &params);
-        seen += v["result"]["tools"].as_array().unwrap().len();
-        match v["result"]["nextCursor"].as_str() {
-            Some(n) => cursor = Some(n.to_string()),
-            None => break,
-        }
-    }
-    assert!(seen >= 10, "{seen}");
+    let (names, _) = tools_paged(&mut c, &s);
+    assert!(names.len() >= 10, "{names:?}");
 }
 
 /// `broker.list_page_size` sets the page: at 3 the tools of the embedded
-/// default (with chaos) come in pages of 3 whose cursors lead through all of them, the
-/// same tools, in the same order, as one page of the default 100.
+/// default (with chaos) come in pages of 3 whose cursors lead through all
+/// of them, the same tools, in the same order, as one page of the default
+/// 100.
 #[test]
 fn the_page_size_is_the_configured_one_and_pages_cover_the_listing() {
     let names = |b: &Broker| {
         let mut c = Conn::connect(b.http);
         let s = c.initialize("2025-11-25");
-        let (mut names, mut pages) = (Vec::new(), Vec::new());
-        let mut cursor: Option<String> = None;
-        for i in 0..100 {
-            let params = match &cursor {
-                Some(c) => format!(r#"{{"cursor":"{c}"}}"#),
-                None => "{}".into(),
-            };
-            let v = c.call(&s, 10 + i, "tools/list", &params);
-            let tools = v["result"]["tools"].as_array().unwrap();
-            pages.push(tools.len());
-            names.extend(tools.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
-            match v["result"]["nextCursor"].as_str() {
-                Some(n) => cursor = Some(n.to_string()),
-                None => break,
-            }
-        }
-        (names, pages)
+        tools_paged(&mut c, &s)
     };
     let (all, one) = names(&broker());
     assert_eq!(one, [all.len()], "the default: one page of at most 100");
