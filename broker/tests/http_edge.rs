@@ -2081,30 +2081,95 @@ fn cors_lets_accepted_origins_in_and_no_other() {
 
 /// An HTTP/2 client with prior knowledge (h2c, or a gRPC client pointed at
 /// this port) got a bare close, which it reports as a reset connection.
-/// It gets the server preface and GOAWAY(HTTP_1_1_REQUIRED) with a
-/// reason, and the edge serves HTTP/1.1 on.
+/// It gets the server preface, its request (if it sent one) reset, and
+/// GOAWAY with a reason; and the edge serves HTTP/1.1 on. (A GOAWAY alone
+/// left grpcio holding its call for a retry until its deadline.)
 #[test]
 fn an_http2_client_with_prior_knowledge_is_told_http_1_1_is_required() {
     let b = broker();
-    let mut s = TcpStream::connect(b.http).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    // The client preface, then its (empty) SETTINGS frame.
-    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
-        .unwrap();
-    let mut got = Vec::new();
-    s.read_to_end(&mut got).unwrap();
-    // SETTINGS: empty, stream 0.
-    assert_eq!(&got[..9], b"\0\0\0\x04\0\0\0\0\0", "{got:?}");
-    let goaway = &got[9..];
-    let len = u32::from_be_bytes([0, goaway[0], goaway[1], goaway[2]]) as usize;
-    assert_eq!(goaway[3], 0x7, "GOAWAY: {goaway:?}");
-    assert_eq!(goaway.len(), 9 + len, "{goaway:?}");
-    let payload = &goaway[9..];
-    assert_eq!(&payload[..4], &[0, 0, 0, 0], "last stream id");
-    assert_eq!(&payload[4..8], &[0, 0, 0, 0xd], "HTTP_1_1_REQUIRED");
-    let reason = String::from_utf8_lossy(&payload[8..]);
-    assert!(reason.contains("HTTP/1.1"), "{reason}");
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    // Frames: (type, stream, payload).
+    let frames = |got: &[u8]| {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + 9 <= got.len() {
+            let len = u32::from_be_bytes([0, got[at], got[at + 1], got[at + 2]]) as usize;
+            let stream = u32::from_be_bytes(got[at + 5..at + 9].try_into().unwrap());
+            out.push((got[at + 3], stream, got[at + 9..at + 9 + len].to_vec()));
+            at += 9 + len;
+        }
+        assert_eq!(at, got.len(), "whole frames: {got:?}");
+        out
+    };
+    let exchange = |sent: &[u8]| {
+        let mut s = TcpStream::connect(b.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(sent).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        frames(&got)
+    };
+    let goaway = |payload: &[u8], last: u32| {
+        assert_eq!(&payload[..4], &last.to_be_bytes(), "last stream");
+        assert_eq!(&payload[4..8], &[0, 0, 0, 1], "PROTOCOL_ERROR");
+        let reason = String::from_utf8_lossy(&payload[8..]);
+        assert!(reason.contains("HTTP/1.1 only"), "{reason}");
+    };
+    // The preface alone: SETTINGS (empty), then GOAWAY, no stream taken.
+    let f = exchange(PREFACE);
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert_eq!((f[0].0, f[0].1, f[0].2.len()), (0x4, 0, 0), "SETTINGS");
+    assert_eq!((f[1].0, f[1].1), (0x7, 0), "GOAWAY");
+    goaway(&f[1].2, 0);
+    // With a request (HEADERS on stream 1, END_HEADERS): it is reset, and
+    // the GOAWAY names it.
+    let mut with_request = PREFACE.to_vec();
+    with_request.extend_from_slice(&[0, 0, 1, 0x1, 0x4, 0, 0, 0, 1, 0x82]);
+    let f = exchange(&with_request);
+    assert_eq!(f.len(), 3, "{f:?}");
+    assert_eq!((f[0].0, f[0].2.len()), (0x4, 0), "SETTINGS");
+    assert_eq!(
+        (f[1].0, f[1].1, &f[1].2[..]),
+        (0x3, 1, &[0, 0, 0, 1][..]),
+        "RST_STREAM"
+    );
+    assert_eq!((f[2].0, f[2].1), (0x7, 0), "GOAWAY");
+    goaway(&f[2].2, 1);
     // HTTP/1.1 is served as before.
     let mut c = Conn::connect(b.http);
     c.initialize("2025-11-25");
+}
+
+/// The reference gRPC client (Python `grpcio`, as `scripts/setup` installs
+/// it) pointed at the HTTP port by mistake: its call fails at once, and
+/// the client process lives. A GOAWAY alone held the call until its
+/// deadline; one with HTTP_1_1_REQUIRED on a live stream aborted grpcio.
+#[test]
+fn a_grpc_client_at_the_http_port_fails_at_once() {
+    let b = broker();
+    let script = r#"
+import sys, time, grpc
+ch = grpc.insecure_channel(sys.argv[1])
+call = ch.unary_unary("/mcp.v1.McpService/Ping", request_serializer=lambda x: x, response_deserializer=lambda x: x)
+t = time.time()
+try:
+    call(b"", timeout=20)
+    print("answered")
+except grpc.RpcError as e:
+    print(e.code().name, round(time.time() - t, 2))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &b.http.to_string()])
+        .output()
+        .expect("python3 with grpcio (scripts/setup)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, secs) = stdout.trim().split_once(' ').expect("a failed call");
+    assert_ne!(code, "DEADLINE_EXCEEDED", "{stdout}");
+    assert!(secs.parse::<f64>().unwrap() < 5.0, "{stdout}");
 }

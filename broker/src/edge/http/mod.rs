@@ -297,65 +297,141 @@ async fn serve_connection<I>(
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
         if e.is_parse_version_h2() {
-            refuse_http2(conn.into_parts().io).await;
+            let parts = conn.into_parts();
+            refuse_http2(parts.io, parts.read_buf).await;
         }
     }
 }
 
 /// What this HTTP/1.1-only edge tells a client that opened with the
-/// HTTP/2 connection preface (prior knowledge, h2c): the server's preface
-/// (an empty SETTINGS frame, RFC 9113 §3.4), then GOAWAY with
-/// HTTP_1_1_REQUIRED and a reason, where hyper only closed, which clients
-/// report as a reset connection.
-async fn refuse_http2<I>(mut io: I)
+/// HTTP/2 connection preface (prior knowledge, h2c), where hyper only
+/// closed, which clients report as a reset connection: the server's
+/// preface (an empty SETTINGS frame, RFC 9113 §3.4), then, once the
+/// client's first request (HEADERS) has come, RST_STREAM on it and GOAWAY
+/// naming it as the last, with the reason. GOAWAY alone (last stream 0) told the client its request was
+/// never processed, and gRPC clients held such a call for a retry until
+/// its deadline. `seen`: what hyper had read, the preface first.
+async fn refuse_http2<I>(mut io: I, seen: Bytes)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin,
 {
-    const REASON: &[u8] = b"this endpoint serves HTTP/1.1 only (MCP Streamable HTTP)";
-    const HTTP_1_1_REQUIRED: u32 = 0xd;
-    let mut out = Vec::with_capacity(32 + REASON.len());
-    // SETTINGS: length 0, type 0x4, no flags, stream 0.
-    out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
-    // GOAWAY: type 0x7 on stream 0; last stream 0 (none was processed),
-    // the error code, the reason as debug data.
-    let len = (8 + REASON.len()) as u32;
-    out.extend_from_slice(&len.to_be_bytes()[1..]);
-    out.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    out.extend_from_slice(&HTTP_1_1_REQUIRED.to_be_bytes());
-    out.extend_from_slice(REASON);
     let _ = monoio::time::timeout(Duration::from_secs(1), async {
-        let mut sent = 0;
-        while sent < out.len() {
-            match std::future::poll_fn(|cx| Pin::new(&mut io).poll_write(cx, &out[sent..])).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => sent += n,
+        let mut read = seen.to_vec();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        // The client's first stream, or none: it may send its request
+        // only after the server's SETTINGS, or never.
+        let mut stream = first_http2_stream(&read);
+        let mut ended = false;
+        let mut preface_sent = false;
+        while stream.is_none() && !ended && read.len() < 64 << 10 {
+            if !preface_sent {
+                preface_sent = true;
+                if write_all(&mut io, &[0, 0, 0, 0x4, 0, 0, 0, 0, 0])
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
+            let waited =
+                monoio::time::timeout(Duration::from_millis(200), read_some(&mut io, &mut buf))
+                    .await;
+            match waited {
+                Ok(Some(bytes)) => read.extend_from_slice(&bytes),
+                Ok(None) => ended = true,
+                Err(_) => break,
+            }
+            stream = first_http2_stream(&read);
         }
-        if std::future::poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx))
-            .await
-            .is_err()
+        let mut out = Vec::with_capacity(128);
+        if !preface_sent {
+            out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+        }
+        http2_refusal(&mut out, stream.unwrap_or(0));
+        if write_all(&mut io, &out).await.is_err()
+            || std::future::poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx))
+                .await
+                .is_err()
         {
             return;
         }
-        // Read what the client sent after its preface (its SETTINGS) until
-        // it closes: closing on unread data would reset the connection and
-        // could destroy the GOAWAY before the client reads it.
-        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-        let mut seen = 0;
-        while seen < 64 << 10 {
-            let mut rb = hyper::rt::ReadBuf::uninit(&mut buf);
-            if std::future::poll_fn(|cx| Pin::new(&mut io).poll_read(cx, rb.unfilled()))
-                .await
-                .is_err()
-                || rb.filled().is_empty()
-            {
-                return;
+        // Read what the client sends until it closes: closing on unread
+        // data would reset the connection and could destroy the refusal
+        // before the client reads it.
+        let mut more = 0;
+        while more < 64 << 10 {
+            match read_some(&mut io, &mut buf).await {
+                Some(bytes) => more += bytes.len(),
+                None => return,
             }
-            seen += rb.filled().len();
         }
     })
     .await;
+}
+
+/// For a stream, RST_STREAM on it; then GOAWAY (last stream `stream`,
+/// the reason as its debug data), both PROTOCOL_ERROR: the request is one
+/// this endpoint cannot take. Not HTTP_1_1_REQUIRED, which RFC 9113 makes
+/// optional: grpcio (1.85) aborts the whole process when that code
+/// reaches a live stream (reset, or covered by a GOAWAY).
+fn http2_refusal(out: &mut Vec<u8>, stream: u32) {
+    const REASON: &[u8] = b"this endpoint serves HTTP/1.1 only (MCP Streamable HTTP)";
+    const PROTOCOL_ERROR: [u8; 4] = 0x1_u32.to_be_bytes();
+    if stream != 0 {
+        out.extend_from_slice(&[0, 0, 4, 0x3, 0]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(&PROTOCOL_ERROR);
+    }
+    let len = (8 + REASON.len()) as u32;
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(&PROTOCOL_ERROR);
+    out.extend_from_slice(REASON);
+}
+
+/// The stream of the first HEADERS frame in `read` (the client's frames,
+/// after its preface if hyper handed that back), once its head has come.
+fn first_http2_stream(read: &[u8]) -> Option<u32> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut at = if read.starts_with(PREFACE) {
+        PREFACE.len()
+    } else {
+        0
+    };
+    while let Some(head) = read.get(at..at + 9) {
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        if head[3] == 0x1 && stream != 0 {
+            return Some(stream);
+        }
+        at += 9 + len;
+    }
+    None
+}
+
+async fn write_all<I: hyper::rt::Write + Unpin>(io: &mut I, bytes: &[u8]) -> std::io::Result<()> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        match std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write(cx, &bytes[sent..])).await? {
+            0 => return Err(std::io::ErrorKind::WriteZero.into()),
+            n => sent += n,
+        }
+    }
+    std::future::poll_fn(|cx| Pin::new(&mut *io).poll_flush(cx)).await
+}
+
+/// What one read brings; `None` at the end or on an error.
+async fn read_some<I: hyper::rt::Read + Unpin>(
+    io: &mut I,
+    buf: &mut [std::mem::MaybeUninit<u8>],
+) -> Option<Vec<u8>> {
+    let mut rb = hyper::rt::ReadBuf::uninit(buf);
+    std::future::poll_fn(|cx| Pin::new(&mut *io).poll_read(cx, rb.unfilled()))
+        .await
+        .ok()?;
+    let filled = rb.filled();
+    (!filled.is_empty()).then(|| filled.to_vec())
 }
 
 /// Resolves once a send has been outstanding for `limit`: the peer takes
