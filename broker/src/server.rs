@@ -160,27 +160,28 @@ impl Running {
 /// endpoint.
 const MIN_FREE_DESCRIPTORS: u64 = 32;
 
-/// Threads the broker runs with `shards` shards and `routers` routers, at
-/// rest and at most (docs/deploy.md): 9 of its own (main, signals,
-/// logging, admin, metrics ticker, routing, the WASM host's I/O worker and
-/// epoch ticker, the gRPC edge's auxiliary runtime), one per shard, and
-/// the compiler's pool, which stays once routers compiled (rayon's: one
-/// per CPU it may use); for a moment more, a loading thread per router
-/// (at most [`crate::routing::SIDE_BY_SIDE`]), the ready line's writer
-/// and two for a `/metrics` render.
+/// Threads the broker needs with `shards` shards and `routers` routers to
+/// become ready, and at most (docs/deploy.md): 9 of its own (main,
+/// signals, logging, admin, metrics ticker, routing, the WASM host's I/O
+/// worker and epoch ticker, the gRPC edge's auxiliary runtime), one per
+/// shard, the compiler's pool, which stays once routers compiled (rayon's:
+/// one per CPU it may use), and the ready line's writer (which ends once
+/// it wrote: without it the broker served and never said it was ready);
+/// for a moment more, a loading thread per router (at most
+/// [`crate::routing::SIDE_BY_SIDE`]) and two for a `/metrics` render.
 fn threads_needed(shards: usize, routers: usize) -> (u64, u64) {
     let compilers = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
         .filter(|&n| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let at_rest = (9 + shards + compilers) as u64;
+    let at_rest = (10 + shards + compilers) as u64;
     let loading = if routers > 1 {
         routers.min(crate::routing::SIDE_BY_SIDE)
     } else {
         0
     };
-    (at_rest, at_rest + loading as u64 + 3)
+    (at_rest, at_rest + loading as u64 + 2)
 }
 
 /// Starts everything and returns once every shard accepts. `source` is
@@ -233,26 +234,27 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
     // or the compiler's), with its panic for a message.
     if let Some(room) = crate::process::thread_room() {
         let (at_rest, peak) = threads_needed(config.shard_count(), config.routers.len());
-        if room.limit < at_rest {
+        // The threads this process may have in all: its own so far are
+        // among those used.
+        let ours = room.left() + crate::process::own_threads();
+        if room.limit < at_rest || ours < at_rest {
+            let others = room.used.saturating_sub(crate::process::own_threads());
             bail!(
-                "{} allows {} tasks, fewer than the {at_rest} threads the broker runs on {} \
-                 shard(s) (9, one per shard, one per CPU to compile routers; up to {peak} \
-                 while they load): raise it",
+                "{} allows {} tasks ({others} of them taken by other processes), fewer than \
+                 the {at_rest} threads the broker needs on {} shard(s) (10, one per shard, \
+                 one per CPU to compile routers; up to {peak} while they load): raise it",
                 room.bound,
                 room.limit,
                 config.shard_count(),
             );
         }
-        // Its own threads so far are among those used.
-        let left = room.left() + crate::process::own_threads();
-        if left < peak {
+        if ours < peak {
             tracing::warn!(
                 limit = room.limit,
                 used = room.used,
-                "{} allows {} tasks and {} are in use: {left} more threads may start here, \
-                 short of the {peak} the broker may run at once ({at_rest} at rest on {} \
-                 shard(s), more while routers load); start-up or a reload may fail: \
-                 raise it",
+                "{} allows {} tasks, {} of them in use: this process may run {ours} threads \
+                 in all, short of the {peak} the broker may run at once ({at_rest} at rest on \
+                 {} shard(s), more while routers load); start-up or a reload may fail: raise it",
                 room.bound,
                 room.limit,
                 room.used,
