@@ -2025,6 +2025,25 @@ fn cors_lets_accepted_origins_in_and_no_other() {
         }
         assert_eq!(r.header("vary"), Some("Origin"));
     }
+    // Only header names are taken from what was asked: no echo of junk.
+    let r = c.request(
+        "OPTIONS",
+        "/mcp",
+        &[
+            ("Origin", "https://app.example"),
+            ("Access-Control-Request-Method", "POST"),
+            (
+                "Access-Control-Request-Headers",
+                r#",,, bad header, "q", x:y, mcp-param-a,"#,
+            ),
+        ],
+        b"",
+    );
+    let allowed = r.header("access-control-allow-headers").unwrap();
+    assert!(allowed.ends_with(", mcp-param-a"), "{allowed}");
+    for junk in ["bad header", "\"q\"", "x:y", ",,"] {
+        assert!(!allowed.contains(junk), "{junk}: {allowed}");
+    }
     // A preflight that asks for no header is told MCP's own.
     let r = c.request(
         "OPTIONS",

@@ -254,7 +254,7 @@ fn post_ack(ep: &Endpoint, hdr: &Hdr, payload: &[u8]) -> Result<(), String> {
     let body = a.all().unwrap_or_default();
     match a.status {
         200..=299 => Ok(()),
-        _ => Err(status_reason(&a, &body)),
+        _ => Err(status_reason(ep, &a, &body)),
     }
 }
 
@@ -262,8 +262,14 @@ fn post_ack(ep: &Endpoint, hdr: &Hdr, payload: &[u8]) -> Result<(), String> {
 /// it), then what to do about a redirect (not followed: an upstream URL
 /// that redirects, e.g. `/mcp` to `/mcp/`, only said "HTTP 307"), or a
 /// snippet of the body.
-fn status_reason(a: &http::Answer, body: &[u8]) -> String {
+fn status_reason(ep: &Endpoint, a: &http::Answer, body: &[u8]) -> String {
     match (&a.location, a.status) {
+        // A relative target, as FastMCP sends (`/mcp/`), made whole.
+        (Some(to), 300..=399) if to.starts_with('/') => format!(
+            "HTTP {} redirect to `{}{to}`: redirects are not followed; set the router's \
+             upstream to the URL it names",
+            a.status, ep.shown
+        ),
         (Some(to), 300..=399) => format!(
             "HTTP {} redirect to `{to}`: redirects are not followed; set the router's upstream \
              to the URL it names",
@@ -331,7 +337,7 @@ fn send(
         {
             return Ok(done(outcome, collected));
         }
-        return Err(status_reason(&a, &body));
+        return Err(status_reason(ep, &a, &body));
     }
     if ct.starts_with("application/json") {
         let body = a.all()?;
@@ -1296,7 +1302,7 @@ mod tests {
                 6 => Answer::canned(200, "text/html", None, vec![]),
                 _ => {
                     let mut a = Answer::canned(307, "text/plain", None, vec![]);
-                    a.location = Some("http://up.test/mcp/".into());
+                    a.location = Some("/mcp/".into());
                     a
                 }
             })

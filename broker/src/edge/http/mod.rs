@@ -966,15 +966,22 @@ fn preflight(h: &HeaderMap) -> Response<Body> {
         header::ACCESS_CONTROL_ALLOW_METHODS,
         HeaderValue::from_static("GET, POST, DELETE"),
     );
-    let allowed = match h
+    // What was asked, as header names only (RFC 9110 tokens), at most
+    // 64 of them: the answer is no echo of whatever the request held.
+    let asked: Vec<&str> = h
         .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
         .and_then(|asked| asked.to_str().ok())
+        .into_iter()
+        .flat_map(|asked| asked.split(','))
         .map(str::trim)
-        .filter(|asked| !asked.is_empty())
-    {
-        Some(asked) => HeaderValue::from_str(&format!("{CORS_ALLOWED_HEADERS}, {asked}"))
-            .unwrap_or(HeaderValue::from_static(CORS_ALLOWED_HEADERS)),
-        None => HeaderValue::from_static(CORS_ALLOWED_HEADERS),
+        .filter(|name| HeaderName::from_bytes(name.as_bytes()).is_ok())
+        .take(64)
+        .collect();
+    let allowed = if asked.is_empty() {
+        HeaderValue::from_static(CORS_ALLOWED_HEADERS)
+    } else {
+        HeaderValue::from_str(&format!("{CORS_ALLOWED_HEADERS}, {}", asked.join(", ")))
+            .unwrap_or(HeaderValue::from_static(CORS_ALLOWED_HEADERS))
     };
     out.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, allowed);
     // Ten minutes: a browser asks again after a reload has had time to
