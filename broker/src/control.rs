@@ -757,34 +757,38 @@ impl Control {
     }
 }
 
-/// Errors for every section a reload may not change.
+/// Errors for every section a reload may not change, each naming the keys
+/// that changed.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     let mut errors = Vec::new();
-    let mut restart = |section: &str, same: bool| {
-        if !same {
+    let mut restart = |section: &str, old: &dyn std::fmt::Debug, new: &dyn std::fmt::Debug| {
+        let keys = changed_fields(&format!("{old:#?}"), &format!("{new:#?}"));
+        if !keys.is_empty() {
+            let keys: Vec<String> = keys.iter().map(|k| format!("{section}.{k}")).collect();
             errors.push(format!(
-                "[{section}] changed: it is read only at start-up; restart the broker to apply it (a reload applies [[routers]], [naming], broker.routers_dir, each edge's listen and [tls])"
+                "[{section}] changed ({}): it is read only at start-up; restart the broker to apply it (a reload applies [[routers]], [naming], broker.routers_dir, each edge's listen and [tls])",
+                keys.join(", ")
             ));
         }
     };
     let mut broker = new.broker.clone();
     broker.routers_dir = old.broker.routers_dir.clone();
-    restart("broker", broker == old.broker);
+    restart("broker", &old.broker, &broker);
     // The listeners may move (`Moves`); the rest of each section may not.
     let mut frames = new.frames.clone();
     frames.listen = old.frames.listen;
-    restart("frames", frames == old.frames);
+    restart("frames", &old.frames, &frames);
     let mut grpc = new.grpc.clone();
     grpc.listen = old.grpc.listen;
-    restart("grpc", grpc == old.grpc);
+    restart("grpc", &old.grpc, &grpc);
     let mut http = new.http.clone();
     http.listen = old.http.listen;
-    restart("http", http == old.http);
+    restart("http", &old.http, &http);
     let mut metrics = new.metrics.clone();
     metrics.listen = old.metrics.listen;
-    restart("metrics", metrics == old.metrics);
-    restart("bench", new.bench == old.bench);
-    restart("auth", new.auth == old.auth);
+    restart("metrics", &old.metrics, &metrics);
+    restart("bench", &old.bench, &new.bench);
+    restart("auth", &old.auth, &new.auth);
     // The files (and the other keys) of [tls] reload; serving TLS or
     // plaintext is decided at start-up.
     if new.tls.is_some() != old.tls.is_some() {
@@ -794,6 +798,46 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         );
     }
     errors
+}
+
+/// The top-level fields whose values differ between two pretty `Debug`
+/// renderings of one type (`{:#?}`: a field per line at four spaces, its
+/// value's own lines deeper), in order; for an `Option` that is `None` on
+/// one side, or any other shape, `*` when they differ at all. The config
+/// types derive `Debug` and `PartialEq` only: this names the keys without
+/// a second, hand-kept list of them.
+fn changed_fields(old: &str, new: &str) -> Vec<String> {
+    fn fields(text: &str) -> Vec<(&str, String)> {
+        let mut out: Vec<(&str, String)> = Vec::new();
+        for line in text.lines() {
+            let top = line
+                .strip_prefix("    ")
+                .filter(|l| !l.starts_with(' '))
+                .and_then(|l| l.split_once(": "));
+            match (top, out.last_mut()) {
+                (Some((name, value)), _) => out.push((name, value.to_owned())),
+                (None, Some((_, value))) => {
+                    value.push('\n');
+                    value.push_str(line);
+                }
+                (None, None) => {}
+            }
+        }
+        out
+    }
+    if old == new {
+        return Vec::new();
+    }
+    let (a, b) = (fields(old), fields(new));
+    let names: Vec<&str> = a.iter().map(|(n, _)| *n).collect();
+    if a.is_empty() || names != b.iter().map(|(n, _)| *n).collect::<Vec<_>>() {
+        return vec!["*".into()];
+    }
+    a.iter()
+        .zip(&b)
+        .filter(|((_, x), (_, y))| x != y)
+        .map(|((n, _), _)| (*n).to_owned())
+        .collect()
 }
 
 /// New listeners a reload binds before it changes anything, for the edges
@@ -1003,12 +1047,23 @@ mod tests {
         new.frames.max_frame_bytes += 1;
         new.http.max_sessions += 1;
         new.broker.shards += 1;
+        new.broker.list_page_size = 7;
+        new.broker.cpus = vec![1];
         let errors = restart_only_changes(&old, &new);
         assert_eq!(errors.len(), 3, "{errors:?}");
-        for (e, section) in errors.iter().zip(["[broker]", "[frames]", "[http]"]) {
+        for (e, section) in errors.iter().zip([
+            "[broker] changed (broker.shards, broker.cpus, broker.list_page_size)",
+            "[frames] changed (frames.max_frame_bytes)",
+            "[http] changed (http.max_sessions)",
+        ]) {
             assert!(e.starts_with(section), "{e}");
             assert!(e.contains("restart"), "{e}");
         }
+        // An optional section turned on or off names itself whole.
+        let none = format!("{:#?}", None::<crate::config::BrokerSection>);
+        let some = format!("{:#?}", Some(old.broker.clone()));
+        assert_eq!(changed_fields(&none, &some), ["*"]);
+        assert!(changed_fields(&some, &some).is_empty());
     }
 
     #[test]
