@@ -155,29 +155,28 @@ fn user_tasks(proc: &std::path::Path, uid: u32) -> u64 {
         let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
             continue;
         };
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-        };
-        if field("Uid:") == Some(u64::from(uid)) {
-            tasks += field("Threads:").unwrap_or(1);
+        if status_field(&status, "Uid:") == Some(u64::from(uid)) {
+            tasks += status_field(&status, "Threads:").unwrap_or(1);
         }
     }
     tasks
+}
+
+/// The first number of field `name` ("Uid:", "Threads:") in a
+/// `/proc/<pid>/status` text.
+fn status_field(status: &str, name: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }
 
 /// Threads this process's own `/proc/self/status` counts now.
 pub fn own_threads() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
+        .and_then(|s| status_field(&s, "Threads:"))
         .unwrap_or(1)
 }
 

@@ -236,9 +236,10 @@ pub fn start(config: Config, source: crate::control::Source) -> Result<Running> 
         let (at_rest, peak) = threads_needed(config.shard_count(), config.routers.len());
         // The threads this process may have in all: its own so far are
         // among those used.
-        let ours = room.left() + crate::process::own_threads();
+        let own = crate::process::own_threads();
+        let ours = room.left() + own;
         if room.limit < at_rest || ours < at_rest {
-            let others = room.used.saturating_sub(crate::process::own_threads());
+            let others = room.used.saturating_sub(own);
             bail!(
                 "{} allows {} tasks ({others} of them taken by other processes), fewer than \
                  the {at_rest} threads the broker needs on {} shard(s) (10, one per shard, \

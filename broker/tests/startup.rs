@@ -39,9 +39,9 @@ fn taskset(cmd: &mut Command, cpu: usize) {
     }
 }
 
-/// Makes `cmd`'s process start with RLIMIT_NOFILE `soft:hard`, as
-/// `prlimit --nofile=SOFT:HARD` does.
-fn nofile(cmd: &mut Command, soft: u64, hard: u64) {
+/// Makes `cmd`'s process start with `resource` (RLIMIT_NOFILE, …) at
+/// `soft:hard`, as `prlimit --nofile=SOFT:HARD` does.
+fn limit(cmd: &mut Command, resource: libc::__rlimit_resource_t, soft: u64, hard: u64) {
     // SAFETY: runs in the forked child before exec; setrlimit is
     // async-signal-safe and reads only the struct on the stack.
     unsafe {
@@ -50,7 +50,7 @@ fn nofile(cmd: &mut Command, soft: u64, hard: u64) {
                 rlim_cur: soft,
                 rlim_max: hard,
             };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+            if libc::setrlimit(resource, &r) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -253,7 +253,9 @@ fn instance_pools_larger_than_the_address_space_fail_naming_their_keys() {
 #[test]
 fn soft_descriptor_limit_is_raised_to_the_hard_limit() {
     let hard = our_hard_nofile().min(1 << 20);
-    let b = Broker::start_command(None, &["--shards", "1"], |cmd| nofile(cmd, 256, hard));
+    let b = Broker::start_command(None, &["--shards", "1"], |cmd| {
+        limit(cmd, libc::RLIMIT_NOFILE, 256, hard)
+    });
     let (soft_now, hard_now) = limits_row(b.child.id(), "Max open files");
     assert_eq!(hard_now, hard.to_string());
     assert_eq!(soft_now, hard.to_string(), "soft limit raised from 256");
@@ -266,7 +268,7 @@ fn descriptor_limit_below_the_configured_connections_is_warned() {
     let log = temp_file("stderr.log");
     let file = std::fs::File::create(&log).unwrap();
     let b = Broker::start_command(None, &["--shards", "1"], |cmd| {
-        nofile(cmd, 256, 2048);
+        limit(cmd, libc::RLIMIT_NOFILE, 256, 2048);
         cmd.stderr(file);
     });
     // The warning comes before the ready line, which the harness waited for.
@@ -360,7 +362,7 @@ fn a_thread_limit_below_what_the_broker_runs_fails_start_up_naming_it() {
     }
     // SAFETY: getuid cannot fail.
     let root = unsafe { libc::getuid() } == 0;
-    let start = |limit: u64| {
+    let start = |tasks: u64| {
         let mut cmd = Command::new(&bin);
         cmd.args(common::PORT_ZERO)
             .args(["--shards", "2"])
@@ -371,20 +373,7 @@ fn a_thread_limit_below_what_the_broker_runs_fails_start_up_naming_it() {
         if root {
             cmd.uid(65534).gid(65534);
         }
-        // SAFETY: runs in the forked child before exec; setrlimit is
-        // async-signal-safe and reads only the struct on the stack.
-        unsafe {
-            cmd.pre_exec(move || {
-                let r = libc::rlimit {
-                    rlim_cur: limit,
-                    rlim_max: limit,
-                };
-                if libc::setrlimit(libc::RLIMIT_NPROC, &r) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        limit(&mut cmd, libc::RLIMIT_NPROC, tasks, tasks);
         cmd.spawn().unwrap()
     };
     let refused = |limit: u64| {
@@ -437,23 +426,23 @@ fn a_thread_limit_below_what_the_broker_runs_fails_start_up_naming_it() {
 fn too_few_descriptors_fail_start_up_with_the_reason() {
     // 20: the admin endpoint cannot start; 32: it starts, with fewer than
     // 32 left whatever the machine opened.
-    for limit in [20, 32] {
+    for fds in [20, 32] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-broker"));
         cmd.args(common::PORT_ZERO)
             .args(["--shards", "1"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        nofile(&mut cmd, limit, limit);
+        limit(&mut cmd, libc::RLIMIT_NOFILE, fds, fds);
         let mut child = cmd.spawn().unwrap();
         let status = wait_exit(&mut child, Duration::from_secs(60));
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(status.code(), Some(1), "limit {limit}: {stderr}");
-        assert!(out.stdout.is_empty(), "limit {limit}: a ready line");
+        assert_eq!(status.code(), Some(1), "limit {fds}: {stderr}");
+        assert!(out.stdout.is_empty(), "limit {fds}: a ready line");
         assert!(
             stderr.contains("Too many open files") || stderr.contains("file descriptors are left"),
-            "limit {limit}: {stderr}"
+            "limit {fds}: {stderr}"
         );
     }
 }
@@ -467,7 +456,7 @@ fn accepts_out_of_descriptors_are_counted_and_paced_and_serving_resumes() {
     let log = temp_file("emfile.log");
     let file = std::fs::File::create(&log).unwrap();
     let b = Broker::start_command(None, &["--shards", "1"], |cmd| {
-        nofile(cmd, LIMIT, LIMIT);
+        limit(cmd, libc::RLIMIT_NOFILE, LIMIT, LIMIT);
         cmd.stderr(file);
     });
     let open_fds =

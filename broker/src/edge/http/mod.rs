@@ -172,7 +172,7 @@ pub async fn accept_loop(
     rebinds: crate::shard::Rebinds,
 ) {
     let max = edge.cfg.max_connections_per_shard;
-    let stats = &edge.ctx.shared.stats[edge.ctx.index];
+    let stats = edge.stats();
     let on_accept = |(stream, peer): (monoio::net::TcpStream, std::net::SocketAddr)| {
         if edge.connections.get() >= max {
             crate::shared::ShardStats::add(&stats.http_connections_refused, 1);
@@ -216,10 +216,7 @@ struct ConnGuard(Rc<HttpEdge>);
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.connections.set(self.0.connections.get() - 1);
-        crate::shared::ShardStats::sub(
-            &self.0.ctx.shared.stats[self.0.ctx.index].http_connections_open,
-            1,
-        );
+        crate::shared::ShardStats::sub(&self.0.stats().http_connections_open, 1);
     }
 }
 
@@ -227,10 +224,7 @@ impl Drop for ConnGuard {
 /// close. It counts against `max_connections_per_shard` from the accept on.
 async fn connection(edge: Rc<HttpEdge>, stream: TcpStream, peer: SocketAddr) {
     edge.connections.set(edge.connections.get() + 1);
-    crate::shared::ShardStats::add(
-        &edge.ctx.shared.stats[edge.ctx.index].http_connections_open,
-        1,
-    );
+    crate::shared::ShardStats::add(&edge.stats().http_connections_open, 1);
     let _guard = ConnGuard(edge.clone());
     let Some(tls) = edge.ctx.shared.tls.clone() else {
         let io = rt::uring_io(stream);
@@ -289,7 +283,7 @@ async fn serve_connection<I>(
             // Dropping the connection drops its answers and its SSE
             // streams; their events stay in the session's replay logs.
             tracing::warn!(%peer, ?write_timeout, "HTTP connection closed: the peer read nothing within http.write_timeout");
-            let stats = &edge.ctx.shared.stats[edge.ctx.index];
+            let stats = edge.stats();
             crate::shared::ShardStats::add(&stats.http_write_timeouts, 1);
             return;
         }
@@ -308,45 +302,38 @@ async fn serve_connection<I>(
 /// closed, which clients report as a reset connection: the server's
 /// preface (an empty SETTINGS frame, RFC 9113 §3.4), then, once the
 /// client's first request (HEADERS) has come, RST_STREAM on it and GOAWAY
-/// naming it as the last, with the reason. GOAWAY alone (last stream 0) told the client its request was
-/// never processed, and gRPC clients held such a call for a retry until
-/// its deadline. `seen`: what hyper had read, the preface first.
+/// naming it as the last, with the reason. GOAWAY alone (last stream 0)
+/// told the client its request was never processed, and gRPC clients held
+/// such a call for a retry until its deadline. `seen`: what hyper had
+/// read, the preface first.
 async fn refuse_http2<I>(mut io: I, seen: Bytes)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin,
 {
     let _ = monoio::time::timeout(Duration::from_secs(1), async {
+        // The server's preface first: a client may send its request only
+        // after it (or never).
+        if write_all(&mut io, &[0, 0, 0, 0x4, 0, 0, 0, 0, 0])
+            .await
+            .is_err()
+        {
+            return;
+        }
         let mut read = seen.to_vec();
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-        // The client's first stream, or none: it may send its request
-        // only after the server's SETTINGS, or never.
         let mut stream = first_http2_stream(&read);
-        let mut ended = false;
-        let mut preface_sent = false;
-        while stream.is_none() && !ended && read.len() < 64 << 10 {
-            if !preface_sent {
-                preface_sent = true;
-                if write_all(&mut io, &[0, 0, 0, 0x4, 0, 0, 0, 0, 0])
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
+        while stream.is_none() && read.len() < 64 << 10 {
             let waited =
                 monoio::time::timeout(Duration::from_millis(200), read_some(&mut io, &mut buf))
                     .await;
             match waited {
                 Ok(Some(bytes)) => read.extend_from_slice(&bytes),
-                Ok(None) => ended = true,
-                Err(_) => break,
+                // The client closed, or went silent: refuse no stream.
+                Ok(None) | Err(_) => break,
             }
             stream = first_http2_stream(&read);
         }
         let mut out = Vec::with_capacity(128);
-        if !preface_sent {
-            out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
-        }
         http2_refusal(&mut out, stream.unwrap_or(0));
         if write_all(&mut io, &out).await.is_err()
             || std::future::poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx))
@@ -1018,7 +1005,7 @@ impl HttpEdge {
     /// One HTTP request's response, counted by status
     /// (`mcp_http_responses_total`).
     async fn serve(self: Rc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let stats = &self.ctx.shared.stats[self.ctx.index];
+        let stats = self.stats();
         let cors = self.cors_origin(req.headers());
         let mut r = match &cors {
             Some(_)
@@ -1623,7 +1610,7 @@ impl HttpEdge {
                 };
             }
         };
-        let stats = &self.ctx.shared.stats[self.ctx.index];
+        let stats = self.stats();
         let in_flight = InFlight::count(stats);
         let mut args = Vec::new();
         let who = metrics::record::attribute(&self.ctx, &req);
@@ -2208,7 +2195,7 @@ impl HttpEdge {
         session.emit(stream, Some(&buf));
         // The request is still being handled: counted while it waits, as
         // docs/metrics.md says (the gauge read 0 with 3,000 waiting).
-        let _in_flight = InFlight::count(&self.ctx.shared.stats[self.ctx.index]);
+        let _in_flight = InFlight::count(self.stats());
         // The drain's deadline ends the wait as it ends a running call: the
         // request still gets its final answer before the shard closes.
         let answer = monoio::select! {

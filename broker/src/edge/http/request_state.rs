@@ -346,9 +346,11 @@ impl RequestStates {
             .map_err(|_| Refused::Integrity)?;
         let (times, rest) = plain.split_at(times);
         let time = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("length checked"));
-        let (issued, expiry) = match times.split_at_checked(EXPIRY_LEN) {
-            Some((issued, expiry)) if !expiry.is_empty() => (Some(time(issued)), time(expiry)),
-            _ => (None, time(times)),
+        let (issued, expiry) = if version == VERSION_1 {
+            (None, time(times))
+        } else {
+            let (issued, expiry) = times.split_at(EXPIRY_LEN);
+            (Some(time(issued)), time(expiry))
         };
         if issued.is_some_and(|i| i > now.saturating_add(SKEW)) {
             return Err(Refused::ClockSkew);
