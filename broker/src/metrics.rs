@@ -1052,7 +1052,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         &mut o,
         "mcp_http_request_states_refused_total",
         "counter",
-        "Retries refused for their requestState, by reason: malformed (not a token of this format), integrity (changed, for another tool or caller, or sealed under another key: brokers behind one balancer need the same http.request_state_key_file), expired (past http.request_state_ttl).",
+        "Retries refused for their requestState, by reason: malformed (not a token of this format, or not a string), integrity (changed, for another tool or caller, or sealed under another key: brokers behind one balancer need the same http.request_state_key_file), expired (past http.request_state_ttl).",
     );
     for (why, n) in states.refusals() {
         let _ = writeln!(

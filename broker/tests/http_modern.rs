@@ -1195,11 +1195,13 @@ fn a_routers_state_travels_sealed_in_request_state_and_comes_back_with_the_answe
     );
     refused(&r, 400, -32602, json!(9));
     // Counted: the three questions asked (rounds 1, 2, and the start over),
-    // and the two tokens refused here by their integrity.
+    // the two tokens refused here by their integrity, and the one that is
+    // not a string as malformed (it was counted nowhere).
     assert_eq!(b.metric_sum("mcp_http_request_states_issued_total"), 3.0);
     let (_, metrics) = b.http_get("/metrics");
     assert!(
         metrics.contains("mcp_http_request_states_refused_total{reason=\"integrity\"} 2\n")
+            && metrics.contains("mcp_http_request_states_refused_total{reason=\"malformed\"} 1\n")
             && metrics.contains("mcp_http_request_states_refused_total{reason=\"expired\"} 0\n"),
         "{metrics}"
     );

@@ -79,7 +79,9 @@ use serde_json::value::RawValue;
 use super::jsonrpc::{
     self, Body as RpcBody, FrameKind, Id, MODERN_VERSION, Message, Method, first_byte, string_of,
 };
-use super::request_state::{Asked, MAX_INPUT_KEY_BYTES, MAX_STATE_BYTES, Question, RequestStates};
+use super::request_state::{
+    Asked, MAX_INPUT_KEY_BYTES, MAX_STATE_BYTES, Question, Refused, RequestStates,
+};
 use super::{
     Body, HttpEdge, empty, frames, hide_tools, json_response, level_allows, refuse, unparsable,
 };
@@ -284,6 +286,10 @@ impl Refusal {
 
 /// Step 1: the `_meta` fields every modern request must carry, and what
 /// the edge reads from the params besides.
+/// The refusal of a `requestState` that is not a string, which the edge
+/// counts as a malformed one (`mcp_http_request_states_refused_total`).
+const STATE_NOT_A_STRING: &str = "Invalid params: `requestState` must be a string";
+
 pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declared<'a>, Refusal> {
     let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
     let env: Envelope<'a> = match params {
@@ -343,10 +349,7 @@ pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declar
     };
     let request_state = match env.request_state.filter(|r| r.get() != "null") {
         None => None,
-        Some(r) => Some(
-            string_of(r)
-                .ok_or_else(|| invalid("Invalid params: `requestState` must be a string".into()))?,
-        ),
+        Some(r) => Some(string_of(r).ok_or_else(|| invalid(STATE_NOT_A_STRING.into()))?),
     };
     let name = match method {
         "tools/call" | "prompts/get" => env.name.and_then(string_of),
@@ -1241,7 +1244,15 @@ impl HttpEdge {
         }
         let d = match declared(method, params) {
             Ok(d) => d,
-            Err(r) => return refusal_response(Some(id), r),
+            Err(r) => {
+                if r.message == STATE_NOT_A_STRING {
+                    self.ctx
+                        .shared
+                        .request_states
+                        .count_refusal(Refused::Malformed);
+                }
+                return refusal_response(Some(id), r);
+            }
         };
         if let Err(r) = check_headers(headers, method, &d).and_then(|()| check_version(&d)) {
             return refusal_response(Some(id), r);

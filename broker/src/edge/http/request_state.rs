@@ -308,12 +308,18 @@ impl RequestStates {
     ) -> Result<Question<String>, Refused> {
         let opened = self.open_at(token, tool, subject, now_secs());
         if let Err(why) = opened {
-            self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
+            self.count_refusal(why);
             // A client's mistake, or a fleet whose brokers hold different
             // keys: the metric tells which, the log names the tool.
             tracing::debug!(tool, reason = why.as_str(), "requestState refused");
         }
         opened
+    }
+
+    /// Counts a retry refused for its `requestState` before any token was
+    /// opened (one that is not a string is `Malformed`).
+    pub fn count_refusal(&self, why: Refused) {
+        self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     fn open_at(
