@@ -603,6 +603,76 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
     );
 }
 
+/// FastMCP before 1.30 sends a call's progress unrelated to its request,
+/// so on the session's GET stream; any release does so with a question
+/// asked without `related_request_id`. The router listens there while a
+/// call runs: the progress and logs reach the client live, and the
+/// question is refused at once instead of waiting for the deadline. An
+/// upstream answering in JSON, whose call stream carries nothing but the
+/// result, is heard there too.
+#[test]
+fn progress_logs_and_questions_sent_on_the_get_stream_are_served_beside_the_call() {
+    let scratch = state_dir("aside");
+    let dir = scratch.path();
+    let alpha = Upstream::start("alpha", dir);
+    let beta = Upstream::start_on("beta", DeadPort::any(), dir, &["--json".into()]);
+    let b = Broker::start_with_config(
+        &config(&[
+            ("alpha", &alpha.url(), "call_deadline = \"20s\""),
+            ("beta", &beta.url(), "call_deadline = \"20s\""),
+        ]),
+        &[],
+    );
+    let (mut c, s) = session(&b);
+    let r = c.call(&s, 0, "logging/setLevel", r#"{"level":"info"}"#);
+    assert!(r["result"].is_object(), "{r}");
+    for (round, server) in [(1, "alpha"), (2, "beta"), (3, "alpha")] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{round},"method":"tools/call","params":{{"name":"{server}__steps_aside","arguments":{{"n":3,"delay":0.05}},"_meta":{{"progressToken":"t{round}"}}}}}}"#
+        );
+        let r = c.post(Some(&s), &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let msgs = r.sse_messages();
+        let progress: Vec<_> = msgs
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .map(|m| m["params"].clone())
+            .collect();
+        assert_eq!(
+            progress,
+            [1, 2, 3].map(|i| json!({"progressToken": format!("t{round}"), "progress": i, "total": 3, "message": format!("aside {i}")})),
+            "{server}, round {round}: {msgs:?}"
+        );
+        let logs = msgs
+            .iter()
+            .filter(|m| m["method"] == "notifications/message")
+            .count();
+        assert_eq!(logs, 3, "{server}: {msgs:?}");
+        assert_eq!(text_of(&msgs.last().unwrap()["result"]), "done 3");
+    }
+    // A question on the GET stream is refused at once, as one on the
+    // call's stream is; it used to wait for the 20 s deadline.
+    for server in ["alpha", "beta"] {
+        let t0 = Instant::now();
+        let r = c.call(
+            &s,
+            5,
+            "tools/call",
+            &format!(r#"{{"name":"{server}__ask_aside","arguments":{{}}}}"#),
+        );
+        let text = text_of(&r["result"]);
+        assert!(
+            text.starts_with("refused:") && text.contains("not supported through mcp-broker"),
+            "{server}: {r}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{server}: {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
 #[test]
 fn an_upstream_down_at_start_is_retried_and_its_tools_appear_with_list_changed() {
     let scratch = state_dir("late");

@@ -25,6 +25,11 @@ Tools:
 - `slow(seconds)`: sleeps, then returns "slept"; a cancelled call is
   counted in DIR/cancelled.
 - `cancelled()`: that count.
+- `steps_aside(n, delay=0.01)`: as `steps`, but its progress and logs are
+  sent unrelated to the request, so on the session's GET stream, as
+  FastMCP releases before 1.30 send `report_progress`.
+- `ask_aside()`: asks the client for a sampling unrelated to the request
+  (on the GET stream) and returns what came back, or the error's text.
 - `grow()`: adds a tool `grown_N` and announces `tools/list_changed` on
   the call's own stream.
 - `fail()`: raises, which FastMCP returns as an `isError` result.
@@ -89,6 +94,29 @@ def build(name: str, json_response: bool, state: str | None) -> FastMCP:
             bump_cancelled()
             raise
         return f"done {n}"
+
+    @server.tool(description="Reports progress n times on the session's GET stream.")
+    async def steps_aside(n: int, ctx: Context, delay: float = 0.01) -> str:
+        meta = ctx.request_context.meta
+        token = meta.progressToken if meta else None
+        for i in range(1, n + 1):
+            # No related_request_id: the message goes to the GET stream.
+            await ctx.session.send_log_message("info", f"aside {i} of {n}")
+            if token is not None:
+                await ctx.session.send_progress_notification(token, i, n, f"aside {i}")
+            await asyncio.sleep(delay)
+        return f"done {n}"
+
+    @server.tool(description="Asks the client for a sampling on the session's GET stream.")
+    async def ask_aside(ctx: Context) -> str:
+        try:
+            r = await ctx.session.create_message(
+                messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text="hi"))],
+                max_tokens=8,
+            )
+            return f"answered: {r.model_dump_json()}"
+        except Exception as e:  # the refusal, as McpError
+            return f"refused: {e}"
 
     @server.tool(description="Sleeps, then answers.")
     async def slow(seconds: float) -> str:

@@ -2,6 +2,11 @@
 //! body read in bounded chunks. Errors are plain reasons ("connection
 //! refused", "HTTP 500: …"); the caller words them with method and URL.
 //!
+//! While it waits for an answer, a request may also serve a second stream
+//! ([`Beside`]): the session's standing GET stream, on which a server sends
+//! what is not tied to a request (lib.rs, "Listener"). Both are waited on
+//! with one `wasi:io/poll.poll`.
+//!
 //! [`Endpoint::parse`] is pure and tested natively; the rest calls WASI
 //! imports and only runs inside the component.
 
@@ -10,6 +15,7 @@ use wasi::http::types::{
     ErrorCode, Fields, IncomingBody, IncomingResponse, Method, OutgoingBody, OutgoingRequest,
     Scheme,
 };
+use wasi::io::poll::Pollable;
 use wasi::io::streams::{InputStream, StreamError};
 
 /// An answer body larger than this is refused: the WIT carries whole
@@ -19,6 +25,44 @@ pub const MAX_BODY: usize = 16 << 20;
 const READ_CHUNK: u64 = 64 << 10;
 /// `blocking-write-and-flush` accepts at most 4096 bytes per call.
 const WRITE_CHUNK: usize = 4096;
+
+/// A second stream served while a request waits for its answer.
+pub trait Beside {
+    /// The stream to watch, while there is one.
+    fn stream(&mut self) -> Option<&mut Answer>;
+    /// Reads what that stream has ready (it was seen ready, or in the
+    /// native tests, before every chunk of the answer).
+    fn serve(&mut self);
+}
+
+/// Nothing beside: a plain request.
+pub struct Alone;
+
+impl Beside for Alone {
+    fn stream(&mut self) -> Option<&mut Answer> {
+        None
+    }
+    fn serve(&mut self) {}
+}
+
+/// Blocks until `p` is ready, serving `side` whenever its stream is.
+fn wait(p: &Pollable, side: &mut dyn Beside) {
+    loop {
+        let Some(theirs) = side.stream().and_then(Answer::pollable) else {
+            p.block();
+            return;
+        };
+        let ready = wasi::io::poll::poll(&[p, &theirs]);
+        // Dropped before `serve`, which may end the stream it belongs to.
+        drop(theirs);
+        if ready.contains(&1) {
+            side.serve();
+        }
+        if ready.contains(&0) {
+            return;
+        }
+    }
+}
 
 /// The upstream's MCP endpoint, split as wasi:http wants it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +160,9 @@ pub struct Answer {
     pub location: Option<String>,
     source: Source,
     read: usize,
+    /// A standing stream's bytes are not bounded as a whole (its events
+    /// are, by the caller).
+    endless: bool,
 }
 
 enum Source {
@@ -146,13 +193,43 @@ impl Answer {
             location: None,
             source: Source::Canned(chunks.into()),
             read: 0,
+            endless: false,
         }
     }
 
-    /// The next chunk, or `None` at the end of the body.
-    pub fn chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
+    /// What to wait on for the next chunk (`None` in the native tests).
+    fn pollable(&mut self) -> Option<Pollable> {
+        match &self.source {
+            Source::Wasi { stream, .. } => Some(stream.subscribe()),
+            #[cfg(test)]
+            Source::Canned(_) => None,
+        }
+    }
+
+    /// The next chunk, or `None` at the end of the body, serving `side`
+    /// while it waits.
+    pub fn chunk_beside(&mut self, side: &mut dyn Beside) -> Result<Option<Vec<u8>>, String> {
+        loop {
+            #[cfg(test)]
+            if matches!(self.source, Source::Canned(_)) && side.stream().is_some() {
+                side.serve();
+            }
+            match self.try_chunk()? {
+                Some(bytes) if bytes.is_empty() => {
+                    if let Some(p) = self.pollable() {
+                        wait(&p, side);
+                    }
+                }
+                next => return Ok(next),
+            }
+        }
+    }
+
+    /// What has arrived, without waiting: `Some` of no bytes when nothing
+    /// has, `None` at the end of the body.
+    pub fn try_chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
         let next = match &mut self.source {
-            Source::Wasi { stream, .. } => match stream.blocking_read(READ_CHUNK) {
+            Source::Wasi { stream, .. } => match stream.read(READ_CHUNK) {
                 Ok(bytes) => Some(bytes),
                 Err(StreamError::Closed) => None,
                 Err(StreamError::LastOperationFailed(e)) => {
@@ -165,7 +242,9 @@ impl Answer {
             #[cfg(test)]
             Source::Canned(chunks) => chunks.pop_front(),
         };
-        if let Some(bytes) = &next {
+        if let Some(bytes) = &next
+            && !self.endless
+        {
             self.read += bytes.len();
             if self.read > MAX_BODY {
                 return Err("answer larger than 16 MiB".into());
@@ -176,8 +255,13 @@ impl Answer {
 
     /// The whole (bounded) body.
     pub fn all(&mut self) -> Result<Vec<u8>, String> {
+        self.all_beside(&mut Alone)
+    }
+
+    /// The whole (bounded) body, serving `side` while it waits.
+    pub fn all_beside(&mut self, side: &mut dyn Beside) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
-        while let Some(c) = self.chunk()? {
+        while let Some(c) = self.chunk_beside(side)? {
             out.extend_from_slice(&c);
         }
         Ok(out)
@@ -189,8 +273,14 @@ fn header(fields: &Fields, name: &str) -> Option<String> {
     String::from_utf8(v).ok().map(|s| s.trim().to_owned())
 }
 
-/// POSTs `body` with `headers`; returns once the response head arrived.
-pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answer, String> {
+/// POSTs `body` with `headers`; returns once the response head arrived,
+/// serving `side` while it waits.
+pub fn post(
+    ep: &Endpoint,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    side: &mut dyn Beside,
+) -> Result<Answer, String> {
     let mut list: Vec<(String, Vec<u8>)> = headers
         .iter()
         .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
@@ -201,18 +291,7 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
         "content-length".to_owned(),
         body.len().to_string().into_bytes(),
     ));
-    let fields = Fields::from_list(&list).map_err(|e| format!("request headers: {e:?}"))?;
-    let req = OutgoingRequest::new(fields);
-    let scheme = if ep.https {
-        Scheme::Https
-    } else {
-        Scheme::Http
-    };
-    req.set_method(&Method::Post)
-        .and_then(|()| req.set_scheme(Some(&scheme)))
-        .and_then(|()| req.set_authority(Some(&ep.authority)))
-        .and_then(|()| req.set_path_with_query(Some(&ep.path)))
-        .map_err(|()| "the URL was refused by wasi:http".to_owned())?;
+    let req = request(ep, &Method::Post, &list)?;
     let out_body = req
         .body()
         .map_err(|()| "request body unavailable".to_owned())?;
@@ -235,7 +314,7 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
     // A body that could not be sent usually means the request failed (the
     // connection was refused or reset): the response's own error names
     // why, so it is preferred to the write's.
-    future.subscribe().block();
+    wait(&future.subscribe(), side);
     let response = match (future.get(), sent) {
         (Some(Ok(Ok(r))), Ok(())) => r,
         (Some(Ok(Err(e))), _) => return Err(reason(&e)),
@@ -243,6 +322,62 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
         (Some(Err(())), Ok(())) => return Err("response already taken".into()),
         (None, Ok(())) => return Err("no response".into()),
     };
+    answer(response, false)
+}
+
+/// GETs the endpoint with `headers` (no body), waiting at most
+/// `first_byte` for the response head: the answer is a stream meant to
+/// stay open, read with [`Answer::try_chunk`] and [`Beside`].
+pub fn get(
+    ep: &Endpoint,
+    headers: &[(&str, &str)],
+    first_byte: std::time::Duration,
+) -> Result<Answer, String> {
+    let list: Vec<(String, Vec<u8>)> = headers
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    let req = request(ep, &Method::Get, &list)?;
+    let options = wasi::http::types::RequestOptions::new();
+    let nanos = u64::try_from(first_byte.as_nanos()).unwrap_or(u64::MAX);
+    options
+        .set_first_byte_timeout(Some(nanos))
+        .map_err(|()| "the first-byte timeout was refused by wasi:http".to_owned())?;
+    let future = outgoing_handler::handle(req, Some(options)).map_err(|e| reason(&e))?;
+    future.subscribe().block();
+    let response = match future.get() {
+        Some(Ok(Ok(r))) => r,
+        Some(Ok(Err(e))) => return Err(reason(&e)),
+        Some(Err(())) => return Err("response already taken".into()),
+        None => return Err("no response".into()),
+    };
+    answer(response, true)
+}
+
+/// An outgoing request to the endpoint, its head set.
+fn request(
+    ep: &Endpoint,
+    method: &Method,
+    headers: &[(String, Vec<u8>)],
+) -> Result<OutgoingRequest, String> {
+    let fields = Fields::from_list(headers).map_err(|e| format!("request headers: {e:?}"))?;
+    let req = OutgoingRequest::new(fields);
+    let scheme = if ep.https {
+        Scheme::Https
+    } else {
+        Scheme::Http
+    };
+    req.set_method(method)
+        .and_then(|()| req.set_scheme(Some(&scheme)))
+        .and_then(|()| req.set_authority(Some(&ep.authority)))
+        .and_then(|()| req.set_path_with_query(Some(&ep.path)))
+        .map_err(|()| "the URL was refused by wasi:http".to_owned())?;
+    Ok(req)
+}
+
+/// A response whose head arrived, its body to be read; `endless`: a
+/// standing stream, whose total is not bounded.
+fn answer(response: IncomingResponse, endless: bool) -> Result<Answer, String> {
     let status = response.status();
     let (content_type, session_id, location, length) = {
         let h = response.headers();
@@ -273,6 +408,7 @@ pub fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<Answ
             _response: response,
         },
         read: 0,
+        endless,
     })
 }
 

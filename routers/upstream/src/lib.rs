@@ -51,9 +51,10 @@
 //! | tool `annotations` | `read-only`, `destructive`; `title` used when the tool has none | `idempotentHint`, `openWorldHint` |
 //! | tool `execution.taskSupport` | a tool that requires to be called as a task (`"required"`) is not listed: the broker does not offer the tasks extension, and such a tool refuses every plain call | `"optional"` tools are listed and called plainly |
 //! | `tools/call` result | content, `structuredContent` (JSON text), `isError`, `_meta` entries | `_meta` keys under MCP's own prefix `io.modelcontextprotocol/` (2026-07-28's `serverInfo` of the upstream: the client talks to the broker); resource_link `name` (its title, else name, is the title); an embedded blob without MIME type is labelled `application/octet-stream` so the broker reads it as binary; a blob with a textual MIME type (or text with a binary one) is misread by the broker, which picks text/blob from the MIME type |
-//! | `notifications/progress` on the call's stream | passed to the host at once (`mcp-broker:host/call.progress`, `../../wit/host/host.wit`), which sends it to the client while the call runs | — |
+//! | `notifications/progress` on the call's stream (or the GET stream, with the call's token) | passed to the host at once (`mcp-broker:host/call.progress`, `../../wit/host/host.wit`), which sends it to the client while the call runs | — |
 //! | `notifications/message` on a stream | passed to the host at once (`call.log`) | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped by the host |
-//! | `notifications/*/list_changed` on a stream | meta `mcp-broker/list-changed` = `["tools",…]` on call/complete results | on other exports only the prompt cache is invalidated; no GET stream is opened, so changes announced outside a request are not seen |
+//! | `notifications/*/list_changed` on a stream | meta `mcp-broker/list-changed` = `["tools",…]` on call/complete results | on other exports only the prompt cache is invalidated; one announced on the GET stream is seen when a request next waits |
+//! | the session's GET stream (2025-06-18, a session with an id) | opened by the first request that needs the session and kept ([`Listen`]); read while a request waits: what arrives there counts as that request's (progress only with its token), what arrived before it went out is stale | stale progress and logs; a server that refuses the GET is not asked again in the session |
 //! | server→client requests (`elicitation/create`, `sampling/createMessage`, `roots/list`, …) on a stream (2025-06-18) | refused: error -32601 POSTed back at once (`ping` is answered `{}`) | a session-era upstream cannot elicit, sample or list roots through the broker |
 //! | 2026-07-28 `InputRequiredResult` of `tools/call` | a result asking the broker's client the same `inputRequests` (meta `mcp-broker/input-requests`), the upstream's `requestState` in this router's state (`mcp-broker/state`); the retry's `_inputs` and `_request_state` become `inputResponses` and `requestState` | more than 8 questions, or a `requestState` over about 4 KB, fail the call (the broker's bounds); an `InputRequiredResult` of `prompts/get` or `resources/read` is an error |
 //! | 2026-07-28 errors with a 4xx status | the JSON-RPC error they carry | — |
@@ -119,7 +120,40 @@ struct Session {
     init: Value,
     /// Protocol 2026-07-28 (modern.rs).
     modern: bool,
+    /// The session's standing GET stream.
+    listen: Listen,
 }
+
+/// The session's standing GET stream, on which a session-era server sends
+/// what it does not tie to a request: FastMCP before 1.30 sends a call's
+/// progress there, and any release a question asked without
+/// `related_request_id`. Without it that progress is lost and such a
+/// question waits for an answer until the call's deadline. Opened by the
+/// first request of a session with an id, read only while a request waits
+/// (an instance runs one call at a time), dropped with the session.
+#[derive(Default)]
+enum Listen {
+    /// Not open: the next request opens it.
+    #[default]
+    Closed,
+    Open(Listener),
+    /// The server answered the GET with an error (405 from servers without
+    /// one, 409 …), or has no session id, or speaks 2026-07-28: not asked
+    /// again in this session.
+    Refused,
+}
+
+struct Listener {
+    answer: http::Answer,
+    parser: sse::Parser,
+}
+
+/// An event on the GET stream longer than this ends the stream (it is
+/// opened again by the next request): nothing sent there is large.
+const MAX_LISTEN_EVENT: usize = 1 << 20;
+/// How long the upstream may take to answer the GET's head.
+#[cfg_attr(test, allow(dead_code))]
+const LISTEN_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Default)]
 struct State {
@@ -157,8 +191,18 @@ fn protocol_setting() -> String {
 }
 
 #[cfg(not(test))]
-fn post(ep: &Endpoint, headers: &[(&str, &str)], body: &[u8]) -> Result<http::Answer, String> {
-    http::post(ep, headers, body)
+fn post(
+    ep: &Endpoint,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    side: &mut dyn http::Beside,
+) -> Result<http::Answer, String> {
+    http::post(ep, headers, body, side)
+}
+
+#[cfg(not(test))]
+fn get(ep: &Endpoint, headers: &[(&str, &str)]) -> Result<http::Answer, String> {
+    http::get(ep, headers, LISTEN_HEAD_TIMEOUT)
 }
 
 /// Passes a progress or log notification of the running call to the broker
@@ -182,7 +226,7 @@ fn report(live: rpc::Live) {
 }
 
 #[cfg(test)]
-use tests::{post, protocol_setting, report, upstream_url};
+use tests::{get, post, protocol_setting, report, upstream_url};
 
 fn endpoint(method: &str) -> Result<Endpoint, Failure> {
     let url = upstream_url();
@@ -250,7 +294,7 @@ fn snippet(bytes: &[u8]) -> String {
 
 /// POSTs a message and expects nothing back but an acknowledgement.
 fn post_ack(ep: &Endpoint, hdr: &Hdr, payload: &[u8]) -> Result<(), String> {
-    let mut a = post(ep, &hdr.list(), payload)?;
+    let mut a = post(ep, &hdr.list(), payload, &mut http::Alone)?;
     let body = a.all().unwrap_or_default();
     match a.status {
         200..=299 => Ok(()),
@@ -279,9 +323,165 @@ fn status_reason(ep: &Endpoint, a: &http::Answer, body: &[u8]) -> String {
     }
 }
 
+/// Answers the server's requests collected so far: `ping` with `{}`,
+/// anything else refused. Best effort: the server may be waiting on them
+/// before it sends our response.
+fn answer_requests(ep: &Endpoint, hdr: &Hdr, collected: &mut Collected) {
+    for req_id in std::mem::take(&mut collected.refuse) {
+        let _ = post_ack(ep, hdr, &rpc::refusal(&req_id));
+    }
+    for req_id in std::mem::take(&mut collected.pong) {
+        let _ = post_ack(ep, hdr, &rpc::pong(&req_id));
+    }
+}
+
+/// One request's wait for its answer, with the session's GET stream
+/// ([`Listen`]) served beside it: what arrives there is taken as the
+/// request's own (progress only with its token), and whatever was there
+/// before the request went out is stale (its progress and logs dropped,
+/// its questions refused, its list changes kept).
+struct Listening<'a> {
+    ep: &'a Endpoint,
+    hdr: &'a Hdr,
+    id: u64,
+    /// Taken from the session for the request, given back on drop.
+    listener: Option<Listener>,
+    /// Whether there was one to give back: a stream that ended is opened
+    /// again by the next request.
+    had: bool,
+    collected: Collected,
+}
+
+impl<'a> Listening<'a> {
+    /// Opens the session's GET stream if it is due (a session-era session
+    /// with an id, the stream not refused), and reads what it holds.
+    fn start(ep: &'a Endpoint, hdr: &'a Hdr, id: u64, listen: bool) -> Self {
+        let mut side = Self {
+            ep,
+            hdr,
+            id,
+            listener: None,
+            had: false,
+            collected: Collected {
+                forward: rpc::Forward(Some(report)),
+                ..Collected::default()
+            },
+        };
+        if !listen || hdr.modern || hdr.session.is_none() {
+            return side;
+        }
+        let taken = STATE.with_borrow_mut(|s| {
+            s.session
+                .as_mut()
+                .map(|s| std::mem::replace(&mut s.listen, Listen::Refused))
+        });
+        side.listener = match taken {
+            Some(Listen::Open(l)) => Some(l),
+            Some(Listen::Closed) => Self::open(ep, hdr),
+            Some(Listen::Refused) | None => None,
+        };
+        side.had = side.listener.is_some();
+        if !side.had {
+            // Refused, or the session is gone: stays so for this session.
+            return side;
+        }
+        // What is there already predates this request.
+        let mut stale = Collected::default();
+        side.read_ready(&mut stale);
+        side.collected.list_changed = stale.list_changed;
+        side.collected.refuse = stale.refuse;
+        side.collected.pong = stale.pong;
+        answer_requests(ep, hdr, &mut side.collected);
+        side
+    }
+
+    fn open(ep: &Endpoint, hdr: &Hdr) -> Option<Listener> {
+        let mut headers = vec![("accept", "text/event-stream")];
+        headers.extend(
+            hdr.list()
+                .into_iter()
+                .filter(|(k, _)| k.starts_with("mcp-")),
+        );
+        let answer = get(ep, &headers).ok()?;
+        let sse = answer
+            .content_type
+            .to_ascii_lowercase()
+            .starts_with("text/event-stream");
+        (answer.status == 200 && sse).then(|| Listener {
+            answer,
+            parser: sse::Parser::new(),
+        })
+    }
+
+    /// Reads what the GET stream has ready into `into`; a stream that
+    /// ended or failed is let go.
+    fn read_ready(&mut self, into: &mut Collected) {
+        let Some(l) = &mut self.listener else {
+            return;
+        };
+        // Bounded, so that a stream that never pauses cannot hold the call.
+        for _ in 0..64 {
+            match l.answer.try_chunk() {
+                Ok(Some(bytes)) if bytes.is_empty() => return,
+                Ok(Some(bytes)) => {
+                    for ev in l.parser.feed(&bytes) {
+                        if !(ev.event.is_empty() || ev.event == "message") {
+                            continue;
+                        }
+                        if let Ok(msg) = serde_json::from_str::<Value>(&ev.data) {
+                            // A response has no place here: the request's
+                            // own comes on its POST.
+                            let _ = rpc::absorb(&msg, self.id, into);
+                        }
+                    }
+                    if l.parser.pending_bytes() > MAX_LISTEN_EVENT {
+                        self.listener = None;
+                        return;
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    self.listener = None;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl http::Beside for Listening<'_> {
+    fn stream(&mut self) -> Option<&mut http::Answer> {
+        self.listener.as_mut().map(|l| &mut l.answer)
+    }
+
+    fn serve(&mut self) {
+        let mut into = std::mem::take(&mut self.collected);
+        self.read_ready(&mut into);
+        answer_requests(self.ep, self.hdr, &mut into);
+        self.collected = into;
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        if !self.had {
+            return;
+        }
+        let back = match self.listener.take() {
+            Some(l) => Listen::Open(l),
+            None => Listen::Closed,
+        };
+        STATE.with_borrow_mut(|s| {
+            if let Some(s) = &mut s.session {
+                s.listen = back;
+            }
+        });
+    }
+}
+
 /// One request/answer exchange; `Err` is a transport reason.
 /// With `cancellable`, the request names its id to the host in
-/// [`rpc::REQUEST_ID_HEADER`] (`initialize` must never be cancelled).
+/// [`rpc::REQUEST_ID_HEADER`] (`initialize` must never be cancelled), and
+/// the session's GET stream is served while it waits ([`Listening`]).
 /// `extra`: the request's own headers (2026-07-28's `Mcp-Method`, …).
 fn send(
     ep: &Endpoint,
@@ -297,7 +497,8 @@ fn send(
         headers.push((rpc::REQUEST_ID_HEADER, &id_text));
     }
     headers.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    let mut a = post(ep, &headers, payload)?;
+    let mut side = Listening::start(ep, hdr, id, cancellable);
+    let mut a = post(ep, &headers, payload, &mut side)?;
     if hdr.session.is_some() && a.status == 404 {
         return Ok(Sent::SessionGone(404));
     }
@@ -314,14 +515,10 @@ fn send(
         return Err(format!("HTTP 400{}", snippet(&body)));
     }
     let ct = a.content_type.to_ascii_lowercase();
-    let mut collected = Collected {
-        forward: rpc::Forward(Some(report)),
-        ..Collected::default()
-    };
     let session_id = a.session_id.clone();
-    let done = move |outcome, collected| Sent::Done {
+    let done = move |outcome, side: &mut Listening| Sent::Done {
         outcome,
-        collected,
+        collected: std::mem::take(&mut side.collected),
         session_id,
     };
     if a.status != 200 {
@@ -333,17 +530,19 @@ fn send(
             && (400..500).contains(&a.status)
             && ct.starts_with("application/json")
             && let Ok(msg) = serde_json::from_slice::<Value>(&body)
-            && let Some(outcome @ Err(_)) = rpc::absorb(&msg, id, &mut collected)
+            && let Some(outcome @ Err(_)) = rpc::absorb(&msg, id, &mut side.collected)
         {
-            return Ok(done(outcome, collected));
+            return Ok(done(outcome, &mut side));
         }
         return Err(status_reason(ep, &a, &body));
     }
     if ct.starts_with("application/json") {
-        let body = a.all()?;
+        // A server answering in JSON sends the call's progress, if any,
+        // on the GET stream: served while the body is awaited.
+        let body = a.all_beside(&mut side)?;
         let msg: Value = serde_json::from_slice(&body).map_err(|e| format!("invalid JSON: {e}"))?;
-        return match rpc::absorb(&msg, id, &mut collected) {
-            Some(outcome) => Ok(done(outcome, collected)),
+        return match rpc::absorb(&msg, id, &mut side.collected) {
+            Some(outcome) => Ok(done(outcome, &mut side)),
             None => Err(format!("the answer holds no response to request {id}")),
         };
     }
@@ -351,24 +550,17 @@ fn send(
         return Err(format!("unexpected Content-Type `{}`", a.content_type));
     }
     let mut parser = sse::Parser::new();
-    while let Some(chunk) = a.chunk()? {
+    while let Some(chunk) = a.chunk_beside(&mut side)? {
         for ev in parser.feed(&chunk) {
             if !(ev.event.is_empty() || ev.event == "message") || ev.data.trim().is_empty() {
                 continue;
             }
             let msg: Value =
                 serde_json::from_str(&ev.data).map_err(|e| format!("invalid JSON: {e}"))?;
-            let outcome = rpc::absorb(&msg, id, &mut collected);
-            // Answer server requests now: the upstream may be waiting on
-            // them before it sends our response. Best effort.
-            for req_id in std::mem::take(&mut collected.refuse) {
-                let _ = post_ack(ep, hdr, &rpc::refusal(&req_id));
-            }
-            for req_id in std::mem::take(&mut collected.pong) {
-                let _ = post_ack(ep, hdr, &rpc::pong(&req_id));
-            }
+            let outcome = rpc::absorb(&msg, id, &mut side.collected);
+            answer_requests(ep, hdr, &mut side.collected);
             if let Some(outcome) = outcome {
-                return Ok(done(outcome, collected));
+                return Ok(done(outcome, &mut side));
             }
         }
     }
@@ -403,6 +595,7 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
                         version: modern::VERSION.into(),
                         init,
                         modern: true,
+                        listen: Listen::Refused,
                     });
                     s.prompts = None;
                     s.tools = None;
@@ -469,6 +662,7 @@ fn ensure(ep: &Endpoint) -> Result<Hdr, String> {
             version,
             init,
             modern: false,
+            listen: Listen::Closed,
         });
         s.prompts = None;
         s.tools = None;
@@ -983,7 +1177,12 @@ mod tests {
         _: &Endpoint,
         headers: &[(&str, &str)],
         body: &[u8],
+        side: &mut dyn http::Beside,
     ) -> Result<Answer, String> {
+        // The wait for the response head, which serves the GET stream.
+        if side.stream().is_some() {
+            side.serve();
+        }
         let req = Req {
             headers: headers
                 .iter()
@@ -996,6 +1195,27 @@ mod tests {
         SERVER.with_borrow_mut(|s| *s = Some(server));
         LOG.with_borrow_mut(|l| l.push(req));
         reply
+    }
+
+    thread_local! {
+        /// What the GETs of this test are answered, in turn (none: an
+        /// error, as from a server that serves no GET stream).
+        static GETS: RefCell<std::collections::VecDeque<Answer>> = RefCell::default();
+        /// The headers of every GET sent.
+        static GET_LOG: RefCell<Vec<Vec<(String, String)>>> = RefCell::default();
+    }
+
+    pub(super) fn get(_: &Endpoint, headers: &[(&str, &str)]) -> Result<Answer, String> {
+        GET_LOG.with_borrow_mut(|l| {
+            l.push(
+                headers
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            )
+        });
+        GETS.with_borrow_mut(|g| g.pop_front())
+            .ok_or_else(|| "HTTP 405".to_owned())
     }
 
     fn json_answer(v: &Value) -> Answer {
@@ -1176,6 +1396,126 @@ mod tests {
             assert_eq!(refusal["error"]["code"], -32601);
             assert_eq!(l[2].body["params"]["arguments"], json!({"x": 1}));
         });
+    }
+
+    /// SSE events, one chunk each; `None`: a chunk of no bytes, which
+    /// the listener reads as "nothing more for now".
+    fn sse_chunks(msgs: &[Option<Value>]) -> Vec<Vec<u8>> {
+        msgs.iter()
+            .map(|m| match m {
+                Some(m) => format!("data: {m}\n\n").into_bytes(),
+                None => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_get_stream_carries_progress_questions_and_list_changes_beside_a_call() {
+        serve(Some("s1"), |req| match req.method() {
+            "tools/call" => Ok(json_answer(&result(
+                req,
+                json!({"content":[{"type":"text","text":"done"}]}),
+            ))),
+            // Refusals and pongs.
+            _ => Ok(Answer::canned(202, "", None, vec![])),
+        });
+        let progress = |token: u64, n: u32| json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":n}});
+        let log_msg = |data: &str| json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":data}});
+        // initialize is request 1, so the call is 2.
+        GETS.with_borrow_mut(|g| {
+            g.push_back(Answer::canned(
+                200,
+                "text/event-stream",
+                None,
+                sse_chunks(&[
+                    // There before the call went out: stale.
+                    Some(progress(2, 9)),
+                    Some(log_msg("stale")),
+                    Some(json!({"jsonrpc":"2.0","id":"q0","method":"sampling/createMessage","params":{}})),
+                    Some(json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"})),
+                    None,
+                    // While it waits.
+                    Some(progress(2, 1)),
+                    Some(progress(77, 1)),
+                    Some(log_msg("live")),
+                    Some(json!({"jsonrpc":"2.0","id":"q1","method":"sampling/createMessage","params":{}})),
+                    Some(json!({"jsonrpc":"2.0","id":"p1","method":"ping"})),
+                    // Quiet from here on (a canned stream that runs out
+                    // has ended).
+                    None, None, None, None, None, None, None, None, None, None,
+                ]),
+            ));
+        });
+        let r = <Upstream as Guest>::call_tool("t".into(), "{}".into());
+        let Ok(Response::Completed(r)) = r else {
+            panic!("{r:?}")
+        };
+        assert!(matches!(&r.content[0], ContentBlock::Text(t) if t.text == "done"));
+        // Only the call's own progress, and what arrived while it ran.
+        assert_eq!(
+            REPORTED.with_borrow(Clone::clone),
+            [
+                rpc::Live::Progress {
+                    progress: 1.0,
+                    total: None,
+                    message: None
+                },
+                rpc::Live::Log {
+                    level: "info".into(),
+                    logger: None,
+                    data: r#""live""#.into()
+                },
+            ]
+        );
+        // A change announced on the GET stream is the call's news.
+        let meta: Vec<_> = r.meta.unwrap().into_iter().map(|m| m.key).collect();
+        assert_eq!(meta, ["mcp-broker/list-changed"]);
+        log(|l| {
+            let answers: Vec<_> = l
+                .iter()
+                .filter(|r| r.body.get("method").is_none())
+                .map(|r| (r.body["id"].clone(), r.body.get("error").is_some()))
+                .collect();
+            assert_eq!(
+                answers,
+                [
+                    (json!("q0"), true),
+                    (json!("q1"), true),
+                    (json!("p1"), false)
+                ]
+            );
+        });
+        GET_LOG.with_borrow(|g| {
+            assert_eq!(g.len(), 1);
+            let h: std::collections::HashMap<_, _> = g[0].iter().cloned().collect();
+            assert_eq!(h["accept"], "text/event-stream");
+            assert_eq!(h["mcp-session-id"], "s1");
+            assert_eq!(h["mcp-protocol-version"], "2025-06-18");
+            assert!(!h.contains_key(rpc::REQUEST_ID_HEADER), "{h:?}");
+        });
+        // The stream stayed open (it paused, it did not end): the next
+        // call sends no second GET. One that ends is opened again.
+        <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
+        assert_eq!(GET_LOG.with_borrow(Vec::len), 1);
+    }
+
+    #[test]
+    fn a_server_without_a_get_stream_is_asked_once_per_session() {
+        serve(Some("s1"), |req| {
+            Ok(json_answer(&result(req, json!({"content":[]}))))
+        });
+        for _ in 0..3 {
+            <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
+        }
+        assert_eq!(GET_LOG.with_borrow(Vec::len), 1);
+        // Without a session id there is no session to listen to.
+        STATE.with_borrow_mut(|s| *s = State::default());
+        GET_LOG.with_borrow_mut(Vec::clear);
+        serve(None, |req| {
+            Ok(json_answer(&result(req, json!({"content":[]}))))
+        });
+        <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
+        assert_eq!(GET_LOG.with_borrow(Vec::len), 0);
     }
 
     #[test]
