@@ -660,7 +660,9 @@ impl Router {
             .allow_udp(false)
             .allow_ip_name_lookup(false);
         if spec.grants.stdio_to_stderr {
-            wasi.stdout(std::io::stderr()).stderr(std::io::stderr());
+            // Through the log thread, never a write(2) on the shard.
+            let (out, err) = super::guest_output::GuestOutput::pair(&spec.name);
+            wasi.stdout(out).stderr(err);
         }
         wasi.envs(&self.env);
         wasi.envs(&spec.grants.vars);

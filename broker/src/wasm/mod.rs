@@ -23,6 +23,7 @@
 
 mod bindings;
 mod error;
+mod guest_output;
 mod host;
 mod json_check;
 mod metered;

@@ -1,0 +1,296 @@
+//! A router's stdout and stderr when granted (`[routers.grants] stdio`):
+//! each line the guest writes becomes one log record of the broker's
+//! (INFO, target `mcp_broker::router_output`, fields `router`, `stream`
+//! and the line as `text`).
+//!
+//! Why not the broker's stderr itself, as it was: the guest's write was a
+//! `write(2)` on the shard thread, so a stderr nobody read (a stalled log
+//! shipper) froze the shard, stop signals included; the log thread's queue
+//! drops instead (`mcp_log_lines_dropped_total`). And the text went out
+//! raw, so a guest echoing a client's text could forge whole log lines;
+//! `text` is written escaped (Rust's `Debug` of a string: quotes, `\n`,
+//! `\r`, `\u{1b}`).
+//!
+//! # Invariants
+//! - A write never blocks and never fails: what is over the rate is
+//!   counted and said (`suppressed=N` on the next line let through), a
+//!   line is cut at [`MAX_LINE`] bytes.
+//! - The state (partial line, rate) is the store's, shared by every
+//!   stream the guest opens (a Rust guest opens one per write).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::io::AsyncWrite;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+/// A line longer than this is logged in pieces of this size.
+pub const MAX_LINE: usize = 4096;
+/// Lines an instance may log at once, and per second after that: a guest
+/// printing without end must not crowd the broker's own lines out of the
+/// log queue.
+const BURST: f64 = 100.0;
+const PER_SECOND: f64 = 20.0;
+
+/// One of a store's two output streams.
+#[derive(Clone)]
+pub struct GuestOutput {
+    stream: &'static str,
+    state: Arc<Mutex<State>>,
+}
+
+struct State {
+    router: Arc<str>,
+    partial: Vec<u8>,
+    tokens: f64,
+    refilled: Instant,
+    suppressed: u64,
+}
+
+impl GuestOutput {
+    /// The stdout and stderr of one store of `router`; they share a rate.
+    pub fn pair(router: &str) -> (Self, Self) {
+        let state = Arc::new(Mutex::new(State {
+            router: router.into(),
+            partial: Vec::new(),
+            tokens: BURST,
+            refilled: Instant::now(),
+            suppressed: 0,
+        }));
+        let out = Self {
+            stream: "stdout",
+            state: state.clone(),
+        };
+        (
+            out,
+            Self {
+                stream: "stderr",
+                state,
+            },
+        )
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let room = MAX_LINE - s.partial.len();
+            match rest.iter().take(room).position(|&b| b == b'\n') {
+                Some(at) => {
+                    s.partial.extend_from_slice(&rest[..at]);
+                    rest = &rest[at + 1..];
+                    s.emit(self.stream);
+                }
+                None => {
+                    let take = rest.len().min(room);
+                    s.partial.extend_from_slice(&rest[..take]);
+                    rest = &rest[take..];
+                    if s.partial.len() == MAX_LINE {
+                        s.emit(self.stream);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl State {
+    /// Logs the partial line (and empties it), if the rate allows.
+    fn emit(&mut self, stream: &'static str) {
+        let line = std::mem::take(&mut self.partial);
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * PER_SECOND).min(BURST);
+        self.refilled = now;
+        if self.tokens < 1.0 {
+            self.suppressed += 1;
+            return;
+        }
+        self.tokens -= 1.0;
+        let text = String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(&line));
+        let suppressed = std::mem::take(&mut self.suppressed);
+        if suppressed == 0 {
+            tracing::info!(target: "mcp_broker::router_output", router = %self.router, stream, text = ?text);
+        } else {
+            tracing::info!(target: "mcp_broker::router_output", router = %self.router, stream, suppressed, text = ?text);
+        }
+    }
+}
+
+impl Drop for State {
+    /// What the guest wrote without a final newline is its last line.
+    fn drop(&mut self) {
+        if !self.partial.is_empty() {
+            self.emit("stdout/stderr");
+        }
+    }
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 << 10)
+    }
+}
+
+// `Pollable` is an `async_trait`; this is the signature it expands to.
+impl Pollable for GuestOutput {
+    fn ready<'a, 'b>(&'a mut self) -> Pin<Box<dyn Future<Output = ()> + Send + 'b>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        // Always ready: a write is never refused.
+        Box::pin(std::future::ready(()))
+    }
+}
+
+impl AsyncWrite for GuestOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex as StdMutex;
+
+    /// Collects what the subscriber writes.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<StdMutex<Vec<u8>>>);
+
+    impl io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(f: impl FnOnce()) -> String {
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(sub, f);
+        String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn lines_are_records_with_their_text_escaped() {
+        let log = logged(|| {
+            let (mut out, mut err) = GuestOutput::pair("chaos");
+            out.write(Bytes::from_static(b"first li")).unwrap();
+            out.write(Bytes::from_static(
+                b"ne\r\nforged\n2026-12-07T00:00:00Z ERROR x\x1b[2J\n",
+            ))
+            .unwrap();
+            err.write(Bytes::from_static(b"no newline at the end"))
+                .unwrap();
+        });
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 4, "{log}");
+        assert!(
+            lines[0].contains(r#"router=chaos stream="stdout" text="first line""#),
+            "{log}"
+        );
+        assert!(lines[1].ends_with(r#"text="forged""#), "{log}");
+        assert!(
+            lines[2].ends_with(r#"text="2026-12-07T00:00:00Z ERROR x\u{1b}[2J""#),
+            "{log}"
+        );
+        assert!(
+            lines[3].ends_with(r#"text="no newline at the end""#),
+            "{log}"
+        );
+        assert!(!log.contains('\u{1b}'), "{log:?}");
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_a_flood_is_rate_limited() {
+        let log = logged(|| {
+            let (mut out, _) = GuestOutput::pair("r");
+            out.write(Bytes::from(vec![b'a'; MAX_LINE * 2 + 10]))
+                .unwrap();
+            out.write(Bytes::from_static(b"\n")).unwrap();
+            for i in 0..1000 {
+                out.write(Bytes::from(format!("line {i}\n"))).unwrap();
+            }
+        });
+        let lines: Vec<&str> = log.lines().collect();
+        // Three pieces of the long line, then the burst's rest (a token
+        // or two more if the loop was slow).
+        let n = lines.len();
+        assert!((BURST as usize..BURST as usize + 3).contains(&n), "{n}");
+        let a = "a".repeat(MAX_LINE);
+        assert!(lines[0].contains(&format!("text=\"{a}\"")), "{}", lines[0]);
+        assert!(lines[2].contains(&format!("text=\"{}\"", "a".repeat(10))));
+        assert!(!log.contains("line 999"), "the flood was cut");
+        assert!(
+            !log.contains("suppressed"),
+            "nothing let through after the flood"
+        );
+        // The next line let through says how many were not.
+        let log = logged(|| {
+            let (mut out, _) = GuestOutput::pair("r");
+            for i in 0..150 {
+                out.write(Bytes::from(format!("line {i}\n"))).unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(120));
+            out.write(Bytes::from_static(b"after\n")).unwrap();
+        });
+        let last = log.lines().last().unwrap();
+        assert!(
+            last.contains("suppressed=") && last.ends_with(r#"text="after""#),
+            "{last}"
+        );
+    }
+}
