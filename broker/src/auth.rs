@@ -724,8 +724,11 @@ impl Auth {
 /// Checks a `jwks_url` without any network I/O: an absolute `https://`
 /// URL with a host, or `http://` to a loopback host (see the module's
 /// invariants).
-pub fn check_jwks_url(url: &str) -> Result<hyper::Uri, String> {
-    let uri: hyper::Uri = url
+pub fn check_jwks_url(full: &str) -> Result<hyper::Uri, String> {
+    // Messages reach the log and a refused reload's answer: without the
+    // query, which may hold a key.
+    let url = crate::config::without_query(full);
+    let uri: hyper::Uri = full
         .parse()
         .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
     let host = uri
@@ -852,9 +855,12 @@ impl Reader {
     fn read(&self) -> Result<KeySet, String> {
         match self {
             Reader::File(p) => KeySet::load(p).map_err(|e| format!("auth.jwks_file: {e}")),
-            Reader::Url(u) => u
-                .fetch()
-                .map_err(|e| format!("auth.jwks_url: fetching {}: {e}", u.url)),
+            Reader::Url(u) => u.fetch().map_err(|e| {
+                format!(
+                    "auth.jwks_url: fetching {}: {e}",
+                    crate::config::without_query(&u.url)
+                )
+            }),
         }
     }
 }
@@ -971,6 +977,9 @@ fn refresh_loop(
     let mut last: Option<Instant> = None;
     let mut periodic_from = Instant::now();
     let mut pending = false;
+    // Refreshes failed in a row: each failure is a WARN line, so the one
+    // that ends the run is an INFO line, as an upstream's return is.
+    let mut failing = 0u64;
     loop {
         let periodic_at = periodic_from + interval;
         let deferred_at = last.filter(|_| pending).map(|t| t + KEY_REFRESH_GAP);
@@ -1002,9 +1011,13 @@ fn refresh_loop(
             Ok(keys) => {
                 state.store(keys);
                 state.refreshes.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(reason = why, "JWK Set refreshed");
+                match std::mem::take(&mut failing) {
+                    0 => tracing::debug!(reason = why, "JWK Set refreshed"),
+                    n => tracing::info!(reason = why, failures = n, "JWK Set refreshed again"),
+                }
             }
             Err(e) => {
+                failing += 1;
                 state.refresh_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(reason = why, error = %e, "refreshing the JWK Set failed; keeping the keys held");
             }
@@ -1129,6 +1142,12 @@ mod tests {
         ] {
             assert!(check_jwks_url(bad).is_err(), "{bad}");
         }
+        // A query may hold a key: never in the message.
+        let e = check_jwks_url("http://issuer.example/jwks.json?client_secret=s3cret").unwrap_err();
+        assert!(
+            e.contains("`http://issuer.example/jwks.json?…`") && !e.contains("s3cret"),
+            "{e}"
+        );
     }
 
     /// `[auth]` over the embedded default, with `extra` lines.

@@ -1328,8 +1328,10 @@ impl Config {
                     "{at}: set `wasm` (a component) or `upstream` (a remote MCP server's URL)"
                 ));
             }
-            if let Some(url) = &r.upstream {
-                match url.parse::<hyper::Uri>() {
+            if let Some(full) = &r.upstream {
+                // Shown without its query, which may hold a key.
+                let url = without_query(full);
+                match full.parse::<hyper::Uri>() {
                     // An IPv6 zone id (`[fe80::1%eth0]`) parses, but the
                     // outgoing client connects to no such host.
                     Ok(u) if u.host().is_some_and(|h| h.contains('%')) => errors.push(format!(
@@ -1630,6 +1632,15 @@ fn count_keys(value: &toml::Value) -> usize {
     }
 }
 
+/// `url` without its query and fragment (`?…` in their place), for
+/// messages that reach the log, `/readyz` or a refused reload's answer: a
+/// query may hold a key (`?api_key=…`).
+pub fn without_query(url: &str) -> std::borrow::Cow<'_, str> {
+    match url.find(['?', '#']) {
+        Some(at) => format!("{}?…", &url[..at]).into(),
+        None => url.into(),
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,27 @@ struct Cli {
     print_default_config: bool,
 }
 
+/// The log filter from `RUST_LOG` (`info` without one), and why a
+/// `RUST_LOG` that does not parse was set aside. The WASM compiler's debug
+/// lines (tens of thousands per component at start-up) would bury the
+/// broker's own and overrun the log queue: they stay at `info` unless
+/// `RUST_LOG` names cranelift itself.
+fn log_filter(spec: Option<String>) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    use tracing_subscriber::EnvFilter;
+    let Some(spec) = spec.filter(|s| !s.trim().is_empty()) else {
+        return (EnvFilter::new("info"), None);
+    };
+    let full = if spec.contains("cranelift") {
+        spec
+    } else {
+        format!("{spec},cranelift_codegen=info,wasmtime_internal_cranelift=info")
+    };
+    match EnvFilter::try_new(&full) {
+        Ok(f) => (f, None),
+        Err(e) => (EnvFilter::new("info"), Some(e.to_string())),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.print_default_config {
@@ -77,15 +98,16 @@ fn main() -> ExitCode {
         .thread_name("log")
         .finish(std::io::stderr());
     let _ = mcp_broker::metrics::LOG_DROPPED.set(log_writer.error_counter());
+    let (filter, bad_filter) = log_filter(std::env::var("RUST_LOG").ok());
     tracing_subscriber::fmt()
         .with_writer(log_writer)
         .log_internal_errors(false)
         .with_ansi(ansi)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(filter)
         .init();
+    if let Some(e) = bad_filter {
+        tracing::warn!(error = %e, "RUST_LOG cannot be read; logging at info");
+    }
     let overrides = Overrides {
         listen: cli.listen,
         grpc_listen: cli.grpc_listen,
@@ -292,3 +314,26 @@ fn spawn_signal_thread(
 
 /// Exit status when a shard thread died (EX_SOFTWARE, sysexits.h).
 const EXIT_SHARD_DIED: u8 = 70;
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_compilers_lines_stay_quiet_unless_named_and_a_bad_filter_is_said() {
+        let (f, bad) = log_filter(Some("debug".into()));
+        assert!(bad.is_none());
+        let f = f.to_string();
+        assert!(
+            f.contains("cranelift_codegen=info") && f.contains("debug"),
+            "{f}"
+        );
+        let (f, _) = log_filter(Some("cranelift_codegen=trace".into()));
+        assert_eq!(f.to_string(), "cranelift_codegen=trace");
+        let (f, bad) = log_filter(Some("mcp_broker=debug,h2=verbose".into()));
+        assert!(bad.is_some_and(|e| !e.is_empty()));
+        assert_eq!(f.to_string(), "info");
+        let (f, bad) = log_filter(None);
+        assert!(bad.is_none() && f.to_string() == "info");
+    }
+}

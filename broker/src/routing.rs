@@ -72,7 +72,8 @@ impl Routing {
         let table = RouteTable::build(entries, separator)?;
         // Once per table: at start-up, a reload, or a change of listings.
         for note in &table.shadowed {
-            tracing::warn!("{note}");
+            // Escaped: a note names what a router (an upstream) listed.
+            tracing::warn!("{}", note.escape_debug());
         }
         let mut capabilities = Capabilities::default();
         let mut instructions = Vec::new();
@@ -169,7 +170,9 @@ pub fn load(host: &WasmHost, config: &Config, r: &RouterConfig) -> Result<Loaded
         if let Some(reason) = &unavailable {
             // Not fatal: it is retried with backoff (upstream.rs), and the
             // other routers serve meanwhile.
-            tracing::warn!(router = %r.name, %reason, "upstream unavailable at load; retrying with backoff");
+            // Escaped: the reason quotes the upstream's own text, which could
+            // otherwise forge log lines (newlines, terminal escapes).
+            tracing::warn!(router = %r.name, reason = %reason.escape_debug(), "upstream unavailable at load; retrying with backoff");
             meta = Arc::new(RouterMeta {
                 server: meta.server.clone(),
                 unread: meta.unread.clone(),

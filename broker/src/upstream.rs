@@ -115,7 +115,9 @@ impl UpstreamStatus {
         if let Some(reason) = &unavailable {
             self.failures.fetch_add(1, Ordering::Relaxed);
             if was {
-                tracing::warn!(router = %name, %reason, "upstream unavailable; retrying with backoff");
+                // Escaped: the reason quotes the upstream's own text, which could
+                // otherwise forge log lines (newlines, terminal escapes).
+                tracing::warn!(router = %name, reason = %reason.escape_debug(), "upstream unavailable; retrying with backoff");
             }
         } else if !was {
             tracing::info!(router = %name, "upstream available again");

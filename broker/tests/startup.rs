@@ -712,6 +712,111 @@ fn a_stalled_or_gone_stderr_reader_neither_blocks_nor_kills_the_broker() {
     assert!(status.success(), "{status:?}");
 }
 
+/// A router granted stdio writes through the log thread too: its output
+/// once was a write(2) on the shard thread, so a stderr nobody read froze
+/// the shard (every later call timed out, and a stop signal was never
+/// acted on). And its text is escaped: a guest echoing a client's text
+/// cannot forge log lines.
+#[test]
+fn a_router_granted_stdio_neither_blocks_on_nor_forges_the_log() {
+    let toml = r#"
+[broker]
+shards = 1
+[[routers]]
+name = "echo"
+wasm = "echo.wasm"
+[[routers]]
+name = "chaos"
+wasm = "chaos.wasm"
+[routers.grants]
+stdio = true
+"#;
+    let call = |b: &Broker, tool: &str, args: &str| {
+        let mut c = common::http::Conn::connect(b.http);
+        let s = c.initialize("2025-11-25");
+        let t0 = Instant::now();
+        let v = c.call(
+            &s,
+            1,
+            "tools/call",
+            &format!(r#"{{"name":"{tool}","arguments":{args}}}"#),
+        );
+        assert!(v["result"].is_object(), "{v}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{tool}: {:?}",
+            t0.elapsed()
+        );
+    };
+    // Nothing reads this stderr: 3 x 2 x 70 KB is far more than the pipe
+    // holds (64 KiB).
+    let mut b = Broker::start_command(Some(toml), &[], |c| {
+        c.stderr(Stdio::piped());
+    });
+    let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(70_000));
+    for _ in 0..3 {
+        call(&b, "print", &big);
+    }
+    call(&b, "echo", r#"{"x":1}"#);
+    let status = b.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+
+    let (b, log) = Broker::start_logged(toml, &[]);
+    call(
+        &b,
+        "print",
+        r#"{"text":"hi\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\u001b[2J"}"#,
+    );
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut text = log.text();
+    while text.matches("router_output").count() < 4 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        text = log.text();
+    }
+    assert!(
+        !text.contains("\n2026-12-07T00:00:00.000000Z ERROR") && !text.contains('\u{1b}'),
+        "{text:?}"
+    );
+    assert!(
+        text.contains(r#"router=chaos stream="stdout" text="2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\u{1b}[2J""#),
+        "{text}"
+    );
+}
+
+/// A router's fault (a trap here) names the router and why in the log,
+/// within a budget: it was only counted, and a router trapping on every
+/// call must not flood the log either.
+#[test]
+fn router_faults_are_logged_within_a_budget() {
+    let toml = "[broker]\nshards = 1\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n";
+    let (b, log) = Broker::start_logged(toml, &[]);
+    let mut c = common::http::Conn::connect(b.http);
+    let s = c.initialize("2025-11-25");
+    for i in 0..40 {
+        let v = c.call(&s, i, "tools/call", r#"{"name":"trap","arguments":{}}"#);
+        assert!(
+            v["error"].is_object() || v["result"]["isError"] == true,
+            "{v}"
+        );
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while !log.text().contains("router fault") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let text = log.text();
+    let faults: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("router fault"))
+        .collect();
+    assert!(
+        faults[0].contains("router=chaos") && faults[0].contains("replaced=true"),
+        "{text}"
+    );
+    // The shard's budget: a burst of 20, then 10 a second.
+    assert!((1..=30).contains(&faults.len()), "{}: {text}", faults.len());
+}
+
 /// An upstream that accepts connections and never answers: the broker's
 /// start-up waits up to the router's `call_deadline` for its listing.
 fn silent_upstream() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {

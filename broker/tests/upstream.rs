@@ -1048,7 +1048,7 @@ fn a_guest_reaches_its_granted_origin_only() {
 #[test]
 fn bad_upstream_configs_are_refused_with_every_error() {
     let toml = format!(
-        "{}\n[[routers]]\nname = \"u1\"\nupstream = \"ftp://x/mcp\"\n\
+        "{}\n[[routers]]\nname = \"u1\"\nupstream = \"ftp://x/mcp?api_key=secret\"\n\
          [[routers]]\nname = \"u2\"\nwasm = \"echo.wasm\"\nupstream_headers = {{ A = \"b\" }}\nrefresh_interval = \"5s\"\nupstream_protocol = \"auto\"\n\
          [[routers]]\nname = \"u3\"\nupstream = \"http://h/mcp\"\nupstream_headers = {{ \"bad name\" = \"secret\\n\" }}\nupstream_protocol = \"2024-11-05\"\n\
          [[routers]]\nname = \"u4\"\n\
@@ -1059,7 +1059,8 @@ fn bad_upstream_configs_are_refused_with_every_error() {
         .unwrap_err()
         .to_string();
     for want in [
-        "routers[3] (u1).upstream: `ftp://x/mcp` is not an absolute http:// or https:// URL",
+        // The query (which may hold a key) is not shown.
+        "routers[3] (u1).upstream: `ftp://x/mcp?…` is not an absolute http:// or https:// URL",
         "routers[4] (u2).upstream_headers: only applies with `upstream`",
         "routers[4] (u2).refresh_interval: only applies with `upstream`",
         "routers[5] (u3).upstream_headers: `bad name` is not a valid header name",
@@ -1182,6 +1183,39 @@ fn garbage_a_dropped_stream_and_http_errors_get_upstream_unavailable_with_the_re
         r#"{"name":"echo_text","arguments":{"text":"fine"}}"#,
     );
     assert_eq!(text_of(&r["result"]), "fine");
+}
+
+/// An upstream's own text in a log line (the body of its error, quoted in
+/// the reason) is escaped: it cannot forge a line or clear a terminal.
+#[test]
+fn an_upstreams_text_cannot_forge_log_lines() {
+    let broken = Fixture::broken();
+    let toml = format!(
+        "{}\n[[routers]]\nname = \"forge\"\nupstream = \"http://127.0.0.1:{}/forge\"\ncall_deadline = \"5s\"\n",
+        mcp_broker::config::DEFAULT_TOML,
+        broken.1
+    );
+    let (_b, log) = Broker::start_logged(&toml, &[]);
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut text = log.text();
+    while !text.contains("upstream unavailable at load") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        text = log.text();
+    }
+    let line = text
+        .lines()
+        .find(|l| l.contains("upstream unavailable at load"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains(
+            r"HTTP 500: down\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\u{1b}[2J"
+        ),
+        "{line}"
+    );
+    assert!(
+        !text.contains('\u{1b}') && !text.contains("\n2026-12-07T00:00:00.000000Z"),
+        "{text:?}"
+    );
 }
 
 /// An upstream that answers `initialize` and then never its listing does

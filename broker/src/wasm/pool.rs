@@ -252,6 +252,10 @@ struct Inner {
     busy: Cell<u32>,
     calls: Cell<u64>,
     faults: Cell<u64>,
+    /// Faults were counted and never logged: on-call had a rising metric
+    /// and no line naming the router and why. Rate-limited: a router that
+    /// traps on every call must not flood the log.
+    fault_log: crate::shard::LogBudget,
     replaced: Cell<u64>,
     overloaded: Cell<u64>,
     compute_ticks: Cell<u64>,
@@ -283,6 +287,21 @@ impl Inner {
 
     fn count(cell: &Cell<u64>) {
         cell.set(cell.get() + 1);
+    }
+
+    /// Counts a fault of the router and logs it, within the log budget.
+    fn fault(&self, e: &CallError, replaced: bool) {
+        Self::count(&self.faults);
+        if let Some(suppressed) = self.fault_log.take(Instant::now()) {
+            // Escaped: a trap's or a refusal's text may quote the guest.
+            tracing::warn!(
+                router = %self.router.spec.name,
+                error = %e.to_string().escape_debug(),
+                replaced,
+                suppressed,
+                "router fault"
+            );
+        }
     }
 }
 
@@ -323,6 +342,7 @@ impl RouterPool {
                 busy: Cell::new(0),
                 calls: Cell::new(0),
                 faults: Cell::new(0),
+                fault_log: Default::default(),
                 replaced: Cell::new(0),
                 overloaded: Cell::new(0),
                 compute_ticks: Cell::new(0),
@@ -626,7 +646,7 @@ impl Caller<'_> {
         {
             // Malformed output is a fault of the router (docs/metrics.md),
             // though its instance stays: nothing in it is broken.
-            Inner::count(&self.pool.inner.faults);
+            self.pool.inner.fault(&e, false);
             return Err(e);
         }
         Ok(response)
@@ -795,14 +815,24 @@ impl Lease {
         };
         if let Some(slot) = self.slot.as_mut() {
             if fault {
-                Inner::count(&self.pool.faults);
+                self.pool.fault(&e, true);
             }
             Inner::count(&self.pool.replaced);
             slot.0 = None;
             // Replace now, so the next caller finds a ready instance; if this
             // fails the slot stays empty and the next caller retries.
-            if let Ok(inst) = Box::pin(self.pool.router.instantiate()).await {
-                slot.0 = Some(Box::new(inst));
+            match Box::pin(self.pool.router.instantiate()).await {
+                Ok(inst) => slot.0 = Some(Box::new(inst)),
+                Err(e) => {
+                    if let Some(suppressed) = self.pool.fault_log.take(Instant::now()) {
+                        tracing::warn!(
+                            router = %self.pool.router.spec.name,
+                            error = %e.to_string().escape_debug(),
+                            suppressed,
+                            "a faulted instance could not be replaced; the next call tries again"
+                        );
+                    }
+                }
             }
         }
         Err(e)

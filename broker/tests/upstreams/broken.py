@@ -12,7 +12,9 @@ properly, then answers `tools/call` badly, in the way its path names:
   `tools/list` and never writes to it (an upstream that hangs at start-up);
 - `/as/NAME`: lists the tool NAME instead of `boom` (a listing that
   collides with another router's qualified name);
-- `/many/N`: lists N tools `t0`…, besides `boom` (a listing of many pages).
+- `/many/N`: lists N tools `t0`…, besides `boom` (a listing of many pages);
+- `/forge`: answers `initialize` with HTTP 500 and a body that would forge
+  a log line (a newline, a fake timestamp, a terminal escape).
 
 Every path counts the `notifications/cancelled` it receives, and the
 session ends (`DELETE` of its `broken-session`); the methods
@@ -80,7 +82,9 @@ class Handler(BaseHTTPRequestHandler):
         def result(r):
             return json.dumps({"jsonrpc": "2.0", "id": rid, "result": r})
 
-        if method == "initialize":
+        if method == "initialize" and self.path.strip("/") == "forge":
+            self.reply(500, "down\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\x1b[2J", "text/plain")
+        elif method == "initialize":
             self.reply(
                 200,
                 result(

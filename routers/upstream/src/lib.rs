@@ -138,8 +138,9 @@ enum Listen {
     Closed,
     Open(Listener),
     /// The server answered the GET with an error (405 from servers without
-    /// one, 409 …), or has no session id, or speaks 2026-07-28: not asked
-    /// again in this session.
+    /// one, 409 …) or not within [`LISTEN_HEAD_TIMEOUT`]: not asked again
+    /// in this session. A 2026-07-28 session, which has no GET stream,
+    /// starts here.
     Refused,
 }
 
@@ -737,8 +738,10 @@ impl Probe {
         match status {
             Some(s) if (400..500).contains(&s) && s != 408 && s != 429 => Self::Refused(reason),
             // Some session-era servers answer every method they do not
-            // know so (FastMCP 1.8's stateless mode): retried for ever.
-            Some(500..=599) => Self::Unanswered(format!(
+            // know so (FastMCP 1.8's stateless mode, 500): retried for
+            // ever. Not said of 502–504, which a proxy answers for a
+            // server that is down, where the hint only misleads.
+            Some(500 | 501) => Self::Unanswered(format!(
                 "{reason} (if this server answers every method it does not know with a 5xx, \
                  set upstream_protocol = \"2025-06-18\")"
             )),
@@ -1926,6 +1929,12 @@ mod tests {
                 vec![b"no backend".to_vec()],
             )),
             Ok(Answer::canned(429, "text/plain", None, vec![])),
+            Ok(Answer::canned(
+                500,
+                "text/plain",
+                None,
+                vec![b"Internal Server Error".to_vec()],
+            )),
         ]
         .into_iter();
         let server: Server = Box::new(move |req| {
@@ -1941,11 +1950,18 @@ mod tests {
         }
         });
         SERVER.with_borrow_mut(|s| *s = Some(server));
-        for why in ["reset by peer", "HTTP 503", "HTTP 429"] {
+        for why in ["reset by peer", "HTTP 503", "HTTP 429", "HTTP 500"] {
             let d = <Upstream as Guest>::describe_server();
             let reason = &d.meta.expect("unavailable")[0].value;
             assert!(
                 reason.contains("server/discover") && reason.contains(why),
+                "{reason}"
+            );
+            // Only a 500 may be a server refusing what it does not know
+            // (FastMCP 1.8, stateless); a 503 is a server that is down.
+            assert_eq!(
+                reason.contains("upstream_protocol"),
+                why == "HTTP 500",
                 "{reason}"
             );
         }
