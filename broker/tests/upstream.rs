@@ -606,8 +606,8 @@ fn progress_and_logs_arrive_before_the_result_and_errors_are_clear() {
 /// FastMCP before 1.30 sends a call's progress unrelated to its request,
 /// so on the session's GET stream; any release does so with a question
 /// asked without `related_request_id`. The router listens there while a
-/// call runs: the progress and logs reach the client live, and the
-/// question is refused at once instead of waiting for the deadline. An
+/// call runs: the progress reaches the client live, and the question is
+/// refused at once instead of waiting for the deadline. An
 /// upstream answering in JSON, whose call stream carries nothing but the
 /// result, is heard there too.
 #[test]
@@ -643,11 +643,13 @@ fn progress_logs_and_questions_sent_on_the_get_stream_are_served_beside_the_call
             [1, 2, 3].map(|i| json!({"progressToken": format!("t{round}"), "progress": i, "total": 3, "message": format!("aside {i}")})),
             "{server}, round {round}: {msgs:?}"
         );
+        // Logs sent there are not taken: nothing ties them to the call,
+        // and the instance's session serves many clients in turn.
         let logs = msgs
             .iter()
             .filter(|m| m["method"] == "notifications/message")
             .count();
-        assert_eq!(logs, 3, "{server}: {msgs:?}");
+        assert_eq!(logs, 0, "{server}: {msgs:?}");
         assert_eq!(text_of(&msgs.last().unwrap()["result"]), "done 3");
     }
     // A question on the GET stream is refused at once, as one on the

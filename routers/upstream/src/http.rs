@@ -12,8 +12,8 @@
 
 use wasi::http::outgoing_handler;
 use wasi::http::types::{
-    ErrorCode, Fields, IncomingBody, IncomingResponse, Method, OutgoingBody, OutgoingRequest,
-    Scheme,
+    ErrorCode, Fields, FutureIncomingResponse, IncomingBody, IncomingResponse, Method,
+    OutgoingBody, OutgoingRequest, Scheme,
 };
 use wasi::io::poll::Pollable;
 use wasi::io::streams::{InputStream, StreamError};
@@ -28,10 +28,13 @@ const WRITE_CHUNK: usize = 4096;
 
 /// A second stream served while a request waits for its answer.
 pub trait Beside {
-    /// The stream to watch, while there is one.
-    fn stream(&mut self) -> Option<&mut Answer>;
-    /// Reads what that stream has ready (it was seen ready, or in the
-    /// native tests, before every chunk of the answer).
+    /// What to wait on besides the answer (its stream, or the head it
+    /// waits for), while there is something.
+    fn pollable(&mut self) -> Option<Pollable>;
+    /// Whether there is something beside: the native tests, which have no
+    /// pollables, serve it before every chunk of the answer.
+    fn active(&self) -> bool;
+    /// Takes what is ready beside.
     fn serve(&mut self);
 }
 
@@ -39,21 +42,24 @@ pub trait Beside {
 pub struct Alone;
 
 impl Beside for Alone {
-    fn stream(&mut self) -> Option<&mut Answer> {
+    fn pollable(&mut self) -> Option<Pollable> {
         None
+    }
+    fn active(&self) -> bool {
+        false
     }
     fn serve(&mut self) {}
 }
 
-/// Blocks until `p` is ready, serving `side` whenever its stream is.
+/// Blocks until `p` is ready, serving `side` whenever it is.
 fn wait(p: &Pollable, side: &mut dyn Beside) {
     loop {
-        let Some(theirs) = side.stream().and_then(Answer::pollable) else {
+        let Some(theirs) = side.active().then(|| side.pollable()).flatten() else {
             p.block();
             return;
         };
         let ready = wasi::io::poll::poll(&[p, &theirs]);
-        // Dropped before `serve`, which may end the stream it belongs to.
+        // Dropped before `serve`, which may end what it belongs to.
         drop(theirs);
         if ready.contains(&1) {
             side.serve();
@@ -198,7 +204,7 @@ impl Answer {
     }
 
     /// What to wait on for the next chunk (`None` in the native tests).
-    fn pollable(&mut self) -> Option<Pollable> {
+    pub fn pollable(&self) -> Option<Pollable> {
         match &self.source {
             Source::Wasi { stream, .. } => Some(stream.subscribe()),
             #[cfg(test)]
@@ -211,7 +217,7 @@ impl Answer {
     pub fn chunk_beside(&mut self, side: &mut dyn Beside) -> Result<Option<Vec<u8>>, String> {
         loop {
             #[cfg(test)]
-            if matches!(self.source, Source::Canned(_)) && side.stream().is_some() {
+            if matches!(self.source, Source::Canned(_)) && side.active() {
                 side.serve();
             }
             match self.try_chunk()? {
@@ -325,14 +331,15 @@ pub fn post(
     answer(response, false)
 }
 
-/// GETs the endpoint with `headers` (no body), waiting at most
-/// `first_byte` for the response head: the answer is a stream meant to
+/// GETs the endpoint with `headers` (no body) without waiting for the
+/// answer: its head is taken from the [`Pending`] when it comes, within
+/// `first_byte` (else the request fails). The answer is a stream meant to
 /// stay open, read with [`Answer::try_chunk`] and [`Beside`].
 pub fn get(
     ep: &Endpoint,
     headers: &[(&str, &str)],
     first_byte: std::time::Duration,
-) -> Result<Answer, String> {
+) -> Result<Pending, String> {
     let list: Vec<(String, Vec<u8>)> = headers
         .iter()
         .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
@@ -344,14 +351,47 @@ pub fn get(
         .set_first_byte_timeout(Some(nanos))
         .map_err(|()| "the first-byte timeout was refused by wasi:http".to_owned())?;
     let future = outgoing_handler::handle(req, Some(options)).map_err(|e| reason(&e))?;
-    future.subscribe().block();
-    let response = match future.get() {
-        Some(Ok(Ok(r))) => r,
-        Some(Ok(Err(e))) => return Err(reason(&e)),
-        Some(Err(())) => return Err("response already taken".into()),
-        None => return Err("no response".into()),
-    };
-    answer(response, true)
+    Ok(Pending(PendingSource::Wasi(future)))
+}
+
+/// A request sent whose answer's head has not been taken yet.
+pub struct Pending(PendingSource);
+
+enum PendingSource {
+    Wasi(FutureIncomingResponse),
+    /// A scripted answer, for the native tests.
+    #[cfg(test)]
+    Canned(Option<Result<Answer, String>>),
+}
+
+impl Pending {
+    #[cfg(test)]
+    pub fn canned(answer: Result<Answer, String>) -> Self {
+        Self(PendingSource::Canned(Some(answer)))
+    }
+
+    /// What to wait on for the head (`None` in the native tests).
+    pub fn pollable(&self) -> Option<Pollable> {
+        match &self.0 {
+            PendingSource::Wasi(f) => Some(f.subscribe()),
+            #[cfg(test)]
+            PendingSource::Canned(_) => None,
+        }
+    }
+
+    /// The answer, once its head came (or the request failed); `None`
+    /// while it has not.
+    pub fn take(&mut self) -> Option<Result<Answer, String>> {
+        match &mut self.0 {
+            PendingSource::Wasi(f) => Some(match f.get()? {
+                Ok(Ok(r)) => answer(r, true),
+                Ok(Err(e)) => Err(reason(&e)),
+                Err(()) => Err("response already taken".into()),
+            }),
+            #[cfg(test)]
+            PendingSource::Canned(a) => a.take(),
+        }
+    }
 }
 
 /// An outgoing request to the endpoint, its head set.

@@ -52,9 +52,9 @@
 //! | tool `execution.taskSupport` | a tool that requires to be called as a task (`"required"`) is not listed: the broker does not offer the tasks extension, and such a tool refuses every plain call | `"optional"` tools are listed and called plainly |
 //! | `tools/call` result | content, `structuredContent` (JSON text), `isError`, `_meta` entries | `_meta` keys under MCP's own prefix `io.modelcontextprotocol/` (2026-07-28's `serverInfo` of the upstream: the client talks to the broker); resource_link `name` (its title, else name, is the title); an embedded blob without MIME type is labelled `application/octet-stream` so the broker reads it as binary; a blob with a textual MIME type (or text with a binary one) is misread by the broker, which picks text/blob from the MIME type |
 //! | `notifications/progress` on the call's stream (or the GET stream, with the call's token) | passed to the host at once (`mcp-broker:host/call.progress`, `../../wit/host/host.wit`), which sends it to the client while the call runs | — |
-//! | `notifications/message` on a stream | passed to the host at once (`call.log`) | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped by the host |
+//! | `notifications/message` on the call's stream | passed to the host at once (`call.log`) | no `logging/setLevel` is sent upstream: the broker filters; logs of list/read/get calls are dropped by the host; logs on the GET stream are not taken |
 //! | `notifications/*/list_changed` on a stream | meta `mcp-broker/list-changed` = `["tools",…]` on call/complete results | on other exports only the prompt cache is invalidated; one announced on the GET stream is seen when a request next waits |
-//! | the session's GET stream (2025-06-18, a session with an id) | opened by the first request that needs the session and kept ([`Listen`]); read while a request waits: what arrives there counts as that request's (progress only with its token), what arrived before it went out is stale | stale progress and logs; a server that refuses the GET is not asked again in the session |
+//! | the session's GET stream (2025-06-18, a session with an id) | opened by the first request that needs the session (never waited for) and kept ([`Listen`]); read while a request waits: its progress (with its token), questions (refused), pings, list changes | logs (nothing ties them to a request); progress without the request's token; questions past 64 a request; a server that refuses the GET is not asked again in the session |
 //! | server→client requests (`elicitation/create`, `sampling/createMessage`, `roots/list`, …) on a stream (2025-06-18) | refused: error -32601 POSTed back at once (`ping` is answered `{}`) | a session-era upstream cannot elicit, sample or list roots through the broker |
 //! | 2026-07-28 `InputRequiredResult` of `tools/call` | a result asking the broker's client the same `inputRequests` (meta `mcp-broker/input-requests`), the upstream's `requestState` in this router's state (`mcp-broker/state`); the retry's `_inputs` and `_request_state` become `inputResponses` and `requestState` | more than 8 questions, or a `requestState` over about 4 KB, fail the call (the broker's bounds); an `InputRequiredResult` of `prompts/get` or `resources/read` is an error |
 //! | 2026-07-28 errors with a 4xx status | the JSON-RPC error they carry | — |
@@ -131,12 +131,21 @@ struct Session {
 /// question waits for an answer until the call's deadline. Opened by the
 /// first request of a session with an id, read only while a request waits
 /// (an instance runs one call at a time), dropped with the session.
+///
+/// Only what is certainly the request's is taken from it: progress with
+/// its token, questions (refused, as on the call's stream), pings and
+/// list changes. Logs are not: nothing ties them to a request, and the
+/// session is the instance's, whose calls come from many clients (a log
+/// sent between two calls would reach the second caller).
 #[derive(Default)]
 enum Listen {
     /// Not open: the next request opens it.
     #[default]
     Closed,
-    Open(Listener),
+    /// Sent; its head is taken while a request waits (never waited for
+    /// alone: a server or proxy that holds it back costs nothing).
+    Opening(http::Pending),
+    Open(Box<Listener>),
     /// The server answered the GET with an error (405 from servers without
     /// one, 409 …) or not within [`LISTEN_HEAD_TIMEOUT`]: not asked again
     /// in this session. A 2026-07-28 session, which has no GET stream,
@@ -155,6 +164,10 @@ const MAX_LISTEN_EVENT: usize = 1 << 20;
 /// How long the upstream may take to answer the GET's head.
 #[cfg_attr(test, allow(dead_code))]
 const LISTEN_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Questions and pings from the GET stream answered per request, each a
+/// POST of its own: a server asking in a loop must not hold the call.
+/// Beyond it they go unanswered.
+const MAX_ANSWERS_PER_REQUEST: usize = 64;
 
 #[derive(Default)]
 struct State {
@@ -202,7 +215,7 @@ fn post(
 }
 
 #[cfg(not(test))]
-fn get(ep: &Endpoint, headers: &[(&str, &str)]) -> Result<http::Answer, String> {
+fn get(ep: &Endpoint, headers: &[(&str, &str)]) -> Result<http::Pending, String> {
     http::get(ep, headers, LISTEN_HEAD_TIMEOUT)
 }
 
@@ -336,33 +349,47 @@ fn answer_requests(ep: &Endpoint, hdr: &Hdr, collected: &mut Collected) {
     }
 }
 
+/// Whether a message from the GET stream is request `id`'s to take: not a
+/// log, nor progress without its token (see [`Listen`]).
+fn taken_off_stream(msg: &Value, id: u64) -> bool {
+    match msg.get("method").and_then(Value::as_str) {
+        Some("notifications/message") => false,
+        Some("notifications/progress") => match msg.pointer("/params/progressToken") {
+            Some(Value::Number(n)) => n.as_u64() == Some(id),
+            Some(Value::String(t)) => *t == id.to_string(),
+            _ => false,
+        },
+        _ => true,
+    }
+}
+
 /// One request's wait for its answer, with the session's GET stream
-/// ([`Listen`]) served beside it: what arrives there is taken as the
-/// request's own (progress only with its token), and whatever was there
-/// before the request went out is stale (its progress and logs dropped,
-/// its questions refused, its list changes kept).
+/// ([`Listen`]) served beside it.
 struct Listening<'a> {
     ep: &'a Endpoint,
     hdr: &'a Hdr,
     id: u64,
     /// Taken from the session for the request, given back on drop.
-    listener: Option<Listener>,
-    /// Whether there was one to give back: a stream that ended is opened
-    /// again by the next request.
-    had: bool,
+    listen: Listen,
+    /// Whether to give it back: not for a request that had none to take.
+    own: bool,
+    /// Questions and pings answered from the GET stream so far.
+    answered: usize,
     collected: Collected,
 }
 
 impl<'a> Listening<'a> {
-    /// Opens the session's GET stream if it is due (a session-era session
-    /// with an id, the stream not refused), and reads what it holds.
+    /// Takes the session's GET stream (a session-era session with an id),
+    /// sending the GET if it is not open; one found ended meanwhile (a
+    /// proxy's idle timeout) is sent again for this very request.
     fn start(ep: &'a Endpoint, hdr: &'a Hdr, id: u64, listen: bool) -> Self {
         let mut side = Self {
             ep,
             hdr,
             id,
-            listener: None,
-            had: false,
+            listen: Listen::Refused,
+            own: false,
+            answered: 0,
             collected: Collected {
                 forward: rpc::Forward(Some(report)),
                 ..Collected::default()
@@ -371,53 +398,38 @@ impl<'a> Listening<'a> {
         if !listen || hdr.modern || hdr.session.is_none() {
             return side;
         }
-        let taken = STATE.with_borrow_mut(|s| {
+        let Some(taken) = STATE.with_borrow_mut(|s| {
             s.session
                 .as_mut()
                 .map(|s| std::mem::replace(&mut s.listen, Listen::Refused))
-        });
-        side.listener = match taken {
-            Some(Listen::Open(l)) => Some(l),
-            Some(Listen::Closed) => Self::open(ep, hdr),
-            Some(Listen::Refused) | None => None,
-        };
-        side.had = side.listener.is_some();
-        if !side.had {
-            // Refused, or the session is gone: stays so for this session.
+        }) else {
             return side;
+        };
+        side.listen = taken;
+        side.own = true;
+        if matches!(side.listen, Listen::Open(_)) {
+            // Whatever is there is taken (or answered) as this request's.
+            http::Beside::serve(&mut side);
         }
-        // What is there already predates this request.
-        let mut stale = Collected::default();
-        side.read_ready(&mut stale);
-        side.collected.list_changed = stale.list_changed;
-        side.collected.refuse = stale.refuse;
-        side.collected.pong = stale.pong;
-        answer_requests(ep, hdr, &mut side.collected);
+        if matches!(side.listen, Listen::Closed) {
+            let mut headers = vec![("accept", "text/event-stream")];
+            headers.extend(
+                hdr.list()
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("mcp-")),
+            );
+            side.listen = match get(ep, &headers) {
+                Ok(pending) => Listen::Opening(pending),
+                Err(_) => Listen::Refused,
+            };
+        }
         side
     }
 
-    fn open(ep: &Endpoint, hdr: &Hdr) -> Option<Listener> {
-        let mut headers = vec![("accept", "text/event-stream")];
-        headers.extend(
-            hdr.list()
-                .into_iter()
-                .filter(|(k, _)| k.starts_with("mcp-")),
-        );
-        let answer = get(ep, &headers).ok()?;
-        let sse = answer
-            .content_type
-            .to_ascii_lowercase()
-            .starts_with("text/event-stream");
-        (answer.status == 200 && sse).then(|| Listener {
-            answer,
-            parser: sse::Parser::new(),
-        })
-    }
-
-    /// Reads what the GET stream has ready into `into`; a stream that
-    /// ended or failed is let go.
-    fn read_ready(&mut self, into: &mut Collected) {
-        let Some(l) = &mut self.listener else {
+    /// Reads what the GET stream has ready; a stream that ended or failed
+    /// is let go (the next request opens another).
+    fn read_ready(&mut self) {
+        let Listen::Open(l) = &mut self.listen else {
             return;
         };
         // Bounded, so that a stream that never pauses cannot hold the call.
@@ -429,19 +441,21 @@ impl<'a> Listening<'a> {
                         if !(ev.event.is_empty() || ev.event == "message") {
                             continue;
                         }
-                        if let Ok(msg) = serde_json::from_str::<Value>(&ev.data) {
+                        if let Ok(msg) = serde_json::from_str::<Value>(&ev.data)
+                            && taken_off_stream(&msg, self.id)
+                        {
                             // A response has no place here: the request's
                             // own comes on its POST.
-                            let _ = rpc::absorb(&msg, self.id, into);
+                            let _ = rpc::absorb(&msg, self.id, &mut self.collected);
                         }
                     }
                     if l.parser.pending_bytes() > MAX_LISTEN_EVENT {
-                        self.listener = None;
+                        self.listen = Listen::Closed;
                         return;
                     }
                 }
                 Ok(None) | Err(_) => {
-                    self.listener = None;
+                    self.listen = Listen::Closed;
                     return;
                 }
             }
@@ -450,27 +464,55 @@ impl<'a> Listening<'a> {
 }
 
 impl http::Beside for Listening<'_> {
-    fn stream(&mut self) -> Option<&mut http::Answer> {
-        self.listener.as_mut().map(|l| &mut l.answer)
+    fn pollable(&mut self) -> Option<wasi::io::poll::Pollable> {
+        match &self.listen {
+            Listen::Opening(p) => p.pollable(),
+            Listen::Open(l) => l.answer.pollable(),
+            Listen::Closed | Listen::Refused => None,
+        }
+    }
+
+    fn active(&self) -> bool {
+        matches!(self.listen, Listen::Opening(_) | Listen::Open(_))
     }
 
     fn serve(&mut self) {
-        let mut into = std::mem::take(&mut self.collected);
-        self.read_ready(&mut into);
-        answer_requests(self.ep, self.hdr, &mut into);
-        self.collected = into;
+        if let Listen::Opening(p) = &mut self.listen {
+            self.listen = match p.take() {
+                None => return,
+                Some(Ok(answer))
+                    if answer.status == 200
+                        && answer
+                            .content_type
+                            .to_ascii_lowercase()
+                            .starts_with("text/event-stream") =>
+                {
+                    Listen::Open(Box::new(Listener {
+                        answer,
+                        parser: sse::Parser::new(),
+                    }))
+                }
+                Some(_) => Listen::Refused,
+            };
+        }
+        self.read_ready();
+        // The request's own stream answers its questions in `send`; these
+        // came from the GET stream, within the request's allowance.
+        let room = MAX_ANSWERS_PER_REQUEST.saturating_sub(self.answered);
+        self.collected.refuse.truncate(room);
+        let room = room - self.collected.refuse.len();
+        self.collected.pong.truncate(room);
+        self.answered += self.collected.refuse.len() + self.collected.pong.len();
+        answer_requests(self.ep, self.hdr, &mut self.collected);
     }
 }
 
 impl Drop for Listening<'_> {
     fn drop(&mut self) {
-        if !self.had {
+        if !self.own {
             return;
         }
-        let back = match self.listener.take() {
-            Some(l) => Listen::Open(l),
-            None => Listen::Closed,
-        };
+        let back = std::mem::take(&mut self.listen);
         STATE.with_borrow_mut(|s| {
             if let Some(s) = &mut s.session {
                 s.listen = back;
@@ -1183,7 +1225,7 @@ mod tests {
         side: &mut dyn http::Beside,
     ) -> Result<Answer, String> {
         // The wait for the response head, which serves the GET stream.
-        if side.stream().is_some() {
+        if side.active() {
             side.serve();
         }
         let req = Req {
@@ -1208,7 +1250,7 @@ mod tests {
         static GET_LOG: RefCell<Vec<Vec<(String, String)>>> = RefCell::default();
     }
 
-    pub(super) fn get(_: &Endpoint, headers: &[(&str, &str)]) -> Result<Answer, String> {
+    pub(super) fn get(_: &Endpoint, headers: &[(&str, &str)]) -> Result<http::Pending, String> {
         GET_LOG.with_borrow_mut(|l| {
             l.push(
                 headers
@@ -1217,8 +1259,10 @@ mod tests {
                     .collect(),
             )
         });
-        GETS.with_borrow_mut(|g| g.pop_front())
-            .ok_or_else(|| "HTTP 405".to_owned())
+        let answer = GETS
+            .with_borrow_mut(|g| g.pop_front())
+            .unwrap_or_else(|| Answer::canned(405, "text/plain", None, vec![]));
+        Ok(http::Pending::canned(Ok(answer)))
     }
 
     fn json_answer(v: &Value) -> Answer {
@@ -1422,8 +1466,6 @@ mod tests {
             // Refusals and pongs.
             _ => Ok(Answer::canned(202, "", None, vec![])),
         });
-        let progress = |token: u64, n: u32| json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":n}});
-        let log_msg = |data: &str| json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":data}});
         // initialize is request 1, so the call is 2.
         GETS.with_borrow_mut(|g| {
             g.push_back(Answer::canned(
@@ -1431,18 +1473,15 @@ mod tests {
                 "text/event-stream",
                 None,
                 sse_chunks(&[
-                    // There before the call went out: stale.
-                    Some(progress(2, 9)),
-                    Some(log_msg("stale")),
-                    Some(json!({"jsonrpc":"2.0","id":"q0","method":"sampling/createMessage","params":{}})),
-                    Some(json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"})),
-                    None,
-                    // While it waits.
                     Some(progress(2, 1)),
+                    // Another request's, and none's: not this call's.
                     Some(progress(77, 1)),
-                    Some(log_msg("live")),
+                    Some(json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":5}})),
+                    // Nothing ties a log to a request.
+                    Some(log_msg("whose?")),
                     Some(json!({"jsonrpc":"2.0","id":"q1","method":"sampling/createMessage","params":{}})),
                     Some(json!({"jsonrpc":"2.0","id":"p1","method":"ping"})),
+                    Some(json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"})),
                     // Quiet from here on (a canned stream that runs out
                     // has ended).
                     None, None, None, None, None, None, None, None, None, None,
@@ -1454,21 +1493,13 @@ mod tests {
             panic!("{r:?}")
         };
         assert!(matches!(&r.content[0], ContentBlock::Text(t) if t.text == "done"));
-        // Only the call's own progress, and what arrived while it ran.
         assert_eq!(
             REPORTED.with_borrow(Clone::clone),
-            [
-                rpc::Live::Progress {
-                    progress: 1.0,
-                    total: None,
-                    message: None
-                },
-                rpc::Live::Log {
-                    level: "info".into(),
-                    logger: None,
-                    data: r#""live""#.into()
-                },
-            ]
+            [rpc::Live::Progress {
+                progress: 1.0,
+                total: None,
+                message: None
+            }]
         );
         // A change announced on the GET stream is the call's news.
         let meta: Vec<_> = r.meta.unwrap().into_iter().map(|m| m.key).collect();
@@ -1479,14 +1510,7 @@ mod tests {
                 .filter(|r| r.body.get("method").is_none())
                 .map(|r| (r.body["id"].clone(), r.body.get("error").is_some()))
                 .collect();
-            assert_eq!(
-                answers,
-                [
-                    (json!("q0"), true),
-                    (json!("q1"), true),
-                    (json!("p1"), false)
-                ]
-            );
+            assert_eq!(answers, [(json!("q1"), true), (json!("p1"), false)]);
         });
         GET_LOG.with_borrow(|g| {
             assert_eq!(g.len(), 1);
@@ -1497,9 +1521,77 @@ mod tests {
             assert!(!h.contains_key(rpc::REQUEST_ID_HEADER), "{h:?}");
         });
         // The stream stayed open (it paused, it did not end): the next
-        // call sends no second GET. One that ends is opened again.
+        // call sends no second GET.
         <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
         assert_eq!(GET_LOG.with_borrow(Vec::len), 1);
+    }
+
+    fn progress(token: u64, n: u32) -> Value {
+        json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":n}})
+    }
+
+    fn log_msg(data: &str) -> Value {
+        json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":data}})
+    }
+
+    #[test]
+    fn a_get_stream_found_ended_is_opened_again_for_the_request_that_finds_it() {
+        serve(Some("s1"), |req| match req.method() {
+            "tools/call" => Ok(json_answer(&result(req, json!({"content":[]})))),
+            _ => Ok(Answer::canned(202, "", None, vec![])),
+        });
+        GETS.with_borrow_mut(|g| {
+            // Ends after the first call, while the instance is idle (a
+            // proxy's idle timeout).
+            g.push_back(Answer::canned(
+                200,
+                "text/event-stream",
+                None,
+                sse_chunks(&[Some(progress(2, 1)), None, None]),
+            ));
+            g.push_back(Answer::canned(
+                200,
+                "text/event-stream",
+                None,
+                sse_chunks(&[Some(progress(3, 1)), None, None, None, None]),
+            ));
+        });
+        <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
+        assert_eq!(GET_LOG.with_borrow(Vec::len), 1);
+        // The second call finds it ended, and listens on a new one.
+        <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
+        assert_eq!(GET_LOG.with_borrow(Vec::len), 2);
+        assert_eq!(
+            REPORTED.with_borrow(Vec::len),
+            2,
+            "{:?}",
+            REPORTED.with_borrow(Clone::clone)
+        );
+    }
+
+    #[test]
+    fn questions_from_the_get_stream_are_answered_within_an_allowance() {
+        serve(Some("s1"), |req| match req.method() {
+            "tools/call" => Ok(json_answer(&result(req, json!({"content":[]})))),
+            _ => Ok(Answer::canned(202, "", None, vec![])),
+        });
+        let asks: Vec<Option<Value>> = (0..100)
+            .map(|i| {
+                Some(json!({"jsonrpc":"2.0","id":i,"method":"sampling/createMessage","params":{}}))
+            })
+            .chain([None, None, None])
+            .collect();
+        GETS.with_borrow_mut(|g| {
+            g.push_back(Answer::canned(
+                200,
+                "text/event-stream",
+                None,
+                sse_chunks(&asks),
+            ));
+        });
+        <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
+        let answered = log(|l| l.iter().filter(|r| r.body.get("method").is_none()).count());
+        assert_eq!(answered, MAX_ANSWERS_PER_REQUEST);
     }
 
     #[test]
