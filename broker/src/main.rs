@@ -154,6 +154,9 @@ fn main() -> ExitCode {
         // read the write blocks, and the main thread held there heard
         // neither stop signals nor a shard's death.
         let line = running.ready_line();
+        // Also in the log: a deployment that keeps stderr only (2>file,
+        // the journal) saw nothing of a start that went well.
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), "{line}");
         let write = move || {
             use std::io::Write;
             let mut out = std::io::stdout().lock();

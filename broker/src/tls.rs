@@ -400,13 +400,10 @@ impl ServerTls {
             }
             Err(errors) => {
                 self.reload_failures.fetch_add(1, Ordering::Relaxed);
+                // One record (journald and log shippers split lines).
                 tracing::error!(
-                    "TLS certificate files changed but cannot be used; the ones loaded before stay in effect:\n{}",
-                    errors
-                        .iter()
-                        .map(|e| format!("  - {e}"))
-                        .collect::<Vec<_>>()
-                        .join("\n")
+                    ?errors,
+                    "TLS certificate files changed but cannot be used; the ones loaded before stay in effect"
                 );
             }
         }

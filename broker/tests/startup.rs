@@ -815,6 +815,13 @@ fn router_faults_are_logged_within_a_budget() {
     );
     // The shard's budget: a burst of 20, then 10 a second.
     assert!((1..=30).contains(&faults.len()), "{}: {text}", faults.len());
+    // The ready line is in the log too, with the version (a deployment
+    // that keeps only stderr saw nothing of a good start).
+    assert!(
+        text.lines()
+            .any(|l| l.contains("mcp-broker ready frames=") && l.contains("version=")),
+        "{text}"
+    );
 }
 
 /// An upstream that accepts connections and never answers: the broker's
