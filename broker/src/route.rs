@@ -263,6 +263,9 @@ type Qualified<T> = (Names<Target>, Vec<Listed<T>>);
 /// `items` without a router's second entry of a name it already listed
 /// (noted in `shadowed`): such a router's names would otherwise count as
 /// a collision with itself, qualified with one prefix into the same name.
+/// Nor a name that is empty or holds control characters (an upstream's
+/// listing is not ours to trust): no client can call it as meant, and a
+/// newline in it would be a line of its own in every client's log.
 fn first_of_each<'a, T>(
     items: Vec<(usize, &'a T, &'a str)>,
     kind: &str,
@@ -273,6 +276,14 @@ fn first_of_each<'a, T>(
     items
         .into_iter()
         .filter(|&(i, _, name)| {
+            if name.is_empty() || name.chars().any(char::is_control) {
+                shadowed.push(format!(
+                    "router `{}` lists a {kind} whose name is empty or holds control characters (`{}`); it is not served",
+                    routers[i],
+                    name.escape_debug()
+                ));
+                return false;
+            }
             let first = seen.insert((i, name));
             if !first {
                 shadowed.push(format!(
@@ -452,6 +463,17 @@ mod tests {
         let uris: Vec<_> = t.resource_list.iter().map(|l| &*l.exposed).collect();
         assert_eq!(uris, ["demo://r/1", "demo://r/2"]);
         assert_eq!(t.template_list.len(), 1);
+        // A name no client can call as meant is left out, and said.
+        let t2 = RouteTable::build(&[entry("one", None, &["ok", "", "a\nb"], &[])], "__").unwrap();
+        let names: Vec<_> = t2.tool_list.iter().map(|l| &*l.exposed).collect();
+        assert_eq!(names, ["ok"]);
+        assert_eq!(
+            t2.shadowed,
+            [
+                "router `one` lists a tool whose name is empty or holds control characters (``); it is not served",
+                "router `one` lists a tool whose name is empty or holds control characters (`a\\nb`); it is not served",
+            ]
+        );
         // The second router's tools are served, its own duplicate once.
         let names: Vec<_> = t.tool_list.iter().map(|l| &*l.exposed).collect();
         assert_eq!(names, ["one__echo", "two__echo"]);
