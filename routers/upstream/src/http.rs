@@ -30,7 +30,7 @@ const WRITE_CHUNK: usize = 4096;
 pub trait Beside {
     /// What to wait on besides the answer (its stream, or the head it
     /// waits for), while there is something.
-    fn pollable(&mut self) -> Option<Pollable>;
+    fn pollable(&mut self) -> Option<&Pollable>;
     /// Whether there is something beside: the native tests, which have no
     /// pollables, serve it before every chunk of the answer.
     fn active(&self) -> bool;
@@ -42,7 +42,7 @@ pub trait Beside {
 pub struct Alone;
 
 impl Beside for Alone {
-    fn pollable(&mut self) -> Option<Pollable> {
+    fn pollable(&mut self) -> Option<&Pollable> {
         None
     }
     fn active(&self) -> bool {
@@ -54,13 +54,17 @@ impl Beside for Alone {
 /// Blocks until `p` is ready, serving `side` whenever it is.
 fn wait(p: &Pollable, side: &mut dyn Beside) {
     loop {
-        let Some(theirs) = side.active().then(|| side.pollable()).flatten() else {
+        if !side.active() {
             p.block();
             return;
+        }
+        let ready = match side.pollable() {
+            Some(theirs) => wasi::io::poll::poll(&[p, theirs]),
+            None => {
+                p.block();
+                return;
+            }
         };
-        let ready = wasi::io::poll::poll(&[p, &theirs]);
-        // Dropped before `serve`, which may end what it belongs to.
-        drop(theirs);
         if ready.contains(&1) {
             side.serve();
         }
@@ -172,9 +176,12 @@ pub struct Answer {
 }
 
 enum Source {
-    /// Field order is drop order: the stream is a child of the body, which
-    /// must go first.
+    /// Field order is drop order: the pollable is a child of the stream,
+    /// the stream of the body; children go first.
     Wasi {
+        /// The stream's, made once: a request served beside another
+        /// waits many times, and each subscription is two host calls.
+        pollable: Option<Pollable>,
         stream: InputStream,
         _body: IncomingBody,
         _response: IncomingResponse,
@@ -204,9 +211,11 @@ impl Answer {
     }
 
     /// What to wait on for the next chunk (`None` in the native tests).
-    pub fn pollable(&self) -> Option<Pollable> {
-        match &self.source {
-            Source::Wasi { stream, .. } => Some(stream.subscribe()),
+    pub fn pollable(&mut self) -> Option<&Pollable> {
+        match &mut self.source {
+            Source::Wasi {
+                pollable, stream, ..
+            } => Some(pollable.get_or_insert_with(|| stream.subscribe())),
             #[cfg(test)]
             Source::Canned(_) => None,
         }
@@ -223,7 +232,7 @@ impl Answer {
             match self.try_chunk()? {
                 Some(bytes) if bytes.is_empty() => {
                     if let Some(p) = self.pollable() {
-                        wait(&p, side);
+                        wait(p, side);
                     }
                 }
                 next => return Ok(next),
@@ -351,14 +360,21 @@ pub fn get(
         .set_first_byte_timeout(Some(nanos))
         .map_err(|()| "the first-byte timeout was refused by wasi:http".to_owned())?;
     let future = outgoing_handler::handle(req, Some(options)).map_err(|e| reason(&e))?;
-    Ok(Pending(PendingSource::Wasi(future)))
+    Ok(Pending(PendingSource::Wasi {
+        pollable: None,
+        future,
+    }))
 }
 
 /// A request sent whose answer's head has not been taken yet.
 pub struct Pending(PendingSource);
 
 enum PendingSource {
-    Wasi(FutureIncomingResponse),
+    /// Field order is drop order: the pollable is the future's child.
+    Wasi {
+        pollable: Option<Pollable>,
+        future: FutureIncomingResponse,
+    },
     /// A scripted answer, for the native tests.
     #[cfg(test)]
     Canned(Option<Result<Answer, String>>),
@@ -371,9 +387,11 @@ impl Pending {
     }
 
     /// What to wait on for the head (`None` in the native tests).
-    pub fn pollable(&self) -> Option<Pollable> {
-        match &self.0 {
-            PendingSource::Wasi(f) => Some(f.subscribe()),
+    pub fn pollable(&mut self) -> Option<&Pollable> {
+        match &mut self.0 {
+            PendingSource::Wasi { pollable, future } => {
+                Some(pollable.get_or_insert_with(|| future.subscribe()))
+            }
             #[cfg(test)]
             PendingSource::Canned(_) => None,
         }
@@ -383,7 +401,7 @@ impl Pending {
     /// while it has not.
     pub fn take(&mut self) -> Option<Result<Answer, String>> {
         match &mut self.0 {
-            PendingSource::Wasi(f) => Some(match f.get()? {
+            PendingSource::Wasi { future, .. } => Some(match future.get()? {
                 Ok(Ok(r)) => answer(r, true),
                 Ok(Err(e)) => Err(reason(&e)),
                 Err(()) => Err("response already taken".into()),
@@ -443,6 +461,7 @@ fn answer(response: IncomingResponse, endless: bool) -> Result<Answer, String> {
         session_id,
         location,
         source: Source::Wasi {
+            pollable: None,
             stream,
             _body: body,
             _response: response,

@@ -464,8 +464,8 @@ impl<'a> Listening<'a> {
 }
 
 impl http::Beside for Listening<'_> {
-    fn pollable(&mut self) -> Option<wasi::io::poll::Pollable> {
-        match &self.listen {
+    fn pollable(&mut self) -> Option<&wasi::io::poll::Pollable> {
+        match &mut self.listen {
             Listen::Opening(p) => p.pollable(),
             Listen::Open(l) => l.answer.pollable(),
             Listen::Closed | Listen::Refused => None,
