@@ -147,11 +147,22 @@ impl Running {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        // What still runs now is answered shutting down (-32004): said, so
+        // that an operator can tell a clean drain from one that cut calls.
+        let cut_short = self.shared.in_flight();
         self.shared.expire_drain();
         for h in self.shards {
             let _ = h.join();
         }
-        tracing::info!("drained");
+        if cut_short == 0 {
+            tracing::info!("drained");
+        } else {
+            tracing::warn!(
+                cut_short,
+                ?timeout,
+                "drained: calls still running at drain_timeout were answered -32004 shutting down"
+            );
+        }
     }
 }
 

@@ -1229,11 +1229,24 @@ fn a_call_still_running_at_the_drain_deadline_is_answered_shutting_down() {
     // "Server disconnected without sending a response".
     let cfg = common::default_with_chaos()
         .replace("drain_timeout = \"10s\"", "drain_timeout = \"500ms\"");
-    let mut b = Broker::start_with_config(&cfg, &[]);
+    let (mut b, log) = Broker::start_logged(&cfg, &[]);
     let call = sleep_in_background(&b, 8, 10_000);
     std::thread::sleep(Duration::from_millis(300));
     let status = b.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
+    // The log says the drain cut a call (it said "drained" either way).
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut text = log.text();
+    while !text.contains("drained") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        text = log.text();
+    }
+    assert!(
+        text.lines().any(|l| l.contains("WARN")
+            && l.contains("drained: calls still running")
+            && l.contains("cut_short=1")),
+        "{text}"
+    );
     let r = call.join().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
