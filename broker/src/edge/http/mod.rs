@@ -2314,7 +2314,8 @@ impl HttpEdge {
         // Our ids are JSON strings: match on their text without quotes.
         let key = key.trim_matches('"');
         if !session.answer(key, message.clone()) {
-            tracing::debug!(session = %session.id, id = key, "a response to no outstanding request");
+            // No session id: without [auth] it is the session's only key.
+            tracing::debug!(id = key, "a response to no outstanding request");
         }
     }
 
