@@ -275,3 +275,36 @@ fn no_port_listens_while_the_keys_are_fetched() {
     let stderr = broker.join().unwrap();
     assert!(stderr.contains("auth.jwks_url"), "{stderr}");
 }
+
+/// Each failed refresh is a WARN line; the refresh that ends the run of
+/// failures says so at INFO (it was DEBUG only, so a log showed the
+/// failures and never the recovery).
+#[test]
+fn a_refresh_that_succeeds_after_failures_is_logged() {
+    let scratch = temp_dir("recover");
+    let dir = scratch.path();
+    let k1 = rsa_key(dir, "k1");
+    let server = JwksServer::start(&json!({"keys": [jwk("k1", &k1)]}));
+    let cfg = format!("{}jwks_refresh_interval = \"1s\"\n", config(&server.url()));
+    let (b, log) = Broker::start_logged(&cfg, &[]);
+    server.serve(&json!("not a key set"));
+    assert!(
+        eventually(Duration::from_secs(10), || log
+            .text()
+            .contains("refreshing the JWK Set failed")),
+        "{}",
+        log.text()
+    );
+    server.serve(&json!({"keys": [jwk("k1", &k1)]}));
+    assert!(
+        eventually(Duration::from_secs(10), || log
+            .text()
+            .lines()
+            .any(|l| l.contains("INFO")
+                && l.contains("JWK Set refreshed again")
+                && l.contains("failures="))),
+        "{}",
+        log.text()
+    );
+    assert_eq!(initialize(&b, &token("k1", &k1)), 200);
+}
