@@ -161,6 +161,14 @@ pub fn reason(e: &ErrorCode) -> String {
     }
 }
 
+fn stream_read(stream: &InputStream, block: bool) -> Result<Vec<u8>, StreamError> {
+    if block {
+        stream.blocking_read(READ_CHUNK)
+    } else {
+        stream.read(READ_CHUNK)
+    }
+}
+
 /// A response whose body is read on demand.
 pub struct Answer {
     pub status: u16,
@@ -229,6 +237,10 @@ impl Answer {
             if matches!(self.source, Source::Canned(_)) && side.active() {
                 side.serve();
             }
+            if !side.active() {
+                // One host call, where a read, a poll and a read are three.
+                return self.read_chunk(true);
+            }
             match self.try_chunk()? {
                 Some(bytes) if bytes.is_empty() => {
                     if let Some(p) = self.pollable() {
@@ -243,8 +255,13 @@ impl Answer {
     /// What has arrived, without waiting: `Some` of no bytes when nothing
     /// has, `None` at the end of the body.
     pub fn try_chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
+        self.read_chunk(false)
+    }
+
+    /// What has arrived, waiting for something if `block`.
+    fn read_chunk(&mut self, block: bool) -> Result<Option<Vec<u8>>, String> {
         let next = match &mut self.source {
-            Source::Wasi { stream, .. } => match stream.read(READ_CHUNK) {
+            Source::Wasi { stream, .. } => match stream_read(stream, block) {
                 Ok(bytes) => Some(bytes),
                 Err(StreamError::Closed) => None,
                 Err(StreamError::LastOperationFailed(e)) => {
