@@ -252,9 +252,9 @@ struct Inner {
     busy: Cell<u32>,
     calls: Cell<u64>,
     faults: Cell<u64>,
-    /// Faults were counted and never logged: on-call had a rising metric
-    /// and no line naming the router and why. Rate-limited: a router that
-    /// traps on every call must not flood the log.
+    /// Faults are logged as well as counted (a rising metric alone names
+    /// no router and no reason), within this budget: a router that traps
+    /// on every call must not flood the log.
     fault_log: crate::shard::LogBudget,
     replaced: Cell<u64>,
     overloaded: Cell<u64>,
