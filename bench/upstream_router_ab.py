@@ -3,11 +3,12 @@
 
 For bench/NOTES.md attempts on the router's own cost. One release broker
 (shards = 1, on CPU 1) fronts a FastMCP server (`bench/servers/fastmcp_echo.py`,
-on CPU 0 with mcp-loadgen); only the routers directory (its `upstream.wasm`)
-differs between A and B. Each run: closed loop through the frame edge,
-8 connections x concurrency 8, a 3 s warm-up, then DURATION s measured; the
-broker's and FastMCP's CPU (utime + stime from /proc/PID/stat) over the
-measured run only.
+on CPU 0 with mcp-loadgen; `--answers modern`: the Python SDK 2.x fixture
+`broker/tests/upstreams/server2.py`, spoken to in 2026-07-28); only the
+routers directory (its `upstream.wasm`) differs between A and B. Each run:
+closed loop through the frame edge, 8 connections x concurrency 8, a 3 s
+warm-up, then DURATION s measured; the broker's and the upstream's CPU
+(utime + stime from /proc/PID/stat) over the measured run only.
 Rounds alternate the order (A B, B A, ...). Prints calls/s and broker CPU
 per call for every run, and the medians.
 
@@ -35,6 +36,17 @@ TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 BROKER = os.path.join(TARGET, "release", "mcp-broker")
 LOADGEN = os.path.join(TARGET, "release", "mcp-loadgen")
 PYTHON = os.environ.get("MCP_BENCH_PYTHON", os.path.join(ROOT, ".tools", "mcp1", "bin", "python"))
+PYTHON2 = os.environ.get("MCP_BENCH_PYTHON2", os.path.join(ROOT, ".tools", "mcp2", "bin", "python"))
+# The upstreams: FastMCP 1.x (session era; JSON or SSE answers), and the
+# Python SDK 2.x fixture spoken to in 2026-07-28 (no GET stream there).
+SERVERS = {
+    "json": ([PYTHON, os.path.join(ROOT, "bench", "servers", "fastmcp_echo.py")], ["--json"],
+             "echo_text", '{"text":"hi"}', ""),
+    "sse": ([PYTHON, os.path.join(ROOT, "bench", "servers", "fastmcp_echo.py")], [],
+            "echo_text", '{"text":"hi"}', ""),
+    "modern": ([PYTHON2, os.path.join(ROOT, "broker", "tests", "upstreams", "server2.py")], [],
+               "add", '{"a":2,"b":3}', 'upstream_protocol = "2026-07-28"\n'),
+}
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -49,9 +61,9 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def loadgen(frames, seconds, out=None):
-    argv = [LOADGEN, "--target", f"frames://{frames}", "--tool", "echo_text",
-            "--args", '{"text":"hi"}', "--cpus", "0", "--connections", "8",
+def loadgen(frames, seconds, tool, args, out=None):
+    argv = [LOADGEN, "--target", f"frames://{frames}", "--tool", tool,
+            "--args", args, "--cpus", "0", "--connections", "8",
             "--concurrency", "8", "--warmup", "0s", "--duration", f"{seconds}s", "-q"]
     if out:
         argv += ["--json", out]
@@ -60,9 +72,9 @@ def loadgen(frames, seconds, out=None):
 
 def run(workdir, routers, answers, duration):
     port = free_port()
+    argv, extra, tool, args, protocol = SERVERS[answers]
     server = subprocess.Popen(
-        ["taskset", "-c", "0", PYTHON, os.path.join(ROOT, "bench", "servers", "fastmcp_echo.py"),
-         str(port)] + (["--json"] if answers == "json" else []),
+        ["taskset", "-c", "0", *argv, str(port), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     broker = None
     try:
@@ -84,17 +96,17 @@ listen = "127.0.0.1:0"
 name = "fastmcp"
 upstream = "http://127.0.0.1:{port}/mcp"
 instances_per_shard = 8
-""")
+{protocol}""")
         broker = subprocess.Popen(
             ["taskset", "-c", "1", BROKER, "--config", cfg], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True,
             env=dict(os.environ, MCP_BROKER_ROUTERS_DIR=routers))
         ready = broker.stdout.readline()
         frames = next(w.split("=", 1)[1] for w in ready.split() if w.startswith("frames="))
-        loadgen(frames, 3)
+        loadgen(frames, 3, tool, args)
         before = cpu_seconds(broker.pid), cpu_seconds(server.pid)
         out = os.path.join(workdir, "run.json")
-        loadgen(frames, duration, out)
+        loadgen(frames, duration, tool, args, out)
         cpu = cpu_seconds(broker.pid) - before[0], cpu_seconds(server.pid) - before[1]
         report = json.load(open(out))
         ok = max(report["ok"], 1)
@@ -110,7 +122,8 @@ instances_per_shard = 8
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("specs", nargs=2, metavar="NAME=ROUTERS_DIR")
-    ap.add_argument("--answers", choices=["json", "sse"], default="json")
+    ap.add_argument("--answers", choices=sorted(SERVERS), default="json",
+                    help="FastMCP answering in JSON or SSE, or the 2.x fixture in 2026-07-28")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=8)
     a = ap.parse_args()
@@ -122,9 +135,9 @@ def main():
                 rps, cpu, server_cpu, errors = run(workdir, routers, a.answers, a.duration)
                 rows[name].append((rps, cpu, server_cpu, errors))
                 print(f"round {i + 1} {name}: {rps:,.0f} calls/s, broker {cpu:.1f} µs a call, "
-                      f"FastMCP {server_cpu:.0f} µs a call, {errors} errors", flush=True)
-    print("\n| FastMCP answers | router | calls/s | median | broker CPU a call | median "
-          "| FastMCP CPU a call (median) |")
+                      f"upstream {server_cpu:.0f} µs a call, {errors} errors", flush=True)
+    print("\n| upstream | router | calls/s | median | broker CPU a call | median "
+          "| upstream CPU a call (median) |")
     print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {a.answers} | {name} | {' · '.join(f'{x[0]:,.0f}' for x in r)} "
