@@ -41,6 +41,16 @@ struct Cli {
     /// Print the embedded default configuration and exit.
     #[arg(long)]
     print_default_config: bool,
+    /// Log line format on stderr: `text`, or `json` (one object per line:
+    /// timestamp, level, target, fields) for log shippers.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The log filter from `RUST_LOG` (`info` without one), and why a
@@ -99,12 +109,14 @@ fn main() -> ExitCode {
         .finish(std::io::stderr());
     let _ = mcp_broker::metrics::LOG_DROPPED.set(log_writer.error_counter());
     let (filter, bad_filter) = log_filter(std::env::var("RUST_LOG").ok());
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_writer(log_writer)
         .log_internal_errors(false)
-        .with_ansi(ansi)
-        .with_env_filter(filter)
-        .init();
+        .with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Text => logs.with_ansi(ansi).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
     if let Some(e) = bad_filter {
         tracing::warn!(error = %e, "RUST_LOG cannot be read; logging at info");
     }

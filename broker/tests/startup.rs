@@ -824,6 +824,47 @@ fn router_faults_are_logged_within_a_budget() {
     );
 }
 
+/// `--log-format json`: every stderr line is one JSON object (for log
+/// shippers), a router's printed text included, escaped by the encoder.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let toml = "[broker]\nshards = 1\n[[routers]]\nname = \"chaos\"\nwasm = \"chaos.wasm\"\n[routers.grants]\nstdio = true\n";
+    let (b, log) = Broker::start_logged(toml, &["--log-format", "json"]);
+    let mut c = common::http::Conn::connect(b.http);
+    let s = c.initialize("2025-11-25");
+    let v = c.call(
+        &s,
+        1,
+        "tools/call",
+        r#"{"name":"print","arguments":{"text":"a \"quoted\"\nline"}}"#,
+    );
+    assert!(v["result"].is_object(), "{v}");
+    let until = Instant::now() + Duration::from_secs(5);
+    while log.text().matches("router_output").count() < 4 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = log.text();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "INFO"
+            && l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("mcp-broker ready"))),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["target"] == "mcp_broker::router_output"
+                && l["fields"]["router"] == "chaos"
+                && l["fields"]["text"] == r#""a \"quoted\"""#),
+        "{text}"
+    );
+}
+
 /// An upstream that accepts connections and never answers: the broker's
 /// start-up waits up to the router's `call_deadline` for its listing.
 fn silent_upstream() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
