@@ -14,9 +14,12 @@
 //! # Invariants
 //! - A write never blocks and never fails: what is over the rate is
 //!   counted and said (`suppressed=N` on the next line let through), a
-//!   line is cut at [`MAX_LINE`] bytes.
-//! - The state (partial line, rate) is the store's, shared by every
-//!   stream the guest opens (a Rust guest opens one per write).
+//!   line is cut at [`MAX_LINE`] bytes (at a character boundary).
+//! - The rate is the router's ([`Rate`], shared by all its instances on
+//!   every shard): an instance replaced after a fault must not start with
+//!   a fresh allowance, or a client alternating prints and traps floods
+//!   the log. The partial line is the store's, shared by every stream the
+//!   guest opens (a Rust guest opens one per write).
 
 use std::future::Future;
 use std::io;
@@ -32,11 +35,30 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 /// A line longer than this is logged in pieces of this size.
 pub const MAX_LINE: usize = 4096;
-/// Lines an instance may log at once, and per second after that: a guest
+/// Lines a router may log at once, and per second after that: a guest
 /// printing without end must not crowd the broker's own lines out of the
 /// log queue.
 const BURST: f64 = 100.0;
 const PER_SECOND: f64 = 20.0;
+
+/// One router's allowance of output lines, shared by its instances.
+pub struct Rate {
+    router: Arc<str>,
+    tokens: f64,
+    refilled: Instant,
+    suppressed: u64,
+}
+
+impl Rate {
+    pub fn new(router: &str) -> Arc<Mutex<Rate>> {
+        Arc::new(Mutex::new(Rate {
+            router: router.into(),
+            tokens: BURST,
+            refilled: Instant::now(),
+            suppressed: 0,
+        }))
+    }
+}
 
 /// One of a store's two output streams.
 #[derive(Clone)]
@@ -46,22 +68,16 @@ pub struct GuestOutput {
 }
 
 struct State {
-    router: Arc<str>,
+    rate: Arc<Mutex<Rate>>,
     partial: Vec<u8>,
-    tokens: f64,
-    refilled: Instant,
-    suppressed: u64,
 }
 
 impl GuestOutput {
-    /// The stdout and stderr of one store of `router`; they share a rate.
-    pub fn pair(router: &str) -> (Self, Self) {
+    /// The stdout and stderr of one store of the router whose `rate` it is.
+    pub fn pair(rate: &Arc<Mutex<Rate>>) -> (Self, Self) {
         let state = Arc::new(Mutex::new(State {
-            router: router.into(),
+            rate: rate.clone(),
             partial: Vec::new(),
-            tokens: BURST,
-            refilled: Instant::now(),
-            suppressed: 0,
         }));
         let out = Self {
             stream: "stdout",
@@ -92,7 +108,12 @@ impl GuestOutput {
                     s.partial.extend_from_slice(&rest[..take]);
                     rest = &rest[take..];
                     if s.partial.len() == MAX_LINE {
+                        // Cut where a character ends: a character split
+                        // in two would read as two replacement marks.
+                        let keep = char_start(&s.partial);
+                        let tail = s.partial.split_off(keep);
                         s.emit(self.stream);
+                        s.partial = tail;
                     }
                 }
             }
@@ -100,25 +121,48 @@ impl GuestOutput {
     }
 }
 
+/// Where the last character of a full line starts, if it may be cut
+/// (else the line's length): the bytes from there go to the next piece.
+fn char_start(line: &[u8]) -> usize {
+    // A UTF-8 character is at most 4 bytes: look back at most 3.
+    for back in 1..=3.min(line.len()) {
+        let at = line.len() - back;
+        let b = line[at];
+        if b & 0xC0 != 0x80 {
+            // A lead byte: complete if the sequence it starts fits.
+            let len = match b {
+                0x00..=0x7F => 1,
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                _ => 4,
+            };
+            return if back < len { at } else { line.len() };
+        }
+    }
+    line.len()
+}
+
 impl State {
     /// Logs the partial line (and empties it), if the rate allows.
     fn emit(&mut self, stream: &'static str) {
         let line = std::mem::take(&mut self.partial);
+        let mut rate = self.rate.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let elapsed = now.duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * PER_SECOND).min(BURST);
-        self.refilled = now;
-        if self.tokens < 1.0 {
-            self.suppressed += 1;
+        let elapsed = now.duration_since(rate.refilled).as_secs_f64();
+        rate.tokens = (rate.tokens + elapsed * PER_SECOND).min(BURST);
+        rate.refilled = now;
+        if rate.tokens < 1.0 {
+            rate.suppressed += 1;
             return;
         }
-        self.tokens -= 1.0;
+        rate.tokens -= 1.0;
         let text = String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(&line));
-        let suppressed = std::mem::take(&mut self.suppressed);
+        let suppressed = std::mem::take(&mut rate.suppressed);
+        let router = &rate.router;
         if suppressed == 0 {
-            tracing::info!(target: "mcp_broker::router_output", router = %self.router, stream, text = ?text);
+            tracing::info!(target: "mcp_broker::router_output", %router, stream, text = ?text);
         } else {
-            tracing::info!(target: "mcp_broker::router_output", router = %self.router, stream, suppressed, text = ?text);
+            tracing::info!(target: "mcp_broker::router_output", %router, stream, suppressed, text = ?text);
         }
     }
 }
@@ -227,7 +271,7 @@ mod tests {
     #[test]
     fn lines_are_records_with_their_text_escaped() {
         let log = logged(|| {
-            let (mut out, mut err) = GuestOutput::pair("chaos");
+            let (mut out, mut err) = GuestOutput::pair(&Rate::new("chaos"));
             out.write(Bytes::from_static(b"first li")).unwrap();
             out.write(Bytes::from_static(
                 b"ne\r\nforged\n2026-12-07T00:00:00Z ERROR x\x1b[2J\n",
@@ -255,9 +299,37 @@ mod tests {
     }
 
     #[test]
+    fn a_new_instance_shares_its_routers_allowance_and_cuts_at_characters() {
+        let log = logged(|| {
+            let rate = Rate::new("r");
+            for _ in 0..3 {
+                // An instance replaced after each burst starts with what
+                // the router has left, not a fresh allowance.
+                let (mut out, _) = GuestOutput::pair(&rate);
+                for i in 0..80 {
+                    out.write(Bytes::from(format!("line {i}\n"))).unwrap();
+                }
+            }
+        });
+        let n = log.lines().count();
+        assert!((BURST as usize..BURST as usize + 3).contains(&n), "{n}");
+        let log = logged(|| {
+            let (mut out, _) = GuestOutput::pair(&Rate::new("r"));
+            let mut line = "Y".repeat(MAX_LINE - 1).into_bytes();
+            line.extend_from_slice("é\n".as_bytes());
+            out.write(Bytes::from(line)).unwrap();
+        });
+        assert!(!log.contains('\u{fffd}'), "{log}");
+        assert!(
+            log.lines().nth(1).unwrap().ends_with(r#"text="é""#),
+            "{log}"
+        );
+    }
+
+    #[test]
     fn long_lines_are_cut_and_a_flood_is_rate_limited() {
         let log = logged(|| {
-            let (mut out, _) = GuestOutput::pair("r");
+            let (mut out, _) = GuestOutput::pair(&Rate::new("r"));
             out.write(Bytes::from(vec![b'a'; MAX_LINE * 2 + 10]))
                 .unwrap();
             out.write(Bytes::from_static(b"\n")).unwrap();
@@ -280,7 +352,7 @@ mod tests {
         );
         // The next line let through says how many were not.
         let log = logged(|| {
-            let (mut out, _) = GuestOutput::pair("r");
+            let (mut out, _) = GuestOutput::pair(&Rate::new("r"));
             for i in 0..150 {
                 out.write(Bytes::from(format!("line {i}\n"))).unwrap();
             }

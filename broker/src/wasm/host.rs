@@ -378,6 +378,7 @@ impl WasmHost {
             outbound,
             reports_live,
             meta: Arc::new(RouterMeta::default()),
+            output_rate: super::guest_output::Rate::new(&spec.name),
         };
         let upstream = spec
             .grants
@@ -582,6 +583,9 @@ pub struct Router {
     /// progress and logs while they run.
     reports_live: bool,
     meta: Arc<RouterMeta>,
+    /// The allowance of output lines of every instance, when granted
+    /// stdio (`guest_output`).
+    output_rate: Arc<std::sync::Mutex<super::guest_output::Rate>>,
 }
 
 impl std::fmt::Debug for Router {
@@ -661,7 +665,7 @@ impl Router {
             .allow_ip_name_lookup(false);
         if spec.grants.stdio_to_stderr {
             // Through the log thread, never a write(2) on the shard.
-            let (out, err) = super::guest_output::GuestOutput::pair(&spec.name);
+            let (out, err) = super::guest_output::GuestOutput::pair(&self.output_rate);
             wasi.stdout(out).stderr(err);
         }
         wasi.envs(&self.env);
