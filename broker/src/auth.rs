@@ -207,7 +207,11 @@ impl KeySet {
             let kid = jwk.common.key_id.clone();
             let name = kid
                 .as_deref()
-                .map_or_else(|| format!("keys[{i}]"), |k| format!("key `{k}`"));
+                // Escaped: the issuer's text, which reaches the log.
+                .map_or_else(
+                    || format!("keys[{i}]"),
+                    |k| format!("key `{}`", k.escape_debug()),
+                );
             let mut algorithms = match &jwk.algorithm {
                 AlgorithmParameters::RSA(_) => vec![
                     Algorithm::RS256,
@@ -1143,6 +1147,11 @@ mod tests {
             assert!(check_jwks_url(bad).is_err(), "{bad}");
         }
         // A query may hold a key: never in the message.
+        let e = check_jwks_url("https://u:pw0rd@issuer.example/jwks.json").unwrap_err();
+        assert!(
+            e.contains("user information") && !e.contains("pw0rd"),
+            "{e}"
+        );
         let e = check_jwks_url("http://issuer.example/jwks.json?client_secret=s3cret").unwrap_err();
         assert!(
             e.contains("`http://issuer.example/jwks.json?…`") && !e.contains("s3cret"),

@@ -1632,17 +1632,50 @@ fn count_keys(value: &toml::Value) -> usize {
     }
 }
 
-/// `url` without its query and fragment (`?…` in their place), for
-/// messages that reach the log, `/readyz` or a refused reload's answer: a
-/// query may hold a key (`?api_key=…`).
+/// `url` without its query and fragment (`?…` in their place) and without
+/// user information (`…@` in its place), for messages that reach the log,
+/// `/readyz` or a refused reload's answer: a query may hold a key
+/// (`?api_key=…`), user information a password.
 pub fn without_query(url: &str) -> std::borrow::Cow<'_, str> {
-    match url.find(['?', '#']) {
-        Some(at) => format!("{}?…", &url[..at]).into(),
-        None => url.into(),
+    let (head, cut) = match url.find(['?', '#']) {
+        Some(at) => (&url[..at], true),
+        None => (url, false),
+    };
+    // The authority runs from after `scheme://` to the next `/`.
+    let start = head.find("://").map_or(0, |i| i + 3);
+    let end = head[start..].find('/').map_or(head.len(), |i| start + i);
+    let user = head[start..end].rfind('@').map(|i| start + i);
+    if !cut && user.is_none() {
+        return url.into();
     }
+    let mut shown = String::with_capacity(head.len() + 4);
+    match user {
+        Some(at) => {
+            shown.push_str(&head[..start]);
+            shown.push('…');
+            shown.push_str(&head[at..]);
+        }
+        None => shown.push_str(head),
+    }
+    if cut {
+        shown.push_str("?…");
+    }
+    shown.into()
 }
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn urls_are_shown_without_their_query_or_user_information() {
+        assert_eq!(
+            without_query("https://h:8443/jwks.json"),
+            "https://h:8443/jwks.json"
+        );
+        assert_eq!(without_query("https://h/j?k=s3cret#f"), "https://h/j?…");
+        assert_eq!(without_query("http://u:pw@h:1/p/a@b"), "http://…@h:1/p/a@b");
+        assert_eq!(without_query("http://u:pw@h/x?k=1"), "http://…@h/x?…");
+        assert_eq!(without_query("not a url"), "not a url");
+    }
     use super::*;
 
     #[test]

@@ -53,21 +53,33 @@ enum LogFormat {
     Json,
 }
 
+/// The WASM compiler's log targets: tens of thousands of lines at `debug`
+/// and `trace` per component compiled.
+const COMPILER_TARGETS: [&str; 4] = [
+    "cranelift_codegen",
+    "cranelift_frontend",
+    "wasmtime_internal_cranelift",
+    "regalloc2",
+];
+
 /// The log filter from `RUST_LOG` (`info` without one), and why a
 /// `RUST_LOG` that does not parse was set aside. The WASM compiler's debug
 /// lines (tens of thousands per component at start-up) would bury the
-/// broker's own and overrun the log queue: they stay at `info` unless
-/// `RUST_LOG` names cranelift itself.
+/// broker's own and overrun the log queue: each stays at `info` unless
+/// `RUST_LOG` names it.
 fn log_filter(spec: Option<String>) -> (tracing_subscriber::EnvFilter, Option<String>) {
     use tracing_subscriber::EnvFilter;
     let Some(spec) = spec.filter(|s| !s.trim().is_empty()) else {
         return (EnvFilter::new("info"), None);
     };
-    let full = if spec.contains("cranelift") {
-        spec
-    } else {
-        format!("{spec},cranelift_codegen=info,wasmtime_internal_cranelift=info")
-    };
+    // Each compiler target `RUST_LOG` does not name itself (a directive
+    // for one of them keeps the others quiet).
+    let mut full = spec;
+    for target in COMPILER_TARGETS {
+        if !full.contains(target) {
+            full.push_str(&format!(",{target}=info"));
+        }
+    }
     match EnvFilter::try_new(&full) {
         Ok(f) => (f, None),
         Err(e) => (EnvFilter::new("info"), Some(e.to_string())),
@@ -343,8 +355,14 @@ mod tests {
             f.contains("cranelift_codegen=info") && f.contains("debug"),
             "{f}"
         );
-        let (f, _) = log_filter(Some("cranelift_codegen=trace".into()));
-        assert_eq!(f.to_string(), "cranelift_codegen=trace");
+        let (f, _) = log_filter(Some("trace,cranelift_codegen=trace".into()));
+        let f = f.to_string();
+        assert!(
+            f.contains("cranelift_codegen=trace")
+                && !f.contains("cranelift_codegen=info")
+                && f.contains("cranelift_frontend=info"),
+            "{f}"
+        );
         let (f, bad) = log_filter(Some("mcp_broker=debug,h2=verbose".into()));
         assert!(bad.is_some_and(|e| !e.is_empty()));
         assert_eq!(f.to_string(), "info");

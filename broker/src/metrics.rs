@@ -299,8 +299,14 @@ async fn answer(
                             .unwrap_or_else(|e| e.into_inner())
                             .clone()
                             .unwrap_or_default();
-                        let _ =
-                            writeln!(body, "upstream {} unavailable (retrying): {reason}", r.name);
+                        // Escaped: the reason quotes the upstream's own
+                        // text, and /readyz is read in terminals and grepped.
+                        let _ = writeln!(
+                            body,
+                            "upstream {} unavailable (retrying): {}",
+                            r.name,
+                            reason.escape_debug()
+                        );
                     }
                 }
                 text(StatusCode::OK, PLAIN, body)

@@ -1197,7 +1197,7 @@ fn an_upstreams_text_cannot_forge_log_lines() {
         mcp_broker::config::DEFAULT_TOML,
         broken.1
     );
-    let (_b, log) = Broker::start_logged(&toml, &[]);
+    let (b, log) = Broker::start_logged(&toml, &[]);
     let until = Instant::now() + Duration::from_secs(10);
     let mut text = log.text();
     while !text.contains("upstream unavailable at load") && Instant::now() < until {
@@ -1217,6 +1217,12 @@ fn an_upstreams_text_cannot_forge_log_lines() {
     assert!(
         !text.contains('\u{1b}') && !text.contains("\n2026-12-07T00:00:00.000000Z"),
         "{text:?}"
+    );
+    // And on /readyz, which is read in terminals and grepped.
+    let (_, readyz) = b.http_get("/readyz");
+    assert!(
+        readyz.contains(r"down\n2026-12-07") && !readyz.contains('\u{1b}'),
+        "{readyz:?}"
     );
 }
 
