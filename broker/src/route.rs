@@ -159,6 +159,13 @@ impl RouteTable {
         for (i, e) in entries.iter().enumerate() {
             let id = i as RouterId;
             for r in &e.meta.resources {
+                if r.uri.is_empty() || unfit_text(&r.uri) {
+                    t.shadowed.push(format!(
+                        "router `{}` lists a resource whose URI is empty or holds control or invisible characters (`{}`); it is not served",
+                        e.name, r.uri
+                    ));
+                    continue;
+                }
                 if let Some(s) = scheme(&r.uri) {
                     let owner = scheme_owner.entry(s).or_insert(Some(id));
                     if *owner != Some(id) {
@@ -263,9 +270,11 @@ type Qualified<T> = (Names<Target>, Vec<Listed<T>>);
 /// `items` without a router's second entry of a name it already listed
 /// (noted in `shadowed`): such a router's names would otherwise count as
 /// a collision with itself, qualified with one prefix into the same name.
-/// Nor a name that is empty or holds control characters (an upstream's
-/// listing is not ours to trust): no client can call it as meant, and a
-/// newline in it would be a line of its own in every client's log.
+/// Nor a name that is empty or holds a control or invisible character
+/// ([`unfit_text`]; an upstream's listing is not ours to trust): no client
+/// can call it as meant, a newline in it would be a line of its own in
+/// every client's log, and a bidi override shows an approval dialog
+/// another name than the one called.
 fn first_of_each<'a, T>(
     items: Vec<(usize, &'a T, &'a str)>,
     kind: &str,
@@ -276,11 +285,11 @@ fn first_of_each<'a, T>(
     items
         .into_iter()
         .filter(|&(i, _, name)| {
-            if name.is_empty() || name.chars().any(char::is_control) {
+            if name.is_empty() || unfit_text(name) {
+                // Raw: the note is escaped where it is logged.
                 shadowed.push(format!(
-                    "router `{}` lists a {kind} whose name is empty or holds control characters (`{}`); it is not served",
+                    "router `{}` lists a {kind} whose name is empty or holds control or invisible characters (`{name}`); it is not served",
                     routers[i],
-                    name.escape_debug()
                 ));
                 return false;
             }
@@ -294,6 +303,26 @@ fn first_of_each<'a, T>(
             first
         })
         .collect()
+}
+
+/// Whether `s` holds a character no name or URI should: a control
+/// character (C0, DEL, C1), a line or paragraph separator, or an invisible
+/// formatting one (zero-width, bidi embeddings, overrides and isolates,
+/// the byte-order mark, the soft hyphen, Unicode tags).
+pub fn unfit_text(s: &str) -> bool {
+    s.chars().any(|c| {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{00AD}'
+                    | '\u{200B}'..='\u{200F}'
+                    | '\u{2028}'..='\u{202E}'
+                    | '\u{2060}'..='\u{2064}'
+                    | '\u{2066}'..='\u{2069}'
+                    | '\u{FEFF}'
+                    | '\u{E0000}'..='\u{E007F}'
+            )
+    })
 }
 
 fn qualify<T: Clone>(
@@ -464,15 +493,32 @@ mod tests {
         assert_eq!(uris, ["demo://r/1", "demo://r/2"]);
         assert_eq!(t.template_list.len(), 1);
         // A name no client can call as meant is left out, and said.
-        let t2 = RouteTable::build(&[entry("one", None, &["ok", "", "a\nb"], &[])], "__").unwrap();
+        let t2 = RouteTable::build(
+            &[entry(
+                "one",
+                None,
+                &[
+                    "ok",
+                    "",
+                    "a\nb",
+                    "txt\u{202E}exe",
+                    "zero\u{200B}width",
+                    "é_ok",
+                ],
+                &["demo://ok", "demo://a\u{1b}b"],
+            )],
+            "__",
+        )
+        .unwrap();
         let names: Vec<_> = t2.tool_list.iter().map(|l| &*l.exposed).collect();
-        assert_eq!(names, ["ok"]);
-        assert_eq!(
-            t2.shadowed,
-            [
-                "router `one` lists a tool whose name is empty or holds control characters (``); it is not served",
-                "router `one` lists a tool whose name is empty or holds control characters (`a\\nb`); it is not served",
-            ]
+        assert_eq!(names, ["ok", "é_ok"]);
+        let uris: Vec<_> = t2.resource_list.iter().map(|l| &*l.exposed).collect();
+        assert_eq!(uris, ["demo://ok"]);
+        assert_eq!(t2.shadowed.len(), 5, "{:?}", t2.shadowed);
+        assert!(
+            t2.shadowed[1].contains("(`a\nb`)") && t2.shadowed[4].contains("resource whose URI"),
+            "{:?}",
+            t2.shadowed
         );
         // The second router's tools are served, its own duplicate once.
         let names: Vec<_> = t.tool_list.iter().map(|l| &*l.exposed).collect();

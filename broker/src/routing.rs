@@ -59,6 +59,10 @@ pub struct Routing {
     pub tool_labels: crate::route::Names<u32>,
 }
 
+/// Notes of a route table (names and URIs left out) logged each time one
+/// is built; the rest are counted in one line.
+const MAX_NOTES: usize = 20;
+
 impl Routing {
     /// Builds the table from `entries` (one per router, same order as
     /// `routers`) and registers its tools' metrics labels.
@@ -71,9 +75,17 @@ impl Routing {
     ) -> Result<Self, RouteError> {
         let table = RouteTable::build(entries, separator)?;
         // Once per table: at start-up, a reload, or a change of listings.
-        for note in &table.shadowed {
+        // At most MAX_NOTES lines a table: an upstream listing a thousand
+        // unfit names, renamed on every listing, wrote thousands a second.
+        for note in table.shadowed.iter().take(MAX_NOTES) {
             // Escaped: a note names what a router (an upstream) listed.
             tracing::warn!("{}", note.escape_debug());
+        }
+        if table.shadowed.len() > MAX_NOTES {
+            tracing::warn!(
+                more = table.shadowed.len() - MAX_NOTES,
+                "more names and URIs left out of the route table, as above"
+            );
         }
         let mut capabilities = Capabilities::default();
         let mut instructions = Vec::new();
