@@ -1344,6 +1344,14 @@ impl Config {
                             "{at}.upstream: the URL has user information (`user:password@`), which the broker never sends: put the credentials in `upstream_headers` (e.g. `Authorization`)"
                         ))
                     }
+                    // A port that is not a number parses, and then the
+                    // router's every request is refused by wasi:http.
+                    Ok(u) if u.authority().is_some_and(|a| {
+                        let after_host = a.as_str().rsplit(']').next().unwrap_or_default();
+                        after_host.contains(':') && a.port_u16().is_none()
+                    }) => errors.push(format!(
+                        "{at}.upstream: `{url}` has a port that is not a number from 0 to 65535"
+                    )),
                     Ok(u)
                         if matches!(u.scheme_str(), Some("http" | "https"))
                             && u.host().is_some_and(|h| !h.is_empty()) => {}

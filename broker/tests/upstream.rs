@@ -1054,7 +1054,9 @@ fn bad_upstream_configs_are_refused_with_every_error() {
          [[routers]]\nname = \"u2\"\nwasm = \"echo.wasm\"\nupstream_headers = {{ A = \"b\" }}\nrefresh_interval = \"5s\"\nupstream_protocol = \"auto\"\n\
          [[routers]]\nname = \"u3\"\nupstream = \"http://h/mcp\"\nupstream_headers = {{ \"bad name\" = \"secret\\n\" }}\nupstream_protocol = \"2024-11-05\"\n\
          [[routers]]\nname = \"u4\"\n\
-         [[routers]]\nname = \"u5\"\nupstream = \"http://[fe80::1%25eth0]:8080/mcp\"\n",
+         [[routers]]\nname = \"u5\"\nupstream = \"http://[fe80::1%25eth0]:8080/mcp\"\n\
+         [[routers]]\nname = \"u6\"\nupstream = \"http://10.0.0.1:notaport/mcp\"\n\
+         [[routers]]\nname = \"u7\"\nupstream = \"http://[::1]:9/mcp\"\n",
         mcp_broker::config::DEFAULT_TOML
     );
     let e = mcp_broker::config::Config::parse(&toml)
@@ -1071,9 +1073,11 @@ fn bad_upstream_configs_are_refused_with_every_error() {
         "routers[5] (u3).upstream_protocol: `2024-11-05` is none of auto, 2026-07-28, 2025-06-18",
         "routers[6] (u4): set `wasm` (a component) or `upstream`",
         "routers[7] (u5).upstream: `http://[fe80::1%25eth0]:8080/mcp` names an IPv6 zone id",
+        "routers[8] (u6).upstream: `http://10.0.0.1:notaport/mcp` has a port that is not a number",
     ] {
         assert!(e.contains(want), "missing {want:?} in:\n{e}");
     }
+    assert!(!e.contains("(u7)"), "an IPv6 host with a port is fine: {e}");
     assert!(!e.contains("secret"), "{e}");
 }
 
