@@ -731,7 +731,7 @@ impl Auth {
 pub fn check_jwks_url(full: &str) -> Result<hyper::Uri, String> {
     // Messages reach the log and a refused reload's answer: without the
     // query, which may hold a key.
-    let url = crate::config::without_query(full);
+    let url = crate::config::shown_url(full);
     let uri: hyper::Uri = full
         .parse()
         .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
@@ -862,7 +862,7 @@ impl Reader {
             Reader::Url(u) => u.fetch().map_err(|e| {
                 format!(
                     "auth.jwks_url: fetching {}: {e}",
-                    crate::config::without_query(&u.url)
+                    crate::config::shown_url(&u.url)
                 )
             }),
         }
@@ -1146,7 +1146,7 @@ mod tests {
         ] {
             assert!(check_jwks_url(bad).is_err(), "{bad}");
         }
-        // A query may hold a key: never in the message.
+        // A password or a query (which may hold a key): never in the message.
         let e = check_jwks_url("https://u:pw0rd@issuer.example/jwks.json").unwrap_err();
         assert!(
             e.contains("user information") && !e.contains("pw0rd"),

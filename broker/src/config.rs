@@ -1330,7 +1330,7 @@ impl Config {
             }
             if let Some(full) = &r.upstream {
                 // Shown without its query, which may hold a key.
-                let url = without_query(full);
+                let url = shown_url(full);
                 match full.parse::<hyper::Uri>() {
                     // An IPv6 zone id (`[fe80::1%eth0]`) parses, but the
                     // outgoing client connects to no such host.
@@ -1644,7 +1644,7 @@ fn count_keys(value: &toml::Value) -> usize {
 /// user information (`…@` in its place), for messages that reach the log,
 /// `/readyz` or a refused reload's answer: a query may hold a key
 /// (`?api_key=…`), user information a password.
-pub fn without_query(url: &str) -> std::borrow::Cow<'_, str> {
+pub fn shown_url(url: &str) -> std::borrow::Cow<'_, str> {
     let (head, cut) = match url.find(['?', '#']) {
         Some(at) => (&url[..at], true),
         None => (url, false),
@@ -1670,21 +1670,22 @@ pub fn without_query(url: &str) -> std::borrow::Cow<'_, str> {
     }
     shown.into()
 }
+
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
-    fn urls_are_shown_without_their_query_or_user_information() {
+    fn urls_are_shown_without_a_query_or_user_information() {
         assert_eq!(
-            without_query("https://h:8443/jwks.json"),
+            shown_url("https://h:8443/jwks.json"),
             "https://h:8443/jwks.json"
         );
-        assert_eq!(without_query("https://h/j?k=s3cret#f"), "https://h/j?…");
-        assert_eq!(without_query("http://u:pw@h:1/p/a@b"), "http://…@h:1/p/a@b");
-        assert_eq!(without_query("http://u:pw@h/x?k=1"), "http://…@h/x?…");
-        assert_eq!(without_query("not a url"), "not a url");
+        assert_eq!(shown_url("https://h/j?k=s3cret#f"), "https://h/j?…");
+        assert_eq!(shown_url("http://u:pw@h:1/p/a@b"), "http://…@h:1/p/a@b");
+        assert_eq!(shown_url("http://u:pw@h/x?k=1"), "http://…@h/x?…");
+        assert_eq!(shown_url("not a url"), "not a url");
     }
-    use super::*;
 
     #[test]
     fn embedded_default_is_the_example_file_and_parses() {

@@ -284,12 +284,12 @@ impl Refusal {
     }
 }
 
-/// Step 1: the `_meta` fields every modern request must carry, and what
-/// the edge reads from the params besides.
 /// The refusal of a `requestState` that is not a string, which the edge
 /// counts as a malformed one (`mcp_http_request_states_refused_total`).
 const STATE_NOT_A_STRING: &str = "Invalid params: `requestState` must be a string";
 
+/// Step 1: the `_meta` fields every modern request must carry, and what
+/// the edge reads from the params besides.
 pub fn declared<'a>(method: &str, params: Option<&'a RawValue>) -> Result<Declared<'a>, Refusal> {
     let invalid = |m: String| Refusal::new(jsonrpc::code::INVALID_PARAMS, m);
     let env: Envelope<'a> = match params {
