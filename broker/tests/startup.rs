@@ -767,12 +767,10 @@ stdio = true
         "print",
         r#"{"text":"hi\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\u001b[2J"}"#,
     );
-    let until = Instant::now() + Duration::from_secs(5);
-    let mut text = log.text();
-    while text.matches("router_output").count() < 4 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-        text = log.text();
-    }
+    common::http::eventually(Duration::from_secs(5), || {
+        log.text().matches("router_output").count() >= 4
+    });
+    let text = log.text();
     assert!(
         !text.contains("\n2026-12-07T00:00:00.000000Z ERROR") && !text.contains('\u{1b}'),
         "{text:?}"
@@ -799,10 +797,7 @@ fn router_faults_are_logged_within_a_budget() {
             "{v}"
         );
     }
-    let until = Instant::now() + Duration::from_secs(5);
-    while !log.text().contains("router fault") && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    log.shows("router fault", Duration::from_secs(5));
     std::thread::sleep(Duration::from_millis(200));
     let text = log.text();
     let faults: Vec<&str> = text
@@ -839,10 +834,9 @@ fn json_logs_are_one_object_per_line() {
         r#"{"name":"print","arguments":{"text":"a \"quoted\"\nline"}}"#,
     );
     assert!(v["result"].is_object(), "{v}");
-    let until = Instant::now() + Duration::from_secs(5);
-    while log.text().matches("router_output").count() < 4 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::http::eventually(Duration::from_secs(5), || {
+        log.text().matches("router_output").count() >= 4
+    });
     let text = log.text();
     let lines: Vec<serde_json::Value> = text
         .lines()

@@ -1202,12 +1202,8 @@ fn an_upstreams_text_cannot_forge_log_lines() {
         broken.1
     );
     let (b, log) = Broker::start_logged(&toml, &[]);
-    let until = Instant::now() + Duration::from_secs(10);
-    let mut text = log.text();
-    while !text.contains("upstream unavailable at load") && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-        text = log.text();
-    }
+    log.shows("upstream unavailable at load", Duration::from_secs(10));
+    let text = log.text();
     let line = text
         .lines()
         .find(|l| l.contains("upstream unavailable at load"))

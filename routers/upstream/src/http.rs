@@ -31,8 +31,9 @@ pub trait Beside {
     /// What to wait on besides the answer (its stream, or the head it
     /// waits for), while there is something.
     fn pollable(&mut self) -> Option<&Pollable>;
-    /// Whether there is something beside: the native tests, which have no
-    /// pollables, serve it before every chunk of the answer.
+    /// Whether there is something beside: without, an answer is read with
+    /// one blocking read; the native tests, which have no pollables, serve
+    /// it before every chunk of the answer.
     fn active(&self) -> bool;
     /// Takes what is ready beside.
     fn serve(&mut self);
@@ -54,17 +55,11 @@ impl Beside for Alone {
 /// Blocks until `p` is ready, serving `side` whenever it is.
 fn wait(p: &Pollable, side: &mut dyn Beside) {
     loop {
-        if !side.active() {
+        let Some(theirs) = side.pollable() else {
             p.block();
             return;
-        }
-        let ready = match side.pollable() {
-            Some(theirs) => wasi::io::poll::poll(&[p, theirs]),
-            None => {
-                p.block();
-                return;
-            }
         };
+        let ready = wasi::io::poll::poll(&[p, theirs]);
         if ready.contains(&1) {
             side.serve();
         }

@@ -354,11 +354,9 @@ fn answer_requests(ep: &Endpoint, hdr: &Hdr, collected: &mut Collected) {
 fn taken_off_stream(msg: &Value, id: u64) -> bool {
     match msg.get("method").and_then(Value::as_str) {
         Some("notifications/message") => false,
-        Some("notifications/progress") => match msg.pointer("/params/progressToken") {
-            Some(Value::Number(n)) => n.as_u64() == Some(id),
-            Some(Value::String(t)) => *t == id.to_string(),
-            _ => false,
-        },
+        Some("notifications/progress") => msg
+            .pointer("/params/progressToken")
+            .is_some_and(|t| rpc::is_our_id(t, id)),
         _ => true,
     }
 }
@@ -1445,34 +1443,34 @@ mod tests {
         });
     }
 
-    /// SSE events, one chunk each; `None`: a chunk of no bytes, which
-    /// the listener reads as "nothing more for now".
-    fn sse_chunks(msgs: &[Option<Value>]) -> Vec<Vec<u8>> {
-        msgs.iter()
+    /// A GET stream's answer: SSE events, one chunk each; `None`: a chunk
+    /// of no bytes, which the listener reads as "nothing more for now".
+    fn listen_answer(msgs: &[Option<Value>]) -> Answer {
+        let chunks = msgs
+            .iter()
             .map(|m| match m {
                 Some(m) => format!("data: {m}\n\n").into_bytes(),
                 None => Vec::new(),
             })
-            .collect()
+            .collect();
+        Answer::canned(200, "text/event-stream", None, chunks)
+    }
+
+    /// Session `s1`, whose `tools/call` answers `content` in JSON and
+    /// whose other requests (refusals, pongs) are acknowledged.
+    fn serve_calls(content: Value) {
+        serve(Some("s1"), move |req| match req.method() {
+            "tools/call" => Ok(json_answer(&result(req, content.clone()))),
+            _ => Ok(Answer::canned(202, "", None, vec![])),
+        });
     }
 
     #[test]
     fn the_get_stream_carries_progress_questions_and_list_changes_beside_a_call() {
-        serve(Some("s1"), |req| match req.method() {
-            "tools/call" => Ok(json_answer(&result(
-                req,
-                json!({"content":[{"type":"text","text":"done"}]}),
-            ))),
-            // Refusals and pongs.
-            _ => Ok(Answer::canned(202, "", None, vec![])),
-        });
+        serve_calls(json!({"content":[{"type":"text","text":"done"}]}));
         // initialize is request 1, so the call is 2.
         GETS.with_borrow_mut(|g| {
-            g.push_back(Answer::canned(
-                200,
-                "text/event-stream",
-                None,
-                sse_chunks(&[
+            g.push_back(listen_answer(&[
                     Some(progress(2, 1)),
                     // Another request's, and none's: not this call's.
                     Some(progress(77, 1)),
@@ -1485,8 +1483,7 @@ mod tests {
                     // Quiet from here on (a canned stream that runs out
                     // has ended).
                     None, None, None, None, None, None, None, None, None, None,
-                ]),
-            ));
+            ]));
         });
         let r = <Upstream as Guest>::call_tool("t".into(), "{}".into());
         let Ok(Response::Completed(r)) = r else {
@@ -1536,25 +1533,18 @@ mod tests {
 
     #[test]
     fn a_get_stream_found_ended_is_opened_again_for_the_request_that_finds_it() {
-        serve(Some("s1"), |req| match req.method() {
-            "tools/call" => Ok(json_answer(&result(req, json!({"content":[]})))),
-            _ => Ok(Answer::canned(202, "", None, vec![])),
-        });
+        serve_calls(json!({"content":[]}));
         GETS.with_borrow_mut(|g| {
             // Ends after the first call, while the instance is idle (a
             // proxy's idle timeout).
-            g.push_back(Answer::canned(
-                200,
-                "text/event-stream",
+            g.push_back(listen_answer(&[Some(progress(2, 1)), None, None]));
+            g.push_back(listen_answer(&[
+                Some(progress(3, 1)),
                 None,
-                sse_chunks(&[Some(progress(2, 1)), None, None]),
-            ));
-            g.push_back(Answer::canned(
-                200,
-                "text/event-stream",
                 None,
-                sse_chunks(&[Some(progress(3, 1)), None, None, None, None]),
-            ));
+                None,
+                None,
+            ]));
         });
         <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
         assert_eq!(GET_LOG.with_borrow(Vec::len), 1);
@@ -1571,10 +1561,7 @@ mod tests {
 
     #[test]
     fn questions_from_the_get_stream_are_answered_within_an_allowance() {
-        serve(Some("s1"), |req| match req.method() {
-            "tools/call" => Ok(json_answer(&result(req, json!({"content":[]})))),
-            _ => Ok(Answer::canned(202, "", None, vec![])),
-        });
+        serve_calls(json!({"content":[]}));
         let asks: Vec<Option<Value>> = (0..100)
             .map(|i| {
                 Some(json!({"jsonrpc":"2.0","id":i,"method":"sampling/createMessage","params":{}}))
@@ -1582,12 +1569,7 @@ mod tests {
             .chain([None, None, None])
             .collect();
         GETS.with_borrow_mut(|g| {
-            g.push_back(Answer::canned(
-                200,
-                "text/event-stream",
-                None,
-                sse_chunks(&asks),
-            ));
+            g.push_back(listen_answer(&asks));
         });
         <Upstream as Guest>::call_tool("t".into(), "{}".into()).unwrap();
         let answered = log(|l| l.iter().filter(|r| r.body.get("method").is_none()).count());

@@ -169,8 +169,7 @@ impl Collected {
                 // Only ours: the token we sent is the request id.
                 let token = params.get("progressToken");
                 let ours = match token {
-                    Some(Value::Number(n)) => n.as_u64() == Some(progress_token),
-                    Some(Value::String(s)) => *s == progress_token.to_string(),
+                    Some(t @ (Value::Number(_) | Value::String(_))) => is_our_id(t, progress_token),
                     _ => true,
                 };
                 if !ours {
@@ -254,7 +253,9 @@ impl Collected {
     }
 }
 
-fn is_our_id(id: &Value, ours: u64) -> bool {
+/// Whether `id` (a request id or progress token) is `ours`, sent as a
+/// number: a server may echo it as a number or as its text.
+pub fn is_our_id(id: &Value, ours: u64) -> bool {
     match id {
         Value::Number(n) => n.as_u64() == Some(ours),
         Value::String(s) => *s == ours.to_string(),
