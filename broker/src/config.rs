@@ -465,7 +465,8 @@ pub struct DirGrantConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrantsConfig {
-    /// Guest stdout/stderr go to the broker's stderr (else discarded).
+    /// Guest stdout/stderr lines become the broker's log records
+    /// (`wasm/guest_output.rs`; else discarded).
     pub stdio: bool,
     /// Names of environment variables passed through.
     pub env: Vec<String>,

@@ -18,8 +18,10 @@
 //! - The rate is the router's ([`Rate`], shared by all its instances on
 //!   every shard): an instance replaced after a fault must not start with
 //!   a fresh allowance, or a client alternating prints and traps floods
-//!   the log. The partial line is the store's, shared by every stream the
-//!   guest opens (a Rust guest opens one per write).
+//!   the log. The partial lines (one for stdout, one for stderr) are the
+//!   store's, shared by every stream the guest opens (a Rust guest opens
+//!   one per write): a line written in pieces is one record, and a stdout
+//!   line is never completed by stderr's bytes.
 
 use std::future::Future;
 use std::io;
@@ -60,16 +62,21 @@ impl Rate {
     }
 }
 
+/// The streams' names, as the records' `stream` field gives them; a
+/// [`GuestOutput`] holds its index here.
+const STREAMS: [&str; 2] = ["stdout", "stderr"];
+
 /// One of a store's two output streams.
 #[derive(Clone)]
 pub struct GuestOutput {
-    stream: &'static str,
+    stream: usize,
     state: Arc<Mutex<State>>,
 }
 
 struct State {
     rate: Arc<Mutex<Rate>>,
-    partial: Vec<u8>,
+    /// Each stream's unfinished line, by its index in [`STREAMS`].
+    partial: [Vec<u8>; 2],
 }
 
 impl GuestOutput {
@@ -77,43 +84,38 @@ impl GuestOutput {
     pub fn pair(rate: &Arc<Mutex<Rate>>) -> (Self, Self) {
         let state = Arc::new(Mutex::new(State {
             rate: rate.clone(),
-            partial: Vec::new(),
+            partial: Default::default(),
         }));
         let out = Self {
-            stream: "stdout",
+            stream: 0,
             state: state.clone(),
         };
-        (
-            out,
-            Self {
-                stream: "stderr",
-                state,
-            },
-        )
+        (out, Self { stream: 1, state })
     }
 
     fn push(&self, bytes: &[u8]) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.stream;
         let mut rest = bytes;
         while !rest.is_empty() {
-            let room = MAX_LINE - s.partial.len();
+            let room = MAX_LINE - s.partial[n].len();
             match rest.iter().take(room).position(|&b| b == b'\n') {
                 Some(at) => {
-                    s.partial.extend_from_slice(&rest[..at]);
+                    s.partial[n].extend_from_slice(&rest[..at]);
                     rest = &rest[at + 1..];
-                    s.emit(self.stream);
+                    s.emit(n);
                 }
                 None => {
                     let take = rest.len().min(room);
-                    s.partial.extend_from_slice(&rest[..take]);
+                    s.partial[n].extend_from_slice(&rest[..take]);
                     rest = &rest[take..];
-                    if s.partial.len() == MAX_LINE {
+                    if s.partial[n].len() == MAX_LINE {
                         // Cut where a character ends: a character split
                         // in two would read as two replacement marks.
-                        let keep = char_start(&s.partial);
-                        let tail = s.partial.split_off(keep);
-                        s.emit(self.stream);
-                        s.partial = tail;
+                        let keep = char_start(&s.partial[n]);
+                        let tail = s.partial[n].split_off(keep);
+                        s.emit(n);
+                        s.partial[n] = tail;
                     }
                 }
             }
@@ -143,9 +145,10 @@ fn char_start(line: &[u8]) -> usize {
 }
 
 impl State {
-    /// Logs the partial line (and empties it), if the rate allows.
-    fn emit(&mut self, stream: &'static str) {
-        let line = std::mem::take(&mut self.partial);
+    /// Logs stream `n`'s partial line (and empties it), if the rate allows.
+    fn emit(&mut self, n: usize) {
+        let stream = STREAMS[n];
+        let line = std::mem::take(&mut self.partial[n]);
         let mut rate = self.rate.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let elapsed = now.duration_since(rate.refilled).as_secs_f64();
@@ -170,8 +173,10 @@ impl State {
 impl Drop for State {
     /// What the guest wrote without a final newline is its last line.
     fn drop(&mut self) {
-        if !self.partial.is_empty() {
-            self.emit("stdout/stderr");
+        for n in 0..STREAMS.len() {
+            if !self.partial[n].is_empty() {
+                self.emit(n);
+            }
         }
     }
 }
@@ -279,9 +284,14 @@ mod tests {
             .unwrap();
             err.write(Bytes::from_static(b"no newline at the end"))
                 .unwrap();
+            // Interleaved pieces: each stream finishes its own line.
+            out.write(Bytes::from_static(b"out ")).unwrap();
+            err.write(Bytes::from_static(b" (err)")).unwrap();
+            out.write(Bytes::from_static(b"done\n")).unwrap();
+            out.write(Bytes::from_static(b"unended out")).unwrap();
         });
         let lines: Vec<&str> = log.lines().collect();
-        assert_eq!(lines.len(), 4, "{log}");
+        assert_eq!(lines.len(), 6, "{log}");
         assert!(
             lines[0].contains(r#"router=chaos stream="stdout" text="first line""#),
             "{log}"
@@ -292,7 +302,16 @@ mod tests {
             "{log}"
         );
         assert!(
-            lines[3].ends_with(r#"text="no newline at the end""#),
+            lines[3].contains(r#"stream="stdout" text="out done""#),
+            "{log}"
+        );
+        // At the end, each stream's unfinished line under its own name.
+        assert!(
+            lines[4].contains(r#"stream="stdout" text="unended out""#),
+            "{log}"
+        );
+        assert!(
+            lines[5].contains(r#"stream="stderr" text="no newline at the end (err)""#),
             "{log}"
         );
         assert!(!log.contains('\u{1b}'), "{log:?}");
