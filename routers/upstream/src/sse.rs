@@ -48,12 +48,14 @@ impl Parser {
             }
             self.started = true;
         }
-        if self.skip_lf {
+        // The first byte after a held-back CR settles it, whether or not
+        // it is the LF: a chunk that is that LF alone must not leave the
+        // parser expecting another (it swallowed the next line ending).
+        // An empty chunk settles nothing.
+        if self.skip_lf && !chunk.is_empty() {
+            self.skip_lf = false;
             if let Some(rest) = chunk.strip_prefix(b"\n") {
                 chunk = rest;
-            }
-            if !chunk.is_empty() {
-                self.skip_lf = false;
             }
         }
         let mut i = 0;
@@ -140,6 +142,17 @@ mod tests {
     fn all(chunks: &[&[u8]]) -> Vec<Event> {
         let mut p = Parser::new();
         chunks.iter().flat_map(|c| p.feed(c)).collect()
+    }
+
+    /// Found by `props::reads_split_anywhere_yield_the_same_events`: the
+    /// LF of a split CRLF arriving as a read of its own left the parser
+    /// still expecting it, so the next read's LF (here the blank line
+    /// that ends the event) was swallowed and the event never came.
+    #[test]
+    fn crlf_split_with_its_lf_read_alone() {
+        let whole = all(&[b"data: a\r\n\n"]);
+        assert_eq!(whole.len(), 1);
+        assert_eq!(all(&[b"data: a\r", b"\n", b"\n"]), whole);
     }
 
     #[test]
