@@ -78,6 +78,10 @@
 //! `sse`, `rpc`, `map` and `http::Endpoint` are pure; the session logic is
 //! tested natively against a scripted upstream (`tests` below replaces the
 //! POST): `cargo test -p upstream --target x86_64-unknown-linux-gnu`.
+//! Property tests (`props` modules, their strategies in `arb.rs`) hold the
+//! invariant above to any upstream input: the parsers and mappings to
+//! arbitrary JSON and bytes read in arbitrary chunks, and every export to
+//! a scripted upstream answering anything.
 
 wit_bindgen::generate!({
     path: ["../../wit", "../../wit/host", "wit"],
@@ -88,6 +92,9 @@ wit_bindgen::generate!({
 // The native tests swap the real POST for a scripted one (see `tests`).
 #[cfg_attr(test, allow(dead_code))]
 mod http;
+// Strategies of the property tests (`props` modules).
+#[cfg(test)]
+mod arb;
 mod map;
 mod modern;
 mod rpc;
@@ -2107,5 +2114,340 @@ mod tests {
             r#"{"x":1,"_inputs":{"k":{"action":"accept"}},"_request_state":{"requestState":"t"}}"#;
         assert!(<Upstream as Guest>::call_tool("t".into(), args.into()).is_ok());
         log(|l| assert_eq!(l.last().map(Req::method), Some("tools/call")));
+    }
+
+    /// The session logic against an upstream that answers anything: any
+    /// status, content type, session id and redirect target, bodies of
+    /// JSON-RPC (right, wrong or half) or of bytes, in JSON or SSE, read
+    /// in any chunks, or no answer at all. Every export returns, with a
+    /// value or an error value (a panic here is a trap in the component).
+    mod props {
+        use super::*;
+        use crate::arb;
+        use proptest::prelude::*;
+        use proptest::sample::select;
+
+        /// Stands for the id of the request being answered: a scripted
+        /// answer is written before the request it answers is sent.
+        const THIS_ID: &str = "$this-request";
+
+        #[derive(Debug, Clone)]
+        enum Body {
+            Bytes(Vec<u8>),
+            Json(Value),
+            /// Messages as SSE events, with this line ending; `cut`: the
+            /// stream ends in the middle of its last event.
+            Sse {
+                msgs: Vec<Value>,
+                eol: &'static str,
+                cut: bool,
+            },
+        }
+
+        #[derive(Debug, Clone)]
+        struct Reply {
+            /// No answer: a transport failure.
+            fail: bool,
+            status: u16,
+            /// `None`: the one the body's kind calls for.
+            content_type: Option<String>,
+            session: Option<String>,
+            location: Option<String>,
+            body: Body,
+            reads: arb::Reads,
+        }
+
+        /// A response to the request (a result answering every method,
+        /// or an error), or any message, or a batch of them.
+        fn message() -> BoxedStrategy<Value> {
+            let error = arb::object(vec![
+                (
+                    "code",
+                    arb::or_any(prop_oneof![
+                        Just(json!(-32602)),
+                        Just(json!(-32601)),
+                        Just(json!(-32002)),
+                        arb::number()
+                    ]),
+                ),
+                ("message", arb::text()),
+            ]);
+            prop_oneof![
+                4 => (arb::or_any(arb::any_result()), prop::option::weighted(0.2, error)).prop_map(
+                    |(result, error)| {
+                        let mut m = json!({"jsonrpc": "2.0", "id": THIS_ID, "result": result});
+                        if let Some(e) = error {
+                            m["error"] = e;
+                        }
+                        m
+                    }
+                ),
+                2 => arb::message(),
+                1 => arb::message_or_batch(),
+            ]
+            .boxed()
+        }
+
+        fn body() -> impl Strategy<Value = Body> {
+            prop_oneof![
+                1 => prop::collection::vec(any::<u8>(), 0..64).prop_map(Body::Bytes),
+                3 => message().prop_map(Body::Json),
+                3 => (
+                    prop::collection::vec(message(), 0..4),
+                    select(vec!["\n", "\r\n", "\r"]),
+                    prop::bool::weighted(0.1),
+                )
+                    .prop_map(|(msgs, eol, cut)| Body::Sse { msgs, eol, cut }),
+            ]
+        }
+
+        /// Any answer: a status, content type, session id, redirect target
+        /// and body of any kind, or none.
+        fn any_reply() -> impl Strategy<Value = Reply> {
+            (
+                prop::bool::weighted(0.05),
+                prop_oneof![
+                    6 => Just(200u16),
+                    2 => select(vec![202u16, 204, 307, 400, 404, 405, 429, 500, 503]),
+                    1 => any::<u16>(),
+                ],
+                prop::option::weighted(
+                    0.2,
+                    prop_oneof![
+                        select(vec![
+                            "application/json",
+                            "Application/JSON; charset=utf-8",
+                            "text/event-stream",
+                            "text/event-stream;charset=UTF-8",
+                            "text/plain",
+                            "",
+                        ])
+                        .prop_map(str::to_owned),
+                        arb::string(),
+                    ],
+                ),
+                prop::option::weighted(0.3, prop_oneof![Just("s1".to_owned()), arb::string()]),
+                prop::option::weighted(0.1, prop_oneof![Just("/mcp/".to_owned()), arb::string()]),
+                body(),
+                arb::reads(),
+            )
+                .prop_map(
+                    |(fail, status, content_type, session, location, body, reads)| Reply {
+                        fail,
+                        status,
+                        content_type,
+                        session,
+                        location,
+                        body,
+                        reads,
+                    },
+                )
+        }
+
+        /// A result that answers whatever was asked, and opens a session
+        /// of either revision offering every capability, so that the
+        /// exports go past the handshake to their own requests.
+        fn good_result() -> BoxedStrategy<Value> {
+            (arb::any_result(), prop::bool::weighted(0.8))
+                .prop_map(|(mut r, last_page)| {
+                    // Mostly the last page: a list whose every page names a
+                    // next one is read 100 times, which costs time and finds
+                    // nothing more.
+                    if last_page && let Some(o) = r.as_object_mut() {
+                        o.remove("nextCursor");
+                    }
+                    r["supportedVersions"] = json!([modern::VERSION]);
+                    r["capabilities"] =
+                        json!({"tools": {}, "resources": {}, "prompts": {}, "completions": {}});
+                    r
+                })
+                .boxed()
+        }
+
+        /// A 200 answering the request with a result (in JSON, or on SSE
+        /// after other messages), in any reads.
+        fn good_reply() -> impl Strategy<Value = Reply> {
+            let response = good_result()
+                .prop_map(|r| json!({"jsonrpc": "2.0", "id": THIS_ID, "result": r}))
+                .boxed();
+            let body = prop_oneof![
+                response.clone().prop_map(Body::Json),
+                (
+                    prop::collection::vec(arb::message(), 0..3),
+                    response,
+                    select(vec!["\n", "\r\n", "\r"])
+                )
+                    .prop_map(|(mut msgs, r, eol)| {
+                        msgs.push(r);
+                        Body::Sse {
+                            msgs,
+                            eol,
+                            cut: false,
+                        }
+                    }),
+            ];
+            (prop::option::of(Just("s1".to_owned())), body, arb::reads()).prop_map(
+                |(session, body, reads)| Reply {
+                    fail: false,
+                    status: 200,
+                    content_type: None,
+                    session,
+                    location: None,
+                    body,
+                    reads,
+                },
+            )
+        }
+
+        fn reply() -> impl Strategy<Value = Reply> {
+            prop_oneof![3 => good_reply().boxed(), 2 => any_reply().boxed()]
+        }
+
+        /// `m` with [`THIS_ID`] made `id`, in a batch too.
+        fn addressed(m: &Value, id: &Value) -> Value {
+            match m {
+                Value::Array(batch) => {
+                    Value::Array(batch.iter().map(|m| addressed(m, id)).collect())
+                }
+                Value::Object(o) if o.get("id") == Some(&json!(THIS_ID)) => {
+                    let mut o = o.clone();
+                    o.insert("id".into(), id.clone());
+                    Value::Object(o)
+                }
+                m => m.clone(),
+            }
+        }
+
+        impl Reply {
+            /// The answer to a request with `id`.
+            fn answer(&self, id: &Value) -> Result<Answer, String> {
+                if self.fail {
+                    return Err("connection reset".into());
+                }
+                let (bytes, kind) = match &self.body {
+                    Body::Bytes(b) => (b.clone(), "text/plain"),
+                    Body::Json(m) => (
+                        addressed(m, id).to_string().into_bytes(),
+                        "application/json",
+                    ),
+                    Body::Sse { msgs, eol, cut } => {
+                        let mut text = format!(": hello{eol}{eol}");
+                        for m in msgs {
+                            text.push_str(&format!(
+                                "event: message{eol}data: {}{eol}{eol}",
+                                addressed(m, id)
+                            ));
+                        }
+                        if *cut {
+                            text.truncate(text.len().saturating_sub(1 + 2 * eol.len()));
+                        }
+                        (text.into_bytes(), "text/event-stream")
+                    }
+                };
+                let ct = self.content_type.as_deref().unwrap_or(kind);
+                let mut a = Answer::canned(
+                    self.status,
+                    ct,
+                    self.session.as_deref(),
+                    self.reads.split(&bytes),
+                );
+                a.location = self.location.clone();
+                Ok(a)
+            }
+        }
+
+        /// A fresh instance, whose upstream answers `replies` in turn (over
+        /// and over), its GETs `gets`; bounded, so that a cursor loop or
+        /// retries end.
+        fn script(protocol: &'static str, replies: Vec<Reply>, gets: Vec<Reply>) {
+            STATE.with_borrow_mut(|s| *s = State::default());
+            LOG.with_borrow_mut(Vec::clear);
+            REPORTED.with_borrow_mut(Vec::clear);
+            GET_LOG.with_borrow_mut(Vec::clear);
+            speak(protocol);
+            GETS.with_borrow_mut(|g| {
+                *g = gets
+                    .iter()
+                    .filter_map(|r| r.answer(&json!(0)).ok())
+                    .collect();
+            });
+            let mut n = 0;
+            let server: Server = Box::new(move |req| {
+                n += 1;
+                if n > 200 {
+                    return Err("connection refused".into());
+                }
+                replies[n % replies.len()].answer(&req.body["id"])
+            });
+            SERVER.with_borrow_mut(|s| *s = Some(server));
+        }
+
+        /// An error of the router's own making says it is the upstream's
+        /// (unavailable, its error, its question): nothing bare escapes.
+        fn worded(m: &str) -> Result<(), TestCaseError> {
+            prop_assert!(
+                m.starts_with("upstream ") || m.starts_with("the upstream asks"),
+                "{}",
+                m
+            );
+            Ok(())
+        }
+
+        proptest! {
+            // Each case scripts up to ten answers (generating them is what
+            // costs) and runs every export against them.
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn any_upstream_answer_is_a_value_never_a_trap(
+                protocol in select(vec!["2025-06-18", "auto", "2026-07-28"]),
+                replies in prop::collection::vec(reply(), 1..8),
+                gets in prop::collection::vec(reply(), 0..2),
+            ) {
+                script(protocol, replies, gets);
+                let d = <Upstream as Guest>::describe_server();
+                let meta = d.meta.unwrap_or_default();
+                // Either the revision spoken or why the upstream is
+                // unavailable, as a JSON string.
+                prop_assert_eq!(meta.len(), 1);
+                prop_assert!(
+                    [rpc::META_PROTOCOL, rpc::META_UNAVAILABLE].contains(&meta[0].key.as_str()),
+                    "{}",
+                    meta[0].key
+                );
+                let value = serde_json::from_str::<Value>(&meta[0].value);
+                prop_assert!(value.is_ok_and(|v| v.is_string()));
+                <Upstream as Guest>::title();
+                <Upstream as Guest>::instructions();
+                <Upstream as Guest>::list_tools();
+                <Upstream as Guest>::list_resources();
+                <Upstream as Guest>::list_prompts();
+                let called = <Upstream as Guest>::call_tool("t".into(), r#"{"x":1}"#.into());
+                if let Err(ToolError::ExecutionError(m)) = called {
+                    worded(&m)?;
+                }
+                let read = <Upstream as Guest>::read_resource("x://1".into());
+                if let Err(ResourceError::ExecutionError(m)) = read {
+                    worded(&m)?;
+                }
+                let got = <Upstream as Guest>::get_prompt("greet".into());
+                if let Err(PromptError::InternalError(m)) = got {
+                    worded(&m)?;
+                }
+                let request = CompletionRequest {
+                    input: json!({
+                        "ref": {"type": "ref/prompt", "name": "greet"},
+                        "argument": {"name": "who", "value": "a"}
+                    })
+                    .to_string(),
+                    streaming: None,
+                    meta: None,
+                };
+                let completed = <Upstream as Guest>::complete(request);
+                if let Err(CompletionError::ExecutionError(m)) = completed {
+                    worded(&m)?;
+                }
+            }
+        }
     }
 }

@@ -723,3 +723,197 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use crate::arb;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// JSON text as the broker reads it back.
+    fn parsed(text: &str) -> Value {
+        serde_json::from_str(text).expect("JSON text")
+    }
+
+    /// The `_meta` entries a record keeps: all but MCP's own, values as
+    /// they were.
+    fn kept_meta(v: &Value) -> Vec<(String, Value)> {
+        v.get("_meta")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| !k.starts_with(PROTOCOL_META))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn entries(m: Option<Vec<MetaEntry>>) -> Vec<(String, Value)> {
+        m.unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.key, parsed(&e.value)))
+            .collect()
+    }
+
+    fn text_of(v: &Value, key: &str) -> String {
+        v.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Which WIT block a content block's `type` makes.
+    fn kind(b: &ContentBlock) -> &'static str {
+        match b {
+            ContentBlock::Text(_) => "text",
+            ContentBlock::Image(_) => "image",
+            ContentBlock::Audio(_) => "audio",
+            ContentBlock::ResourceLink(_) => "resource_link",
+            ContentBlock::EmbeddedResource(_) => "resource",
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A listed tool: dropped only without a name or when it must run
+        /// as a task; else its name, description, schemas (as JSON text,
+        /// numbers as written) and `_meta` but MCP's own come through as
+        /// they were.
+        #[test]
+        fn tools_keep_what_they_said(v in arb::or_any(arb::tool())) {
+            let listed = tool(&v);
+            let named = v.get("name").is_some_and(Value::is_string);
+            let task = v.pointer("/execution/taskSupport") == Some(&json!("required"));
+            prop_assert_eq!(listed.is_some(), named && !task);
+            let Some(t) = listed else { return Ok(()) };
+            prop_assert_eq!(&t.name, &text_of(&v, "name"));
+            prop_assert_eq!(&t.description, &text_of(&v, "description"));
+            let schema = v.get("inputSchema").cloned().unwrap_or(json!({"type": "object"}));
+            prop_assert_eq!(parsed(&t.input_schema), schema);
+            prop_assert_eq!(t.output_schema.map(|s| parsed(&s)), v.get("outputSchema").cloned());
+            prop_assert_eq!(entries(t.meta), kept_meta(&v));
+        }
+
+        /// A `tools/call` result: every content block is passed on (one
+        /// of a kind newer than this client as its JSON text), in order
+        /// and of the kind it said; structured content and `_meta` as they
+        /// were, then what the stream carried.
+        #[test]
+        fn tool_results_lose_no_block(
+            v in arb::or_any(arb::tool_result()),
+            logs in prop::collection::vec(arb::json(), 0..3),
+            changed in any::<bool>(),
+        ) {
+            let c = Collected {
+                logs: logs.into_iter().map(|data| json!({"level": "info", "data": data})).collect(),
+                list_changed: if changed { vec!["tools"] } else { vec![] },
+                ..Collected::default()
+            };
+            let r = tool_result(&v, &c);
+            let blocks = v.get("content").and_then(Value::as_array).cloned().unwrap_or_default();
+            prop_assert_eq!(r.content.len(), blocks.len());
+            for (b, v) in r.content.iter().zip(&blocks) {
+                let said = v.get("type").and_then(Value::as_str);
+                let known = ["text", "image", "audio", "resource_link", "resource"];
+                match said.filter(|t| known.contains(t)) {
+                    Some(t) => prop_assert_eq!(kind(b), t),
+                    None => prop_assert!(
+                        matches!(b, ContentBlock::Text(t) if parsed(&t.text) == *v),
+                        "{:?} from {}", b, v
+                    ),
+                }
+                if let ContentBlock::EmbeddedResource(e) = b {
+                    // The broker reads an untyped blob as binary.
+                    let r = &v["resource"];
+                    if r.get("text").and_then(Value::as_str).is_none()
+                        && r.get("blob").and_then(Value::as_str).is_some()
+                        && r.get("mimeType").and_then(Value::as_str).is_none()
+                    {
+                        prop_assert_eq!(e.mime_type.as_deref(), Some("application/octet-stream"));
+                    }
+                }
+            }
+            let structured = v.get("structuredContent").filter(|s| !s.is_null()).cloned();
+            prop_assert_eq!(r.structured_content.map(|s| parsed(&s)), structured);
+            prop_assert_eq!(r.is_error, v.get("isError").and_then(Value::as_bool));
+            let mut meta = kept_meta(&v);
+            meta.extend(c.meta().into_iter().map(|(k, t)| (k, parsed(&t))));
+            prop_assert_eq!(entries(r.meta), meta);
+        }
+
+        /// Resources, templates and prompts: dropped only without their
+        /// URI (template) or name, which are kept as they were.
+        #[test]
+        fn listings_keep_their_keys(
+            r in arb::or_any(arb::resource()),
+            template in any::<bool>(),
+            p in arb::or_any(arb::prompt()),
+        ) {
+            let key = if template { "uriTemplate" } else { "uri" };
+            let uri = v_str(&r, key);
+            prop_assert_eq!(resource(&r, template).map(|m| m.uri), uri);
+            let mapped = prompt(&p);
+            prop_assert_eq!(mapped.as_ref().map(|m| m.name.clone()), v_str(&p, "name"));
+            let declared: Vec<&str> = p
+                .get("arguments")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.get("name").and_then(Value::as_str))
+                .collect();
+            if let Some(args) = mapped.and_then(|m| m.arguments) {
+                let names: Vec<&str> = args.iter().map(|a| a.name.as_str()).collect();
+                prop_assert_eq!(&names, &declared);
+            }
+            // Each declared argument is sent as its placeholder.
+            let sent = placeholders(&p);
+            prop_assert_eq!(sent.len(), {
+                let mut d = declared.clone();
+                d.sort_unstable();
+                d.dedup();
+                d.len()
+            });
+            for (name, value) in &sent {
+                prop_assert_eq!(value, &Value::String(format!("{{{{{name}}}}}")));
+            }
+        }
+
+        /// Reads, prompts and completions lose no entry: every content of
+        /// a read, every message of a prompt, every string value of a
+        /// completion.
+        #[test]
+        fn results_lose_no_entry(
+            read in arb::or_any(arb::read_result()),
+            got in arb::or_any(arb::prompt_result()),
+            done in arb::or_any(arb::completion_result()),
+            init in arb::or_any(arb::init_result()),
+        ) {
+            let count = |v: &Value, at: &str| {
+                v.pointer(at).and_then(Value::as_array).map_or(0, Vec::len)
+            };
+            prop_assert_eq!(resource_contents(&read).len(), count(&read, "/contents"));
+            prop_assert_eq!(prompt_result(&got).messages.len(), count(&got, "/messages"));
+            let values = done
+                .pointer("/completion/values")
+                .and_then(Value::as_array)
+                .map_or(0, |a| a.iter().filter(|v| v.is_string()).count());
+            prop_assert_eq!(completion(&done, &Collected::default()).content.len(), values);
+            // A capability is offered when it is an object.
+            let caps = capabilities(&init);
+            let offered = |k: &str| {
+                init.pointer(&format!("/capabilities/{k}")).is_some_and(Value::is_object)
+            };
+            prop_assert_eq!(caps.tools.is_some(), offered("tools"));
+            prop_assert_eq!(caps.resources.is_some(), offered("resources"));
+            prop_assert_eq!(caps.prompts.is_some(), offered("prompts"));
+            prop_assert_eq!(caps.completions.is_some(), offered("completions"));
+        }
+    }
+
+    fn v_str(v: &Value, key: &str) -> Option<String> {
+        v.get(key).and_then(Value::as_str).map(str::to_owned)
+    }
+}

@@ -396,3 +396,139 @@ mod tests {
         assert!(retry(None, None).is_empty());
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use crate::arb;
+    use proptest::prelude::*;
+
+    /// What a header value may hold as sent: visible ASCII and spaces,
+    /// no blank at either end.
+    fn header_safe(v: &str) -> bool {
+        v.bytes().all(|b| (0x20..0x7f).contains(&b)) && v.trim_matches([' ', '\t']) == v
+    }
+
+    /// A header value as the server decodes it.
+    fn decoded(v: &str) -> String {
+        match v
+            .strip_prefix("=?base64?")
+            .and_then(|b| b.strip_suffix("?="))
+        {
+            Some(b64) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .expect("base64");
+                String::from_utf8(bytes).expect("UTF-8")
+            }
+            None => v.to_owned(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// `server/discover`: a 2026-07-28 session only when the result
+        /// offers that revision, and then the `initialize` shape the rest
+        /// of the router reads, with what the server said of itself.
+        #[test]
+        fn discover_opens_only_what_is_offered(r in arb::or_any(arb::init_result())) {
+            let offered = r
+                .get("supportedVersions")
+                .and_then(Value::as_array)
+                .is_some_and(|v| v.contains(&Value::from(VERSION)));
+            let init = discovered(&r);
+            prop_assert_eq!(init.is_ok(), offered);
+            let Ok(init) = init else { return Ok(()) };
+            prop_assert_eq!(&init["protocolVersion"], VERSION);
+            let info = r
+                .pointer("/_meta/io.modelcontextprotocol~1serverInfo")
+                .or_else(|| r.get("serverInfo"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            prop_assert_eq!(&init["serverInfo"], &info);
+            prop_assert_eq!(init.get("instructions"), r.get("instructions"));
+        }
+
+        /// An `InputRequiredResult`: its questions go to the broker's
+        /// client as they were, and its `requestState` comes back whole in
+        /// the retry the broker hands back; anything unfit is an error.
+        #[test]
+        fn questions_and_state_round_trip(r in arb::or_any(arb::input_required())) {
+            let asked = question(&r);
+            let requests = r
+                .get("inputRequests")
+                .and_then(Value::as_object)
+                .filter(|m| !m.is_empty());
+            let state = r.get("requestState").filter(|s| !s.is_null());
+            let fit = requests.is_some() && state.is_none_or(Value::is_string);
+            prop_assert_eq!(asked.is_ok(), fit);
+            let Ok(meta) = asked else { return Ok(()) };
+            prop_assert_eq!(&meta[0].0, META_INPUT_REQUESTS);
+            let set: Value = serde_json::from_str(&meta[0].1).expect("JSON text");
+            prop_assert_eq!(Some(&set), r.get("inputRequests"));
+            let ours = meta
+                .iter()
+                .find(|(k, _)| k == META_STATE)
+                .map(|(_, v)| serde_json::from_str::<Value>(v).expect("JSON text"));
+            let back = retry(Some(set.clone()), ours);
+            prop_assert_eq!(back.get("requestState"), state);
+            prop_assert_eq!(back.get("inputResponses"), Some(&set));
+        }
+
+        /// Header values (a tool or resource name, an argument) are sent
+        /// so that any string survives: plain when plain, else encoded,
+        /// and decoded back to what it was.
+        #[test]
+        fn header_values_survive_any_string(s in arb::string()) {
+            let v = header_value(&s);
+            prop_assert!(header_safe(&v), "{:?}", v);
+            prop_assert_eq!(decoded(&v), s);
+        }
+
+        /// `Mcp-Param-*` headers from any schema and arguments: no panic,
+        /// every value fit for a header, and a declared argument of the
+        /// declared type sent as its value (numbers as written).
+        #[test]
+        fn param_headers_carry_the_arguments(
+            schema in arb::json(),
+            args in arb::json(),
+            declared in prop::collection::btree_map(
+                arb::string(),
+                (arb::string(), arb::string(), arb::number(), any::<bool>()),
+                0..4,
+            ),
+        ) {
+            // A schema that declares headers, with the arguments it names;
+            // or any schema and arguments.
+            let (schema, args, expected) = if declared.is_empty() {
+                (schema, args, None)
+            } else {
+                let (mut props, mut values, mut expected) = (Map::new(), Map::new(), Vec::new());
+                for (key, (header, text, n, int)) in declared {
+                    let (ty, value, sent) = if int {
+                        ("integer", n.clone(), n.to_string())
+                    } else {
+                        ("string", Value::String(text.clone()), text)
+                    };
+                    props.insert(key.clone(), json!({"type": ty, "x-mcp-header": header}));
+                    values.insert(key, value);
+                    expected.push((format!("mcp-param-{}", header.to_ascii_lowercase()), sent));
+                }
+                expected.sort();
+                let schema = json!({"type": "object", "properties": props});
+                (schema, Value::Object(values), Some(expected))
+            };
+            let mut sent = Vec::new();
+            for (name, value) in param_headers(&schema, &args) {
+                prop_assert!(name.starts_with("mcp-param-"), "{}", name);
+                prop_assert!(header_safe(&value), "{:?}", value);
+                sent.push((name, decoded(&value)));
+            }
+            if let Some(expected) = expected {
+                sent.sort();
+                prop_assert_eq!(sent, expected);
+            }
+        }
+    }
+}

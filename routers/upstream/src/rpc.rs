@@ -465,3 +465,186 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use crate::arb;
+    use proptest::prelude::*;
+
+    /// The sink of forwarded notifications: what reaches the host must be
+    /// what the host can send on (finite numbers, a log's data as JSON).
+    fn check_live(live: Live) {
+        match live {
+            Live::Progress {
+                progress, total, ..
+            } => {
+                assert!(progress.is_finite(), "{progress}");
+                assert!(total.is_none_or(f64::is_finite), "{total:?}");
+            }
+            Live::Log { data, .. } => {
+                serde_json::from_str::<Value>(&data).expect("a log's data is JSON text");
+            }
+        }
+    }
+
+    fn collected(forward: bool) -> Collected {
+        Collected {
+            forward: Forward(forward.then_some(check_live as fn(Live))),
+            ..Collected::default()
+        }
+    }
+
+    /// The messages of `msg`, batches opened.
+    fn flat(msg: &Value, out: &mut Vec<Value>) {
+        match msg {
+            Value::Array(batch) => batch.iter().for_each(|m| flat(m, out)),
+            m => out.push(m.clone()),
+        }
+    }
+
+    /// What `absorb` keeps is bounded and well-formed, whatever came.
+    fn check_collected(c: &Collected) -> Result<(), TestCaseError> {
+        prop_assert!(c.logs.len() <= MAX_LOGS);
+        let mut kinds = c.list_changed.clone();
+        kinds.sort_unstable();
+        kinds.dedup();
+        prop_assert_eq!(kinds.len(), c.list_changed.len(), "each kind once");
+        for (key, value) in c.meta() {
+            prop_assert!(
+                serde_json::from_str::<Value>(&value).is_ok(),
+                "{}: {}",
+                key,
+                value
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Any message, batch or value, for any request id, with the
+        /// notifications forwarded or collected: no panic, bounded
+        /// collections, and a response taken only from a message that
+        /// answers this request (its id, or a null id with an error) and
+        /// carries exactly what it said.
+        #[test]
+        fn absorb_takes_only_the_response_to_its_request(
+            msg in arb::message_or_batch(),
+            ours in 1u64..4,
+            forward in any::<bool>(),
+        ) {
+            let mut c = collected(forward);
+            let got = absorb(&msg, ours, &mut c);
+            check_collected(&c)?;
+            let mut msgs = Vec::new();
+            flat(&msg, &mut msgs);
+            let answers = |m: &Value| {
+                m.get("method").and_then(Value::as_str).is_none()
+                    && m.get("id").is_some_and(|id| {
+                        is_our_id(id, ours) || (id.is_null() && m.get("error").is_some())
+                    })
+            };
+            let matched = match &got {
+                None => !msgs.iter().any(answers),
+                Some(Ok(v)) => msgs.iter().any(|m| {
+                    answers(m)
+                        && m.get("error").is_none()
+                        && m.get("result").unwrap_or(&Value::Null) == v
+                }),
+                Some(Err(e)) => msgs.iter().any(|m| {
+                    answers(m)
+                        && m.get("error").is_some_and(|err| {
+                            err.get("code").and_then(Value::as_i64).unwrap_or(-32603) == e.code
+                        })
+                }),
+            };
+            prop_assert!(matched, "{:?} from {}", got, msg);
+        }
+
+    }
+
+    proptest! {
+        // Fewer cases: generating the messages is what costs (a debug
+        // build), and these properties are narrower.
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A batch is its messages taken in turn: the first response wins,
+        /// and what they carry besides is collected alike.
+        #[test]
+        fn a_batch_is_its_messages_in_turn(
+            batch in prop::collection::vec(arb::message(), 0..6),
+            ours in 1u64..4,
+        ) {
+            let mut one = collected(false);
+            let whole = absorb(&Value::Array(batch.clone()), ours, &mut one);
+            let mut each = collected(false);
+            let mut first = None;
+            for m in &batch {
+                if let Some(r) = absorb(m, ours, &mut each) {
+                    first.get_or_insert(r);
+                }
+            }
+            prop_assert_eq!(whole, first);
+            prop_assert_eq!(one, each);
+        }
+
+        /// Bytes off the wire: a message's JSON text with bytes changed,
+        /// cut short or not, and JSON that serde_json's
+        /// `arbitrary_precision` reads specially. Parsed as the router
+        /// does, then absorbed: no panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            msg in arb::message_or_batch(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+            cut in prop::option::of(any::<prop::sample::Index>()),
+            special in prop::sample::select(vec![
+                "",
+                r#"{"$serde_json::private::Number":"1e400"}"#,
+                r#"{"$serde_json::private::Number":"x"}"#,
+                r#"{"$serde_json::private::Number":"1","id":1}"#,
+                r#"{"id":1e400,"result":{}}"#,
+                r#"{"id":-0,"result":{}}"#,
+                r#"{"id":1.0,"result":{}}"#,
+                r#"{"method":"notifications/progress","params":{"progress":1e308,"total":1e-308}}"#,
+            ]),
+            ours in 1u64..4,
+            forward in any::<bool>(),
+        ) {
+            let mut bytes = if special.is_empty() {
+                msg.to_string().into_bytes()
+            } else {
+                special.as_bytes().to_vec()
+            };
+            if !bytes.is_empty() {
+                for (at, b) in edits {
+                    let i = at.index(bytes.len());
+                    bytes[i] = b;
+                }
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut.index(bytes.len() + 1));
+            }
+            if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                let mut c = collected(forward);
+                absorb(&v, ours, &mut c);
+                check_collected(&c)?;
+            }
+        }
+
+        /// Our id is recognised as a number or as its text, and nothing
+        /// else is.
+        #[test]
+        fn our_id_as_number_or_text(ours in any::<u64>(), other in arb::json()) {
+            prop_assert!(is_our_id(&Value::from(ours), ours));
+            prop_assert!(is_our_id(&Value::from(ours.to_string()), ours));
+            let same = match &other {
+                Value::Number(n) => n.as_u64() == Some(ours),
+                Value::String(s) => *s == ours.to_string(),
+                _ => false,
+            };
+            prop_assert_eq!(is_our_id(&other, ours), same);
+        }
+    }
+}
