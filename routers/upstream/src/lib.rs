@@ -45,7 +45,7 @@
 //! | MCP (upstream) | WIT / broker | lost or changed |
 //! |---|---|---|
 //! | `initialize` result | `title` (serverInfo.title, else name), `instructions`, `describe-server` capabilities | serverInfo.version; `logging`, `experimental` and `tasks` capabilities; the guest never DELETEs its session (the WIT has no teardown): the host does, with the last session id the instance sent, when it drops the instance (`broker/src/wasm/outbound.rs`) |
-//! | `tools/list`, `resources/list`, `resources/templates/list`, `prompts/list` | whole lists | pagination is flattened (at most 100 pages each); a list that fails reads as empty; the `_meta` of resources, templates and prompts (the WIT records have no field for it: fastmcp's tags are there); tools keep theirs |
+//! | `tools/list`, `resources/list`, `resources/templates/list`, `prompts/list` | whole lists | pagination is flattened (at most 100 pages each); a list that fails reads as empty; in 2026-07-28, a tool whose `x-mcp-header` declarations break that revision's rules (`modern::header_declarations`), which a client MUST drop; the `_meta` of resources, templates and prompts (the WIT records have no field for it: fastmcp's tags are there); tools keep theirs |
 //! | 2026-07-28 `ttlMs`, `cacheScope` of listings and reads | — | the broker's edge writes its own (`ttlMs: 0`; `cacheScope` `public`, or `private` with `[auth]`), whatever the upstream said |
 //! | resource template | an `mcp-resource` whose `uri` is the `uriTemplate` (README "Resource templates") | — |
 //! | tool `annotations` | `read-only`, `destructive`; `title` used when the tool has none | `idempotentHint`, `openWorldHint` |
@@ -886,6 +886,29 @@ fn call(method: &str, params: Option<Value>) -> Result<(Value, Collected), Failu
     }
 }
 
+/// Whether a tool a 2026-07-28 server listed declares its `x-mcp-header`s
+/// as that revision allows ([`modern::header_declarations`]); a client
+/// MUST drop one that does not, and SHOULD say so: on the router's stderr,
+/// which the broker logs when the router is granted `stdio`.
+fn fit_for_headers(tool: &Value) -> bool {
+    let Some(schema) = tool.get("inputSchema") else {
+        return true;
+    };
+    match modern::header_declarations(schema) {
+        Ok(()) => true,
+        Err(why) => {
+            use std::io::Write;
+            let name = tool.get("name").and_then(Value::as_str).unwrap_or("");
+            // Not eprintln!: a failed write must not trap the instance.
+            let _ = writeln!(
+                std::io::stderr(),
+                "tool {name:?} left out: {why} (MCP 2026-07-28 x-mcp-header)"
+            );
+            false
+        }
+    }
+}
+
 /// The `Mcp-Param-*` headers of a 2026-07-28 `tools/call` with `params`,
 /// from its tool's schema as last listed (read once if the tool is not in
 /// the list yet). A tool without `x-mcp-header` properties has none.
@@ -1041,7 +1064,12 @@ impl Guest for Upstream {
             _ => return Vec::new(),
         }
         let tools = list_all("tools/list", "tools").unwrap_or_default();
-        let out = tools.iter().filter_map(map::tool).collect();
+        let modern = STATE.with_borrow(|s| s.session.as_ref().is_some_and(|s| s.modern));
+        let out = tools
+            .iter()
+            .filter(|t| !modern || fit_for_headers(t))
+            .filter_map(map::tool)
+            .collect();
         STATE.with_borrow_mut(|s| s.tools = Some(tools));
         out
     }
@@ -1838,6 +1866,40 @@ mod tests {
             }
         });
         SERVER.with_borrow_mut(|s| *s = Some(server));
+    }
+
+    /// Two tools, the second with a header name that is not a token.
+    fn tools_one_badly_declared(req: &Req) -> Result<Answer, String> {
+        let bad = json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Cloud Region"}}});
+        Ok(json_answer(&result(
+            req,
+            json!({"resultType": "complete", "tools": [
+                {"name": "fine", "inputSchema": {"type": "object"}},
+                {"name": "bad", "inputSchema": bad}]}),
+        )))
+    }
+
+    #[test]
+    fn a_modern_servers_tool_with_an_invalid_header_declaration_is_left_out() {
+        serve_modern(|req| match req.method() {
+            "tools/list" => tools_one_badly_declared(req),
+            other => panic!("unexpected {other}"),
+        });
+        let names: Vec<String> = <Upstream as Guest>::list_tools()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(names, ["fine"]);
+        // A session-era server's tools keep it: the keyword means nothing
+        // there, and no header is sent.
+        serve(Some("s1"), |req| match req.method() {
+            "tools/list" => tools_one_badly_declared(req),
+            other => panic!("unexpected {other}"),
+        });
+        STATE.with_borrow_mut(|s| s.session = None);
+        speak("2025-06-18");
+        assert_eq!(<Upstream as Guest>::list_tools().len(), 2);
     }
 
     #[test]
