@@ -1038,4 +1038,19 @@ fn protocol_2026_07_28_requests_need_a_token_and_get_private_filtered_listings()
     let r = send(Some(&writer), "tools/call", Some("put"), &call);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text());
+    // A session-affine router's state is the subject's: bob reads what he
+    // wrote on every call, whichever shard takes it (new connections, two
+    // shards), and alice never does. It was the shard's shared instances,
+    // read and changed by every subject.
+    let get = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{{meta},"name":"get","arguments":{{"key":"k"}}}}}}"#
+    );
+    for _ in 0..6 {
+        let r = send(Some(&writer), "tools/call", Some("get"), &get);
+        let v = r.json();
+        assert_eq!(v["result"]["isError"], false, "{v}");
+        assert_eq!(v["result"]["content"][0]["text"], "1", "{v}");
+        let r = send(Some(&alice), "tools/call", Some("get"), &get);
+        assert!(r.text().contains("no key `k`"), "{}", r.text());
+    }
 }

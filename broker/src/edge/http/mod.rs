@@ -1497,7 +1497,7 @@ impl HttpEdge {
                     (
                         version,
                         caps,
-                        self.run(frame, arrived, None, None, None).await,
+                        self.run(frame, arrived, None, None, None, None).await,
                     )
                 }
             }
@@ -1576,7 +1576,8 @@ impl HttpEdge {
     /// `first`: the record of the request's first round, when this run is
     /// a later round of it (the tool called again with the client's
     /// answer); it then takes this run's outcome, and no record of its own
-    /// is made.
+    /// is made. `scope`: the token's subject, which the frame's session id
+    /// is kept within (a 2026-07-28 call's, [`modern::SUBJECT_SESSION`]).
     async fn run(
         &self,
         frame: Bytes,
@@ -1584,12 +1585,16 @@ impl HttpEdge {
         cancel: Option<&Cancel>,
         live: Option<&dyn LiveOut>,
         first: Option<&Record>,
+        scope: Option<&str>,
     ) -> Called {
         let started = Instant::now();
         let mut out = Vec::new();
         // SAFETY: an unmodified copy of a RequestEncoder's output (above).
         let req = match unsafe { VerifiedRequest::from_encoder(frame) } {
-            Ok(r) => r,
+            Ok(r) => match scope {
+                Some(s) => r.with_session_scope(std::sync::Arc::from(s)),
+                None => r,
+            },
             Err(e) => {
                 // An empty name the JSON allowed, answered as the frame edge
                 // answers one. Not a request: it is in no request metric.
@@ -1891,7 +1896,7 @@ impl HttpEdge {
             None
         };
         let cancel = call.or(own.as_ref()).map(CallInFlight::cancel);
-        let called = self.run(frame, arrived, cancel, live, first).await;
+        let called = self.run(frame, arrived, cancel, live, first, None).await;
         if cancel.is_some_and(Cancel::is_cancelled) {
             // Also when the call had finished: the client is told -32800,
             // and counted so.

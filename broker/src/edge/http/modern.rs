@@ -709,6 +709,20 @@ fn answer_of(asked: Asked, key: &str, raw: &RawValue) -> Result<String, Refusal>
     }
 }
 
+/// The session id of a 2026-07-28 call with `[auth]`, kept within the
+/// token's subject (`VerifiedRequest::with_session_scope`): a session-affine
+/// router (`kv`) then keeps one instance, and one state, per subject, as it
+/// keeps one per session in the handshake era. Without it every subject's
+/// calls shared the shard's instances, and one user read what another
+/// wrote. Not a client's session: it is never sent, and no HTTP session id
+/// (random hex) is this text.
+pub(super) const SUBJECT_SESSION: &str = "2026-07-28 subject";
+
+/// The session scope of a call by `subject` ("" without `[auth]`).
+fn scope_of(subject: &str) -> Option<&str> {
+    (!subject.is_empty()).then_some(subject)
+}
+
 /// The JSON type of a property that carries `x-mcp-header`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ParamKind {
@@ -1310,7 +1324,7 @@ impl HttpEdge {
                 d.client_version.as_deref().unwrap_or(""),
             ))
         };
-        let called = self.run(frame, arrived, None, None, None).await;
+        let called = self.run(frame, arrived, None, None, None, None).await;
         let mut out = Vec::with_capacity(384);
         match frames(&called.frames).last() {
             // list_changed is delivered on `subscriptions/listen` (the
@@ -1468,7 +1482,10 @@ impl HttpEdge {
             }
         }
         let built = {
-            let h = self.header(None);
+            // With `[auth]`, a session-affine router's state is the
+            // subject's: every call of one subject reaches one instance,
+            // and no other subject's ([`SUBJECT_SESSION`]).
+            let h = self.header(who.map(|_| SUBJECT_SESSION));
             let mut enc = self.enc.borrow_mut();
             let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
             jsonrpc::request_frame(&mut enc, &h, m, params, &extra)
@@ -1491,7 +1508,9 @@ impl HttpEdge {
         if reports_live && (info.progress_token.is_some() || wants.log_level.is_some()) {
             return self.modern_live(id, frame, &info, wants, arrived, subject);
         }
-        let called = self.run(frame, arrived, None, None, None).await;
+        let called = self
+            .run(frame, arrived, None, None, None, scope_of(subject))
+            .await;
         let mut events = Vec::new();
         let mut out = Vec::with_capacity(256);
         let seal = Seal {
@@ -1539,7 +1558,14 @@ impl HttpEdge {
                 log_level: wants.log_level,
             };
             let called = edge
-                .run(frame, arrived, Some(&cancel), Some(&live), None)
+                .run(
+                    frame,
+                    arrived,
+                    Some(&cancel),
+                    Some(&live),
+                    None,
+                    scope_of(&subject),
+                )
                 .await;
             if cancel.is_cancelled() {
                 // The stream is gone: there is no one to answer. Closing
