@@ -193,11 +193,9 @@ impl Outbound {
         self.cancels.load(Ordering::Relaxed)
     }
 
-    /// Sends the upstream `notifications/cancelled` for `p`, in the
-    /// background (best effort: the upstream may already be gone).
-    fn cancel(self: &Arc<Self>, p: Pending) {
-        self.cancels.fetch_add(1, Ordering::Relaxed);
-        let out = self.clone();
+    /// The upstream `notifications/cancelled` for `p`, or `None` when it
+    /// cannot be built.
+    fn cancel_request(&self, p: Pending) -> Option<Request<WasiBody>> {
         let body = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{},"reason":"cancelled through mcp-broker"}}}}"#,
             p.id
@@ -215,52 +213,61 @@ impl Outbound {
             for (name, value) in p.headers {
                 h.insert(name, value);
             }
-            for (name, value) in &out.headers {
+            for (name, value) in &self.headers {
                 h.insert(name.clone(), value.clone());
             }
         }
         let body = http_body_util::Full::new(bytes::Bytes::from(body))
             .map_err(|never| match never {})
             .boxed_unsync();
-        let Ok(req) = req.body(body) else { return };
-        drop(self.tokio.spawn(async move {
-            let sent = async {
-                out.client
-                    .request(req)
-                    .await
-                    .map(|res| res.status())
-                    .map_err(|e| e.to_string())
-            };
-            match tokio::time::timeout(CANCEL_TIMEOUT, sent).await {
-                Ok(Ok(status)) => tracing::debug!(router = %out.router, %status, "upstream request cancelled"),
-                Ok(Err(e)) => tracing::debug!(router = %out.router, error = %e, "sending notifications/cancelled upstream failed"),
-                Err(_) => tracing::debug!(router = %out.router, "sending notifications/cancelled upstream timed out"),
-            }
-        }));
+        req.body(body).ok()
     }
 
-    /// Ends the upstream session `id` with `DELETE` (MCP's session end),
-    /// in the background and best effort: a server that does not allow it
-    /// answers 405, and one that went away has ended it already.
-    fn end_session(self: &Arc<Self>, uri: Uri, id: HeaderValue) {
-        let out = self.clone();
+    /// The `DELETE` that ends upstream session `id` (MCP's session end).
+    fn end_request(&self, uri: Uri, id: HeaderValue) -> Option<Request<WasiBody>> {
         let mut req = Request::delete(uri);
         if let Some(h) = req.headers_mut() {
             h.insert(HeaderName::from_static("mcp-session-id"), id);
-            for (name, value) in &out.headers {
+            for (name, value) in &self.headers {
                 h.insert(name.clone(), value.clone());
             }
         }
         let body = http_body_util::Empty::new()
             .map_err(|never| match never {})
             .boxed_unsync();
-        let Ok(req) = req.body(body) else { return };
+        req.body(body).ok()
+    }
+
+    /// What a dropped instance leaves upstream, in the background and best
+    /// effort (the upstream may be gone): `cancels` first, then `end` (a
+    /// server that does not allow DELETE answers 405). In that order, one
+    /// after the other: sent side by side, the DELETE often arrived first,
+    /// the server forgot the session and answered the cancellation 404,
+    /// and the abandoned call ran to its end upstream (rmcp does not stop
+    /// a session's handlers when the session is deleted).
+    fn abandon(self: &Arc<Self>, cancels: Vec<Request<WasiBody>>, end: Option<Request<WasiBody>>) {
+        if cancels.is_empty() && end.is_none() {
+            return;
+        }
+        self.cancels
+            .fetch_add(cancels.len() as u64, Ordering::Relaxed);
+        let out = self.clone();
         drop(self.tokio.spawn(async move {
-            let sent = out.client.request(req);
-            match tokio::time::timeout(CANCEL_TIMEOUT, sent).await {
-                Ok(Ok(res)) => tracing::debug!(router = %out.router, status = %res.status(), "upstream session ended"),
-                Ok(Err(e)) => tracing::debug!(router = %out.router, error = %e, "ending the upstream session failed"),
-                Err(_) => tracing::debug!(router = %out.router, "ending the upstream session timed out"),
+            for req in cancels {
+                let sent = out.client.request(req);
+                match tokio::time::timeout(CANCEL_TIMEOUT, sent).await {
+                    Ok(Ok(res)) => tracing::debug!(router = %out.router, status = %res.status(), "upstream request cancelled"),
+                    Ok(Err(e)) => tracing::debug!(router = %out.router, error = %e, "sending notifications/cancelled upstream failed"),
+                    Err(_) => tracing::debug!(router = %out.router, "sending notifications/cancelled upstream timed out"),
+                }
+            }
+            if let Some(req) = end {
+                let sent = out.client.request(req);
+                match tokio::time::timeout(CANCEL_TIMEOUT, sent).await {
+                    Ok(Ok(res)) => tracing::debug!(router = %out.router, status = %res.status(), "upstream session ended"),
+                    Ok(Err(e)) => tracing::debug!(router = %out.router, error = %e, "ending the upstream session failed"),
+                    Err(_) => tracing::debug!(router = %out.router, "ending the upstream session timed out"),
+                }
             }
         }));
     }
@@ -335,12 +342,16 @@ impl OutboundHooks {
 impl Drop for OutboundHooks {
     fn drop(&mut self) {
         if let Some(out) = &self.outbound {
-            for p in self.pending.drain(..) {
-                out.cancel(p);
-            }
-            if let Some((uri, id)) = self.session.take() {
-                out.end_session(uri, id);
-            }
+            let cancels = self
+                .pending
+                .drain(..)
+                .filter_map(|p| out.cancel_request(p))
+                .collect();
+            let end = self
+                .session
+                .take()
+                .and_then(|(uri, id)| out.end_request(uri, id));
+            out.abandon(cancels, end);
         }
     }
 }

@@ -17,9 +17,12 @@ properly, then answers `tools/call` badly, in the way its path names:
   a log line (a newline, a fake timestamp, a terminal escape).
 
 Every path counts the `notifications/cancelled` it receives, and the
-session ends (`DELETE` of its `broken-session`); the methods
+session ends (`DELETE` of a `broken-session-N` it gave); the methods
 `test/cancelled` and `test/deleted` answer the counts (`{"count": N}`)
-for the path asked.
+for the path asked. Like a server that forgets a deleted session, a
+cancellation in a session already ended is answered 404 and not counted;
+and it takes a moment (0.2 s) over each, so that one sent beside its
+session's DELETE, not before it, finds the session ended.
 
     python broken.py PORT
 
@@ -35,6 +38,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CANCELLED = {}
 DELETED = {}
+# Session ids a DELETE ended; SESSIONS numbers the ones given.
+ENDED = set()
+SESSIONS = [0]
 LOCK = threading.Lock()
 
 
@@ -60,9 +66,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self):
         # A session's end: counted by path, answered as servers that allow
         # it do.
-        if self.headers.get("Mcp-Session-Id") == "broken-session":
+        sid = self.headers.get("Mcp-Session-Id", "")
+        if sid.startswith("broken-session-"):
             with LOCK:
                 DELETED[self.path] = DELETED.get(self.path, 0) + 1
+                ENDED.add(sid)
             self.reply(200, "", "text/plain")
         else:
             self.reply(404, "", "text/plain")
@@ -73,8 +81,14 @@ class Handler(BaseHTTPRequestHandler):
         method = msg.get("method", "")
         if "id" not in msg:
             if method == "notifications/cancelled":
+                time.sleep(0.2)
                 with LOCK:
-                    CANCELLED[self.path] = CANCELLED.get(self.path, 0) + 1
+                    ended = self.headers.get("Mcp-Session-Id") in ENDED
+                    if not ended:
+                        CANCELLED[self.path] = CANCELLED.get(self.path, 0) + 1
+                if ended:
+                    self.reply(404, "", "text/plain")
+                    return
             self.reply(202, "", "text/plain")
             return
         rid = msg["id"]
@@ -85,6 +99,9 @@ class Handler(BaseHTTPRequestHandler):
         if method == "initialize" and self.path.strip("/") == "forge":
             self.reply(500, "down\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\x1b[2J", "text/plain")
         elif method == "initialize":
+            with LOCK:
+                SESSIONS[0] += 1
+                sid = f"broken-session-{SESSIONS[0]}"
             self.reply(
                 200,
                 result(
@@ -94,7 +111,7 @@ class Handler(BaseHTTPRequestHandler):
                         "serverInfo": {"name": "broken", "version": "1"},
                     }
                 ),
-                headers=[("Mcp-Session-Id", "broken-session")],
+                headers=[("Mcp-Session-Id", sid)],
             )
         elif method == "test/cancelled":
             with LOCK:
