@@ -25,6 +25,14 @@ fn opt_str(fbb: &mut Fbb, s: &Option<String>) -> Option<WIPOffset<&'static str>>
     s.as_deref().map(|s| fbb.create_string(s))
 }
 
+/// A resource's or template's MIME type: the WIT field is a plain string,
+/// and an empty one means the router does not know it (the upstream
+/// router's for a listing without `mimeType`): absent on the wire, never
+/// `"mimeType": ""`, which is no MIME type.
+fn known_mime(fbb: &mut Fbb, s: &str) -> Option<WIPOffset<&'static str>> {
+    (!s.is_empty()).then(|| fbb.create_string(s))
+}
+
 fn annotations(
     fbb: &mut Fbb,
     a: &Option<w::Annotations>,
@@ -499,7 +507,7 @@ fn resource_table(
         Some(r) => (
             opt_str(fbb, &r.title),
             opt_str(fbb, &r.description),
-            Some(fbb.create_string(&r.mime_type)),
+            known_mime(fbb, &r.mime_type),
             annotations(fbb, &r.annotations),
         ),
         None => (None, None, None, None),
@@ -719,6 +727,31 @@ pub fn prompt_response(
     ));
 }
 
+/// The meta entry in which a router says how many completion values there
+/// are in all (`{"total": N, "hasMore": bool}`, either member optional):
+/// the upstream router passes its server's on (the WIT's completion has
+/// values only). Not passed on to the client.
+pub const COMPLETION_META_KEY: &str = "mcp-broker/completion";
+
+/// `total` and `hasMore` from a router's [`COMPLETION_META_KEY`] entry;
+/// `None` without one (or one that does not parse), when the values are
+/// all there are.
+fn completion_counts(r: &w::CompletionResponse) -> Option<(Option<u32>, bool)> {
+    #[derive(serde::Deserialize)]
+    struct Counts {
+        total: Option<u32>,
+        #[serde(rename = "hasMore", default)]
+        has_more: bool,
+    }
+    let entry = r
+        .meta
+        .iter()
+        .flatten()
+        .find(|e| e.key == COMPLETION_META_KEY)?;
+    let c: Counts = serde_json::from_str(&entry.value).ok()?;
+    Some((c.total, c.has_more))
+}
+
 /// The answer to a `complete`: the text blocks as values.
 pub fn complete_response(
     enc: &mut ResponseEncoder,
@@ -738,14 +771,14 @@ pub fn complete_response(
         .filter_map(text_of)
         .map(|t| fbb.create_string(t))
         .collect();
-    let total = values.len() as u32;
+    let (total, has_more) = completion_counts(r).unwrap_or((Some(values.len() as u32), false));
     let values = fbb.create_vector(&values);
     let c = p::CompleteResult::create(
         fbb,
         &p::CompleteResultArgs {
             values: Some(values),
-            total: Some(total),
-            has_more: false,
+            total,
+            has_more,
         },
     );
     out.extend_from_slice(enc.finish(
@@ -1039,7 +1072,7 @@ pub fn list_templates(
             let name = fbb.create_string(&r.name);
             let title = opt_str(fbb, &r.title);
             let description = opt_str(fbb, &r.description);
-            let mime_type = Some(fbb.create_string(&r.mime_type));
+            let mime_type = known_mime(fbb, &r.mime_type);
             let annotations = annotations(fbb, &r.annotations);
             p::ResourceTemplate::create(
                 fbb,
@@ -1726,6 +1759,86 @@ mod tests {
                 complete_response(&mut enc, &mut out, &TO, &r);
                 all_verify(&out)?;
             }
+        }
+
+        /// A resource or template listed without a MIME type (the WIT's
+        /// empty string) has none on the wire: it was `"mimeType": ""`.
+        #[test]
+        fn an_unknown_mime_type_is_left_out_not_empty() {
+            let r = |uri: &str, mime: &str| w::McpResource {
+                uri: uri.into(),
+                name: uri.into(),
+                title: None,
+                description: None,
+                mime_type: mime.into(),
+                annotations: None,
+            };
+            let all = listed(vec![
+                ("a".into(), r("a", "")),
+                ("b".into(), r("b", "text/plain")),
+            ]);
+            let at = Page {
+                start: 0,
+                size: 10,
+                table: 1,
+            };
+            let mut enc = ResponseEncoder::new(7);
+            let mut out = Vec::new();
+            list_resources(&mut enc, &mut out, &TO, &all, at);
+            list_templates(&mut enc, &mut out, &TO, &all, at);
+            let frames = frames(&out);
+            let resp = verify_response(frames[0]).unwrap();
+            let listed = resp.payload_as_list_resources_result().unwrap();
+            let mimes: Vec<_> = listed
+                .resources()
+                .iter()
+                .flatten()
+                .map(|x| x.mime_type())
+                .collect();
+            assert_eq!(mimes, [None, Some("text/plain")]);
+            let resp = verify_response(frames[1]).unwrap();
+            let listed = resp.payload_as_list_resource_templates_result().unwrap();
+            let mimes: Vec<_> = listed
+                .resource_templates()
+                .iter()
+                .flatten()
+                .map(|x| x.mime_type())
+                .collect();
+            assert_eq!(mimes, [None, Some("text/plain")]);
+        }
+
+        /// A router's counts (the upstream's `total` and `hasMore`) are the
+        /// answer's; without them the values are all there are.
+        #[test]
+        fn completion_counts_come_from_the_routers_meta_entry() {
+            let answer = |meta: Option<&str>| {
+                let r = w::CompletionResponse {
+                    content: vec![w::ContentBlock::Text(w::TextContent {
+                        text: "a".into(),
+                        annotations: None,
+                    })],
+                    meta: meta.map(|m| {
+                        vec![w::MetaEntry {
+                            key: COMPLETION_META_KEY.into(),
+                            value: m.into(),
+                        }]
+                    }),
+                    is_error: None,
+                };
+                let mut enc = ResponseEncoder::new(7);
+                let mut out = Vec::new();
+                complete_response(&mut enc, &mut out, &TO, &r);
+                let resp = verify_response(frames(&out)[0]).unwrap();
+                let c = resp.payload_as_complete_result().unwrap();
+                (c.total(), c.has_more())
+            };
+            assert_eq!(answer(None), (Some(1), false));
+            assert_eq!(
+                answer(Some(r#"{"total":12,"hasMore":true}"#)),
+                (Some(12), true)
+            );
+            assert_eq!(answer(Some(r#"{"hasMore":true}"#)), (None, true));
+            assert_eq!(answer(Some("not json")), (Some(1), false));
         }
     }
 }

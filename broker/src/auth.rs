@@ -700,17 +700,28 @@ impl Auth {
     }
 
     /// The `WWW-Authenticate` value for a refusal (RFC 6750 §3, RFC 9728
-    /// §5.1): `error` only when a token was presented; `scope` with the
-    /// scopes needed.
+    /// §5.1): `error` and `error_description` only when a token was
+    /// presented; `scope` with the scopes needed. The description is the
+    /// body's message: a client that starts its OAuth flow on any 401
+    /// (mcp-remote) shows the challenge, not the body, and its user saw
+    /// only the flow's own failure, never "expired".
     pub fn challenge(&self, f: Failure, needed: &[String]) -> String {
         let mut v = format!(
             "Bearer resource_metadata=\"{}\"",
             self.resource_metadata_url
         );
-        match f {
-            Failure::Missing => {}
-            Failure::InsufficientScope => v.push_str(", error=\"insufficient_scope\""),
-            _ => v.push_str(", error=\"invalid_token\""),
+        let error = match f {
+            Failure::Missing => None,
+            Failure::InsufficientScope => Some("insufficient_scope"),
+            _ => Some("invalid_token"),
+        };
+        if let Some(error) = error {
+            // The messages hold no `"` or `\` (RFC 6750's character set
+            // for the description).
+            v.push_str(&format!(
+                ", error=\"{error}\", error_description=\"{}\"",
+                f.message()
+            ));
         }
         if !needed.is_empty() {
             v.push_str(&format!(", scope=\"{}\"", needed.join(" ")));
@@ -1070,6 +1081,20 @@ fn resource_metadata_url(resource: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_refusal_message_fits_an_error_description() {
+        // RFC 6750 §3: %x20-21 / %x23-5B / %x5D-7E, written raw between
+        // quotes in the challenge.
+        for f in Failure::ALL {
+            let m = f.message();
+            assert!(
+                m.bytes()
+                    .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\'),
+                "{m}"
+            );
+        }
+    }
 
     #[test]
     fn router_scopes_join_the_metadata_without_duplicates() {

@@ -274,6 +274,19 @@ fn every_bad_token_gets_its_documented_answer_on_http_and_is_counted() {
         }
         let v = r.json();
         assert_eq!(v["error"]["code"], -32003, "{name}: {v}");
+        // The body's reason is in the challenge too (RFC 6750's
+        // error_description), for clients that show only the challenge.
+        // (The scope refusal's body names the scopes; the challenge has
+        // them in `scope`.)
+        let message = match reason {
+            "insufficient_scope" => "insufficient scope",
+            _ => v["error"]["message"].as_str().unwrap(),
+        };
+        assert_eq!(
+            challenge.contains(&format!("error_description=\"{message}\"")),
+            reason != "missing",
+            "{name}: {challenge}"
+        );
         assert!(
             r.header("mcp-session-id").is_none(),
             "{name}: no session for a refused token"

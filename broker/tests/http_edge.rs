@@ -1166,10 +1166,13 @@ fn sessions_are_capped_and_idle_ones_expire() {
     let _s2 = c.initialize("2025-06-18");
     let r = c.post(
         None,
-        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","id":"init-42","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
     );
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.header("retry-after").is_some());
+    // The request was read: its refusal names it (it said `null`).
+    assert_eq!(r.json()["id"], "init-42", "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], -32000, "{}", r.text());
     let inits = |outcome: &str| b.requests("http", "initialize", outcome);
     assert_eq!((inits("ok"), inits("overloaded")), (2.0, 1.0));
     // Polled less often than the timeout: each request keeps it alive.

@@ -351,12 +351,35 @@ pub fn completion(v: &Value, c: &Collected) -> CompletionResponse {
             })
         })
         .collect();
+    // The WIT's completion has values only: the upstream's `total` and
+    // `hasMore` travel in a meta entry the broker reads (without it, it
+    // counts the values and says there are no more, which an upstream
+    // holding back values contradicts).
+    let mut extra = c.meta();
+    let mut counts = serde_json::Map::new();
+    if let Some(t) = v.pointer("/completion/total").and_then(Value::as_u64) {
+        counts.insert("total".into(), t.into());
+    }
+    if let Some(m) = v.pointer("/completion/hasMore").and_then(Value::as_bool) {
+        counts.insert("hasMore".into(), m.into());
+    }
+    if !counts.is_empty() {
+        extra.push((
+            COMPLETION_META_KEY.into(),
+            Value::Object(counts).to_string(),
+        ));
+    }
     CompletionResponse {
         content,
-        meta: meta_with(v, c.meta()),
+        meta: meta_with(v, extra),
         is_error: None,
     }
 }
+
+/// The meta entry of a completion that carries the upstream's `total` and
+/// `hasMore` (a JSON object with either): the broker's
+/// `adapt::COMPLETION_META_KEY`.
+pub const COMPLETION_META_KEY: &str = "mcp-broker/completion";
 
 /// The tool arguments only the broker sets, answering its own conventions
 /// (elicitation, sampling, roots, sets of questions, a router's state),
@@ -624,10 +647,22 @@ mod tests {
         assert!(caps.prompts.is_none());
         assert!(caps.completions.unwrap().enabled);
         let r = completion(
-            &json!({"completion":{"values":["a","b"],"total":2}}),
+            &json!({"completion":{"values":["a","b"],"total":12,"hasMore":true}}),
             &Collected::default(),
         );
         assert_eq!(r.content.len(), 2);
+        // The upstream's counts go to the broker, which said 2 and no more.
+        let counts = r.meta.unwrap();
+        let e = counts
+            .iter()
+            .find(|e| e.key == COMPLETION_META_KEY)
+            .unwrap();
+        assert_eq!(e.value, r#"{"hasMore":true,"total":12}"#);
+        let r = completion(
+            &json!({"completion":{"values":["a"]}}),
+            &Collected::default(),
+        );
+        assert!(r.meta.is_none(), "no counts given, none passed on");
     }
 
     #[test]

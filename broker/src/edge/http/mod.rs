@@ -573,8 +573,19 @@ pub(super) fn unparsable(e: &jsonrpc::RpcError<'_>) -> Response<Body> {
 /// An HTTP-level refusal: `status` with a JSON-RPC error body (id null),
 /// as the SDKs send it, so a client shows the reason.
 fn refuse(status: StatusCode, code: i32, message: &str) -> Response<Body> {
+    refuse_request(status, None, code, message)
+}
+
+/// [`refuse`] for a request whose id is known: JSON-RPC 2.0 allows a
+/// `null` id only when it could not be read.
+fn refuse_request(
+    status: StatusCode,
+    id: Option<&Id<'_>>,
+    code: i32,
+    message: &str,
+) -> Response<Body> {
     let mut out = Vec::with_capacity(96 + message.len());
-    jsonrpc::write_error(&mut out, None, code, message, None);
+    jsonrpc::write_error(&mut out, id, code, message, None);
     json_response(status, out)
 }
 
@@ -1524,8 +1535,9 @@ impl HttpEdge {
                 Ok(s) => s,
                 Err(e @ session::SessionError::Full(_)) => {
                     called.answered(ErrorCode::Overloaded.code());
-                    let mut r = refuse(
+                    let mut r = refuse_request(
                         StatusCode::SERVICE_UNAVAILABLE,
+                        Some(id),
                         ErrorCode::Overloaded.code(),
                         &e.to_string(),
                     );
@@ -1535,8 +1547,9 @@ impl HttpEdge {
                 }
                 Err(e) => {
                     called.answered(ErrorCode::Internal.code());
-                    return refuse(
+                    return refuse_request(
                         StatusCode::INTERNAL_SERVER_ERROR,
+                        Some(id),
                         ErrorCode::Internal.code(),
                         &e.to_string(),
                     );

@@ -483,12 +483,19 @@ impl Drop for CallInFlight {
 }
 
 fn sse_event(stream: u64, seq: u64, message: Option<&[u8]>) -> Bytes {
-    let mut b = Vec::with_capacity(32 + message.map_or(0, <[u8]>::len));
-    b.extend_from_slice(format!("id: {stream}-{seq}\ndata: ").as_bytes());
+    let mut b = Vec::with_capacity(48 + message.map_or(0, <[u8]>::len));
+    b.extend_from_slice(format!("id: {stream}-{seq}\n").as_bytes());
     // A JSON-RPC message written by the codec has no raw newline (JSON
-    // escapes them inside strings), so it is one `data:` line.
+    // escapes them inside strings), so it is one `data:` line. It names
+    // its type, as the 2026-07-28 events and the SDKs' servers do: the
+    // SSE default is the same `message`, but some clients (chuk-mcp)
+    // dispatch only events that name one, and waited out their timeout.
+    // The priming event (an id and empty data) names none.
     if let Some(m) = message {
+        b.extend_from_slice(b"event: message\ndata: ");
         b.extend_from_slice(m);
+    } else {
+        b.extend_from_slice(b"data: ");
     }
     b.extend_from_slice(b"\n\n");
     Bytes::from(b)
@@ -831,7 +838,10 @@ mod tests {
             got.push(String::from_utf8(ev.to_vec()).unwrap());
         }
         assert_eq!(got.len(), 3);
-        assert!(got[0].starts_with(&format!("id: {}-2\ndata: {{\"a\":1}}", st.0)));
+        assert!(got[0].starts_with(&format!(
+            "id: {}-2\nevent: message\ndata: {{\"a\":1}}",
+            st.0
+        )));
         // The stream was done: nothing stays attached, the body ends.
         assert!(matches!(rx.try_recv(), Err(mpsc::TryRecvError::Closed)));
         // Too old: seq 1 is gone, so resuming from 0 cannot be complete.
