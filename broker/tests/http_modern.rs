@@ -667,6 +667,39 @@ fn listen(b: &Broker, id: &str, filter: &str) -> Conn {
     )
 }
 
+/// `subscriptions/listen` is answered on a stream whatever happens, so a
+/// client that accepts only `text/event-stream` there is served (ax did,
+/// and retried its 406 every second); any other request still needs both.
+#[test]
+fn subscriptions_listen_needs_only_an_event_stream_accepted() {
+    let b = Broker::start_with_config(&listen_config(ECHO), &[]);
+    let head = |method: &str, body: &str| {
+        let mut c = Conn::connect(b.http);
+        c.send_raw(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: {method}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        c.read_head()
+    };
+    let listen = req(
+        "1",
+        "subscriptions/listen",
+        r#""notifications":{"toolsListChanged":true}"#,
+    );
+    let (status, h) = head("subscriptions/listen", &listen);
+    assert_eq!(status, 200);
+    assert!(
+        h.iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v == "text/event-stream"),
+        "{h:?}"
+    );
+    let (status, _) = head("tools/list", &req("2", "tools/list", ""));
+    assert_eq!(status, 406);
+}
+
 #[test]
 fn subscriptions_listen_acknowledges_then_sends_list_changed_and_keep_alives() {
     let (b, path) = reloadable("listen", ECHO);

@@ -1256,7 +1256,17 @@ impl HttpEdge {
                 &format!("payload too large: the body limit is {max} bytes (http.max_body_bytes)"),
             )
         };
-        let early = if accepted(h, ["application/json", "text/event-stream"]) != [true, true] {
+        let [json, sse] = accepted(h, ["application/json", "text/event-stream"]);
+        // A 2026-07-28 `subscriptions/listen` is always answered on a
+        // stream, so a client that accepts only that is served: ax sent
+        // `Accept: text/event-stream` alone there, and retried its 406
+        // every second, silently, without end. (Its headers must still
+        // match its body, checked later.)
+        let listen_only = sse
+            && h.get(modern::METHOD_HEADER)
+                .is_some_and(|m| m.as_bytes() == b"subscriptions/listen")
+            && modern::is_modern(h);
+        let early = if !(json && sse || listen_only) {
             Some(refuse(
                 StatusCode::NOT_ACCEPTABLE,
                 ErrorCode::InvalidRequest.code(),
