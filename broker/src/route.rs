@@ -135,7 +135,15 @@ impl RouteTable {
             .flat_map(|(i, e)| e.meta.tools.iter().map(move |x| (i, x, x.name.as_str())))
             .collect();
         let tools = first_of_each(tools, "tool", &t.routers, &mut t.shadowed);
-        let (map, list) = qualify("tool", &tools, &t.routers, &prefix, separator)?;
+        let (map, mut list) = qualify("tool", &tools, &t.routers, &prefix, separator)?;
+        for l in &mut list {
+            if let Some(why) = header_declarations::strip_if_invalid(&mut l.item.input_schema) {
+                t.shadowed.push(format!(
+                    "router `{}` lists tool `{}` whose `x-mcp-header` declarations MCP 2026-07-28 calls invalid ({why}): it is served without them, so that clients of that revision, which must drop such a tool, can call it",
+                    t.routers[l.router as usize], l.item.name,
+                ));
+            }
+        }
         t.tools = map;
         t.tool_list = list;
         let prompts: Vec<(usize, &Prompt, &str)> = entries
@@ -367,9 +375,187 @@ fn qualify<T: Clone>(
     Ok((map, list))
 }
 
+/// MCP 2026-07-28's rules for `x-mcp-header` (server/tools): a declaration
+/// is a non-empty RFC 9110 token, unique within the schema ignoring case,
+/// on a `string`, `integer` or `boolean` property reached from the root
+/// through `properties` alone; a tool that breaks one is invalid, and a
+/// client MUST drop it. A router's tool that does (a native router's
+/// mistake, a session-era upstream's listing, where the keyword means
+/// nothing) is served without its declarations: the modern edge then
+/// expects no header for it, and clients keep it. (The `upstream` router
+/// checks the same rules as a client of a 2026-07-28 server, in its own
+/// crate: `routers/upstream/src/modern.rs`.)
+mod header_declarations {
+    use serde_json::Value;
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Place {
+        Root,
+        Property,
+        Elsewhere,
+    }
+
+    /// Keys whose values are data, not schemas.
+    const DATA: [&str; 4] = ["default", "const", "enum", "examples"];
+
+    /// Takes the declarations out of `schema` (JSON text) when they break
+    /// a rule; says which.
+    pub fn strip_if_invalid(schema: &mut String) -> Option<String> {
+        if !schema.contains("x-mcp-header") {
+            return None;
+        }
+        let mut v: Value = serde_json::from_str(schema).ok()?;
+        let why = check(&v, Place::Root, &mut Vec::new()).err()?;
+        strip(&mut v);
+        *schema = v.to_string();
+        Some(why)
+    }
+
+    fn check(v: &Value, place: Place, names: &mut Vec<String>) -> Result<(), String> {
+        let Value::Object(o) = v else {
+            return Ok(());
+        };
+        if let Some(decl) = o.get("x-mcp-header") {
+            if place != Place::Property {
+                return Err("one is not on a property reached through `properties` alone".into());
+            }
+            let Some(name) = decl.as_str() else {
+                return Err(format!("{decl} is not a string"));
+            };
+            let token = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token {
+                return Err(format!("{name:?} is not a header name"));
+            }
+            if !matches!(
+                o.get("type").and_then(Value::as_str),
+                Some("string" | "integer" | "boolean")
+            ) {
+                return Err(format!(
+                    "{name:?} is on a property that is not a string, integer or boolean"
+                ));
+            }
+            let lower = name.to_ascii_lowercase();
+            if names.contains(&lower) {
+                return Err(format!("{name:?} is declared twice"));
+            }
+            names.push(lower);
+        }
+        for (key, x) in o {
+            match key.as_str() {
+                "x-mcp-header" => {}
+                k if DATA.contains(&k) => {}
+                "properties" | "patternProperties" | "$defs" | "definitions"
+                | "dependentSchemas" => {
+                    let inner = if key == "properties" && place != Place::Elsewhere {
+                        Place::Property
+                    } else {
+                        Place::Elsewhere
+                    };
+                    if let Value::Object(m) = x {
+                        for s in m.values() {
+                            check(s, inner, names)?;
+                        }
+                    }
+                }
+                _ => match x {
+                    Value::Array(a) => {
+                        for s in a {
+                            check(s, Place::Elsewhere, names)?;
+                        }
+                    }
+                    _ => check(x, Place::Elsewhere, names)?,
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes every declaration (in schema positions, not data).
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(o) => {
+                o.remove("x-mcp-header");
+                for (key, x) in o.iter_mut() {
+                    if !DATA.contains(&key.as_str()) {
+                        strip(x);
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tool_with_invalid_header_declarations_is_served_without_them() {
+        let valid = r#"{"type":"object","properties":{"r":{"type":"string","x-mcp-header":"Region"},"d":{"type":"object","default":{"x-mcp-header":"Data"}}}}"#;
+        let mut s = valid.to_owned();
+        assert_eq!(header_declarations::strip_if_invalid(&mut s), None);
+        assert_eq!(s, valid, "a valid schema is kept as written");
+        for (bad, why) in [
+            (
+                r#"{"type":"object","properties":{"r":{"type":"string","x-mcp-header":"Region"},"n":{"type":"number","x-mcp-header":"N"}}}"#,
+                "not a string, integer or boolean",
+            ),
+            (
+                r#"{"properties":{"a":{"type":"string","x-mcp-header":"Has Space"}}}"#,
+                "not a header name",
+            ),
+            (
+                r#"{"properties":{"a":{"type":"string","x-mcp-header":"A"},"b":{"type":"integer","x-mcp-header":"a"}}}"#,
+                "declared twice",
+            ),
+            (
+                r#"{"properties":{"a":{"type":"array","items":{"type":"string","x-mcp-header":"A"}}}}"#,
+                "reached through",
+            ),
+        ] {
+            let mut s = bad.to_owned();
+            let got = header_declarations::strip_if_invalid(&mut s).expect(bad);
+            assert!(got.contains(why), "{bad}: {got}");
+            assert!(!s.contains("x-mcp-header"), "{s}");
+            // The rest of the schema stays.
+            assert!(s.contains(r#""properties""#), "{s}");
+        }
+        // Through the table: the note names router and tool.
+        let mut t = tool("geo");
+        t.input_schema =
+            r#"{"type":"object","properties":{"n":{"type":"number","x-mcp-header":"N"}}}"#.into();
+        let up = RouterEntry {
+            name: "up".into(),
+            prefix: None,
+            meta: Arc::new(RouterMeta {
+                name: "up".into(),
+                tools: vec![t],
+                ..Default::default()
+            }),
+        };
+        let table = RouteTable::build(&[up], "__").unwrap();
+        assert!(
+            !table.tool_list[0]
+                .item
+                .input_schema
+                .contains("x-mcp-header"),
+            "{}",
+            table.tool_list[0].item.input_schema
+        );
+        assert!(
+            table
+                .shadowed
+                .iter()
+                .any(|n| n.contains("`up`") && n.contains("`geo`")),
+            "{:?}",
+            table.shadowed
+        );
+    }
 
     fn tool(name: &str) -> Tool {
         Tool {

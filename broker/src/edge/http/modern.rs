@@ -742,9 +742,9 @@ struct ParamHeader {
 
 /// The `x-mcp-header` properties of an input schema, reached through
 /// chains of `properties` only (the spec's "statically reachable"). A
-/// declaration the spec calls invalid (not a token, on another type, a
-/// repeated name) makes the tool invalid for clients, which then never
-/// call it with headers: it is skipped here rather than enforced.
+/// tool whose declarations the spec calls invalid (not a token, on another
+/// type, a repeated name) is served without any (`route.rs`,
+/// `header_declarations`); the checks here are a second guard.
 fn param_headers(schema: &str) -> Vec<ParamHeader> {
     fn walk(v: &serde_json::Value, path: &mut Vec<String>, out: &mut Vec<ParamHeader>) {
         let Some(props) = v.get("properties").and_then(|p| p.as_object()) else {
