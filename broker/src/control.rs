@@ -508,7 +508,23 @@ impl Control {
             .filter(|u| !kept.contains(u))
             .collect();
         let generation = routing.generation;
-        self.shared.routing.store(Arc::new(routing));
+        {
+            // The upstream counters of the routers it drops move to their
+            // name's retired counts as it is published, under the lock
+            // `/metrics` reads both with: they never go back (or count
+            // twice) in a scrape, even one that races the reload.
+            let mut retired = self
+                .shared
+                .upstream_retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for r in old.routers.iter().filter(|r| dropped.contains(&r.uid)) {
+                if let Some(status) = &r.upstream {
+                    retired.add(r.slot, status);
+                }
+            }
+            self.shared.routing.store(Arc::new(routing));
+        }
         if kinds != ListKinds::default() {
             self.shared.notify_list_changed(kinds);
         }

@@ -52,7 +52,6 @@ pub use record::{ShardSnapshot, SnapshotRequest};
 pub use series::{Edge, HTTP_STATUSES, Layout, Outcome, Reject, ShardSeries, http_status_slot};
 
 use crate::shared::Shared;
-use crate::upstream::UpstreamStatus;
 use hist::HistSnapshot;
 
 /// Admin connections served at once; one more is closed as soon as it is
@@ -971,57 +970,78 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
         family(&mut o, name, kind, help);
         let _ = writeln!(o, "{name} {v}");
     }
-    // Upstream routers.
-    type Series = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&UpstreamStatus) -> u64,
-    );
-    let upstream_series: [Series; 6] = [
-        (
-            "mcp_upstream_available",
-            "gauge",
-            "1 while the upstream router's upstream answers its listings, else 0 (retried with backoff).",
-            |s| s.available.load(Ordering::Relaxed).into(),
-        ),
+    // Upstream routers. The counters add what the routers a reload took out
+    // counted under the same name (`upstream::Retired`): a replaced router
+    // counts on where it counted. Read under the lock the `routing` thread
+    // publishes with, from the routing published then.
+    let (up, retired) = {
+        let retired = shared
+            .upstream_retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let routing = shared.routing.load_full();
+        let counts: Vec<_> = routing
+            .routers
+            .iter()
+            .map(|r| {
+                let mut n = retired.counts(r.slot);
+                if let Some(s) = &r.upstream {
+                    for (n, c) in n.iter_mut().zip(s.counts()) {
+                        *n += c;
+                    }
+                }
+                n
+            })
+            .collect();
+        (routing, counts)
+    };
+    // In the order of `UpstreamCounts`.
+    let upstream_counters: [(&str, &str); 5] = [
         (
             "mcp_upstream_refreshes_total",
-            "counter",
             "Re-reads of the upstream's listings (interval, list_changed hints, retries).",
-            |s| s.refreshes.load(Ordering::Relaxed),
         ),
         (
             "mcp_upstream_refresh_failures_total",
-            "counter",
             "Re-reads that found the upstream unavailable.",
-            |s| s.failures.load(Ordering::Relaxed),
         ),
         (
             "mcp_upstream_table_swaps_total",
-            "counter",
             "Route tables swapped in because this upstream's listings changed.",
-            |s| s.swaps.load(Ordering::Relaxed),
         ),
         (
             "mcp_upstream_denied_total",
-            "counter",
             "Outgoing requests to an origin other than the granted upstream, refused by the host.",
-            |s| s.router.outbound_denied(),
         ),
         (
             "mcp_upstream_cancels_total",
-            "counter",
             "notifications/cancelled sent upstream for calls abandoned (client cancel, deadline, drain).",
-            |s| s.router.outbound_cancels(),
         ),
     ];
-    if routing.any_upstream() {
-        for (name, kind, help, value) in upstream_series {
-            family(&mut o, name, kind, help);
-            for r in &routing.routers {
-                let Some(s) = &r.upstream else { continue };
-                let _ = writeln!(o, "{name}{{router=\"{}\"}} {}", esc(&r.name), value(s));
+    if up.any_upstream() {
+        // A gauge: the router serving now.
+        family(
+            &mut o,
+            "mcp_upstream_available",
+            "gauge",
+            "1 while the upstream router's upstream answers its listings, else 0 (retried with backoff).",
+        );
+        for r in &up.routers {
+            let Some(s) = &r.upstream else { continue };
+            let _ = writeln!(
+                o,
+                "mcp_upstream_available{{router=\"{}\"}} {}",
+                esc(&r.name),
+                u64::from(s.available.load(Ordering::Relaxed))
+            );
+        }
+        for (i, (name, help)) in upstream_counters.into_iter().enumerate() {
+            family(&mut o, name, "counter", help);
+            for (r, n) in up.routers.iter().zip(&retired) {
+                if r.upstream.is_none() {
+                    continue;
+                }
+                let _ = writeln!(o, "{name}{{router=\"{}\"}} {}", esc(&r.name), n[i]);
             }
         }
         family(
@@ -1030,7 +1050,7 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
             "gauge",
             "1, labelled with the MCP revision the upstream router speaks with its upstream (2026-07-28 where the server offers it, else the session's), once it has said.",
         );
-        for r in &routing.routers {
+        for r in &up.routers {
             let Some(p) = r.upstream.as_ref().and_then(|s| s.protocol()) else {
                 continue;
             };

@@ -319,6 +319,10 @@ pub struct Shared {
     /// The routing in effect. Readers `load()` it per request (no lock);
     /// only the `routing` thread (`control.rs`) stores a new one.
     pub routing: arc_swap::ArcSwap<Routing>,
+    /// Counters of upstream routers that reloads took out of the routing.
+    /// Held by the `routing` thread while it publishes a routing that
+    /// drops one, and by `/metrics` while it reads the upstream series.
+    pub upstream_retired: std::sync::Mutex<crate::upstream::Retired>,
     /// The metrics label space.
     pub layout: Arc<crate::metrics::Layout>,
     /// `[auth]`: bearer tokens are required on every edge.
@@ -439,6 +443,7 @@ impl Shared {
             grpc_counts: std::sync::OnceLock::new(),
             config,
             routing: arc_swap::ArcSwap::from_pointee(routing),
+            upstream_retired: std::sync::Mutex::default(),
             auth,
             tls,
             request_states: Box::new(request_states),

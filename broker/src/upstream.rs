@@ -126,6 +126,88 @@ impl UpstreamStatus {
     }
 }
 
+/// The counters of `mcp_upstream_*_total`, in the order they are exposed:
+/// refreshes, refresh failures, table swaps, denied, cancels.
+pub type UpstreamCounts = [u64; 5];
+
+impl UpstreamStatus {
+    /// Its counters now.
+    pub fn counts(&self) -> UpstreamCounts {
+        [
+            self.refreshes.load(Ordering::Relaxed),
+            self.failures.load(Ordering::Relaxed),
+            self.swaps.load(Ordering::Relaxed),
+            self.router.outbound_denied(),
+            self.router.outbound_cancels(),
+        ]
+    }
+}
+
+/// The counters of upstream routers that reloads took out of the routing
+/// (replaced, or removed), by metrics slot: `mcp_upstream_*_total` adds
+/// them to the serving router's, so that, like the pools' counters
+/// (`ShardPools::retired`) and the request series, they follow the name and
+/// never go back over a reload. Only the `routing` thread adds to it, in
+/// the same critical section as it publishes the routing that drops them,
+/// and `/metrics` reads it with the routing under that lock: a scrape sees
+/// a router's counts either in the routing or here, never both or neither.
+#[derive(Debug, Default)]
+pub struct Retired {
+    by_slot: Vec<RetiredSlot>,
+}
+
+#[derive(Debug, Default)]
+struct RetiredSlot {
+    /// Refreshes, failures and swaps are final once out of the routing
+    /// (only the `routing` thread re-reads, and only routers it serves);
+    /// denied and cancels of dropped routers are here too.
+    settled: UpstreamCounts,
+    /// Outbound counters of taken-out routers that may still count: calls
+    /// they finish after the reload (a cancel, a refused request). Kept
+    /// apart from the router (its compiled component and connections go
+    /// when its last call does), and settled once nothing else holds them.
+    live: Vec<Arc<crate::wasm::OutboundCounters>>,
+}
+
+impl Retired {
+    /// Adds the counters of `status`, taken out of the routing, to `slot`.
+    pub fn add(&mut self, slot: usize, status: &UpstreamStatus) {
+        if self.by_slot.len() <= slot {
+            self.by_slot.resize_with(slot + 1, RetiredSlot::default);
+        }
+        let s = &mut self.by_slot[slot];
+        let [refreshes, failures, swaps, ..] = status.counts();
+        s.settled[0] += refreshes;
+        s.settled[1] += failures;
+        s.settled[2] += swaps;
+        if let Some(c) = status.router.outbound_counters() {
+            s.live.push(c);
+        }
+        // Bounded by the routers still finishing calls, not by reloads.
+        s.live.retain(|c| {
+            if Arc::strong_count(c) > 1 {
+                return true;
+            }
+            s.settled[3] += c.denied.load(Ordering::Relaxed);
+            s.settled[4] += c.cancels.load(Ordering::Relaxed);
+            false
+        });
+    }
+
+    /// What router slot `slot` counted before the router serving it now.
+    pub fn counts(&self, slot: usize) -> UpstreamCounts {
+        let Some(s) = self.by_slot.get(slot) else {
+            return [0; 5];
+        };
+        let mut n = s.settled;
+        for c in &s.live {
+            n[3] += c.denied.load(Ordering::Relaxed);
+            n[4] += c.cancels.load(Ordering::Relaxed);
+        }
+        n
+    }
+}
+
 /// Which of the listings the route table is built from differ between two
 /// reads of a router.
 pub fn changed(a: &RouterMeta, b: &RouterMeta) -> ListKinds {

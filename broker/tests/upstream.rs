@@ -2206,3 +2206,93 @@ fn a_dropped_instance_ends_its_upstream_session() {
         "the abandoned call was not cancelled before its session ended"
     );
 }
+
+/// The `mcp_upstream_*_total` counters count on under the router's name
+/// over a reload that replaces the router (here: only its `call_deadline`
+/// changes), as `mcp_requests_total` and `mcp_router_calls_total` do. They
+/// restarted at 0 with the new router, which `increase()` reads as a reset
+/// and alerts on these counters misread. A router removed and added back
+/// counts on from where it stopped, as the pools' counters do.
+#[test]
+fn upstream_counters_count_on_over_a_reload_that_replaces_the_router() {
+    let broken = Fixture::broken();
+    let url = format!("http://127.0.0.1:{}/hang", broken.1);
+    let with = |deadline: &str| {
+        config(&[(
+            "hung",
+            &url,
+            &format!("call_deadline = \"{deadline}\"\nrefresh_interval = \"1s\""),
+        )])
+    };
+    let dir = state_dir("counters");
+    let path = dir.path().join("broker.toml");
+    std::fs::write(&path, with("1s")).unwrap();
+    let b = Broker::start_command(None, &["--config", path.to_str().unwrap()], |_| {});
+    let reload = |toml: &str| -> Value {
+        std::fs::write(&path, toml).unwrap();
+        let mut admin = Conn::connect(b.metrics);
+        let r = admin.request("POST", "/admin/reload", &[("Connection", "close")], b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    const COUNTERS: [&str; 5] = [
+        "mcp_upstream_refreshes_total",
+        "mcp_upstream_refresh_failures_total",
+        "mcp_upstream_table_swaps_total",
+        "mcp_upstream_denied_total",
+        "mcp_upstream_cancels_total",
+    ];
+    let counters = || COUNTERS.map(|n| b.metric_where(n, &["router=\"hung\""]));
+    // A call past its deadline: its instance is dropped and the call
+    // cancelled upstream; and the listings re-read every second.
+    let (mut c, s) = session(&b);
+    let r = c.call(&s, 1, "tools/call", r#"{"name":"boom","arguments":{}}"#);
+    assert_eq!(r["error"]["code"], -32001, "{r}");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let [refreshes, .., cancels] = counters();
+            refreshes >= 2.0 && cancels >= 1.0
+        }),
+        "the counters never counted: {:?}",
+        counters()
+    );
+    let before = counters();
+
+    let v = reload(&with("2s"));
+    assert_eq!(v["changed"], json!(["hung"]), "{v}");
+    let after = counters();
+    for ((name, was), now) in COUNTERS.iter().zip(before).zip(after) {
+        assert!(
+            now >= was,
+            "{name} went back over the reload: {was} -> {now}"
+        );
+    }
+    // And the new router's own counts add to them.
+    assert!(
+        eventually(Duration::from_secs(10), || counters()[0] > after[0]),
+        "the replaced router's refreshes do not count on: {:?}",
+        counters()
+    );
+
+    // Removed: its series go with it. Added back: they count on from
+    // where they stopped.
+    let stopped = counters();
+    let v = reload(&config(&[]));
+    assert_eq!(v["removed"], json!(["hung"]), "{v}");
+    let (_, body) = b.http_get("/metrics");
+    assert!(
+        !body
+            .lines()
+            .any(|l| l.starts_with("mcp_upstream_") && l.contains(r#"router="hung""#)),
+        "{body}"
+    );
+    let v = reload(&with("1s"));
+    assert_eq!(v["added"], json!(["hung"]), "{v}");
+    let back = counters();
+    for ((name, was), now) in COUNTERS.iter().zip(stopped).zip(back) {
+        assert!(
+            now >= was,
+            "{name} went back over remove and add: {was} -> {now}"
+        );
+    }
+}

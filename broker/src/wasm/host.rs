@@ -656,6 +656,12 @@ impl Router {
         self.outbound.as_ref().map_or(0, |o| o.cancels())
     }
 
+    /// The counters behind [`Self::outbound_denied`] and
+    /// [`Self::outbound_cancels`] (none without a `wasi:http` grant).
+    pub fn outbound_counters(&self) -> Option<Arc<super::OutboundCounters>> {
+        self.outbound.as_ref().map(|o| o.counters().clone())
+    }
+
     /// A fresh store with this router's limits, grants and deadline policy.
     fn new_store(&self) -> Result<Store<StoreState>, CallError> {
         let spec = &self.spec;

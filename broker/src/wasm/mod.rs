@@ -41,7 +41,7 @@ pub use host::{
     GuestYield, LiveEvent, LiveSink, MAX_LIVE_EVENTS_PER_CALL, MetaReader, Router, RouterMeta,
     UNAVAILABLE_META_KEY, WasmHost, set_thread_yield,
 };
-pub use outbound::HttpGrant;
+pub use outbound::{HttpGrant, OutboundCounters};
 pub use pool::{Caller, PoolStats, RouterPool};
 pub use spec::{
     DEFAULT_CALL_DEADLINE, DEFAULT_INSTANCES_PER_SHARD, DEFAULT_MAX_MEMORY_BYTES,

@@ -89,6 +89,18 @@ impl std::fmt::Debug for HttpGrant {
     }
 }
 
+/// A router's outbound counters. Apart from its `Outbound` (which holds
+/// the connection pool): a reload that takes the router out keeps these to
+/// go on counting under its name (`upstream::Retired`), and a call the old
+/// router finishes after the reload still lands in them.
+#[derive(Debug, Default)]
+pub struct OutboundCounters {
+    /// Requests refused because they named another origin.
+    pub denied: AtomicU64,
+    /// `notifications/cancelled` sent upstream for abandoned requests.
+    pub cancels: AtomicU64,
+}
+
 /// A checked grant with its connection pool; one per router, shared by
 /// every store of that router.
 pub(crate) struct Outbound {
@@ -98,8 +110,7 @@ pub(crate) struct Outbound {
     authority: String,
     headers: Vec<(HeaderName, HeaderValue)>,
     client: Client<HttpsConnector<HttpConnector>, WasiBody>,
-    denied: AtomicU64,
-    cancels: AtomicU64,
+    counters: Arc<OutboundCounters>,
     /// Where abandoned requests' cancellations are sent from.
     tokio: tokio::runtime::Handle,
 }
@@ -177,20 +188,24 @@ impl Outbound {
             authority,
             headers,
             client,
-            denied: AtomicU64::new(0),
-            cancels: AtomicU64::new(0),
+            counters: Arc::default(),
             tokio,
         })
     }
 
     /// Requests refused because they named another origin.
     pub(crate) fn denied(&self) -> u64 {
-        self.denied.load(Ordering::Relaxed)
+        self.counters.denied.load(Ordering::Relaxed)
     }
 
     /// `notifications/cancelled` sent upstream for abandoned requests.
     pub(crate) fn cancels(&self) -> u64 {
-        self.cancels.load(Ordering::Relaxed)
+        self.counters.cancels.load(Ordering::Relaxed)
+    }
+
+    /// Its counters, to be kept past a reload that drops it.
+    pub(crate) fn counters(&self) -> &Arc<OutboundCounters> {
+        &self.counters
     }
 
     /// The upstream `notifications/cancelled` for `p`, or `None` when it
@@ -249,7 +264,8 @@ impl Outbound {
         if cancels.is_empty() && end.is_none() {
             return;
         }
-        self.cancels
+        self.counters
+            .cancels
             .fetch_add(cancels.len() as u64, Ordering::Relaxed);
         let out = self.clone();
         drop(self.tokio.spawn(async move {
@@ -380,7 +396,7 @@ impl WasiHttpHooks for OutboundHooks {
             return ready(Err(Error::HttpRequestDenied));
         };
         if !out.admits(request.uri()) {
-            out.denied.fetch_add(1, Ordering::Relaxed);
+            out.counters.denied.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 router = %out.router,
                 // Scheme and authority only: a path or query may carry data.
