@@ -19,6 +19,7 @@ pub mod control;
 pub mod dispatch;
 pub mod edge;
 mod fault;
+mod header_declarations;
 pub mod idle_poll;
 mod local;
 pub mod metrics;

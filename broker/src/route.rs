@@ -375,28 +375,13 @@ fn qualify<T: Clone>(
     Ok((map, list))
 }
 
-/// MCP 2026-07-28's rules for `x-mcp-header` (server/tools): a declaration
-/// is a non-empty RFC 9110 token, unique within the schema ignoring case,
-/// on a `string`, `integer` or `boolean` property reached from the root
-/// through `properties` alone; a tool that breaks one is invalid, and a
-/// client MUST drop it. A router's tool that does (a native router's
-/// mistake, a session-era upstream's listing, where the keyword means
-/// nothing) is served without its declarations: the modern edge then
-/// expects no header for it, and clients keep it. (The `upstream` router
-/// checks the same rules as a client of a 2026-07-28 server, in its own
-/// crate: `routers/upstream/src/modern.rs`.)
+/// A router's tool whose `x-mcp-header` declarations MCP 2026-07-28 calls
+/// invalid (a native router's mistake, a session-era upstream's listing,
+/// where the keyword means nothing), which a client of that revision MUST
+/// drop, is served without them: the modern edge then expects no header
+/// for it, and clients keep it. The rules: `header_declarations.rs`.
 mod header_declarations {
-    use serde_json::Value;
-
-    #[derive(Clone, Copy, PartialEq)]
-    enum Place {
-        Root,
-        Property,
-        Elsewhere,
-    }
-
-    /// Keys whose values are data, not schemas.
-    const DATA: [&str; 4] = ["default", "const", "enum", "examples"];
+    use crate::header_declarations::{check, strip};
 
     /// Takes the declarations out of `schema` (JSON text) when they break
     /// a rule; says which.
@@ -404,89 +389,11 @@ mod header_declarations {
         if !schema.contains("x-mcp-header") {
             return None;
         }
-        let mut v: Value = serde_json::from_str(schema).ok()?;
-        let why = check(&v, Place::Root, &mut Vec::new()).err()?;
+        let mut v: serde_json::Value = serde_json::from_str(schema).ok()?;
+        let why = check(&v).err()?;
         strip(&mut v);
         *schema = v.to_string();
         Some(why)
-    }
-
-    fn check(v: &Value, place: Place, names: &mut Vec<String>) -> Result<(), String> {
-        let Value::Object(o) = v else {
-            return Ok(());
-        };
-        if let Some(decl) = o.get("x-mcp-header") {
-            if place != Place::Property {
-                return Err("one is not on a property reached through `properties` alone".into());
-            }
-            let Some(name) = decl.as_str() else {
-                return Err(format!("{decl} is not a string"));
-            };
-            let token = !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-            if !token {
-                return Err(format!("{name:?} is not a header name"));
-            }
-            if !matches!(
-                o.get("type").and_then(Value::as_str),
-                Some("string" | "integer" | "boolean")
-            ) {
-                return Err(format!(
-                    "{name:?} is on a property that is not a string, integer or boolean"
-                ));
-            }
-            let lower = name.to_ascii_lowercase();
-            if names.contains(&lower) {
-                return Err(format!("{name:?} is declared twice"));
-            }
-            names.push(lower);
-        }
-        for (key, x) in o {
-            match key.as_str() {
-                "x-mcp-header" => {}
-                k if DATA.contains(&k) => {}
-                "properties" | "patternProperties" | "$defs" | "definitions"
-                | "dependentSchemas" => {
-                    let inner = if key == "properties" && place != Place::Elsewhere {
-                        Place::Property
-                    } else {
-                        Place::Elsewhere
-                    };
-                    if let Value::Object(m) = x {
-                        for s in m.values() {
-                            check(s, inner, names)?;
-                        }
-                    }
-                }
-                _ => match x {
-                    Value::Array(a) => {
-                        for s in a {
-                            check(s, Place::Elsewhere, names)?;
-                        }
-                    }
-                    _ => check(x, Place::Elsewhere, names)?,
-                },
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes every declaration (in schema positions, not data).
-    fn strip(v: &mut Value) {
-        match v {
-            Value::Object(o) => {
-                o.remove("x-mcp-header");
-                for (key, x) in o.iter_mut() {
-                    if !DATA.contains(&key.as_str()) {
-                        strip(x);
-                    }
-                }
-            }
-            Value::Array(a) => a.iter_mut().for_each(strip),
-            _ => {}
-        }
     }
 }
 

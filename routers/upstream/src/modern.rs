@@ -180,85 +180,18 @@ pub fn param_headers(schema: &Value, args: &Value) -> Vec<(String, String)> {
     out
 }
 
+/// The rules for `x-mcp-header`, shared with the broker's route table (one
+/// file, included by path: both judge a schema alike).
+#[path = "../../../broker/src/header_declarations.rs"]
+mod rules;
+
 /// Why a tool's `x-mcp-header` declarations make the tool invalid, or
-/// `Ok`. 2026-07-28 (server/tools "x-mcp-header") holds a declaration to a
-/// non-empty RFC 9110 token, unique within the schema ignoring case, on a
-/// `string`, `integer` or `boolean` property reached from the root through
-/// `properties` alone (not under `items`, `oneOf`, `$defs`, …), and says a
-/// client MUST drop a tool that breaks a rule. Kept, such a tool would be
-/// listed by the broker and then fail every call: a header name that is
-/// not a token is refused by the HTTP client, and a server drops the
-/// declaration anyway.
+/// `Ok` (the rules: `broker/src/header_declarations.rs`). 2026-07-28 says a
+/// client MUST drop such a tool. Kept, it would be listed by the broker
+/// and then fail every call: a header name that is not a token is refused
+/// by the HTTP client, and a server drops the declaration anyway.
 pub fn header_declarations(schema: &Value) -> Result<(), String> {
-    #[derive(Clone, Copy, PartialEq)]
-    enum Place {
-        Root,
-        Property,
-        Elsewhere,
-    }
-    fn walk(v: &Value, place: Place, names: &mut Vec<String>) -> Result<(), String> {
-        let Value::Object(o) = v else {
-            return Ok(());
-        };
-        if let Some(decl) = o.get("x-mcp-header") {
-            if place != Place::Property {
-                return Err(
-                    "`x-mcp-header` on a schema not reached through `properties` alone".into(),
-                );
-            }
-            let Some(name) = decl.as_str() else {
-                return Err(format!("`x-mcp-header` {decl} is not a string"));
-            };
-            let token = !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-            if !token {
-                return Err(format!("`x-mcp-header` {name:?} is not a header name"));
-            }
-            let ty = o.get("type").and_then(Value::as_str);
-            if !matches!(ty, Some("string" | "integer" | "boolean")) {
-                return Err(format!(
-                    "`x-mcp-header` {name:?} on a property that is not a string, integer or boolean"
-                ));
-            }
-            let lower = name.to_ascii_lowercase();
-            if names.contains(&lower) {
-                return Err(format!("`x-mcp-header` {name:?} declared twice"));
-            }
-            names.push(lower);
-        }
-        for (key, x) in o {
-            match key.as_str() {
-                // Values, not schemas: an object there is data.
-                "x-mcp-header" | "default" | "const" | "enum" | "examples" => {}
-                // Maps of names to schemas.
-                "properties" | "patternProperties" | "$defs" | "definitions"
-                | "dependentSchemas" => {
-                    let inner = if key == "properties" && place != Place::Elsewhere {
-                        Place::Property
-                    } else {
-                        Place::Elsewhere
-                    };
-                    if let Value::Object(m) = x {
-                        for s in m.values() {
-                            walk(s, inner, names)?;
-                        }
-                    }
-                }
-                _ => match x {
-                    Value::Array(a) => {
-                        for s in a {
-                            walk(s, Place::Elsewhere, names)?;
-                        }
-                    }
-                    _ => walk(x, Place::Elsewhere, names)?,
-                },
-            }
-        }
-        Ok(())
-    }
-    walk(schema, Place::Root, &mut Vec::new())
+    rules::check(schema)
 }
 
 /// A `server/discover` result as the `initialize` result the rest of the
@@ -399,19 +332,19 @@ mod tests {
             ),
             (
                 json!({"properties": {"a": {"type": "array", "items": prop(json!("A"), "string")}}}),
-                "not reached",
+                "reached through",
             ),
             (
                 json!({"properties": {"a": {"oneOf": [prop(json!("A"), "string")]}}}),
-                "not reached",
+                "reached through",
             ),
             (
                 json!({"$defs": {"x": {"properties": {"a": prop(json!("A"), "string")}}}}),
-                "not reached",
+                "reached through",
             ),
             (
                 json!({"type": "string", "x-mcp-header": "Root"}),
-                "not reached",
+                "reached through",
             ),
         ];
         for (schema, why) in invalid {
