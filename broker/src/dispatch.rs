@@ -105,6 +105,8 @@ impl Live<'_> {
     ) -> Result<w::Response, crate::wasm::CallError> {
         use futures_core::Stream;
         let (tx, mut rx) = futures_channel::mpsc::unbounded();
+        // Whose view of its resources the call changes.
+        let instance = caller.instance();
         let call = caller.call_tool_live(tool, json, deadline, Some(tx));
         let mut call = std::pin::pin!(call);
         let mut step = 0u32;
@@ -127,24 +129,36 @@ impl Live<'_> {
             })
             .await;
             match next {
-                Next::Event(ev) => self.emit(&ev, &mut step, out),
+                Next::Event(ev) => self.emit(&ev, &mut step, out, instance),
                 Next::Done(r) => break r,
             }
         };
         // Reported just before the call returned, not yet taken.
         while let Ok(ev) = rx.try_recv() {
-            self.emit(&ev, &mut step, out);
+            self.emit(&ev, &mut step, out, instance);
         }
         result
     }
 
-    fn emit(&self, ev: &crate::wasm::LiveEvent, step: &mut u32, out: &mut Vec<u8>) {
+    fn emit(
+        &self,
+        ev: &crate::wasm::LiveEvent,
+        step: &mut u32,
+        out: &mut Vec<u8>,
+        instance: Option<Option<&str>>,
+    ) {
         if let crate::wasm::LiveEvent::ResourceUpdated { uri } = ev {
-            // Told to its subscribers, wherever they are; only for a URI of
-            // this router, so that one router cannot speak for another's.
+            // Told to its subscribers, wherever they are, whose view of it
+            // the call changed; only for a URI of this router, so that one
+            // router cannot speak for another's.
             let routing = self.ctx.shared.routing.load();
             if routing.table.resource(uri) == Some(self.router) {
-                self.ctx.shared.notify_resource_updated(uri);
+                use crate::shared::UpdateScope;
+                let scope = match instance {
+                    None => UpdateScope::Everyone,
+                    Some(key) => UpdateScope::Session(key.map(Into::into)),
+                };
+                self.ctx.shared.notify_resource_updated(uri, &scope);
             }
             return;
         }

@@ -926,7 +926,7 @@ async fn inbox_loop(shard: Rc<Shard>) {
             }
             ShardMsg::Snapshot(req) => metrics::record::answer_snapshot(&shard.ctx, req),
             ShardMsg::ListChanged(kinds) => tell_list_changed(&shard, kinds),
-            ShardMsg::ResourceUpdated(uri) => tell_resource_updated(&shard, &uri),
+            ShardMsg::ResourceUpdated(uri, scope) => tell_resource_updated(&shard, &uri, &scope),
             ShardMsg::AddPools(add) => {
                 monoio::spawn(add_pools(shard.ctx.clone(), add));
             }
@@ -1003,18 +1003,30 @@ fn unsolicited(
     enc.finish(&to, kind, payload, true).to_vec()
 }
 
-/// A frame connection's subscription: the resource URI, the connection.
-pub(crate) type ResourceSub = (Box<str>, std::rc::Weak<dyn crate::dispatch::LiveOut>);
+/// A frame connection's subscription.
+pub(crate) struct ResourceSub {
+    pub uri: Box<str>,
+    /// The session key of the subscribe request
+    /// (`VerifiedRequest::session_key`): whose updates it sees.
+    pub session: Option<Box<str>>,
+    pub conn: std::rc::Weak<dyn crate::dispatch::LiveOut>,
+}
 
 /// Sends a `ResourceUpdatedNotification` frame (with an empty correlation
 /// id, as list changes have) to every frame connection of this shard
-/// subscribed to `uri`, forgetting the subscriptions of closed ones.
-fn tell_resource_updated(shard: &Shard, uri: &str) {
+/// subscribed to `uri` that `scope` reaches, forgetting the subscriptions
+/// of closed ones.
+fn tell_resource_updated(shard: &Shard, uri: &str, scope: &crate::shared::UpdateScope) {
     use mcp_schema::fb::protocol as p;
     let mut frame = None;
     let mut closed = Vec::new();
-    shard.resource_subs.borrow_mut().retain(|(u, l)| {
-        if &**u != uri {
+    shard.resource_subs.borrow_mut().retain(|sub| {
+        let ResourceSub {
+            uri: u,
+            session,
+            conn: l,
+        } = sub;
+        if &**u != uri || !scope.reaches(session.as_deref()) {
             return true;
         }
         let Some(conn) = l.upgrade() else {

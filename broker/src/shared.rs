@@ -153,8 +153,8 @@ pub enum ShardMsg {
     /// initialized.
     ListChanged(ListKinds),
     /// A resource changed: tell the shard's frame connections subscribed
-    /// to it.
-    ResourceUpdated(Box<str>),
+    /// to it whose view it changed.
+    ResourceUpdated(Box<str>, UpdateScope),
     /// A reload brings routers: make and warm their pools, then answer.
     AddPools(AddPools),
     /// A reload removed or replaced these routers (by uid): drop their
@@ -377,9 +377,36 @@ pub struct Shared {
 /// Told of every route table change (the gRPC edge's Subscribe hub).
 pub type ListObserver = Arc<dyn Fn(ListKinds) + Send + Sync>;
 
-/// Told of every resource update, with its URI (the gRPC edge's Subscribe
-/// hub, for its resource topics).
-pub type ResourceObserver = Arc<dyn Fn(&str) + Send + Sync>;
+/// Told of every resource update, with its URI and whose view of it
+/// changed (the gRPC edge's Subscribe hub, for its resource topics).
+pub type ResourceObserver = Arc<dyn Fn(&str, &UpdateScope) + Send + Sync>;
+
+/// Whose view of a resource an update changed, and so which subscribers
+/// are told of it. A session-affine router keeps one instance, and one
+/// state, per session key: its write changed what that key's requests
+/// read and nobody else's. Telling every subscriber of the URI told other
+/// sessions (and, with `[auth]`, other subjects) that someone wrote there,
+/// and had them read back a state that had not moved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpdateScope {
+    /// A router whose instances every caller shares: every subscriber.
+    Everyone,
+    /// A session-affine router's instance of this session key
+    /// (`VerifiedRequest::session_key`; `None`: the shared instances that
+    /// requests without a session reach).
+    Session(Option<Arc<str>>),
+}
+
+impl UpdateScope {
+    /// Whether a subscriber whose own requests carry session key `key`
+    /// (as `VerifiedRequest::session_key` makes it) sees this update.
+    pub fn reaches(&self, key: Option<&str>) -> bool {
+        match self {
+            UpdateScope::Everyone => true,
+            UpdateScope::Session(k) => k.as_deref() == key,
+        }
+    }
+}
 
 /// Which listings changed, as a bit set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -668,16 +695,18 @@ impl Shared {
 
     /// Tells the listen streams subscribed to resource `uri` that it
     /// changed (a router's `resource-updated`, from any shard), the HTTP
-    /// sessions that `resources/subscribe`d to it (on their GET stream), and
-    /// the observers the other edges registered (gRPC resource topics).
-    pub fn notify_resource_updated(&self, uri: &str) {
+    /// sessions that `resources/subscribe`d to it (on their GET stream), the
+    /// frame connections subscribed to it, and the observers the other
+    /// edges registered (gRPC resource topics): of each, those that `scope`
+    /// reaches.
+    pub fn notify_resource_updated(&self, uri: &str, scope: &UpdateScope) {
         for i in self.frame_subscriptions.shards_for(uri) {
-            let _ = self.send(i, ShardMsg::ResourceUpdated(uri.into()));
+            let _ = self.send(i, ShardMsg::ResourceUpdated(uri.into(), scope.clone()));
         }
-        self.http_sessions.listeners().resource_updated(uri);
-        self.http_sessions.resource_updated(uri);
+        self.http_sessions.listeners().resource_updated(uri, scope);
+        self.http_sessions.resource_updated(uri, scope);
         for o in self.resource_observers.load().iter() {
-            o(uri);
+            o(uri, scope);
         }
     }
 
@@ -732,6 +761,20 @@ mod tests {
         assert!(shard.claim_answer());
         assert!(!edge.fire());
         assert!(!shard.fired());
+    }
+
+    #[test]
+    fn an_update_scope_reaches_everyone_or_its_own_session_key_only() {
+        use super::UpdateScope;
+        assert!(UpdateScope::Everyone.reaches(None));
+        assert!(UpdateScope::Everyone.reaches(Some("a")));
+        let a = UpdateScope::Session(Some("a".into()));
+        assert!(a.reaches(Some("a")));
+        assert!(!a.reaches(Some("b")));
+        assert!(!a.reaches(None));
+        let shared = UpdateScope::Session(None);
+        assert!(shared.reaches(None));
+        assert!(!shared.reaches(Some("a")));
     }
 
     #[test]

@@ -1066,4 +1066,47 @@ fn protocol_2026_07_28_requests_need_a_token_and_get_private_filtered_listings()
         let r = send(Some(&alice), "tools/call", Some("get"), &get);
         assert!(r.text().contains("no key `k`"), "{}", r.text());
     }
+    // So are its updates: a listen stream hears of its own subject's
+    // writes, never of another's (bob heard carol write `kv://k`, a key of
+    // a state he cannot read).
+    let listen = |auth: &str, uris: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":"L","method":"subscriptions/listen","params":{{{meta},"notifications":{{"resourceSubscriptions":{uris}}}}}}}"#
+        );
+        let mut c = Conn::open_sse(
+            b.http,
+            &format!(
+                "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\nAuthorization: {auth}\r\n"
+            ),
+            &body,
+        );
+        let (ack, _) = c.read_chunked(Some(&|t: &str| t.contains("acknowledged")));
+        assert!(String::from_utf8(ack).unwrap().contains(uris), "{uris}");
+        c
+    };
+    let updated = |c: &mut Conn| {
+        let (body, ended) = c.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
+        assert!(!ended);
+        String::from_utf8(body).unwrap()
+    };
+    let carol = format!("Bearer {}", f.token("carol", "mcp kv:write"));
+    let mut bobs = listen(&writer, r#"["kv://j","kv://k"]"#);
+    let mut carols = listen(&carol, r#"["kv://k"]"#);
+    let put = |auth: &str, key: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{{meta},"name":"put","arguments":{{"key":"{key}","value":2}}}}}}"#
+        );
+        let r = send(Some(auth), "tools/call", Some("put"), &body);
+        assert_eq!(r.json()["result"]["isError"], false, "{}", r.text());
+    };
+    put(&carol, "k");
+    put(&writer, "j");
+    let text = updated(&mut carols);
+    assert!(text.contains(r#""uri":"kv://k""#), "{text}");
+    let text = updated(&mut bobs);
+    assert!(text.contains(r#""uri":"kv://j""#), "{text}");
+    assert!(
+        !text.contains(r#""uri":"kv://k""#),
+        "carol's write was told to bob: {text}"
+    );
 }

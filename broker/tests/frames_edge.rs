@@ -736,8 +736,18 @@ fn a_subscribed_frame_client_hears_of_the_resources_updates() {
         tool_text(&w.call("put", &[("key", "\"color\""), ("value", v)], Some("writer")));
     };
     put(&mut w, "\"red\"");
+    // Subscribed in the writer's session (`kv` is session-affine: its
+    // state is the session's), from another connection.
     let mut sub = b.connect();
-    let r = sub.request(None, |e, h| e.subscribe(h, "kv://color", true).to_vec());
+    let r = sub.request(Some("writer"), |e, h| {
+        e.subscribe(h, "kv://color", true).to_vec()
+    });
+    assert_eq!(ResponseView::parse(&r).unwrap().error(), None);
+    // And in another session, whose `kv://color` no write here changes.
+    let mut stranger = b.connect();
+    let r = stranger.request(Some("reader"), |e, h| {
+        e.subscribe(h, "kv://color", true).to_vec()
+    });
     assert_eq!(ResponseView::parse(&r).unwrap().error(), None);
     // Written from another connection, in a session whose instance may be
     // on the other shard.
@@ -751,12 +761,26 @@ fn a_subscribed_frame_client_hears_of_the_resources_updates() {
     };
     let f = sub.read_frame().expect("a notification");
     assert_eq!(updated(&f).as_deref(), Some("kv://color"));
+    // The other session's subscriber was told nothing (it used to hear of
+    // every session's writes): its next frame is the answer to a ping.
+    let pong = stranger.first_after_ping();
+    assert_eq!(updated(&pong), None);
+    // Its own session's write is its own to hear.
+    tool_text(&w.call(
+        "put",
+        &[("key", "\"color\""), ("value", "\"grey\"")],
+        Some("reader"),
+    ));
+    let f = stranger.read_frame().expect("a notification");
+    assert_eq!(updated(&f).as_deref(), Some("kv://color"));
     // Unsubscribed: the next write says nothing; the next frame is the
     // answer to a ping sent after it.
-    let r = sub.request(None, |e, h| e.subscribe(h, "kv://color", false).to_vec());
+    let r = sub.request(Some("writer"), |e, h| {
+        e.subscribe(h, "kv://color", false).to_vec()
+    });
     assert_eq!(ResponseView::parse(&r).unwrap().error(), None);
     put(&mut w, "\"green\"");
-    let pong = sub.request(None, |e, h| e.ping(h).to_vec());
+    let pong = sub.first_after_ping();
     assert_eq!(updated(&pong), None);
     // A URI longer than HTTP and gRPC take is refused, not kept.
     let long = format!("kv://{}", "k".repeat(3000));

@@ -871,33 +871,57 @@ fn a_subscribed_resource_s_updates_reach_the_get_stream() {
     let b = broker();
     let mut c = Conn::connect(b.http);
     let s = c.initialize("2025-11-25");
-    let r = c.call(&s, 1, "resources/subscribe", r#"{"uri":"kv://a"}"#);
-    assert!(r["result"].is_object(), "{r}");
+    for (id, uri) in [(1, "kv://a"), (2, "kv://b")] {
+        let r = c.call(
+            &s,
+            id,
+            "resources/subscribe",
+            &format!(r#"{{"uri":"{uri}"}}"#),
+        );
+        assert!(r["result"].is_object(), "{r}");
+    }
     let mut g = Conn::connect(b.http);
     g.send_raw(
         format!("GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\n\r\n")
             .as_bytes(),
     );
     assert_eq!(g.read_head().0, 200);
-    let mut w = Conn::connect(b.http);
-    let other = w.initialize("2025-11-25");
-    for (id, key) in [(1, "b"), (2, "a")] {
-        let r = w.call(
-            &other,
+    let put = |c: &mut Conn, s: &str, id: u64, key: &str| {
+        let r = c.call(
+            s,
             id,
             "tools/call",
             &format!(r#"{{"name":"put","arguments":{{"key":"{key}","value":1}}}}"#),
         );
         assert_eq!(r["result"]["isError"], false, "{r}");
-    }
-    let (body, ended) = g.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
-    assert!(!ended);
-    let text = String::from_utf8(body).unwrap();
-    assert!(!text.contains("kv://b"), "{text}");
-    let msgs = common::http::sse_messages(&text);
-    let n = msgs.last().unwrap();
-    assert_eq!(n["method"], "notifications/resources/updated", "{n}");
-    assert_eq!(n["params"]["uri"], "kv://a", "{n}");
+    };
+    let updated = |g: &mut Conn| {
+        let (body, ended) = g.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
+        assert!(!ended);
+        let text = String::from_utf8(body).unwrap();
+        let msgs = common::http::sse_messages(&text);
+        let n = msgs.last().unwrap();
+        assert_eq!(n["method"], "notifications/resources/updated", "{n}");
+        (n["params"]["uri"].as_str().unwrap().to_owned(), text)
+    };
+    // `kv` is session-affine: another session's `kv://a` is another state,
+    // and its write is not this session's to hear (it used to be told).
+    let mut w = Conn::connect(b.http);
+    let other = w.initialize("2025-11-25");
+    put(&mut w, &other, 1, "a");
+    // This session's own writes, from another connection, are told: the
+    // first thing on the stream is the second write's.
+    let mut mine = Conn::connect(b.http);
+    put(&mut mine, &s, 2, "c");
+    put(&mut mine, &s, 3, "b");
+    let (uri, text) = updated(&mut g);
+    assert_eq!(uri, "kv://b", "{text}");
+    assert!(
+        !text.contains("kv://a") && !text.contains("kv://c"),
+        "{text}"
+    );
+    put(&mut mine, &s, 4, "a");
+    assert_eq!(updated(&mut g).0, "kv://a");
 }
 
 /// Connections past `http.max_connections_per_shard` (and gRPC's

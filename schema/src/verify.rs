@@ -116,11 +116,7 @@ impl VerifiedRequest {
     /// within this request's scope if it has one (`<scope>` U+001F `<id>`,
     /// a separator no id or subject printed in JSON carries raw).
     pub fn session_key<'a>(&self, id: Option<&'a str>) -> Option<std::borrow::Cow<'a, str>> {
-        let id = id?;
-        Some(match &self.session_scope {
-            None => std::borrow::Cow::Borrowed(id),
-            Some(scope) => std::borrow::Cow::Owned(format!("{scope}\u{1f}{id}")),
-        })
+        Some(session_key_within(self.session_scope.as_deref(), id?))
     }
 
     /// The frame, length prefix included.
@@ -139,6 +135,17 @@ impl VerifiedRequest {
             // `verify` ran the same classification on the same bytes.
             Err(_) => unreachable!("a verified request classifies"),
         }
+    }
+}
+
+/// The router session key of session `id` within `scope` (see
+/// [`VerifiedRequest::session_key`]): for an edge that must name the
+/// instance a request of its own would reach (a subscriber's, told only of
+/// its own state's updates) without holding such a request.
+pub fn session_key_within<'a>(scope: Option<&str>, id: &'a str) -> std::borrow::Cow<'a, str> {
+    match scope {
+        None => std::borrow::Cow::Borrowed(id),
+        Some(scope) => std::borrow::Cow::Owned(format!("{scope}\u{1f}{id}")),
     }
 }
 

@@ -843,9 +843,14 @@ fn track_subscription<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, job: &m
     };
     let me = Rc::downgrade(conn) as Weak<Conn<F>>;
     let mine = |w: &Weak<dyn LiveOut>| std::ptr::addr_eq(w.as_ptr(), me.as_ptr());
+    // The session key its requests reach a session-affine router's
+    // instance by: the updates of that instance's state are its own.
+    let session = job.req.session_key(view.session_id());
     let counts = &shard.ctx.shared.frame_subscriptions;
     let mut subs = shard.resource_subs.borrow_mut();
-    let at = subs.iter().position(|(u, w)| &**u == uri && mine(w));
+    let at = subs.iter().position(|s| {
+        &*s.uri == uri && mine(&s.conn) && s.session.as_deref() == session.as_deref()
+    });
     if view.kind() == RequestKind::Unsubscribe {
         if let Some(i) = at {
             subs.swap_remove(i);
@@ -862,7 +867,7 @@ fn track_subscription<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, job: &m
         Some(format!(
             "a resource URI of at most {MAX_SUBSCRIBED_URI_BYTES} bytes may be subscribed to"
         ))
-    } else if subs.iter().filter(|(_, w)| mine(w)).count() >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
+    } else if subs.iter().filter(|s| mine(&s.conn)).count() >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
         Some(format!(
             "at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} resource subscriptions per connection"
         ))
@@ -880,7 +885,11 @@ fn track_subscription<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, job: &m
         ));
         return;
     }
-    subs.push((uri.into(), me as Weak<dyn LiveOut>));
+    subs.push(crate::shard::ResourceSub {
+        uri: uri.into(),
+        session: session.map(Into::into),
+        conn: me as Weak<dyn LiveOut>,
+    });
     counts.add(uri, shard.ctx.index, shard.ctx.shared.shards());
 }
 
@@ -890,10 +899,10 @@ fn track_subscription<F: 'static>(shard: &Rc<Shard>, conn: &Rc<Conn<F>>, job: &m
 fn forget_subscriptions<F: 'static>(shard: &Shard, conn: &Rc<Conn<F>>) {
     let me = Rc::as_ptr(conn);
     let counts = &shard.ctx.shared.frame_subscriptions;
-    shard.resource_subs.borrow_mut().retain(|(u, w)| {
-        let mine = std::ptr::addr_eq(w.as_ptr(), me);
+    shard.resource_subs.borrow_mut().retain(|s| {
+        let mine = std::ptr::addr_eq(s.conn.as_ptr(), me);
         if mine {
-            counts.remove(u, shard.ctx.index);
+            counts.remove(&s.uri, shard.ctx.index);
         }
         !mine
     });

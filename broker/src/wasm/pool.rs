@@ -611,7 +611,14 @@ pub struct Caller<'a> {
     session: Option<&'a str>,
 }
 
-impl Caller<'_> {
+impl<'a> Caller<'a> {
+    /// Whose instance its calls run on: `None` for a router whose
+    /// instances every caller shares, else `Some` of the session key
+    /// (`Some(None)`: the shared instances of calls without a session).
+    pub fn instance(&self) -> Option<Option<&'a str>> {
+        self.pool.inner.sessions.is_some().then_some(self.session)
+    }
+
     /// `call-tool` with its own deadline. The router's `tool-error` comes
     /// back as [`CallError::Tool`] (not a fault).
     pub async fn call_tool_within(

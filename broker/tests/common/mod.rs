@@ -583,6 +583,23 @@ impl<S: Read + Write> Client<S> {
 
     /// Sends a request built by `build` with a fresh header and returns the
     /// final response.
+    /// Pings and returns the first frame that comes back: the ping's answer
+    /// when nothing was queued for the connection before it, else what was
+    /// (a notification [`Self::request`] would skip).
+    pub fn first_after_ping(&mut self) -> Vec<u8> {
+        let (corr, id) = self.header();
+        let h = RequestHeader {
+            message_id: id,
+            correlation_id: Some(&corr),
+            session_id: None,
+            timeout_ms: 0,
+            unix_nanos: 0,
+        };
+        let f = self.enc.ping(&h).to_vec();
+        self.send_raw(&f);
+        self.read_frame().expect("an answer to the ping")
+    }
+
     pub fn request(
         &mut self,
         session: Option<&'static str>,

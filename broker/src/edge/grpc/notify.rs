@@ -283,23 +283,37 @@ impl Hub {
                     .zip(sub.conn.level())
                     .is_some_and(|(l, min)| l < min as i32);
             if mine && !quiet && sub.topics.wants(&n) {
-                let msg = Notification {
-                    notification: Some(n.clone()),
-                };
-                if sub.tx.try_send(Ok(msg)).is_err() {
-                    self.dropped.fetch_add(1, Ordering::Relaxed);
-                }
+                self.send(sub, &n);
             }
         }
     }
 
-    /// A resource update, broadcast: skipped without the lock while no
-    /// subscriber could want one (a router's write is on the call path).
-    pub fn publish_resource_updated(&self, n: N) {
+    /// Queues `n` on `sub`'s stream, or counts it dropped when the stream
+    /// is full.
+    fn send(&self, sub: &mut Sub, n: &N) {
+        let msg = Notification {
+            notification: Some(n.clone()),
+        };
+        if sub.tx.try_send(Ok(msg)).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A resource update, to the subscribers `scope` reaches: skipped
+    /// without the lock while no subscriber could want one (a router's
+    /// write is on the call path).
+    pub fn publish_resource_updated(&self, n: N, scope: &crate::shared::UpdateScope) {
         if self.resource_subs.load(Ordering::Relaxed) == 0 {
             return;
         }
-        self.publish(None, None, n);
+        // To the subscribers whose view changed: a session-affine router's
+        // write is its session's (a Subscribe's session is its calls' key).
+        let mut subs = lock(&self.subs);
+        for sub in subs.iter_mut() {
+            if scope.reaches(sub.session.as_deref()) && sub.topics.wants(&n) {
+                self.send(sub, &n);
+            }
+        }
     }
 
     /// Subscribe streams open (`mcp_grpc_subscriptions_open`).
@@ -386,6 +400,37 @@ mod tests {
             out.push(n);
         }
         out
+    }
+
+    #[test]
+    fn a_resource_update_reaches_the_subscribers_its_scope_does() {
+        use crate::shared::UpdateScope;
+        let hub = Arc::new(Hub::default());
+        let topic = Topics::parse(&["kv://k".into()]).unwrap();
+        let every = Topics::parse(&[]).unwrap();
+        let mut a = hub
+            .subscribe(Some("a".into()), c(), topic.clone(), 10)
+            .unwrap();
+        // Every kind, resource updates among them: scoped all the same.
+        let mut b = hub.subscribe(Some("b".into()), c(), every, 10).unwrap();
+        let mut anon = hub.subscribe(None, c(), topic, 10).unwrap();
+        let k = || {
+            N::ResourceUpdated(ResourceUpdatedNotification {
+                uri: "kv://k".into(),
+            })
+        };
+        hub.publish_resource_updated(k(), &UpdateScope::Session(Some("a".into())));
+        assert_eq!(drain_now(&mut a).len(), 1);
+        assert!(drain_now(&mut b).is_empty());
+        assert!(drain_now(&mut anon).is_empty());
+        hub.publish_resource_updated(k(), &UpdateScope::Session(None));
+        assert!(drain_now(&mut a).is_empty());
+        assert!(drain_now(&mut b).is_empty());
+        assert_eq!(drain_now(&mut anon).len(), 1);
+        hub.publish_resource_updated(k(), &UpdateScope::Everyone);
+        assert_eq!(drain_now(&mut a).len(), 1);
+        assert_eq!(drain_now(&mut b).len(), 1);
+        assert_eq!(drain_now(&mut anon).len(), 1);
     }
 
     #[test]

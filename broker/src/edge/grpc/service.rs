@@ -135,12 +135,15 @@ impl EdgeState {
             // A router's resource update goes to the subscribers whose
             // topics name its URI (or every kind).
             let hub = hub.clone();
-            shared.on_resource_updated(Arc::new(move |uri| {
+            shared.on_resource_updated(Arc::new(move |uri, scope| {
                 use mcp_proto::v1::ResourceUpdatedNotification;
                 use mcp_proto::v1::notification::Notification as N;
-                hub.publish_resource_updated(N::ResourceUpdated(ResourceUpdatedNotification {
-                    uri: uri.to_owned(),
-                }));
+                hub.publish_resource_updated(
+                    N::ResourceUpdated(ResourceUpdatedNotification {
+                        uri: uri.to_owned(),
+                    }),
+                    scope,
+                );
             }));
         }
         Self {

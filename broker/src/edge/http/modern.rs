@@ -965,6 +965,10 @@ struct Listener {
     /// The listen request's id, JSON text: the subscription id.
     id: String,
     filter: Filter,
+    /// The session key of the stream's own calls (with `[auth]`, its
+    /// subject's [`SUBJECT_SESSION`]; none without): a session-affine
+    /// router's updates are told to the streams whose state they changed.
+    session: Option<Box<str>>,
     tx: mpsc::UnboundedSender<Bytes>,
 }
 
@@ -1003,7 +1007,13 @@ impl Listeners {
     }
 
     /// Registers a stream; its key, to [`Self::remove`] it.
-    fn add(&self, id: &str, filter: Filter, tx: mpsc::UnboundedSender<Bytes>) -> u64 {
+    fn add(
+        &self,
+        id: &str,
+        filter: Filter,
+        session: Option<Box<str>>,
+        tx: mpsc::UnboundedSender<Bytes>,
+    ) -> u64 {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
         if !filter.uris.is_empty() {
             self.watching.fetch_add(1, Ordering::Relaxed);
@@ -1012,6 +1022,7 @@ impl Listeners {
             key,
             id: id.to_owned(),
             filter,
+            session,
             tx,
         });
         key
@@ -1030,17 +1041,19 @@ impl Listeners {
     }
 
     /// Sends `notifications/resources/updated` for `uri` to each stream
-    /// subscribed to it; streams whose client is gone are dropped.
-    pub fn resource_updated(&self, uri: &str) {
+    /// subscribed to it that `scope` reaches; streams whose client is gone
+    /// are dropped.
+    pub fn resource_updated(&self, uri: &str, scope: &crate::shared::UpdateScope) {
         if self.watching.load(Ordering::Relaxed) == 0 {
             return;
         }
         let mut open = self.lock();
         open.retain(|l| {
-            if l.filter
-                .uris
-                .binary_search_by(|u| u.as_str().cmp(uri))
-                .is_err()
+            if !scope.reaches(l.session.as_deref())
+                || l.filter
+                    .uris
+                    .binary_search_by(|u| u.as_str().cmp(uri))
+                    .is_err()
             {
                 return true;
             }
@@ -1293,7 +1306,7 @@ impl HttpEdge {
             return self.discover(id, &d, arrived, scope).await;
         }
         if method == "subscriptions/listen" {
-            return self.listen(id, params);
+            return self.listen(id, params, who);
         }
         let live = route.is_some_and(HeaderRoute::reports_live);
         let r = self
@@ -1372,7 +1385,12 @@ impl HttpEdge {
 
     /// `subscriptions/listen`: the acknowledgment, then the stream stays
     /// open for the notifications asked for (module doc).
-    fn listen(self: &Rc<Self>, id: &Id<'_>, params: Option<&RawValue>) -> Response<Body> {
+    fn listen(
+        self: &Rc<Self>,
+        id: &Id<'_>,
+        params: Option<&RawValue>,
+        who: Option<&Principal>,
+    ) -> Response<Body> {
         let mut filter = match Filter::of(params) {
             Ok(f) => f,
             Err(r) => return refusal_response(Some(id), r),
@@ -1418,7 +1436,11 @@ impl HttpEdge {
         ack.extend_from_slice(b"}}}");
         let _ = tx.unbounded_send(sse_event(&ack));
         let listeners = self.sessions().listeners();
-        let key = listeners.add(id.get(), filter, tx.clone());
+        // The key its calls reach a session-affine router by (`modern_call`).
+        let session = who.map(|p| {
+            mcp_schema::verify::session_key_within(scope_of(&p.subject), SUBJECT_SESSION).into()
+        });
+        let key = listeners.add(id.get(), filter, session, tx.clone());
         monoio::spawn(listen_keep_alive(
             self.clone(),
             key,

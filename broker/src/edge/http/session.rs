@@ -666,8 +666,9 @@ impl Sessions {
     }
 
     /// Sends `notifications/resources/updated` for `uri` to the GET stream
-    /// of every session subscribed to it.
-    pub fn resource_updated(&self, uri: &str) {
+    /// of every session subscribed to it that `scope` reaches: a session's
+    /// requests carry its id as their session key.
+    pub fn resource_updated(&self, uri: &str, scope: &crate::shared::UpdateScope) {
         if self.subscribed.load(Ordering::Acquire) == 0 {
             return;
         }
@@ -678,7 +679,7 @@ impl Sessions {
         mcp_schema::args::write_json_string(uri, &mut msg);
         msg.extend_from_slice(b"}}");
         for s in self.all() {
-            if s.subscribed_to(uri) {
+            if scope.reaches(Some(&s.id)) && s.subscribed_to(uri) {
                 s.emit_standalone(&msg);
             }
         }
