@@ -257,6 +257,20 @@ impl Drop for CallTimer<'_> {
 /// memory.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 
+/// The session key `req` reaches `router`'s instances by: `None` unless the
+/// router is session-affine, the only kind with per-session instances (a
+/// scoped request's key is an allocation, not made for the others).
+fn session_for<'a>(
+    router: &Routed,
+    req: &VerifiedRequest,
+    view: &mcp_schema::RequestView<'a>,
+) -> Option<std::borrow::Cow<'a, str>> {
+    if router.affinity != Affinity::Session {
+        return None;
+    }
+    req.session_key(view.session_id())
+}
+
 /// For a session-affine router: answers `req` when it does not run here,
 /// either handed to its session's owner shard or refused for an overlong
 /// session id. `true` when answered.
@@ -484,7 +498,7 @@ pub async fn handle_live(
             };
             let deadline = call_deadline(&pool, view.timeout_ms());
             let timer = CallTimer::start(ctx, router.slot);
-            let session = req.session_key(view.session_id());
+            let session = session_for(router, req, &view);
             let caller = pool.caller(session.as_deref());
             let result = if pool.reports_live() {
                 let id = *tc.id();
@@ -529,7 +543,7 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let timer = CallTimer::start(ctx, router.slot);
-            let session = req.session_key(view.session_id());
+            let session = session_for(router, req, &view);
             let result = pool.caller(session.as_deref()).read_resource(uri).await;
             timer.finish(&result);
             let listed = table.listed_resource(uri);
@@ -590,7 +604,7 @@ pub async fn handle_live(
             };
             let timer = CallTimer::start(ctx, router.slot);
             let result = pool
-                .caller(req.session_key(view.session_id()).as_deref())
+                .caller(session_for(router, req, &view).as_deref())
                 .get_prompt(&target.name)
                 .await;
             timer.finish(&result);
@@ -653,7 +667,7 @@ pub async fn handle_live(
                 return retired(ctx, out, &to, router);
             };
             let timer = CallTimer::start(ctx, router.slot);
-            let session = req.session_key(view.session_id());
+            let session = session_for(router, req, &view);
             let result = pool.caller(session.as_deref()).complete(&request).await;
             timer.finish(&result);
             let mut enc = ctx.enc.borrow_mut();
