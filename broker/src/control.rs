@@ -752,7 +752,7 @@ impl Control {
             }
             Err(e) => {
                 self.current[i].loaded.entry.meta = old_meta;
-                tracing::error!(router = %name, error = %e.to_string().escape_debug(), "upstream listings changed but the new route table was refused; keeping the old one");
+                tracing::error!(router = %name, error = %crate::escaped::Escaped(&e.to_string()), "upstream listings changed but the new route table was refused; keeping the old one");
                 // Shown on /readyz and in mcp_upstream_available, and
                 // retried with backoff: the upstream may mend its listing.
                 status.mark(

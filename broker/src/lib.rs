@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 pub mod edge;
+pub mod escaped;
 mod fault;
 mod header_declarations;
 pub mod idle_poll;

@@ -304,7 +304,7 @@ async fn answer(
                             body,
                             "upstream {} unavailable (retrying): {}",
                             r.name,
-                            reason.escape_debug()
+                            crate::escaped::Escaped(&reason)
                         );
                     }
                 }

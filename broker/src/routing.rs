@@ -79,7 +79,7 @@ impl Routing {
         // unfit names, renamed on every listing, wrote thousands a second.
         for note in table.shadowed.iter().take(MAX_NOTES) {
             // Escaped: a note names what a router (an upstream) listed.
-            tracing::warn!("{}", note.escape_debug());
+            tracing::warn!("{}", crate::escaped::Escaped(note));
         }
         if table.shadowed.len() > MAX_NOTES {
             tracing::warn!(
@@ -184,7 +184,7 @@ pub fn load(host: &WasmHost, config: &Config, r: &RouterConfig) -> Result<Loaded
             // other routers serve meanwhile.
             // Escaped: the reason quotes the upstream's own text, which could
             // otherwise forge log lines (newlines, terminal escapes).
-            tracing::warn!(router = %r.name, reason = %reason.escape_debug(), "upstream unavailable at load; retrying with backoff");
+            tracing::warn!(router = %r.name, reason = %crate::escaped::Escaped(reason), "upstream unavailable at load; retrying with backoff");
             meta = Arc::new(RouterMeta {
                 server: meta.server.clone(),
                 unread: meta.unread.clone(),

@@ -117,7 +117,7 @@ impl UpstreamStatus {
             if was {
                 // Escaped: the reason quotes the upstream's own text, which could
                 // otherwise forge log lines (newlines, terminal escapes).
-                tracing::warn!(router = %name, reason = %reason.escape_debug(), "upstream unavailable; retrying with backoff");
+                tracing::warn!(router = %name, reason = %crate::escaped::Escaped(reason), "upstream unavailable; retrying with backoff");
             }
         } else if !was {
             tracing::info!(router = %name, "upstream available again");

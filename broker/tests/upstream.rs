@@ -1192,7 +1192,8 @@ fn garbage_a_dropped_stream_and_http_errors_get_upstream_unavailable_with_the_re
 }
 
 /// An upstream's own text in a log line (the body of its error, quoted in
-/// the reason) is escaped: it cannot forge a line or clear a terminal.
+/// the reason) is escaped: it cannot forge a line or clear a terminal. Its
+/// quotes stay as written (they were `can\'t \"serve\"`).
 #[test]
 fn an_upstreams_text_cannot_forge_log_lines() {
     let broken = Fixture::broken();
@@ -1210,7 +1211,7 @@ fn an_upstreams_text_cannot_forge_log_lines() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(
         line.contains(
-            r"HTTP 500: down\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\u{1b}[2J"
+            r#"HTTP 500: can't "serve": down\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\u{1b}[2J"#
         ),
         "{line}"
     );

@@ -296,7 +296,7 @@ impl Inner {
             // Escaped: a trap's or a refusal's text may quote the guest.
             tracing::warn!(
                 router = %self.router.spec.name,
-                error = %e.to_string().escape_debug(),
+                error = %crate::escaped::Escaped(&e.to_string()),
                 replaced,
                 suppressed,
                 "router fault"
@@ -834,7 +834,7 @@ impl Lease {
                     if let Some(suppressed) = self.pool.fault_log.take(Instant::now()) {
                         tracing::warn!(
                             router = %self.pool.router.spec.name,
-                            error = %e.to_string().escape_debug(),
+                            error = %crate::escaped::Escaped(&e.to_string()),
                             suppressed,
                             "a faulted instance could not be replaced; the next call tries again"
                         );

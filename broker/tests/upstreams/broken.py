@@ -97,7 +97,7 @@ class Handler(BaseHTTPRequestHandler):
             return json.dumps({"jsonrpc": "2.0", "id": rid, "result": r})
 
         if method == "initialize" and self.path.strip("/") == "forge":
-            self.reply(500, "down\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\x1b[2J", "text/plain")
+            self.reply(500, "can't \"serve\": down\n2026-12-07T00:00:00.000000Z ERROR mcp_broker: forged\x1b[2J", "text/plain")
         elif method == "initialize":
             with LOCK:
                 SESSIONS[0] += 1
