@@ -178,6 +178,17 @@ impl Principal {
     pub fn expired(&self) -> bool {
         jsonwebtoken::get_current_timestamp() > self.expires_at
     }
+
+    /// How long until [`Self::expired`] turns true: when a stream the token
+    /// opened (a GET or listen stream) must end, for it is one request
+    /// that would otherwise outlive its token without limit.
+    pub fn valid_for(&self) -> std::time::Duration {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        // `expired` compares whole seconds: true from `expires_at + 1` on.
+        std::time::Duration::from_secs(self.expires_at.saturating_add(1)).saturating_sub(now)
+    }
 }
 
 /// One verification key and the algorithms its type allows.

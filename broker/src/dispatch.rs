@@ -346,6 +346,15 @@ pub trait LiveOut {
     fn shows_tool(&self, _auth: &crate::auth::Auth, _name: &str) -> bool {
         true
     }
+
+    /// Whether a notification no request of its asked for now (a list
+    /// change, a resource update) may go to it. The frame edge says no
+    /// while its connection's token has expired: it refuses the
+    /// connection's requests then, and its subscriptions went on hearing.
+    /// They hear again once the connection authenticates anew.
+    fn hears_unasked(&self) -> bool {
+        true
+    }
 }
 
 /// Handles one verified request, appending its response frames to `out`.

@@ -982,7 +982,9 @@ fn tell_list_changed(shard: &Shard, kinds: crate::shared::ListKinds) {
         .borrow_mut()
         .retain(|l| match l.upgrade() {
             Some(conn) => {
-                conn.frame(&frame);
+                if conn.hears_unasked() {
+                    conn.frame(&frame);
+                }
                 true
             }
             None => false,
@@ -1033,6 +1035,9 @@ fn tell_resource_updated(shard: &Shard, uri: &str, scope: &crate::shared::Update
             closed.push(u.clone());
             return false;
         };
+        if !conn.hears_unasked() {
+            return true;
+        }
         let f = frame.get_or_insert_with(|| {
             let mut enc = shard.ctx.enc.borrow_mut();
             let fbb = enc.begin();

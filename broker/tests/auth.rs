@@ -1110,3 +1110,114 @@ fn protocol_2026_07_28_requests_need_a_token_and_get_private_filtered_listings()
         "carol's write was told to bob: {text}"
     );
 }
+
+/// A stream is one request, its token checked once: a GET stream, a listen
+/// stream, a gRPC Subscribe and a frame connection's subscription went on
+/// telling their subject's updates long after the token expired (the
+/// isolation audit). Each now ends, or goes quiet, once the token is past
+/// `exp` and the leeway, as the edges judge every other request.
+#[test]
+fn notification_streams_end_when_their_token_expires() {
+    use mcp_proto::v1 as pb;
+    use mcp_schema::fb::protocol::ProtocolVersion;
+    let f = Fixture::start("stream-expiry");
+    let b = &f.b;
+    let writer = f.token("alice", "mcp kv:write");
+    // Accepted for about two seconds more: `exp` passed 3 s ago, and the
+    // leeway is 5 s.
+    let short = f.sign(&json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "scope": "mcp kv:write",
+        "exp": now() - 3, "nbf": now() - 10,
+    }));
+    // The HTTP session's GET stream, opened with the short token.
+    let s = session(b, &writer);
+    let r = post(
+        b,
+        Some(&format!("Bearer {writer}")),
+        Some(&s),
+        r#"{"jsonrpc":"2.0","id":1,"method":"resources/subscribe","params":{"uri":"kv://t"}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut get = Conn::connect(b.http);
+    get.send_raw(
+        format!(
+            "GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\nMCP-Protocol-Version: 2025-06-18\r\nAuthorization: Bearer {short}\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(get.read_head().0, 200);
+    // A 2026-07-28 listen stream.
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":"L","method":"subscriptions/listen","params":{{{meta},"notifications":{{"resourceSubscriptions":["kv://t"]}}}}}}"#
+    );
+    let mut listen = Conn::open_sse(
+        b.http,
+        &format!(
+            "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\nAuthorization: Bearer {short}\r\n"
+        ),
+        &body,
+    );
+    // A frame connection's subscription, in session `fx`.
+    let mut frames = b.connect();
+    let r = frames.request(None, |e, h| {
+        e.initialize_with_token(h, ProtocolVersion::V2025_06_18, "t", "1", Some(&short))
+            .to_vec()
+    });
+    assert_eq!(common::error_code(&r), None);
+    let r = frames.request(Some("fx"), |e, h| e.subscribe(h, "kv://t", true).to_vec());
+    assert_eq!(common::error_code(&r), None);
+    // A gRPC Subscribe without a session.
+    let (rt, mut g) = grpc_client(&f);
+    let mut sub = rt.block_on(async {
+        g.subscribe(with(
+            Some(&short),
+            pb::SubscribeRequest {
+                topics: vec!["kv://t".into()],
+            },
+        ))
+        .await
+        .expect("subscribed within the leeway")
+        .into_inner()
+    });
+    std::thread::sleep(Duration::from_millis(3500));
+    // The HTTP streams end by themselves.
+    let (text, ended) = get.read_chunked(None);
+    assert!(ended, "the GET stream ended");
+    assert!(!text.windows(7).any(|w| w == b"updated"), "{text:?}");
+    let (text, ended) = listen.read_chunked(None);
+    let text = String::from_utf8(text).unwrap();
+    assert!(ended, "the listen stream ended: {text}");
+    assert!(
+        text.contains("notifications/cancelled") && text.contains("access token expired"),
+        "{text}"
+    );
+    // Writes in each stream's state now tell the others nothing.
+    let mut w = b.connect();
+    let r = w.request(None, |e, h| {
+        e.initialize_with_token(h, ProtocolVersion::V2025_06_18, "t", "1", Some(&writer))
+            .to_vec()
+    });
+    assert_eq!(common::error_code(&r), None);
+    for session in [None, Some("fx")] {
+        let r = w.call("put", &[("key", "\"t\""), ("value", "1")], session);
+        assert_eq!(common::tool_text(&r), "stored t", "{session:?}");
+    }
+    let pong = frames.first_after_ping();
+    let v = mcp_schema::client::ResponseView::parse(&pong).unwrap();
+    assert!(
+        v.response
+            .payload_as_resource_updated_notification()
+            .is_none(),
+        "the frame connection heard an update after its token expired"
+    );
+    assert!(!v.correlation_id().is_empty(), "the ping's own answer");
+    rt.block_on(async {
+        let next = tokio::time::timeout(Duration::from_secs(10), sub.message())
+            .await
+            .expect("the Subscribe stream ends");
+        let e = next.expect_err("UNAUTHENTICATED, not the update");
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        assert!(e.message().contains("expired"), "{e:?}");
+    });
+}

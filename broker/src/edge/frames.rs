@@ -122,6 +122,13 @@ impl<F> LiveOut for Conn<F> {
         self.push_out(frame);
     }
 
+    fn hears_unasked(&self) -> bool {
+        self.principal
+            .borrow()
+            .as_ref()
+            .is_none_or(|p| !p.expired())
+    }
+
     fn shows_tool(&self, auth: &crate::auth::Auth, name: &str) -> bool {
         self.principal
             .borrow()

@@ -25,6 +25,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use futures_channel::mpsc;
 use mcp_proto::v1::notification::Notification as N;
@@ -257,6 +258,8 @@ impl Hub {
             hub: self.clone(),
             id,
             on_drop: None,
+            until: None,
+            expired: false,
         })
     }
 
@@ -347,6 +350,10 @@ pub struct SubscriptionStream {
     hub: Arc<Hub>,
     id: u64,
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+    /// With `[auth]`: when the token that opened it expires.
+    until: Option<Instant>,
+    /// Ended by its token's expiry.
+    expired: bool,
 }
 
 impl SubscriptionStream {
@@ -355,13 +362,41 @@ impl SubscriptionStream {
         self.on_drop = Some(Box::new(f));
         self
     }
+
+    /// Ends the stream, UNAUTHENTICATED, at its first notification from
+    /// `until` on: the token is checked once per call, and this call would
+    /// otherwise hear its session's updates without limit. (Checked as a
+    /// notification comes: a timer would make the stream `!Send`, which
+    /// tonic refuses; a stream that hears nothing tells nothing.)
+    pub fn until(mut self, until: Instant) -> Self {
+        self.until = Some(until);
+        self
+    }
 }
 
 impl Stream for SubscriptionStream {
     type Item = Result<Notification, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.rx).poll_next(cx)
+        if self.expired {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.rx).poll_next(cx) {
+            Poll::Ready(Some(_)) if self.until.is_some_and(|t| Instant::now() >= t) => {
+                self.expired = true;
+                // UNAUTHENTICATED, as a call with the expired token is
+                // answered (`auth_status`), with the wire code in the trailer.
+                let mut st = Status::unauthenticated(
+                    "the access token expired: subscribe again with a fresh one",
+                );
+                st.metadata_mut().insert(
+                    super::status::ERROR_CODE_METADATA_KEY,
+                    mcp_schema::ErrorCode::Unauthorized.code().into(),
+                );
+                Poll::Ready(Some(Err(st)))
+            }
+            other => other,
+        }
     }
 }
 

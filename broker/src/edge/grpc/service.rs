@@ -976,6 +976,7 @@ impl McpService for Edge {
         let max = self.0.shared.config.grpc.max_subscribers;
         let session = meta.session.clone();
         let identity = meta.identity();
+        let principal = meta.principal.clone();
         match self
             .0
             .hub
@@ -989,6 +990,10 @@ impl McpService for Edge {
                         s.on_drop(move || sessions.unsubscribed(&id))
                     }
                     Some(_) => return Err(unknown_session()),
+                    None => s,
+                };
+                let s = match &principal {
+                    Some(p) => s.until(std::time::Instant::now() + p.valid_for()),
                     None => s,
                 };
                 Ok(Response::new(Box::pin(s)))

@@ -2497,7 +2497,8 @@ impl HttpEdge {
                 s
             }
         };
-        monoio::spawn(keep_alive(self.clone(), session.clone(), stream));
+        let until = who.map(|p| Instant::now() + p.valid_for());
+        monoio::spawn(keep_alive(self.clone(), session.clone(), stream, until));
         let open = OpenStream::count(&self, StreamKind::SessionGet);
         sse_response(rx, open, Some(&session.id))
     }
@@ -2532,19 +2533,40 @@ impl HttpEdge {
 }
 
 /// Keeps an open SSE stream alive with comments until its client goes, the
-/// session ends or the drain begins; then ends it.
-async fn keep_alive(edge: Rc<HttpEdge>, session: Arc<Session>, stream: StreamId) {
+/// session ends, the drain begins or the token that opened it expires
+/// (`until`, with `[auth]`); then ends it. The token is checked once per
+/// request, and this request does not end by itself: it told its client of
+/// the session's updates long after the token stopped opening anything
+/// else. The session stays; its client opens the stream again with a
+/// fresh token.
+async fn keep_alive(
+    edge: Rc<HttpEdge>,
+    session: Arc<Session>,
+    stream: StreamId,
+    until: Option<Instant>,
+) {
     let _busy = session.busy();
     loop {
         monoio::select! {
-            _ = monoio::time::sleep(edge.cfg.sse_keepalive) => {}
+            _ = monoio::time::sleep(next_wake(edge.cfg.sse_keepalive, until)) => {}
             _ = edge.draining.wait() => break,
+        }
+        if until.is_some_and(|t| Instant::now() >= t) {
+            break;
         }
         if session.is_ended() || !session.comment(stream) {
             break;
         }
     }
     session.close_stream(stream);
+}
+
+/// How long a stream's keep-alive task sleeps: a keep-alive period, or less
+/// when the stream's token expires (`until`) sooner.
+pub(super) fn next_wake(keepalive: Duration, until: Option<Instant>) -> Duration {
+    until.map_or(keepalive, |t| {
+        keepalive.min(t.saturating_duration_since(Instant::now()))
+    })
 }
 
 /// Why a request has no session.

@@ -1441,11 +1441,13 @@ impl HttpEdge {
             mcp_schema::verify::session_key_within(scope_of(&p.subject), SUBJECT_SESSION).into()
         });
         let key = listeners.add(id.get(), filter, session, tx.clone());
+        let until = who.map(|p| Instant::now() + p.valid_for());
         monoio::spawn(listen_keep_alive(
             self.clone(),
             key,
             id.get().to_owned(),
             tx,
+            until,
         ));
         let open = super::OpenStream::count(self, super::StreamKind::Listen);
         sse(Response::new(Body::Sse(rx, open)))
@@ -1904,34 +1906,47 @@ impl LiveOut for ModernLive {
     }
 }
 
+/// `notifications/cancelled` for listen request `id`, with `reason` (a
+/// JSON string's contents): how a server tearing a listen stream down
+/// tells its client (the revision's cancellation page: a MUST).
+fn listen_cancelled(id: &str, reason: &str) -> Bytes {
+    let mut bye = Vec::with_capacity(160 + reason.len());
+    bye.extend_from_slice(
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":",
+    );
+    bye.extend_from_slice(id.as_bytes());
+    bye.extend_from_slice(b",\"reason\":\"");
+    bye.extend_from_slice(reason.as_bytes());
+    bye.extend_from_slice(b"\",\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
+    bye.extend_from_slice(id.as_bytes());
+    bye.extend_from_slice(b"}}}");
+    sse_event(&bye)
+}
+
 /// Keeps a listen stream alive with comments until its client goes (a
-/// send fails) or the drain begins, when the stream ends with the listen
-/// request's result, as the spec's graceful close; then unregisters it.
+/// send fails), the drain begins, when the stream ends with the listen
+/// request's result, as the spec's graceful close, or the token that
+/// opened it expires (`until`, with `[auth]`), when it ends cancelled (the
+/// token is checked once per request, and this one would otherwise hear
+/// its subject's updates without limit; the client listens again with a
+/// fresh token); then unregisters it.
 async fn listen_keep_alive(
     edge: Rc<HttpEdge>,
     key: u64,
     id: String,
     tx: mpsc::UnboundedSender<Bytes>,
+    until: Option<Instant>,
 ) {
     loop {
         monoio::select! {
-            _ = monoio::time::sleep(edge.cfg.sse_keepalive) => {}
+            _ = monoio::time::sleep(super::next_wake(edge.cfg.sse_keepalive, until)) => {}
             _ = edge.draining.wait() => {
                 // The revision asks for both, on two pages: cancellation
                 // says a server tearing a listen stream down MUST send
                 // `notifications/cancelled` for it, subscriptions that it
                 // SHOULD answer the listen request ("graceful closure").
                 // The notice goes first, as the answer ends the request.
-                let mut bye = Vec::with_capacity(200);
-                bye.extend_from_slice(
-                    b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":",
-                );
-                bye.extend_from_slice(id.as_bytes());
-                bye.extend_from_slice(b",\"reason\":\"the broker is shutting down\",");
-                bye.extend_from_slice(b"\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":");
-                bye.extend_from_slice(id.as_bytes());
-                bye.extend_from_slice(b"}}}");
-                let _ = tx.unbounded_send(sse_event(&bye));
+                let _ = tx.unbounded_send(listen_cancelled(&id, "the broker is shutting down"));
                 let mut fin = Vec::with_capacity(160);
                 fin.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
                 fin.extend_from_slice(id.as_bytes());
@@ -1943,6 +1958,15 @@ async fn listen_keep_alive(
                 let _ = tx.unbounded_send(sse_event(&fin));
                 break;
             }
+        }
+        if until.is_some_and(|t| Instant::now() >= t) {
+            // Unregistered first: nothing more reaches the stream.
+            edge.sessions().listeners().remove(key);
+            let _ = tx.unbounded_send(listen_cancelled(
+                &id,
+                "the access token expired: listen again with a fresh one",
+            ));
+            return;
         }
         if tx
             .unbounded_send(Bytes::from_static(b": keep-alive\n\n"))
