@@ -839,6 +839,22 @@ pub fn render(shared: &Shared, collected: &Collected) -> String {
     }
     family(
         &mut o,
+        "mcp_http_streams_cut_total",
+        "counter",
+        "HTTP-edge SSE streams that stay open (session_get, listen) ended because their client left more than 1 MiB of events unread (docs/http.md); the client reconnects.",
+    );
+    for (kind, n) in [
+        ("session_get", &shared.http_get_streams_cut),
+        ("listen", &shared.http_listen_streams_cut),
+    ] {
+        let _ = writeln!(
+            o,
+            "mcp_http_streams_cut_total{{kind=\"{kind}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+    family(
+        &mut o,
         "mcp_shard_idle_poll_seconds_total",
         "counter",
         "Time the shard spent in idle-polling windows (broker.idle_poll): polling its ring instead of sleeping, work done meanwhile included. 0 with idle_poll off.",

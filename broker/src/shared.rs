@@ -372,6 +372,10 @@ pub struct Shared {
     /// `POST /admin/reload` requests waiting for their outcome: the
     /// process answers them before it exits.
     pub reloads_waiting: AtomicUsize,
+    /// HTTP streams ended for what their client left unread
+    /// (`edge::http::sse`): session GET streams, listen streams.
+    pub http_get_streams_cut: Arc<AtomicU64>,
+    pub http_listen_streams_cut: Arc<AtomicU64>,
 }
 
 /// Told of every route table change (the gRPC edge's Subscribe hub).
@@ -490,6 +494,8 @@ impl Shared {
             resource_observers: arc_swap::ArcSwap::default(),
             frame_subscriptions: FrameSubscriptions::default(),
             reloads_waiting: AtomicUsize::new(0),
+            http_get_streams_cut: Arc::default(),
+            http_listen_streams_cut: Arc::default(),
         }
     }
 

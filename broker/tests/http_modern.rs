@@ -1671,3 +1671,73 @@ fn a_half_close_after_the_request_is_a_client_gone_and_stops_the_call() {
         "the call's guest was not stopped"
     );
 }
+
+/// A listen stream is fed at the writers' rate: one whose client reads
+/// nothing is ended past 1 MiB unread, and counted, where it grew the
+/// broker by tens of MiB a second until `http.write_timeout` cut its
+/// connection (the lifecycle audit). A stream that reads hears every write.
+#[test]
+fn a_listen_stream_left_unread_is_ended_at_its_bound() {
+    use std::io::{Read, Write};
+    const WRITES: usize = 6000;
+    let b = Broker::start_with_config(&listen_config(KV), &[]);
+    let key = "x".repeat(2000);
+    let filter = format!(r#"{{"resourceSubscriptions":["kv://{key}"]}}"#);
+    // Never read after its head.
+    let _stuck = listen(&b, "1", &filter);
+    // Read by a thread, counting the notices as they come.
+    let body = req(
+        "2",
+        "subscriptions/listen",
+        &format!(r#""notifications":{filter}"#),
+    );
+    let mut s = std::net::TcpStream::connect(b.http).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    s.write_all(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let (acked_tx, acked) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let needle = b"resources/updated";
+        let (mut seen, mut tail, mut buf) = (0usize, Vec::new(), vec![0u8; 64 << 10]);
+        let mut acked_tx = Some(acked_tx);
+        while seen < WRITES {
+            let Ok(n) = s.read(&mut buf) else { break };
+            if n == 0 {
+                break;
+            }
+            tail.extend_from_slice(&buf[..n]);
+            if tail.windows(12).any(|w| w == b"acknowledged")
+                && let Some(tx) = acked_tx.take()
+            {
+                let _ = tx.send(());
+            }
+            seen += tail.windows(needle.len()).filter(|w| w == needle).count();
+            // Kept: what could be the start of a needle cut by this read.
+            tail.drain(..tail.len().saturating_sub(needle.len() - 1));
+        }
+        seen
+    });
+    acked
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the reading stream was acknowledged");
+    let mut w = b.connect();
+    let quoted = format!("\"{key}\"");
+    for _ in 0..WRITES {
+        let r = w.call("put", &[("key", &quoted), ("value", "1")], None);
+        assert!(common::tool_text(&r).starts_with("stored"));
+    }
+    assert_eq!(
+        reader.join().unwrap(),
+        WRITES,
+        "the reading stream heard every write"
+    );
+    let cut = || b.metric_where("mcp_http_streams_cut_total", &[r#"kind="listen""#]);
+    assert_eq!(cut(), 1.0, "the unread stream was ended, once");
+}

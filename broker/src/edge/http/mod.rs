@@ -26,6 +26,7 @@ pub mod jsonrpc;
 pub mod modern;
 pub mod request_state;
 pub mod session;
+pub mod sse;
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -498,7 +499,7 @@ impl Drop for OpenStream {
 pub enum Body {
     Empty,
     Full(Option<Bytes>),
-    Sse(mpsc::UnboundedReceiver<Bytes>, OpenStream),
+    Sse(sse::SseRx, OpenStream),
     /// A 2026-07-28 call's own stream: it has no resumption, so when the
     /// stream goes (its client closed it, or the connection) the call is
     /// abandoned, and the guard cancels it.
@@ -520,7 +521,10 @@ impl hyper::body::Body for Body {
         match self.get_mut() {
             Body::Empty => Poll::Ready(None),
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Sse(rx, _) | Body::Call(rx, ..) => Pin::new(rx)
+            Body::Sse(rx, _) => Pin::new(rx)
+                .poll_next(cx)
+                .map(|b| b.map(|b| Ok(Frame::data(b)))),
+            Body::Call(rx, ..) => Pin::new(rx)
                 .poll_next(cx)
                 .map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
@@ -595,11 +599,7 @@ fn empty(status: StatusCode) -> Response<Body> {
     r
 }
 
-fn sse_response(
-    rx: mpsc::UnboundedReceiver<Bytes>,
-    open: OpenStream,
-    session: Option<&str>,
-) -> Response<Body> {
+fn sse_response(rx: sse::SseRx, open: OpenStream, session: Option<&str>) -> Response<Body> {
     let mut r = Response::new(Body::Sse(rx, open));
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, SSE);
@@ -1722,7 +1722,7 @@ impl HttpEdge {
         {
             Answer::Json(out) => json_response(StatusCode::OK, out),
             Answer::Stream(cont) => {
-                let (tx, rx) = mpsc::unbounded();
+                let (tx, rx) = sse::channel();
                 let stream = session.open_stream(tx, false);
                 if primes_streams(session.version) {
                     session.emit(stream, None);
@@ -1796,7 +1796,7 @@ impl HttpEdge {
         arrived: Instant,
         progress_token: Option<String>,
     ) -> Response<Body> {
-        let (tx, rx) = mpsc::unbounded();
+        let (tx, rx) = sse::channel();
         let stream = session.open_stream(tx, false);
         if primes_streams(session.version) {
             session.emit(stream, None);
@@ -2477,7 +2477,8 @@ impl HttpEdge {
             }
             Err(e) => return e.response(),
         };
-        let (tx, rx) = mpsc::unbounded();
+        let (tx, rx) = sse::channel();
+        let tx = tx.counting_cuts(self.ctx.shared.http_get_streams_cut.clone());
         let stream = match header_str(h, "last-event-id") {
             Some(last) => match session.resume(last, tx) {
                 Some(s) => s,

@@ -969,7 +969,7 @@ struct Listener {
     /// subject's [`SUBJECT_SESSION`]; none without): a session-affine
     /// router's updates are told to the streams whose state they changed.
     session: Option<Box<str>>,
-    tx: mpsc::UnboundedSender<Bytes>,
+    tx: super::sse::SseTx,
 }
 
 /// Every open `subscriptions/listen` stream of the process, told of route
@@ -1012,7 +1012,7 @@ impl Listeners {
         id: &str,
         filter: Filter,
         session: Option<Box<str>>,
-        tx: mpsc::UnboundedSender<Bytes>,
+        tx: super::sse::SseTx,
     ) -> u64 {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
         if !filter.uris.is_empty() {
@@ -1065,7 +1065,9 @@ impl Listeners {
             m.extend_from_slice(b",\"uri\":");
             mcp_schema::args::write_json_string(uri, &mut m);
             m.extend_from_slice(b"}}");
-            l.tx.unbounded_send(sse_event(&m)).is_ok() || !self.gone(l)
+            // Bounded in what its client leaves unread (`sse.rs`): it is
+            // fed at the writers' rate.
+            l.tx.send_bounded(sse_event(&m)) || !self.gone(l)
         });
     }
 
@@ -1097,7 +1099,7 @@ impl Listeners {
                 m.extend_from_slice(b"/list_changed\",\"params\":");
                 subscription_meta(&mut m, &l.id);
                 m.extend_from_slice(b"}}");
-                if l.tx.unbounded_send(sse_event(&m)).is_err() {
+                if !l.tx.send_bounded(sse_event(&m)) {
                     return !self.gone(l);
                 }
             }
@@ -1398,7 +1400,8 @@ impl HttpEdge {
         // Only URIs whose router can tell their updates are honoured; the
         // acknowledgment says which.
         filter.uris.retain(|u| self.tells_resource_updates(Some(u)));
-        let (tx, rx) = mpsc::unbounded();
+        let (tx, rx) = super::sse::channel();
+        let tx = tx.counting_cuts(self.ctx.shared.http_listen_streams_cut.clone());
         let mut ack = Vec::with_capacity(256);
         ack.extend_from_slice(
             b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/subscriptions/acknowledged\",\"params\":",
@@ -1434,7 +1437,7 @@ impl HttpEdge {
             ack.push(b']');
         }
         ack.extend_from_slice(b"}}}");
-        let _ = tx.unbounded_send(sse_event(&ack));
+        tx.send(sse_event(&ack));
         let listeners = self.sessions().listeners();
         // The key its calls reach a session-affine router by (`modern_call`).
         let session = who.map(|p| {
@@ -1934,7 +1937,7 @@ async fn listen_keep_alive(
     edge: Rc<HttpEdge>,
     key: u64,
     id: String,
-    tx: mpsc::UnboundedSender<Bytes>,
+    tx: super::sse::SseTx,
     until: Option<Instant>,
 ) {
     loop {
@@ -1946,7 +1949,7 @@ async fn listen_keep_alive(
                 // `notifications/cancelled` for it, subscriptions that it
                 // SHOULD answer the listen request ("graceful closure").
                 // The notice goes first, as the answer ends the request.
-                let _ = tx.unbounded_send(listen_cancelled(&id, "the broker is shutting down"));
+                tx.send(listen_cancelled(&id, "the broker is shutting down"));
                 let mut fin = Vec::with_capacity(160);
                 fin.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
                 fin.extend_from_slice(id.as_bytes());
@@ -1955,23 +1958,20 @@ async fn listen_keep_alive(
                 fin.push(b',');
                 fin.extend_from_slice(jsonrpc::SERVER_INFO_MEMBER.as_bytes());
                 fin.extend_from_slice(b"}}}");
-                let _ = tx.unbounded_send(sse_event(&fin));
+                tx.send(sse_event(&fin));
                 break;
             }
         }
         if until.is_some_and(|t| Instant::now() >= t) {
             // Unregistered first: nothing more reaches the stream.
             edge.sessions().listeners().remove(key);
-            let _ = tx.unbounded_send(listen_cancelled(
+            tx.send(listen_cancelled(
                 &id,
                 "the access token expired: listen again with a fresh one",
             ));
             return;
         }
-        if tx
-            .unbounded_send(Bytes::from_static(b": keep-alive\n\n"))
-            .is_err()
-        {
+        if !tx.send_bounded(Bytes::from_static(b": keep-alive\n\n")) {
             break;
         }
     }

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
-use futures_channel::{mpsc, oneshot};
+use futures_channel::oneshot;
 
 /// Streams whose events a session keeps for `Last-Event-ID` resumption; the
 /// oldest finished one is forgotten first.
@@ -96,7 +96,7 @@ struct StreamLog {
     id: u64,
     events: VecDeque<(u64, Bytes)>,
     next_seq: u64,
-    live: Option<mpsc::UnboundedSender<Bytes>>,
+    live: Option<super::sse::SseTx>,
     /// The stream ended (its request answered, or the session closing): a
     /// client resuming it gets the rest, then the end of the stream.
     done: bool,
@@ -257,7 +257,7 @@ impl Session {
     }
 
     /// Opens a new SSE stream whose events go to `live`.
-    pub fn open_stream(&self, live: mpsc::UnboundedSender<Bytes>, standalone: bool) -> StreamId {
+    pub fn open_stream(&self, live: super::sse::SseTx, standalone: bool) -> StreamId {
         let mut st = lock(&self.state);
         if standalone {
             // One standalone stream per session: a new GET replaces the old,
@@ -321,13 +321,18 @@ impl Session {
             st.kept_bytes += event.len();
             log.events.push_back((seq, event.clone()));
         }
+        // The standalone stream is fed by others' writes at their rate:
+        // bounded in what its client leaves unread (`sse.rs`). It ends
+        // then; the event is kept, for the client's resumption.
+        let standalone = log.standalone;
         let attached = match &log.live {
-            Some(tx) if tx.unbounded_send(event).is_ok() => true,
-            _ => {
-                log.live = None;
-                false
-            }
+            Some(tx) if standalone => tx.send_bounded(event),
+            Some(tx) => tx.send(event),
+            None => false,
         };
+        if !attached {
+            log.live = None;
+        }
         // The session's events past `http.sse_replay_bytes` go, oldest
         // stream first: whole answers of up to a frame each, kept after
         // their client left, once held ~40 MB a session.
@@ -362,13 +367,7 @@ impl Session {
             return false;
         };
         match &log.live {
-            Some(tx)
-                if tx
-                    .unbounded_send(Bytes::from_static(b": keep-alive\n\n"))
-                    .is_ok() =>
-            {
-                true
-            }
+            Some(tx) if tx.send_bounded(Bytes::from_static(b": keep-alive\n\n")) => true,
             _ => {
                 log.live = None;
                 false
@@ -388,11 +387,7 @@ impl Session {
     /// `GET` with `Last-Event-ID: <stream>-<seq>`: re-attaches that stream
     /// to `live`, replaying the events after `seq` first. `None` when the
     /// stream is unknown or its events are no longer kept.
-    pub fn resume(
-        &self,
-        last_event_id: &str,
-        live: mpsc::UnboundedSender<Bytes>,
-    ) -> Option<StreamId> {
+    pub fn resume(&self, last_event_id: &str, live: super::sse::SseTx) -> Option<StreamId> {
         let (stream, seq) = parse_event_id(last_event_id)?;
         let mut st = lock(&self.state);
         let log = st.logs.iter_mut().find(|l| l.id == stream)?;
@@ -404,7 +399,7 @@ impl Session {
             return None;
         }
         for (_, ev) in log.events.iter().filter(|(s, _)| *s > seq) {
-            let _ = live.unbounded_send(ev.clone());
+            let _ = live.send(ev.clone());
         }
         if !log.done {
             log.live = Some(live);
@@ -823,7 +818,7 @@ mod tests {
     fn a_stream_replays_what_its_client_missed_after_last_event_id() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
         let a = s.create(0, "2025-11-25", false, false, false).unwrap();
-        let (tx, rx) = mpsc::unbounded();
+        let (tx, rx) = super::super::sse::channel();
         let st = a.open_stream(tx, false);
         a.emit(st, None);
         drop(rx); // the client went away
@@ -832,7 +827,7 @@ mod tests {
         }
         a.close_stream(st);
         // Kept: seq 2, 3, 4 (the priming event fell out of the buffer).
-        let (tx, mut rx) = mpsc::unbounded();
+        let (tx, mut rx) = super::super::sse::channel();
         assert_eq!(a.resume(&format!("{}-1", st.0), tx), Some(st));
         let mut got = Vec::new();
         while let Ok(ev) = rx.try_recv() {
@@ -844,20 +839,63 @@ mod tests {
             st.0
         )));
         // The stream was done: nothing stays attached, the body ends.
-        assert!(matches!(rx.try_recv(), Err(mpsc::TryRecvError::Closed)));
+        assert!(matches!(
+            rx.try_recv(),
+            Err(futures_channel::mpsc::TryRecvError::Closed)
+        ));
         // Too old: seq 1 is gone, so resuming from 0 cannot be complete.
-        let (tx, _rx) = mpsc::unbounded();
+        let (tx, _rx) = super::super::sse::channel();
         assert_eq!(a.resume(&format!("{}-0", st.0), tx), None);
-        let (tx, _rx) = mpsc::unbounded();
+        let (tx, _rx) = super::super::sse::channel();
         assert_eq!(a.resume("99-1", tx), None);
         // Events it never sent: unknown (u64::MAX once overflowed `seq + 1`
         // and panicked the shard). The last one sent resumes with nothing.
         for never in [5, u64::MAX] {
-            let (tx, _rx) = mpsc::unbounded();
+            let (tx, _rx) = super::super::sse::channel();
             assert_eq!(a.resume(&format!("{}-{never}", st.0), tx), None, "{never}");
         }
-        let (tx, _rx) = mpsc::unbounded();
+        let (tx, _rx) = super::super::sse::channel();
         assert_eq!(a.resume(&format!("{}-4", st.0), tx), Some(st));
+    }
+
+    #[test]
+    fn a_get_stream_left_unread_is_detached_at_its_bound_and_its_events_kept() {
+        let s = Sessions::new(1, 2, Duration::from_secs(60), 10);
+        let a = s.create(0, "2025-11-25", false, false, false).unwrap();
+        let (tx, mut rx) = super::super::sse::channel();
+        let get = a.open_stream(tx, true);
+        let event = [b'x'; 1000];
+        let fits = super::super::sse::MAX_UNREAD_BYTES / 1100;
+        for _ in 0..fits {
+            assert!(a.emit_standalone(&event));
+        }
+        // Past the bound: detached (its body ends), the event still kept
+        // for a resumption.
+        let mut sent = fits;
+        while a.emit_standalone(&event) {
+            sent += 1;
+            assert!(sent < 2 * fits, "never detached");
+        }
+        assert!(
+            lock(&a.state)
+                .logs
+                .iter()
+                .any(|l| l.id == get.0 && l.live.is_none())
+        );
+        assert!(matches!(
+            rx.try_recv(),
+            Err(futures_channel::mpsc::TryRecvError::Closed)
+        ));
+        let last = lock(&a.state).logs[0].next_seq - 1;
+        let (tx, mut rx) = super::super::sse::channel();
+        assert_eq!(a.resume(&format!("{}-{}", get.0, last - 1), tx), Some(get));
+        assert!(rx.try_recv().is_ok(), "the event past the bound was kept");
+        // A request's own stream is its call's: never detached for it.
+        let (tx, _rx) = super::super::sse::channel();
+        let post = a.open_stream(tx, false);
+        for _ in 0..2 * fits {
+            assert!(a.emit(post, Some(&event)));
+        }
     }
 
     #[test]
@@ -867,7 +905,7 @@ mod tests {
         let body = [b'x'; 200];
         let mut streams = Vec::new();
         for _ in 0..3 {
-            let (tx, rx) = mpsc::unbounded();
+            let (tx, rx) = super::super::sse::channel();
             let st = a.open_stream(tx, false);
             drop(rx); // its client left
             for _ in 0..3 {
@@ -885,9 +923,9 @@ mod tests {
         assert_eq!(kept, counted);
         assert!(kept <= 1000, "{kept}");
         // The first stream lost its events, the last keeps all three.
-        let (tx, _rx) = mpsc::unbounded();
+        let (tx, _rx) = super::super::sse::channel();
         assert_eq!(a.resume(&format!("{}-0", streams[0].0), tx), None);
-        let (tx, mut rx) = mpsc::unbounded();
+        let (tx, mut rx) = super::super::sse::channel();
         assert_eq!(
             a.resume(&format!("{}-0", streams[2].0), tx),
             Some(streams[2])
@@ -899,21 +937,21 @@ mod tests {
         assert_eq!(n, 3);
         // An event larger than the whole budget goes out but is not kept,
         // and pushes out nobody else's.
-        let (tx, mut live) = mpsc::unbounded();
+        let (tx, mut live) = super::super::sse::channel();
         let big = a.open_stream(tx, false);
         a.emit(big, Some(b"{}"));
         assert!(a.emit(big, Some(&[b'y'; 2000])));
         assert!(live.try_recv().is_ok() && live.try_recv().is_ok());
         assert_eq!(lock(&a.state).kept_bytes, kept);
-        let (tx, _rx) = mpsc::unbounded();
+        let (tx, _rx) = super::super::sse::channel();
         assert_eq!(
             a.resume(&format!("{}-0", streams[2].0), tx),
             Some(streams[2])
         );
         // Resuming across it would skip it: 404; after it, nothing is lost.
-        let (tx, _rx) = mpsc::unbounded();
+        let (tx, _rx) = super::super::sse::channel();
         assert_eq!(a.resume(&format!("{}-1", big.0), tx), None);
-        let (tx, _rx) = mpsc::unbounded();
+        let (tx, _rx) = super::super::sse::channel();
         assert_eq!(a.resume(&format!("{}-2", big.0), tx), Some(big));
     }
 
