@@ -209,8 +209,14 @@ impl Sessions {
         before - map.len()
     }
 
+    /// Sessions that can still be used: not those of a closed connection,
+    /// which the sweep reclaims only every `session_idle_timeout / 4` (up
+    /// to a minute), and `mcp_grpc_sessions` counted meanwhile.
     pub fn count(&self) -> usize {
-        lock(&self.map).len()
+        lock(&self.map)
+            .values()
+            .filter(|e| e.conn.is_open())
+            .count()
     }
 }
 
@@ -304,7 +310,9 @@ mod tests {
         let c = ConnInfo::detached();
         s.create(&c).unwrap();
         assert_eq!(s.sweep(), 0);
+        assert_eq!(s.count(), 1);
         c.close();
+        assert_eq!(s.count(), 0, "not counted once its connection closed");
         assert_eq!(s.sweep(), 1);
         assert_eq!(s.count(), 0);
         let id = s.create(&ConnInfo::detached()).unwrap();
