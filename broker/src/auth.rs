@@ -179,15 +179,20 @@ impl Principal {
         jsonwebtoken::get_current_timestamp() > self.expires_at
     }
 
-    /// How long until [`Self::expired`] turns true: when a stream the token
-    /// opened (a GET or listen stream) must end, for it is one request
-    /// that would otherwise outlive its token without limit.
-    pub fn valid_for(&self) -> std::time::Duration {
+    /// When [`Self::expired`] turns true, as an instant: when a stream the
+    /// token opened (a GET or listen stream, a gRPC Subscribe) must end,
+    /// for it is one request that would otherwise outlive its token
+    /// without limit. `None` for an `exp` too far ahead for an `Instant`
+    /// (a signed `exp` of u64::MAX once panicked the shard here, taking
+    /// the process down): such a token does not end its stream.
+    pub fn stream_deadline(&self) -> Option<std::time::Instant> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         // `expired` compares whole seconds: true from `expires_at + 1` on.
-        std::time::Duration::from_secs(self.expires_at.saturating_add(1)).saturating_sub(now)
+        let left =
+            std::time::Duration::from_secs(self.expires_at.saturating_add(1)).saturating_sub(now);
+        std::time::Instant::now().checked_add(left)
     }
 }
 
@@ -1092,6 +1097,26 @@ fn resource_metadata_url(resource: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_streams_deadline_is_its_tokens_expiry_or_none_when_out_of_reach() {
+        let p = |expires_at| Principal {
+            subject: "s".into(),
+            scopes: Vec::new(),
+            expires_at,
+        };
+        let now = jsonwebtoken::get_current_timestamp();
+        let soon = p(now + 10).stream_deadline().expect("a deadline");
+        let left = soon.saturating_duration_since(std::time::Instant::now());
+        assert!(
+            left > std::time::Duration::from_secs(9) && left <= std::time::Duration::from_secs(11)
+        );
+        let past = p(now - 10).stream_deadline().expect("a deadline");
+        assert!(past <= std::time::Instant::now());
+        // An `exp` a signed token may carry, and no Instant can hold.
+        assert_eq!(p(u64::MAX).stream_deadline(), None);
+        assert_eq!(p(u64::MAX - 1).stream_deadline(), None);
+    }
 
     #[test]
     fn every_refusal_message_fits_an_error_description() {

@@ -1220,4 +1220,45 @@ fn notification_streams_end_when_their_token_expires() {
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
         assert!(e.message().contains("expired"), "{e:?}");
     });
+    // A signed `exp` no clock reaches keeps its streams open: the
+    // deadline's arithmetic once overflowed and took the process down.
+    let forever = f.sign(&json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "scope": "mcp kv:write",
+        "exp": u64::MAX, "nbf": now() - 10,
+    }));
+    let mut listen = Conn::open_sse(
+        b.http,
+        &format!(
+            "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\nAuthorization: Bearer {forever}\r\n"
+        ),
+        &body,
+    );
+    let mut get = Conn::connect(b.http);
+    get.send_raw(
+        format!(
+            "GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\nMCP-Protocol-Version: 2025-06-18\r\nAuthorization: Bearer {forever}\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(get.read_head().0, 200);
+    let put = format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{{meta},"name":"put","arguments":{{"key":"t","value":2}}}}}}"#
+    );
+    let mut c = Conn::connect(b.http);
+    let r = c.request(
+        "POST",
+        "/mcp",
+        &[
+            common::http::ACCEPT_BOTH,
+            common::http::JSON,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "put"),
+            ("Authorization", &format!("Bearer {forever}")),
+        ],
+        put.as_bytes(),
+    );
+    assert_eq!(r.json()["result"]["isError"], false, "{}", r.text());
+    let (text, ended) = listen.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
+    assert!(!ended, "{}", String::from_utf8_lossy(&text));
 }

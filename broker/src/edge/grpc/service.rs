@@ -992,8 +992,8 @@ impl McpService for Edge {
                     Some(_) => return Err(unknown_session()),
                     None => s,
                 };
-                let s = match &principal {
-                    Some(p) => s.until(std::time::Instant::now() + p.valid_for()),
+                let s = match principal.as_deref().and_then(Principal::stream_deadline) {
+                    Some(t) => s.until(t),
                     None => s,
                 };
                 Ok(Response::new(Box::pin(s)))

@@ -2498,7 +2498,7 @@ impl HttpEdge {
                 s
             }
         };
-        let until = who.map(|p| Instant::now() + p.valid_for());
+        let until = who.and_then(Principal::stream_deadline);
         monoio::spawn(keep_alive(self.clone(), session.clone(), stream, until));
         let open = OpenStream::count(&self, StreamKind::SessionGet);
         sse_response(rx, open, Some(&session.id))

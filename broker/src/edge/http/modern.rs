@@ -1444,7 +1444,7 @@ impl HttpEdge {
             mcp_schema::verify::session_key_within(scope_of(&p.subject), SUBJECT_SESSION).into()
         });
         let key = listeners.add(id.get(), filter, session, tx.clone());
-        let until = who.map(|p| Instant::now() + p.valid_for());
+        let until = who.and_then(Principal::stream_deadline);
         monoio::spawn(listen_keep_alive(
             self.clone(),
             key,
