@@ -1016,12 +1016,17 @@ pub(crate) struct ResourceSub {
 
 /// Sends a `ResourceUpdatedNotification` frame (with an empty correlation
 /// id, as list changes have) to every frame connection of this shard
-/// subscribed to `uri` that `scope` reaches, forgetting the subscriptions
-/// of closed ones.
+/// subscribed to `uri` that `scope` reaches, once each, forgetting the
+/// subscriptions of closed ones.
 fn tell_resource_updated(shard: &Shard, uri: &str, scope: &crate::shared::UpdateScope) {
     use mcp_schema::fb::protocol as p;
     let mut frame = None;
     let mut closed = Vec::new();
+    // A connection subscribed in several sessions is told once: the
+    // notification names no session, and a router whose instances are
+    // shared reaches all of them (three identical frames a write, the
+    // verification audit).
+    let mut told: Vec<*const ()> = Vec::new();
     shard.resource_subs.borrow_mut().retain(|sub| {
         let ResourceSub {
             uri: u,
@@ -1035,9 +1040,11 @@ fn tell_resource_updated(shard: &Shard, uri: &str, scope: &crate::shared::Update
             closed.push(u.clone());
             return false;
         };
-        if !conn.hears_unasked() {
+        let at = std::rc::Rc::as_ptr(&conn) as *const ();
+        if !conn.hears_unasked() || told.contains(&at) {
             return true;
         }
+        told.push(at);
         let f = frame.get_or_insert_with(|| {
             let mut enc = shard.ctx.enc.borrow_mut();
             let fbb = enc.begin();

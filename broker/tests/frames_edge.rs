@@ -788,6 +788,46 @@ fn a_subscribed_frame_client_hears_of_the_resources_updates() {
     assert_eq!(error_code(&r), Some(-32602));
 }
 
+/// A connection subscribed to a URI in several sessions hears each update
+/// once when the router's instances are shared (every session sees the
+/// write): it got one identical frame per subscription.
+#[test]
+fn a_connection_subscribed_in_several_sessions_hears_an_update_once() {
+    // kv's sessions' own keys apply to session routers only.
+    let mut toml = mcp_broker::config::DEFAULT_TOML.to_string();
+    for (from, to) in [
+        ("\naffinity = \"session\"\n", "\naffinity = \"none\"\n"),
+        ("\nmax_sessions_per_shard = 64\n", "\n"),
+        ("\nsession_idle_timeout = \"10m\"\n", "\n"),
+    ] {
+        assert_eq!(toml.matches(from).count(), 1, "{from}");
+        toml = toml.replace(from, to);
+    }
+    let b = Broker::start_with_config(&toml, &["--shards", "1"]);
+    let mut sub = b.connect();
+    for session in [None, Some("x"), Some("y")] {
+        let r = sub.request(session, |e, h| e.subscribe(h, "kv://d", true).to_vec());
+        assert_eq!(ResponseView::parse(&r).unwrap().error(), None);
+    }
+    let mut w = b.connect();
+    tool_text(&w.call("put", &[("key", "\"d\""), ("value", "1")], Some("w")));
+    let f = sub.read_frame().expect("a notification");
+    let v = ResponseView::parse(&f).unwrap();
+    assert!(
+        v.response
+            .payload_as_resource_updated_notification()
+            .is_some()
+    );
+    let pong = sub.first_after_ping();
+    let v = ResponseView::parse(&pong).unwrap();
+    assert!(
+        v.response
+            .payload_as_resource_updated_notification()
+            .is_none(),
+        "a second notification of the same write"
+    );
+}
+
 /// Closes `s` with a TCP reset (SO_LINGER 0), as a crashed client's kernel
 /// does.
 fn reset(s: std::net::TcpStream) {
