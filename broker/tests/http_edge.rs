@@ -1038,11 +1038,25 @@ fn the_get_stream_is_primed_kept_alive_and_resumable() {
     let event_id = first.lines().next().unwrap()[4..].to_string();
     let get_streams = || b.metric_where("mcp_http_streams_open", &[r#"kind="session_get""#]);
     assert_eq!(get_streams(), 1.0);
-    // Reconnect with Last-Event-ID: the stream resumes (nothing missed).
+    // Reconnect with Last-Event-ID: the stream resumes, nothing missed,
+    // not even a notice sent while no client was attached (the stream
+    // used to end with its client: what came meanwhile was dropped, and
+    // the resumption ended at once).
+    let r = c.call(&s, 1, "resources/subscribe", r#"{"uri":"kv://r"}"#);
+    assert!(r["result"].is_object(), "{r}");
     drop(g);
     assert!(common::http::eventually(Duration::from_secs(5), || {
         get_streams() == 0.0
     }));
+    // Past a keep-alive: the stream's task has seen its client go.
+    std::thread::sleep(Duration::from_millis(300));
+    let r = c.call(
+        &s,
+        2,
+        "tools/call",
+        r#"{"name":"put","arguments":{"key":"r","value":1}}"#,
+    );
+    assert_eq!(r["result"]["isError"], false, "{r}");
     let mut g = Conn::connect(b.http);
     g.send_raw(
         format!("GET /mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {s}\r\nLast-Event-ID: {event_id}\r\n\r\n")
@@ -1050,6 +1064,8 @@ fn the_get_stream_is_primed_kept_alive_and_resumable() {
     );
     let (status, _) = g.read_head();
     assert_eq!(status, 200);
+    let (body, ended) = g.read_chunked(Some(&|t: &str| t.contains("resources/updated")));
+    assert!(!ended, "{}", String::from_utf8_lossy(&body));
     let (_, ended) = g.read_chunked(Some(&|t: &str| t.contains(": keep-alive")));
     assert!(!ended);
     // An unknown stream cannot be resumed.

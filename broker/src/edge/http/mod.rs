@@ -2479,6 +2479,7 @@ impl HttpEdge {
         };
         let (tx, rx) = sse::channel();
         let tx = tx.counting_cuts(self.ctx.shared.http_get_streams_cut.clone());
+        let attached = tx.id();
         let stream = match header_str(h, "last-event-id") {
             Some(last) => match session.resume(last, tx) {
                 Some(s) => s,
@@ -2499,7 +2500,13 @@ impl HttpEdge {
             }
         };
         let until = who.and_then(Principal::stream_deadline);
-        monoio::spawn(keep_alive(self.clone(), session.clone(), stream, until));
+        monoio::spawn(keep_alive(
+            self.clone(),
+            session.clone(),
+            stream,
+            attached,
+            until,
+        ));
         let open = OpenStream::count(&self, StreamKind::SessionGet);
         sse_response(rx, open, Some(&session.id))
     }
@@ -2533,33 +2540,45 @@ impl HttpEdge {
     }
 }
 
-/// Keeps an open SSE stream alive with comments until its client goes, the
-/// session ends, the drain begins or the token that opened it expires
-/// (`until`, with `[auth]`); then ends it. The token is checked once per
-/// request, and this request does not end by itself: it told its client of
-/// the session's updates long after the token stopped opening anything
-/// else. The session stays; its client opens the stream again with a
-/// fresh token.
+/// Keeps an open SSE stream (attached to its client as `attached`) alive
+/// with comments. The session ending or the drain ends the stream. Its
+/// client going (or being cut for what it left unread), or the token that
+/// opened it expiring (`until`, with `[auth]`), ends only the client's
+/// body: the stream keeps its events, and a client with `Last-Event-ID`
+/// resumes it. (Ended instead, a GET stream dropped every event until a
+/// new GET, and a resumption got nothing more.) The token is checked once
+/// per request, and this request does not end by itself: it told its
+/// client of the session's updates long after the token stopped opening
+/// anything else. A task whose client another resumed leaves the stream
+/// to that client's task.
 async fn keep_alive(
     edge: Rc<HttpEdge>,
     session: Arc<Session>,
     stream: StreamId,
+    attached: usize,
     until: Option<Instant>,
 ) {
     let _busy = session.busy();
     loop {
         monoio::select! {
             _ = monoio::time::sleep(next_wake(edge.cfg.sse_keepalive, until)) => {}
-            _ = edge.draining.wait() => break,
+            _ = edge.draining.wait() => {
+                session.close_stream(stream);
+                return;
+            }
+        }
+        if session.is_ended() {
+            session.close_stream(stream);
+            return;
         }
         if until.is_some_and(|t| Instant::now() >= t) {
-            break;
+            session.detach_stream(stream, attached);
+            return;
         }
-        if session.is_ended() || !session.comment(stream) {
-            break;
+        if !session.comment(stream, attached) {
+            return;
         }
     }
-    session.close_stream(stream);
 }
 
 /// How long a stream's keep-alive task sleeps: a keep-alive period, or less

@@ -360,18 +360,37 @@ impl Session {
         stream.is_some_and(|s| self.emit(s, Some(message)))
     }
 
-    /// Sends an SSE comment (keep-alive) to `stream`'s client; not logged.
-    pub fn comment(&self, stream: StreamId) -> bool {
+    /// Sends an SSE comment (keep-alive) to `stream`'s client attached as
+    /// `attached` ([`super::sse::SseTx::id`]); not logged. `false` when
+    /// that client is gone (then detached: the stream waits for a
+    /// resumption) or another has resumed the stream since.
+    pub fn comment(&self, stream: StreamId, attached: usize) -> bool {
         let mut st = lock(&self.state);
         let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0) else {
             return false;
         };
         match &log.live {
-            Some(tx) if tx.send_bounded(Bytes::from_static(b": keep-alive\n\n")) => true,
-            _ => {
+            Some(tx) if tx.id() == attached => {
+                if tx.send_bounded(Bytes::from_static(b": keep-alive\n\n")) {
+                    return true;
+                }
                 log.live = None;
                 false
             }
+            _ => false,
+        }
+    }
+
+    /// Ends the body of `stream`'s client attached as `attached` without
+    /// ending the stream: its events are still kept, and a client with
+    /// `Last-Event-ID` resumes it (a GET stream whose token expired, or
+    /// whose client went).
+    pub fn detach_stream(&self, stream: StreamId, attached: usize) {
+        let mut st = lock(&self.state);
+        if let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0)
+            && log.live.as_ref().is_some_and(|tx| tx.id() == attached)
+        {
+            log.live = None;
         }
     }
 
@@ -856,6 +875,35 @@ mod tests {
         }
         let (tx, _rx) = super::super::sse::channel();
         assert_eq!(a.resume(&format!("{}-4", st.0), tx), Some(st));
+    }
+
+    #[test]
+    fn a_detached_get_stream_keeps_its_events_for_the_client_that_resumes_it() {
+        let s = Sessions::new(1, 2, Duration::from_secs(60), 10);
+        let a = s.create(0, "2025-11-25", false, false, false).unwrap();
+        let (tx, mut first) = super::super::sse::channel();
+        let old = tx.id();
+        let get = a.open_stream(tx, true);
+        assert!(a.emit_standalone(b"{\"n\":1}"));
+        // Its token expired: the body ends, the stream does not.
+        a.detach_stream(get, old);
+        assert!(first.try_recv().is_ok());
+        assert!(matches!(
+            first.try_recv(),
+            Err(futures_channel::mpsc::TryRecvError::Closed)
+        ));
+        assert!(!a.emit_standalone(b"{\"n\":2}"), "kept, not sent");
+        let (tx, mut again) = super::super::sse::channel();
+        let new = tx.id();
+        assert_eq!(a.resume(&format!("{}-1", get.0), tx), Some(get));
+        let replayed = String::from_utf8(again.try_recv().unwrap().to_vec()).unwrap();
+        assert!(replayed.contains("\"n\":2"), "{replayed}");
+        // The first client's task no longer speaks for the stream: its
+        // keep-alive and its detachment leave the new client attached.
+        assert!(!a.comment(get, old));
+        a.detach_stream(get, old);
+        assert!(a.comment(get, new));
+        assert!(a.emit_standalone(b"{\"n\":3}"));
     }
 
     #[test]

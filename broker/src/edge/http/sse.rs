@@ -100,6 +100,12 @@ impl SseTx {
         self.send(b)
     }
 
+    /// Which stream this is (the same for every clone): a keep-alive task
+    /// tells its own attachment from a later one that resumed the stream.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
     /// Whether the stream was ended for its unread bytes.
     pub fn was_cut(&self) -> bool {
         self.shared.cut.load(Ordering::Relaxed)
