@@ -2555,7 +2555,7 @@ async fn keep_alive(
     edge: Rc<HttpEdge>,
     session: Arc<Session>,
     stream: StreamId,
-    attached: usize,
+    attached: u64,
     until: Option<Instant>,
 ) {
     let _busy = session.busy();

@@ -364,7 +364,7 @@ impl Session {
     /// `attached` ([`super::sse::SseTx::id`]); not logged. `false` when
     /// that client is gone (then detached: the stream waits for a
     /// resumption) or another has resumed the stream since.
-    pub fn comment(&self, stream: StreamId, attached: usize) -> bool {
+    pub fn comment(&self, stream: StreamId, attached: u64) -> bool {
         let mut st = lock(&self.state);
         let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0) else {
             return false;
@@ -385,7 +385,7 @@ impl Session {
     /// ending the stream: its events are still kept, and a client with
     /// `Last-Event-ID` resumes it (a GET stream whose token expired, or
     /// whose client went).
-    pub fn detach_stream(&self, stream: StreamId, attached: usize) {
+    pub fn detach_stream(&self, stream: StreamId, attached: u64) {
         let mut st = lock(&self.state);
         if let Some(log) = st.logs.iter_mut().find(|l| l.id == stream.0)
             && log.live.as_ref().is_some_and(|tx| tx.id() == attached)

@@ -29,6 +29,8 @@ pub const MAX_UNREAD_BYTES: usize = 1 << 20;
 
 #[derive(Default)]
 struct Shared {
+    /// Unique for the process's life ([`SseTx::id`]).
+    id: u64,
     unread: AtomicUsize,
     /// Ended for its unread bytes: its body ends without the rest.
     cut: AtomicBool,
@@ -51,8 +53,14 @@ pub struct SseRx {
 
 /// A new stream's two halves.
 pub fn channel() -> (SseTx, SseRx) {
+    // Not the allocation's address: a channel freed and another made at
+    // the same address would take the old one's id.
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let (tx, rx) = mpsc::unbounded();
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        ..Shared::default()
+    });
     (
         SseTx {
             tx,
@@ -102,8 +110,8 @@ impl SseTx {
 
     /// Which stream this is (the same for every clone): a keep-alive task
     /// tells its own attachment from a later one that resumed the stream.
-    pub fn id(&self) -> usize {
-        Arc::as_ptr(&self.shared) as usize
+    pub fn id(&self) -> u64 {
+        self.shared.id
     }
 
     /// Whether the stream was ended for its unread bytes.
@@ -178,6 +186,17 @@ mod tests {
         assert!(!other.send(Bytes::from_static(b"z")));
         let (got, ended) = drain(&mut rx);
         assert!(got.is_empty() && ended);
+    }
+
+    #[test]
+    fn every_channel_has_its_own_id_even_at_a_freed_address() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..100 {
+            // Each dropped at once: the allocator may hand its address on.
+            let (tx, _rx) = channel();
+            assert!(seen.insert(tx.id()));
+            assert_eq!(tx.clone().id(), tx.id());
+        }
     }
 
     #[test]
