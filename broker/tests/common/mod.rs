@@ -581,30 +581,13 @@ impl<S: Read + Write> Client<S> {
         resp
     }
 
-    /// Sends a request built by `build` with a fresh header and returns the
-    /// final response.
-    /// Pings and returns the first frame that comes back: the ping's answer
-    /// when nothing was queued for the connection before it, else what was
-    /// (a notification [`Self::request`] would skip).
-    pub fn first_after_ping(&mut self) -> Vec<u8> {
-        let (corr, id) = self.header();
-        let h = RequestHeader {
-            message_id: id,
-            correlation_id: Some(&corr),
-            session_id: None,
-            timeout_ms: 0,
-            unix_nanos: 0,
-        };
-        let f = self.enc.ping(&h).to_vec();
-        self.send_raw(&f);
-        self.read_frame().expect("an answer to the ping")
-    }
-
-    pub fn request(
+    /// Sends a request built by `build` with a fresh header; its
+    /// correlation id.
+    fn send_built(
         &mut self,
-        session: Option<&'static str>,
+        session: Option<&str>,
         build: impl FnOnce(&mut RequestEncoder, &RequestHeader) -> Vec<u8>,
-    ) -> Vec<u8> {
+    ) -> String {
         let (corr, id) = self.header();
         let h = RequestHeader {
             message_id: id,
@@ -615,6 +598,25 @@ impl<S: Read + Write> Client<S> {
         };
         let f = build(&mut self.enc, &h);
         self.send_raw(&f);
+        corr
+    }
+
+    /// Pings and returns the first frame that comes back: the ping's answer
+    /// when nothing was queued for the connection before it, else what was
+    /// (a notification [`Self::request`] would skip).
+    pub fn first_after_ping(&mut self) -> Vec<u8> {
+        self.send_built(None, |e, h| e.ping(h).to_vec());
+        self.read_frame().expect("an answer to the ping")
+    }
+
+    /// Sends a request built by `build` with a fresh header and returns the
+    /// final response.
+    pub fn request(
+        &mut self,
+        session: Option<&'static str>,
+        build: impl FnOnce(&mut RequestEncoder, &RequestHeader) -> Vec<u8>,
+    ) -> Vec<u8> {
+        let corr = self.send_built(session, build);
         let resp = self.read_final();
         assert_eq!(ResponseView::parse(&resp).unwrap().correlation_id(), corr);
         resp
