@@ -1673,9 +1673,9 @@ fn a_half_close_after_the_request_is_a_client_gone_and_stops_the_call() {
 }
 
 /// A listen stream is fed at the writers' rate: one whose client reads
-/// nothing is ended past 1 MiB unread, and counted, where it grew the
-/// broker by tens of MiB a second until `http.write_timeout` cut its
-/// connection (the lifecycle audit). A stream that reads hears every write.
+/// nothing is ended past 1 MiB unread, and counted, where its queue grew
+/// until `http.write_timeout` cut its connection (the lifecycle audit). A
+/// stream that reads hears every write.
 #[test]
 fn a_listen_stream_left_unread_is_ended_at_its_bound() {
     use std::io::{Read, Write};

@@ -760,6 +760,7 @@ fn parse_id(id: &str) -> Option<(usize, u128)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::sse;
     use super::*;
 
     #[test]
@@ -837,7 +838,7 @@ mod tests {
     fn a_stream_replays_what_its_client_missed_after_last_event_id() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 3);
         let a = s.create(0, "2025-11-25", false, false, false).unwrap();
-        let (tx, rx) = super::super::sse::channel();
+        let (tx, rx) = sse::channel();
         let st = a.open_stream(tx, false);
         a.emit(st, None);
         drop(rx); // the client went away
@@ -846,7 +847,7 @@ mod tests {
         }
         a.close_stream(st);
         // Kept: seq 2, 3, 4 (the priming event fell out of the buffer).
-        let (tx, mut rx) = super::super::sse::channel();
+        let (tx, mut rx) = sse::channel();
         assert_eq!(a.resume(&format!("{}-1", st.0), tx), Some(st));
         let mut got = Vec::new();
         while let Ok(ev) = rx.try_recv() {
@@ -863,17 +864,17 @@ mod tests {
             Err(futures_channel::mpsc::TryRecvError::Closed)
         ));
         // Too old: seq 1 is gone, so resuming from 0 cannot be complete.
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         assert_eq!(a.resume(&format!("{}-0", st.0), tx), None);
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         assert_eq!(a.resume("99-1", tx), None);
         // Events it never sent: unknown (u64::MAX once overflowed `seq + 1`
         // and panicked the shard). The last one sent resumes with nothing.
         for never in [5, u64::MAX] {
-            let (tx, _rx) = super::super::sse::channel();
+            let (tx, _rx) = sse::channel();
             assert_eq!(a.resume(&format!("{}-{never}", st.0), tx), None, "{never}");
         }
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         assert_eq!(a.resume(&format!("{}-4", st.0), tx), Some(st));
     }
 
@@ -881,7 +882,7 @@ mod tests {
     fn a_detached_get_stream_keeps_its_events_for_the_client_that_resumes_it() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 10);
         let a = s.create(0, "2025-11-25", false, false, false).unwrap();
-        let (tx, mut first) = super::super::sse::channel();
+        let (tx, mut first) = sse::channel();
         let old = tx.id();
         let get = a.open_stream(tx, true);
         assert!(a.emit_standalone(b"{\"n\":1}"));
@@ -893,7 +894,7 @@ mod tests {
             Err(futures_channel::mpsc::TryRecvError::Closed)
         ));
         assert!(!a.emit_standalone(b"{\"n\":2}"), "kept, not sent");
-        let (tx, mut again) = super::super::sse::channel();
+        let (tx, mut again) = sse::channel();
         let new = tx.id();
         assert_eq!(a.resume(&format!("{}-1", get.0), tx), Some(get));
         let replayed = String::from_utf8(again.try_recv().unwrap().to_vec()).unwrap();
@@ -910,10 +911,10 @@ mod tests {
     fn a_get_stream_left_unread_is_detached_at_its_bound_and_its_events_kept() {
         let s = Sessions::new(1, 2, Duration::from_secs(60), 10);
         let a = s.create(0, "2025-11-25", false, false, false).unwrap();
-        let (tx, mut rx) = super::super::sse::channel();
+        let (tx, mut rx) = sse::channel();
         let get = a.open_stream(tx, true);
         let event = [b'x'; 1000];
-        let fits = super::super::sse::MAX_UNREAD_BYTES / 1100;
+        let fits = sse::MAX_UNREAD_BYTES / 1100;
         for _ in 0..fits {
             assert!(a.emit_standalone(&event));
         }
@@ -935,11 +936,11 @@ mod tests {
             Err(futures_channel::mpsc::TryRecvError::Closed)
         ));
         let last = lock(&a.state).logs[0].next_seq - 1;
-        let (tx, mut rx) = super::super::sse::channel();
+        let (tx, mut rx) = sse::channel();
         assert_eq!(a.resume(&format!("{}-{}", get.0, last - 1), tx), Some(get));
         assert!(rx.try_recv().is_ok(), "the event past the bound was kept");
         // A request's own stream is its call's: never detached for it.
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         let post = a.open_stream(tx, false);
         for _ in 0..2 * fits {
             assert!(a.emit(post, Some(&event)));
@@ -953,7 +954,7 @@ mod tests {
         let body = [b'x'; 200];
         let mut streams = Vec::new();
         for _ in 0..3 {
-            let (tx, rx) = super::super::sse::channel();
+            let (tx, rx) = sse::channel();
             let st = a.open_stream(tx, false);
             drop(rx); // its client left
             for _ in 0..3 {
@@ -971,9 +972,9 @@ mod tests {
         assert_eq!(kept, counted);
         assert!(kept <= 1000, "{kept}");
         // The first stream lost its events, the last keeps all three.
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         assert_eq!(a.resume(&format!("{}-0", streams[0].0), tx), None);
-        let (tx, mut rx) = super::super::sse::channel();
+        let (tx, mut rx) = sse::channel();
         assert_eq!(
             a.resume(&format!("{}-0", streams[2].0), tx),
             Some(streams[2])
@@ -985,21 +986,21 @@ mod tests {
         assert_eq!(n, 3);
         // An event larger than the whole budget goes out but is not kept,
         // and pushes out nobody else's.
-        let (tx, mut live) = super::super::sse::channel();
+        let (tx, mut live) = sse::channel();
         let big = a.open_stream(tx, false);
         a.emit(big, Some(b"{}"));
         assert!(a.emit(big, Some(&[b'y'; 2000])));
         assert!(live.try_recv().is_ok() && live.try_recv().is_ok());
         assert_eq!(lock(&a.state).kept_bytes, kept);
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         assert_eq!(
             a.resume(&format!("{}-0", streams[2].0), tx),
             Some(streams[2])
         );
         // Resuming across it would skip it: 404; after it, nothing is lost.
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         assert_eq!(a.resume(&format!("{}-1", big.0), tx), None);
-        let (tx, _rx) = super::super::sse::channel();
+        let (tx, _rx) = sse::channel();
         assert_eq!(a.resume(&format!("{}-2", big.0), tx), Some(big));
     }
 

@@ -3,9 +3,9 @@
 //!
 //! A stream that stays open (a session's GET stream, a 2026-07-28 listen
 //! stream) is fed by other requests' writes, at their rate, whatever its
-//! client reads: a client that opened many and read none grew the broker
-//! by 25 MiB a second under a writer (the lifecycle audit), bounded only by
-//! `http.write_timeout`'s cut of its connection. Such a stream's sends are
+//! client reads: for a client that opened many and read none, the queues
+//! grew at the writers' rate, bounded only by `http.write_timeout`'s cut of
+//! its connection. Such a stream's sends are
 //! [`SseTx::send_bounded`]: past [`MAX_UNREAD_BYTES`] unread the stream
 //! ends (its client reconnects: with `Last-Event-ID` a GET stream resumes
 //! from the session's replay log, a listen stream is opened again), as the
@@ -115,6 +115,7 @@ impl SseTx {
     }
 
     /// Whether the stream was ended for its unread bytes.
+    #[cfg(test)]
     pub fn was_cut(&self) -> bool {
         self.shared.cut.load(Ordering::Relaxed)
     }
